@@ -1,0 +1,44 @@
+"""agentrl: token-exact trajectories for agent reinforcement learning.
+
+``import agentrl as arl`` gives the book's public names (``arl.Trajectory``, ``arl.collate``,
+``arl.rollout_batch``, ``arl.BugFixEnv`` ...). Submodules load lazily on first use, so
+``agentrl.gym`` works without torch and the book's saved blocks (``import agentrl as arl`` at
+the top of a module) never hit a circular import.
+"""
+from importlib import import_module
+
+__version__ = '0.1.0'
+
+# public name -> submodule that defines it
+_EXPORTS = {
+    # L0 record
+    'OWNER': 'record', 'OWNER_NAMES': 'record', 'Trajectory': 'record', 'Batch': 'record',
+    'Provenance': 'record', 'SamplingSpec': 'record',
+    # L1 gym (chapter 4)
+    'Task': 'gym', 'make_tasks': 'gym', 'BugFixEnv': 'gym', 'TOOL_SCHEMAS': 'gym', 'CODING_TOOLS': 'gym',
+    'CLAMP_ISSUE': 'gym', 'CLAMP_BUGGY': 'gym', 'compact_source': 'gym', 'run_tests': 'gym',
+    'format_results': 'gym', 'TestResult': 'gym', 'EDIT_OPS': 'gym', 'MESSAGES': 'gym', 'ALL_CALLS': 'gym',
+    'scripted_policy': 'gym',
+    # L1 tokenizer and model (chapters 3, 5)
+    'SPECIALS': 'tokenizer', 'Tokenizer': 'tokenizer', 'build_tokenizer': 'tokenizer',
+    'TinyAgent': 'model', 'sequence_log_probs': 'model', 'sample_next': 'model',
+    # L2 rollout and collate (chapter 5)
+    'MAX_CALL_TOKENS': 'rollouts', 'Episode': 'rollouts', 'make_trajectory': 'rollouts',
+    'scripted_rollout': 'rollouts', 'generate_call': 'rollouts', 'rollout': 'rollouts',
+    'rollout_batch': 'rollouts', 'pad_rows': 'collate', 'collate': 'collate',
+}
+
+__all__ = sorted(_EXPORTS) + ['__version__']
+
+
+def __getattr__(name):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
+    value = getattr(import_module(f'.{module}', __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

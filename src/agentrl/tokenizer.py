@@ -1,0 +1,99 @@
+"""L1: TinyAgent's word-level tokenizer (book chapter 5.5).
+
+A token is a whitespace-separated word; a newline is the special word ``<nl>``. Every string
+has exactly one segmentation, so this tokenizer cannot drift (chapter 5.4). Depends on the
+gym only to enumerate the vocabulary.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+
+__all__ = ['SPECIALS', 'Tokenizer', 'build_tokenizer']
+
+#: Special tokens with fixed ids 0..7. Source: book chapter 5.5.
+SPECIALS = ['<pad>', '<bos>', '<unk>', '<obs>', '</obs>', '<call>', '</call>', '<nl>']
+
+
+class Tokenizer:
+    """Word-level tokenizer: whitespace words (newline -> ``<nl>``) <-> int ids.
+
+    Args:
+        words: vocabulary words after the specials; duplicates and specials are dropped,
+            order is kept (``build_tokenizer`` passes them sorted).
+
+    Attributes:
+        itos: list of words by id; ``stoi``: word -> id.
+        pad_id 0, bos_id 1, unk_id 2, obs_id 3, obs_end_id 4, call_id 5, call_end_id 6, nl_id 7.
+    """
+
+    def __init__(self, words):
+        self.itos = list(dict.fromkeys([*SPECIALS, *words]))
+        self.stoi = {w: i for i, w in enumerate(self.itos)}
+        (self.pad_id, self.bos_id, self.unk_id, self.obs_id, self.obs_end_id,
+         self.call_id, self.call_end_id, self.nl_id) = range(len(SPECIALS))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of entries (316 for the BugFix gym)."""
+        return len(self.itos)
+
+    def __len__(self) -> int:
+        return len(self.itos)
+
+    def encode(self, text: str) -> list[int]:
+        """Text -> ids; unknown words map to ``<unk>`` (id 2).
+
+        Example: ``tok.encode('<call> edit swap_minmax </call>') == [5, 224, 300, 6]``.
+        """
+        return [self.stoi.get(w, self.unk_id) for w in text.replace('\n', ' <nl> ').split()]
+
+    def decode(self, ids) -> str:
+        """Ids -> text (words joined by one space, ``<nl>`` back to a newline).
+
+        Raises:
+            ValueError: an id outside ``[0, vocab_size)``.
+        """
+        ids = ids.tolist() if hasattr(ids, 'tolist') else list(ids)
+        bad = [i for i in ids if not 0 <= int(i) < len(self.itos)]
+        if bad:
+            raise ValueError(f'decode: ids {bad[:5]} are outside the vocabulary [0, {len(self.itos)}); '
+                             'were they produced by another tokenizer?')
+        return ' '.join(self.itos[int(i)] for i in ids).replace(' <nl> ', '\n')
+
+    def fingerprint(self) -> str:
+        """sha256 (first 16 hex digits) of the class, vocabulary and special ids."""
+        payload = json.dumps({'class': 'agentrl.Tokenizer', 'itos': self.itos,
+                              'specials': SPECIALS}, separators=(',', ':'))
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+    def template_fingerprint(self) -> str:
+        """Fingerprint of the word-level 'template': ``<bos>`` issue, ``<obs> ... </obs>`` wrappers."""
+        rule = 'bos+prompt; policy call; <obs> tool </obs>; agentrl.rollouts.Episode'
+        return hashlib.sha256(rule.encode()).hexdigest()[:16]
+
+
+def build_tokenizer(tasks) -> Tokenizer:
+    """Build the tokenizer that covers all text the BugFix gym can produce for ``tasks``.
+
+    Enumerates every well-formed call, every fixed message, the test-output words, the
+    integers -20..150, and for each task its issue plus the ``read`` and ``test`` observations
+    of the buggy source and of the source after each edit op. Pass all 30 tasks (train and
+    held-out) so held-out function names get ids. Source: book chapter 5.5.
+
+    Returns:
+        Tokenizer with specials first, then the words in Python string order
+        (316 entries for ``make_tasks('all')``).
+    """
+    from . import gym
+    texts = [*gym.ALL_CALLS, *gym.MESSAGES.values(), 'pass fail -> want error True False']
+    texts += [str(i) for i in range(-20, 151)]
+    for task in tasks:
+        texts.append(task.issue)
+        for op in (None, *gym.EDIT_OPS.values()):
+            source = task.source if op is None else op(task.source, task.public_tests)
+            results = gym.run_tests(source, task.public_tests, task.fn_name)
+            texts.append(gym.compact_source(source))
+            texts.append(gym.format_results(results, task.public_tests))
+    words = {w for text in texts for w in text.split()} - set(SPECIALS)
+    return Tokenizer(sorted(words))
