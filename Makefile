@@ -1,0 +1,29 @@
+# Two commands do all the set-up on a fresh machine:
+#   make demo   # venv + install + the main job on the BugFix gym
+#   make test   # venv + install + the test suite
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.agentrl-installed
+EXTRAS ?= hf,dev
+
+.PHONY: install demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/agentrl rollout --out runs/demo
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+bench: $(STAMP)
+	$(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .hypothesis

@@ -1,0 +1,172 @@
+"""L3: retry and resend identity of rollout records.
+
+A record's identity is ``(group_id, rollout_id, attempt)`` from its provenance. A **retry**
+samples again: it is a new attempt (``attempt + 1``, so a new identity) and never replaces a
+record that was already scored. A **resend** delivers a completed result again: it keeps its
+identity and content and is stored once. Same identity with different content is neither; it is
+refused (:class:`~agentrl.checks.errors.IdentityConflictError`).
+
+Source: lesson 004 ("Preserve evidence through rendering and retries") and issue 4, item 5.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+import torch
+
+from ..record import Provenance, Trajectory
+from .errors import IdentityConflictError, MissingProvenanceError
+
+__all__ = ['identity', 'has_identity', 'record_key', 'record_digest', 'new_attempt', 'is_resend',
+           'dedupe']
+
+
+def identity(record: Trajectory) -> tuple[str, str, int]:
+    """The record's identity ``(group_id, rollout_id, attempt)``.
+
+    Args:
+        record: a :class:`~agentrl.record.Trajectory` with provenance.
+
+    Returns:
+        ``(group_id: str, rollout_id: str, attempt: int)``.
+
+    Raises:
+        MissingProvenanceError: ``record.provenance`` is None. Fix: build records with a
+            :class:`~agentrl.record.Provenance` (rollouts do).
+    """
+    prov = record.provenance
+    if prov is None:
+        raise MissingProvenanceError('record has no provenance, so it has no identity', field='provenance',
+                                     fix='attach a Provenance with group_id, rollout_id and attempt')
+    return (str(prov.group_id), str(prov.rollout_id), int(prov.attempt))
+
+
+def has_identity(record: Trajectory) -> bool:
+    """True when the record carries a usable identity (provenance with a group or rollout id)."""
+    prov = record.provenance
+    return prov is not None and bool(prov.group_id or prov.rollout_id)
+
+
+def record_key(record: Trajectory) -> str:
+    """Identity as one string, ``'group/rollout#attempt'``; e.g. ``'g3/r7#2'``.
+
+    Raises:
+        MissingProvenanceError: as :func:`identity`.
+    """
+    g, r, a = identity(record)
+    return f'{g}/{r}#{a}'
+
+
+def _bytes(t, dtype) -> bytes:
+    if t is None:
+        return b'<none>'
+    return torch.as_tensor(t).detach().to('cpu', dtype).contiguous().numpy().tobytes()
+
+
+def record_digest(record: Trajectory) -> str:
+    """Content digest of a record: sha256 (32 hex digits) of what a scorer consumed.
+
+    Covers ``ids`` (as int64), ``owner``, ``turn`` (int64), ``action_mask``, ``sample_logp``
+    (float32 bit patterns) and ``reward`` (float64); not ``info`` (it may carry timings) and not
+    provenance (the identity is compared separately). Two records with equal digests are the
+    same result.
+
+    Returns:
+        str, 32 lowercase hex digits.
+    """
+    h = hashlib.sha256()
+    for name, t, dt in (('ids', record.ids, torch.int64), ('owner', record.owner, torch.int64),
+                        ('turn', record.turn, torch.int64), ('mask', record.action_mask, torch.float32),
+                        ('logp', record.sample_logp, torch.float32)):
+        h.update(name.encode())
+        h.update(_bytes(t, dt))
+    h.update(b'reward')
+    h.update(torch.tensor(float(record.reward), dtype=torch.float64).numpy().tobytes())
+    return h.hexdigest()[:32]
+
+
+def new_attempt(record: Trajectory | Provenance, **changes) -> Provenance:
+    """Provenance for a retry that samples again: same group and rollout, ``attempt + 1``.
+
+    The caller samples a fresh episode and attaches this provenance; the old record keeps its
+    own identity and is never overwritten.
+
+    Args:
+        record: the record (or its provenance) being retried.
+        **changes: further :class:`~agentrl.record.Provenance` fields to set (e.g. ``seed``).
+
+    Returns:
+        A new :class:`~agentrl.record.Provenance`; the input is not modified.
+
+    Raises:
+        MissingProvenanceError: a Trajectory without provenance. Fix: attach one first.
+
+    Example:
+        >>> new_attempt(Provenance(group_id='g', rollout_id='r', attempt=1)).attempt
+        2
+    """
+    prov = record if isinstance(record, Provenance) else record.provenance
+    if prov is None:
+        raise MissingProvenanceError('cannot retry a record without provenance', field='provenance',
+                                     fix='attach a Provenance with group_id, rollout_id and attempt')
+    return replace(prov, attempt=int(prov.attempt) + 1, **changes)
+
+
+def is_resend(stored: Trajectory, incoming: Trajectory) -> bool:
+    """Whether ``incoming`` is a resend of ``stored`` (same identity, same content).
+
+    Returns:
+        True for a resend; False when the identities differ (a different record, e.g. a retry).
+
+    Raises:
+        IdentityConflictError: same identity but different content (a retry that reused its
+            attempt number). Fix: give the retry :func:`new_attempt`.
+        MissingProvenanceError: either record has no provenance.
+    """
+    if identity(stored) != identity(incoming):
+        return False
+    if record_digest(stored) != record_digest(incoming):
+        raise _conflict(record_key(incoming))
+    return True
+
+
+def _conflict(key: str) -> IdentityConflictError:
+    return IdentityConflictError(
+        f'identity {key} is already taken by a record with different content; a retry that samples '
+        'again must not overwrite a scored record', field='provenance.attempt',
+        fix='give the retry a new attempt with agentrl.checks.new_attempt(record)')
+
+
+def dedupe(records, seen: dict | None = None) -> tuple[list[Trajectory], int]:
+    """Drop resends, keep retries, refuse identity conflicts.
+
+    Records with an identity (:func:`has_identity`) are keyed by it; anonymous records are keyed
+    by their content digest (an exact duplicate is a resend).
+
+    Args:
+        records: iterable of Trajectory.
+        seen: optional ``{key: digest}`` of records already stored; updated in place with the
+            kept records.
+
+    Returns:
+        ``(kept, n_resends)``: the records to store, in input order, and how many were resends.
+
+    Raises:
+        IdentityConflictError: a record shares its identity with a stored or earlier record but
+            differs in content. Fix: :func:`new_attempt` for retries.
+    """
+    seen = {} if seen is None else seen
+    kept, n_resends = [], 0
+    for rec in records:
+        digest = record_digest(rec)
+        key = ('id', *identity(rec)) if has_identity(rec) else ('digest', digest)
+        old = seen.get(key)
+        if old is None:
+            seen[key] = digest
+            kept.append(rec)
+        elif old == digest:
+            n_resends += 1
+        else:
+            raise _conflict(record_key(rec))
+    return kept, n_resends

@@ -1,0 +1,111 @@
+"""``agentrl report``: write RUN_DIR/report.html, a self-contained summary of a rollout run."""
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+
+@dataclass
+class ReportOptions:
+    """Options of ``agentrl report`` (one field per flag).
+
+    Attributes:
+        run_dir: a folder written by ``agentrl rollout --out RUN_DIR`` (``trajectories.parquet``,
+            ``summary.json``).
+        out: output file (default ``RUN_DIR/report.html``).
+        fold: fold tool/template runs longer than this many tokens in the episode strip (0 = never).
+    """
+    run_dir: str
+    out: str | None = None
+    fold: int = 40
+
+    def trajectories(self) -> str:
+        return os.path.join(self.run_dir, 'trajectories.parquet')
+
+    def validate(self) -> None:
+        from .main import UserError
+        if not os.path.isdir(self.run_dir):
+            raise UserError(f'run folder {self.run_dir!r} does not exist; create it with '
+                            f'`agentrl rollout --out {self.run_dir}`')
+        if not os.path.exists(self.trajectories()):
+            raise UserError(f'{self.trajectories()} not found; run `agentrl rollout --out {self.run_dir}` first')
+        if self.fold < 0:
+            raise UserError(f'--fold must be >= 0 (0 = never fold), got {self.fold}')
+
+
+def register(sub) -> None:
+    p = sub.add_parser('report', help='write RUN_DIR/report.html: rewards, stops, lengths, context, a strip',
+                       description='Summarise a rollout folder in one self-contained HTML page: per-policy '
+                                   'reward, stop reasons, truncation rate, episode length and action-token '
+                                   'distributions, context length per turn, and the first episode\'s '
+                                   'ownership strip. Charts are inline SVG; the page fetches nothing.')
+    p.add_argument('run_dir', metavar='RUN_DIR', help='folder written by `agentrl rollout --out RUN_DIR`')
+    p.add_argument('--out', '-o', default=None, help='output file (default: RUN_DIR/report.html)')
+    p.add_argument('--fold', type=int, default=40,
+                   help='fold tool/template runs longer than this in the strip; 0 = never (default: 40)')
+    p.set_defaults(func=run)
+
+
+def options_from_args(args) -> ReportOptions:
+    return ReportOptions(run_dir=args.run_dir, out=args.out, fold=args.fold)
+
+
+def write_report(opts: ReportOptions, progress=None) -> dict:
+    """Read the run, render the page, write it atomically; return counts for the summary line."""
+    from .. import store, viz
+    from .main import UserError
+    path = opts.trajectories()
+    n_rows = None
+    try:
+        import pyarrow.parquet as pq
+        n_rows = sum(pq.ParquetFile(f).metadata.num_rows for f in store.data_files(path))
+    except Exception:  # noqa: BLE001 - only the progress total depends on it
+        pass
+    bar = progress.add_task('reading records', total=n_rows) if progress else None
+    trajs = []
+    try:
+        for batch in store.iter_batches(path, batch_size=256):
+            trajs += batch
+            if progress:
+                progress.advance(bar, len(batch))
+    except ValueError as e:
+        raise UserError(f'{path}: {e}') from None
+    if not trajs:
+        raise UserError(f'{path} holds no records; run `agentrl rollout --out {opts.run_dir}` again')
+    summary = None
+    spath = os.path.join(opts.run_dir, 'summary.json')
+    if os.path.exists(spath):
+        try:
+            with open(spath) as f:
+                summary = json.load(f)
+        except ValueError as e:
+            raise UserError(f'{spath} is not valid JSON ({e}); delete it or rerun `agentrl rollout`') from None
+    if progress:
+        progress.update(bar, description='rendering report')
+    html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold)
+    out = opts.out or os.path.join(opts.run_dir, 'report.html')
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), f'.{os.path.basename(out)}.tmp-{os.getpid()}')
+    with open(tmp, 'w', encoding='utf-8') as f:
+        f.write(html)
+    os.replace(tmp, out)
+    policies = len(viz.group_by_policy(trajs))
+    return {'out': out, 'episodes': len(trajs), 'policies': policies, 'bytes': len(html.encode())}
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    opts = options_from_args(args)
+    opts.validate()
+    t0 = time.time()
+    err = Console(stderr=True)
+    with Progress(TextColumn('{task.description}'), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as progress:
+        res = write_report(opts, progress)
+    Console().print(f"wrote {res['out']}: {res['episodes']} episodes, {res['policies']} policies, "
+              f"{res['bytes'] / 1024:.0f} KB in {time.time() - t0:.1f} s", highlight=False, markup=False, soft_wrap=True)
+    return 0

@@ -1,0 +1,209 @@
+"""``agentrl show``: draw one record's tokens by owner, with the action mask beneath.
+
+Formats: ``term`` (coloured tokens in the terminal, the default), ``html`` (one self-contained
+interactive file) and ``svg`` (a static figure for a paper). Reads a Parquet file or folder of
+records (``agentrl rollout``) or a template audit (JSON with per-token ``ids`` and ``owner``).
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+FORMATS = ('term', 'html', 'svg')
+
+
+@dataclass
+class ShowOptions:
+    """Options of ``agentrl show`` (one field per flag).
+
+    Attributes:
+        path: a trajectories Parquet file or shard folder, or a template audit ``.json``.
+        episode: index of the record to draw (0-based; among ``policy``'s records when set).
+        format: ``term``, ``html`` or ``svg``; None infers it from ``out``'s suffix (else term).
+        out: output file; ``-`` is stdout. Default: stdout for term, else
+            ``<input stem>-ep<N>.<format>`` in the current folder.
+        policy: draw only records of this policy (``provenance.policy``).
+        fold: fold tool/template runs longer than this many tokens (0 = never).
+        width: terminal columns for ``term`` (default: the terminal's, at most 120).
+        tokenizer: token text from this tokenizer (a Hugging Face folder or model id found
+            offline); default: chosen from the record's provenance.
+    """
+    path: str
+    episode: int = 0
+    format: str | None = None
+    out: str | None = None
+    policy: str | None = None
+    fold: int = 40
+    width: int | None = None
+    tokenizer: str | None = None
+
+    def resolve_format(self) -> str:
+        from .main import UserError
+        if self.format:
+            if self.format not in FORMATS:
+                raise UserError(f'--format {self.format!r} is not known; choose term, html or svg')
+            return self.format
+        ext = os.path.splitext(self.out or '')[1].lower().lstrip('.')
+        return ext if ext in ('html', 'svg') else 'term'
+
+    def validate(self) -> None:
+        from .main import UserError
+        if not os.path.exists(self.path):
+            raise UserError(f'{self.path!r} does not exist; pass a trajectories.parquet written by '
+                            '`agentrl rollout --out DIR` (or a template audit .json)')
+        if self.episode < 0:
+            raise UserError(f'--episode must be >= 0, got {self.episode}')
+        if self.fold < 0:
+            raise UserError(f'--fold must be >= 0 (0 = never fold), got {self.fold}')
+        if self.width is not None and self.width < 20:
+            raise UserError(f'--width must be >= 20 columns, got {self.width}')
+        self.resolve_format()
+
+
+def register(sub) -> None:
+    p = sub.add_parser('show', help='draw one record: token cells by owner, action mask beneath',
+                       description='Draw one record as a strip of token cells coloured and outlined by owner '
+                                   '(template, prompt, policy, tool), with the stored action mask as a rule '
+                                   'under the cells and turn boundaries marked. term prints to the terminal; '
+                                   'html writes one self-contained interactive page (hover a cell for its '
+                                   'text, id, position, owner, turn, mask, log-prob); svg writes a static figure.')
+    p.add_argument('path', help='trajectories Parquet file or folder (agentrl rollout), or a template audit .json')
+    p.add_argument('--episode', '-e', type=int, default=0, help='record index, 0-based (default: 0)')
+    p.add_argument('--format', '-f', choices=FORMATS, default=None,
+                   help='term, html or svg (default: from --out suffix, else term)')
+    p.add_argument('--out', '-o', default=None,
+                   help='output file, - for stdout (default: stdout for term, else <stem>-ep<N>.<format>)')
+    p.add_argument('--policy', default=None, help='only records of this policy (e.g. oracle)')
+    p.add_argument('--fold', type=int, default=40,
+                   help='fold tool/template runs longer than this many tokens; 0 = never (default: 40)')
+    p.add_argument('--width', type=int, default=None, help='terminal columns for term (default: terminal width)')
+    p.add_argument('--tokenizer', default=None,
+                   help='decode token text with this tokenizer (HF folder or model id, offline); '
+                        'default: from the record provenance')
+    p.set_defaults(func=run)
+
+
+def options_from_args(args) -> ShowOptions:
+    return ShowOptions(path=args.path, episode=args.episode, format=args.format, out=args.out, policy=args.policy,
+                       fold=args.fold, width=args.width, tokenizer=args.tokenizer)
+
+
+def _policy(t) -> str:
+    return t.provenance.policy if t.provenance is not None else ''
+
+
+def load_record(opts: ShowOptions):
+    """Return ``(record, count)``: the chosen record and how many records matched."""
+    from .main import UserError
+    if opts.path.lower().endswith('.json'):
+        from ..viz import load_audit
+        records = load_audit(opts.path)
+    else:
+        from .. import store
+        try:
+            batches = store.iter_batches(opts.path, batch_size=256)
+            records, seen, chosen = [], 0, None
+            for batch in batches:
+                for t in batch:
+                    if opts.policy and _policy(t) != opts.policy:
+                        continue
+                    if seen == opts.episode:
+                        chosen = t
+                    seen += 1
+            if chosen is not None:
+                return chosen, seen
+            records = [None] * seen
+        except ValueError as e:
+            raise UserError(f'{opts.path}: {e}') from None
+    if opts.policy and opts.path.lower().endswith('.json'):
+        records = [t for t in records if _policy(t) == opts.policy]
+    if not records:
+        what = f'no records of policy {opts.policy!r}' if opts.policy else 'no records'
+        raise UserError(f'{opts.path} has {what}; check --policy, or write records with `agentrl rollout`')
+    if opts.episode >= len(records):
+        raise UserError(f'--episode {opts.episode} is out of range: {opts.path} has {len(records)} record'
+                        f'{"s" if len(records) != 1 else ""}'
+                        + (f' of policy {opts.policy}' if opts.policy else '')
+                        + f'; pass --episode 0..{len(records) - 1}')
+    return records[opts.episode], len(records)
+
+
+def refusal_marks(traj) -> dict:
+    """Positions refused by the integrity checks (``agentrl.checks``), when it offers a validator.
+
+    A refusal's ``position`` indexes its ``field``; fields aligned to ``ids[1:]`` are shifted to
+    the token they describe. Returns position -> ``'refused: <Kind>'``; empty when the checks
+    module has no validator or the record passes.
+    """
+    try:
+        from .. import checks
+    except ImportError:
+        return {}
+    marks = {}
+    for name in ('check_record', 'validate_record', 'validate'):
+        fn = getattr(checks, name, None)
+        if not callable(fn):
+            continue
+        try:
+            fn(traj)
+        except ValueError as e:
+            pos = getattr(e, 'position', None)
+            field = str(getattr(e, 'field', ''))
+            if isinstance(pos, int):
+                shift = 1 if field.split('.')[0] in ('action_mask', 'sample_logp', 'turn_ids') else 0
+                marks[pos + shift] = f'refused: {type(e).__name__}'
+        except Exception:  # noqa: BLE001 - a validator with another signature: no marks
+            pass
+        break
+    return marks
+
+
+def default_out(opts: ShowOptions, fmt: str) -> str:
+    stem = os.path.splitext(os.path.basename(os.path.normpath(opts.path)))[0] or 'record'
+    return f'{stem}-ep{opts.episode}.{fmt}'
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.markup import escape
+
+    from .. import viz
+    opts = options_from_args(args)
+    opts.validate()
+    fmt = opts.resolve_format()
+    err = Console(stderr=True)
+    t0 = time.time()
+    with err.status(f'reading {escape(opts.path)}', spinner='dots'):
+        traj, count = load_record(opts)
+        decoder = viz.decoder_for(traj, opts.tokenizer)
+        strip = viz.build_strip(traj, decoder, fold=opts.fold, marks=refusal_marks(traj))
+    label = f'episode {opts.episode}' + (f' of {opts.policy}' if opts.policy else '') + f' ({count} in file)'
+    if fmt == 'term':
+        if opts.out and opts.out != '-':
+            with open(opts.out, 'w') as f:
+                console = Console(file=f, force_terminal=True, width=opts.width or 80)
+                viz.print_strip(strip, console, width=opts.width or 80, header=f'{label}: {strip.title}')
+        else:
+            console = Console()
+            viz.print_strip(strip, console, width=opts.width or min(console.width, 120),
+                            header=f'{label}: {strip.title}')
+            return 0
+    else:
+        text = viz.to_html(strip, episode=opts.episode) if fmt == 'html' else viz.to_svg(strip)
+        out = opts.out or default_out(opts, fmt)
+        if out == '-':
+            sys.stdout.write(text)
+            return 0
+        os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+        tmp = f'{out}.tmp-{os.getpid()}'
+        with open(tmp, 'w', encoding='utf-8') as f:
+            f.write(text)
+        os.replace(tmp, out)
+    out = opts.out if fmt == 'term' else out
+    folded = sum(s.folded for s in strip.segments)
+    Console().print(f'wrote {out}: {label}, {len(strip.cells)} tokens, {strip.n_policy} policy, mask sum '
+              f'{strip.mask_sum}' + (f', {folded} folded runs' if folded else '') + f' ({time.time() - t0:.1f} s)',
+              highlight=False, markup=False, soft_wrap=True)
+    return 0

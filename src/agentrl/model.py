@@ -1,0 +1,370 @@
+"""L1: TinyAgent, a small causal transformer, and the two functions every rollout needs.
+
+Source: book chapter 3 (as recovered in the agentrl spec, book.md section 1): d_model 64,
+learned positions, causal attention, 256-position default context, fp32 throughout.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ['TinyAgent', 'KVCache', 'sequence_log_probs', 'sample_next', 'save_checkpoint', 'load_checkpoint']
+
+
+class _Block(nn.Module):
+    """Pre-LayerNorm transformer block: causal self-attention and a GELU MLP."""
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.proj = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
+
+    def attend(self, x, past=None):
+        """x [B, t, D]; past = (k, v) [B, H, s, Dh] or None -> (out [B, t, D], (k, v) incl. x)."""
+        B, t, D = x.shape
+        q, k, v = self.qkv(self.ln1(x)).view(B, t, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
+        if past is not None:
+            k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
+        if past is None or t > 1:
+            s = k.shape[2] - t                      # cached positions before the new ones
+            mask = torch.ones(t, s + t, dtype=torch.bool, device=x.device).tril(s)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v)
+        return self.proj(y.transpose(1, 2).reshape(B, t, D)), (k, v)
+
+    def forward(self, x, past=None):
+        a, kv = self.attend(x, past)
+        x = x + a
+        return x + self.mlp(self.ln2(x)), kv
+
+    def attend_cached(self, x, K, V, plan):
+        """Attention of packed new tokens against a ragged cache, writing their keys in place.
+
+        x ``[N, D]`` packed new tokens; K, V ``[B, H, S, Dh]`` cache tensors of this block;
+        ``plan`` the index plan of :meth:`TinyAgent.extend`. Returns ``[N, D]``.
+        """
+        N, D = x.shape
+        H = self.n_heads
+        q, k, v = self.qkv(self.ln1(x)).view(N, 3, H, D // H).unbind(1)       # [N, H, Dh] each
+        K[plan.rows, :, plan.pos] = k
+        V[plan.rows, :, plan.pos] = v
+        Ks, Vs = K[:, :, :plan.need], V[:, :, :plan.need]
+        if plan.tq == 1:                                                      # one new token per row
+            y = F.scaled_dot_product_attention(q[:, :, None], Ks, Vs, attn_mask=plan.mask)
+            y = y.view(N, D)
+        else:                                                                 # ragged prefill
+            qp = q.new_zeros(K.shape[0], plan.tq, H, D // H)
+            qp[plan.rows, plan.j] = q
+            y = F.scaled_dot_product_attention(qp.transpose(1, 2), Ks, Vs, attn_mask=plan.mask)
+            y = y.transpose(1, 2)[plan.rows, plan.j].reshape(N, D)
+        return self.proj(y)
+
+
+class KVCache:
+    """Incremental key/value cache of a :class:`TinyAgent` for a batch of ragged rows.
+
+    Row ``b`` holds the keys and values of its first ``lengths[b]`` tokens; rows may differ in
+    length (episodes at different points) and rows can be dropped (:meth:`keep`) when their
+    episodes end. Memory grows with the longest row: the position axis is extended in chunks of
+    ``chunk`` positions as rows grow (never preallocated at ``max_len``) and trimmed by
+    :meth:`keep`. Build one with :meth:`TinyAgent.new_cache`; fill it with :meth:`TinyAgent.extend`.
+
+    Attributes:
+        k, v: one ``[B, H, S, Dh]`` float tensor per block (``S`` = capacity >= longest row).
+        lengths: ``[B]`` int64, tokens held per row.
+        max_len: the model's context length (capacity never exceeds it).
+        tokens: free slot for single-row users to remember which ids the cache holds
+            (:func:`agentrl.rollouts.generate_call` uses it to check a cache matches its prefix).
+    """
+
+    def __init__(self, n_layers: int, batch: int, n_heads: int, head_dim: int, max_len: int,
+                 dtype=torch.float32, device=None, chunk: int = 32):
+        if batch < 0 or chunk < 1:
+            raise ValueError(f'KVCache needs batch >= 0 and chunk >= 1, got {batch}, {chunk}')
+        self.max_len, self.chunk = max_len, chunk
+        self.k = [torch.zeros(batch, n_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.v = [torch.zeros(batch, n_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
+        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
+        self.tokens = None
+
+    @property
+    def batch_size(self) -> int:
+        """Number of rows B."""
+        return self.lengths.shape[0]
+
+    @property
+    def capacity(self) -> int:
+        """Allocated positions S per row (>= the longest row, <= ``max_len``)."""
+        return self.k[0].shape[2] if self.k else 0
+
+    def nbytes(self) -> int:
+        """Bytes held by the key and value tensors."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+    def reserve(self, need: int) -> None:
+        """Grow the position axis to hold ``need`` positions (rounded up to ``chunk``, capped at max_len)."""
+        cap = self.capacity
+        if need <= cap:
+            return
+        new = min(self.max_len, -(-need // self.chunk) * self.chunk)
+        grow = lambda t: torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], new - cap, t.shape[3])], dim=2)
+        self.k = [grow(t) for t in self.k]
+        self.v = [grow(t) for t in self.v]
+
+    def keep(self, rows, extra: int = 0) -> None:
+        """Keep only ``rows`` (in the given order), then append ``extra`` empty rows; trim capacity.
+
+        Used when episodes leave the batch (their rows are dropped) and others join (empty rows
+        at the end). One copy of the kept part of the cache; capacity shrinks to the longest kept
+        row rounded up to ``chunk``.
+
+        Args:
+            rows: list or ``[R]`` int64 tensor of row indices in ``[0, B)``.
+            extra: number of empty rows (length 0) to append.
+
+        Raises:
+            IndexError: a row index outside ``[0, B)``.
+        """
+        rows = torch.as_tensor(rows, dtype=torch.long, device=self.lengths.device)
+        lengths = self.lengths[rows]
+        longest = int(lengths.max()) if len(rows) else 0
+        cap = min(self.capacity, -(-longest // self.chunk) * self.chunk)
+
+        def pick(t):
+            if not extra:
+                return t[rows, :, :cap]
+            out = t.new_zeros(len(rows) + extra, t.shape[1], cap, t.shape[3])
+            out[:len(rows)] = t[rows, :, :cap]
+            return out
+        self.k = [pick(t) for t in self.k]
+        self.v = [pick(t) for t in self.v]
+        self.lengths = torch.cat([lengths, lengths.new_zeros(extra)]) if extra else lengths
+
+
+class _Plan:
+    """Index plan of one :meth:`TinyAgent.extend` call, shared by every block."""
+    __slots__ = ('rows', 'j', 'pos', 'tq', 'need', 'mask')
+
+
+class TinyAgent(nn.Module):
+    """A causal decoder over a word-level vocabulary: ids ``[B, T]`` -> logits ``[B, T, V]``.
+
+    Args:
+        vocab_size: V, number of token ids (316 for the BugFix gym).
+        max_len: context length in positions (default 256). Longer inputs raise.
+        d_model: width (64). n_layers: blocks (2). n_heads: attention heads (4).
+
+    Architecture: token embedding (V x 64) + learned position embedding (max_len x 64),
+    2 pre-LN blocks with 4-head causal attention and a 64->256->64 GELU MLP, final LayerNorm,
+    untied head 64 -> V. Weights N(0, 0.02), biases 0, no dropout; about 0.11 M parameters.
+    At initialisation the next-token distribution is close to uniform. Right padding never
+    changes real positions (causal attention).
+
+    Source: book chapter 3 (agentrl spec, book.md section 1).
+    """
+
+    def __init__(self, vocab_size: int, max_len: int = 256, d_model: int = 64, n_layers: int = 2,
+                 n_heads: int = 4):
+        super().__init__()
+        if vocab_size < 1 or max_len < 2:
+            raise ValueError(f'TinyAgent needs vocab_size >= 1 and max_len >= 2, got {vocab_size}, {max_len}')
+        self.vocab_size, self.max_len, self.d_model = vocab_size, max_len, d_model
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        self.pos_emb = nn.Embedding(max_len, d_model)
+        self.blocks = nn.ModuleList(_Block(d_model, n_heads) for _ in range(n_layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.head = nn.Linear(d_model, vocab_size)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+            if isinstance(m, nn.Linear):
+                nn.init.zeros_(m.bias)
+
+    def config(self) -> dict:
+        """Constructor arguments, enough to rebuild the model (used by checkpoints)."""
+        return dict(vocab_size=self.vocab_size, max_len=self.max_len, d_model=self.d_model,
+                    n_layers=len(self.blocks), n_heads=self.blocks[0].n_heads)
+
+    def forward(self, ids: torch.Tensor, past=None, start: int = 0):
+        """Logits of the next token at every position.
+
+        Args:
+            ids: ``[B, T]`` int64 token ids (right padding is harmless).
+            past: optional KV cache from a previous call (list of (k, v) per block); when given,
+                ``ids`` are the new tokens at positions ``start .. start+T-1`` and the call
+                returns ``(logits, new_past)``.
+            start: absolute position of ``ids[:, 0]`` (only with ``past``).
+
+        Returns:
+            ``[B, T, V]`` float32 logits (and the updated cache when ``past`` is not None).
+
+        Raises:
+            ValueError: ``ids`` is not 2-D, or ``start + T > max_len`` (the fix: a model with a
+                larger ``max_len`` or a shorter episode).
+        """
+        if ids.dim() != 2:
+            raise ValueError(f'TinyAgent expects ids of shape [B, T], got {tuple(ids.shape)}')
+        T = ids.shape[1]
+        if start + T > self.max_len:
+            raise ValueError(f'sequence length {start + T} exceeds TinyAgent.max_len={self.max_len}; '
+                             'build the model with a larger max_len or cap the episode length')
+        x = self.tok_emb(ids) + self.pos_emb(torch.arange(start, start + T, device=ids.device))
+        new_past = []
+        for i, block in enumerate(self.blocks):
+            x, kv = block(x, None if past is None else past[i])
+            new_past.append(kv)
+        logits = self.head(self.ln_f(x))
+        return logits if past is None else (logits, new_past)
+
+    def new_cache(self, batch: int, chunk: int = 32) -> KVCache:
+        """An empty :class:`KVCache` for ``batch`` rows (part of the cache interface of rollouts).
+
+        Args:
+            batch: number of rows B.
+            chunk: growth step of the position axis (positions).
+        """
+        p = self.head.weight
+        return KVCache(len(self.blocks), batch, self.blocks[0].n_heads, self.d_model // self.blocks[0].n_heads,
+                       self.max_len, dtype=p.dtype, device=p.device, chunk=chunk)
+
+    def extend(self, cache: KVCache, ids: torch.Tensor, n_new: torch.Tensor | None = None) -> torch.Tensor:
+        """Append new tokens to each row of ``cache`` and return the logits after each row's last one.
+
+        Row ``b`` gets the tokens ``ids[b, :n_new[b]]`` at positions ``cache.lengths[b] ...``;
+        the rest of the row is padding and is ignored. The keys and values are written into the
+        cache (which grows as needed) and ``cache.lengths`` advances by ``n_new``. The result equals
+        ``self(full_ids)[b, lengths[b] + n_new[b] - 1]`` for each row's full sequence to fp32
+        rounding (about 1e-6), which is what rollouts sample from.
+
+        Args:
+            cache: a :class:`KVCache` from :meth:`new_cache` with B rows.
+            ids: ``[B, t]`` int64 new tokens, right-padded.
+            n_new: ``[B]`` int64 real new tokens per row, each in ``[1, t]``; None means all ``t``.
+
+        Returns:
+            ``[B, V]`` float32 logits of the next token of every row.
+
+        Raises:
+            ValueError: ``ids`` not 2-D or its rows disagree with the cache; ``n_new`` outside
+                ``[1, t]``; or a row would exceed ``max_len`` (build the model with a larger
+                ``max_len`` or cap the episode length).
+        """
+        if ids.dim() != 2 or ids.shape[0] != cache.batch_size:
+            raise ValueError(f'TinyAgent.extend expects ids [B, t] with B = {cache.batch_size} cache rows, '
+                             f'got {tuple(ids.shape)}')
+        B, t = ids.shape
+        dev = ids.device
+        lengths = cache.lengths
+        plan = _Plan()
+        if t == 1 or n_new is None:
+            ends = lengths + t
+        else:
+            if int(n_new.min()) < 1 or int(n_new.max()) > t:
+                raise ValueError(f'TinyAgent.extend: n_new must be in [1, {t}] for every row, '
+                                 f'got {n_new.min().item()}..{n_new.max().item()}')
+            ends = lengths + n_new
+        need = int(ends.max()) if B else 0
+        if need > self.max_len:
+            raise ValueError(f'sequence length {need} exceeds TinyAgent.max_len={self.max_len}; '
+                             'build the model with a larger max_len or cap the episode length')
+        cache.reserve(need)
+        plan.need, plan.tq = need, t
+        keys = torch.arange(need, device=dev)
+        if t == 1:
+            plan.rows, plan.pos = torch.arange(B, device=dev), lengths
+            x = self.tok_emb(ids[:, 0]) + self.pos_emb(lengths)
+            plan.mask = (keys < ends[:, None])[:, None, None]                       # [B, 1, 1, S]
+            last = None
+        else:
+            if n_new is None:
+                plan.rows = torch.arange(B, device=dev).repeat_interleave(t)
+                plan.j = torch.arange(t, device=dev).repeat(B)
+            else:
+                plan.rows, plan.j = (torch.arange(t, device=dev) < n_new[:, None]).nonzero(as_tuple=True)
+            plan.pos = lengths[plan.rows] + plan.j
+            x = self.tok_emb(ids[plan.rows, plan.j]) + self.pos_emb(plan.pos)        # [N, D]
+            qpos = lengths[:, None] + torch.arange(t, device=dev)                   # [B, t]
+            plan.mask = (keys <= qpos[:, :, None])[:, None]                         # [B, 1, t, S]
+            last = (ends - lengths).cumsum(0) - 1
+        for i, block in enumerate(self.blocks):
+            x = x + block.attend_cached(x, cache.k[i], cache.v[i], plan)
+            x = x + block.mlp(block.ln2(x))
+        cache.lengths = ends
+        if last is not None:
+            x = x[last]
+        return self.head(self.ln_f(x))
+
+
+def sequence_log_probs(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Log-probability of each predicted token ``ids[:, 1:]`` given its prefix.
+
+    Args:
+        model: maps ids ``[B, T]`` to logits ``[B, T, V]``.
+        ids: ``[B, T]`` int64.
+
+    Returns:
+        ``[B, T-1]`` float32 nats; column j scores token j+1 (the convention of ``action_mask``
+        and ``sample_logp``). Works with and without gradients. Source: book chapter 3.4.
+    """
+    logits = model(ids)[:, :-1].float()
+    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None):
+    """Sample one token per row and return its log-probability under the sampled distribution.
+
+    Args:
+        logits: ``[B, V]`` float logits of the last position.
+        temperature: softmax temperature > 0; ``<= 0`` means greedy (argmax), whose returned
+            log-prob is that of the argmax at temperature 1.
+        generator: optional ``torch.Generator`` for reproducible draws.
+
+    Returns:
+        ``(ids [B] int64, logp [B] float32)`` with ``logp = log_softmax(logits / T)[ids]``, the
+        log-prob a trainer recomputes with :func:`sequence_log_probs` at T = 1.
+
+    Raises:
+        ValueError: logits not 2-D.
+    """
+    if logits.dim() != 2:
+        raise ValueError(f'sample_next expects logits [B, V], got shape {tuple(logits.shape)}')
+    logits = logits.float()
+    if temperature <= 0:
+        logp_all = torch.log_softmax(logits, dim=-1)
+        ids = logp_all.argmax(dim=-1)
+    else:
+        logp_all = torch.log_softmax(logits / temperature, dim=-1)
+        ids = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
+    return ids, logp_all.gather(-1, ids[:, None]).squeeze(-1)
+
+
+def save_checkpoint(model: TinyAgent, path: str) -> None:
+    """Save weights and config to ``path`` (temp file, then rename: never a half-written file)."""
+    tmp = f'{path}.tmp-{os.getpid()}'
+    torch.save({'config': model.config(), 'state_dict': model.state_dict()}, tmp)
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path: str) -> TinyAgent:
+    """Load a TinyAgent saved by :func:`save_checkpoint`.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: the file is not an agentrl TinyAgent checkpoint.
+    """
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'checkpoint {path!r} not found; pass the model.pt written by `agentrl train`')
+    state = torch.load(path, map_location='cpu', weights_only=True)
+    if not isinstance(state, dict) or 'config' not in state or 'state_dict' not in state:
+        raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (expected keys config, state_dict)')
+    model = TinyAgent(**state['config'])
+    model.load_state_dict(state['state_dict'])
+    return model.eval()

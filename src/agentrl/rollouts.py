@@ -1,0 +1,403 @@
+"""L2: episodes as token logs, and the rollouts that fill them (book chapter 5.6-5.7).
+
+Token-in/token-out: the policy's sampled ids are appended as they were sampled (with their
+log-probs), decoded only to hand text to ``env.step``; the observation is encoded once and
+appended between ``<obs>`` and ``</obs>`` template tokens. Records are frozen through
+:meth:`agentrl.record.Trajectory.from_tokens`, the one place the shift to ``ids[1:]`` happens.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from .model import sample_next
+from .record import OWNER, Provenance, SamplingSpec, Trajectory
+
+__all__ = ['MAX_CALL_TOKENS', 'Episode', 'make_trajectory', 'scripted_rollout', 'generate_call',
+           'rollout', 'rollout_batch', 'model_provenance', 'supports_kv_cache']
+
+#: A call longer than this many tokens is cut off and parsed as it is. Source: book chapter 5.6.
+MAX_CALL_TOKENS = 6
+
+
+class Episode:
+    """Token log of one episode: sampled calls and encoded observations, appended in order.
+
+    Args:
+        env: a BugFix-style env (``reset(task) -> str``, ``step(text) -> (obs, reward, done, info)``,
+            ``final_info(solved) -> dict``).
+        task: the task passed to ``env.reset``.
+        tok: the word-level :class:`~agentrl.tokenizer.Tokenizer`.
+        max_turns: the rollout's turn limit (calls); reaching it before the env ends the episode
+            stops it as ``truncated`` with reward 0.
+        max_len: the model's context length; if the next observation plus a full call
+            (``MAX_CALL_TOKENS``) would not fit, the episode stops as ``truncated``, reward 0.
+
+    Attributes:
+        ids, owner, turn, logp: per-token lists (logp 0.0 where not sampled).
+        observations: observation strings so far (the issue first); actions: decoded calls.
+        done, reward, info: episode state after the last call.
+
+    Source: book chapter 5.6 (``Episode``), truncation rule included.
+    """
+
+    def __init__(self, env, task, tok, max_turns: int = 6, max_len: int = 256):
+        self.env, self.tok, self.max_turns, self.max_len = env, tok, max_turns, max_len
+        self.ids, self.owner, self.turn, self.logp = [], [], [], []
+        self.observations, self.actions = [env.reset(task)], []
+        self.done, self.reward, self.info = False, 0.0, None
+        self.add([tok.bos_id], 'template', -1)
+        self.add(tok.encode(self.observations[0]), 'prompt', -1)
+        if len(self.ids) + MAX_CALL_TOKENS > max_len:
+            raise ValueError(f'the prompt ({len(self.ids)} tokens) plus one call ({MAX_CALL_TOKENS}) does not '
+                             f'fit max_len={max_len}; use a model with a larger max_len')
+
+    def add(self, ids, owner: str, turn: int, logp=None) -> None:
+        """Append ``ids`` owned by ``owner`` in ``turn`` (with their sampling log-probs, if any)."""
+        ids = list(ids)
+        if logp is not None and len(logp) != len(ids):
+            raise ValueError(f'Episode.add: {len(logp)} log-probs for {len(ids)} ids; pass one per id')
+        self.ids += ids
+        self.owner += [OWNER[owner]] * len(ids)
+        self.turn += [turn] * len(ids)
+        self.logp += [float(x) for x in logp] if logp is not None else [0.0] * len(ids)
+
+    def act(self, call_ids, call_logp=None) -> bool:
+        """Append one sampled call, step the env, append its observation; return ``done``.
+
+        The observation after the final call is not appended (no action depends on it).
+        """
+        if self.done:
+            raise ValueError('Episode.act after the episode ended; check episode.done before acting')
+        k = len(self.actions)
+        self.add(call_ids, 'policy', k, call_logp)
+        self.actions.append(self.tok.decode(call_ids))
+        obs, self.reward, self.done, self.info = self.env.step(self.actions[-1])
+        obs_ids = self.tok.encode(obs)
+        no_room = len(self.ids) + 2 + len(obs_ids) + MAX_CALL_TOKENS > self.max_len
+        if not self.done and (k + 1 >= self.max_turns or no_room):
+            self.done, self.reward = True, 0.0
+            self.info = dict(self.env.final_info(False), stop='truncated')
+        if not self.done:
+            self.observations.append(obs)
+            self.add([self.tok.obs_id], 'template', k)
+            self.add(obs_ids, 'tool', k)
+            self.add([self.tok.obs_end_id], 'template', k)
+        return self.done
+
+
+def make_trajectory(episode: Episode, provenance: Provenance | None = None) -> Trajectory:
+    """Freeze an :class:`Episode` into a :class:`~agentrl.record.Trajectory`.
+
+    Returns:
+        Trajectory with ids ``[T]``, action_mask and sample_logp ``[T-1]`` aligned to ``ids[1:]``
+        (via ``Trajectory.from_tokens``), owner and turn ``[T]``, ``info`` = final info plus
+        ``actions`` (the decoded calls).
+    """
+    info = dict(episode.info or {}, actions=list(episode.actions))
+    return Trajectory.from_tokens(episode.ids, episode.owner, episode.turn, episode.logp,
+                                  episode.reward, info, provenance=provenance)
+
+
+def _scripted_provenance(policy, tok) -> Provenance:
+    return Provenance(policy=getattr(policy, 'kind', 'scripted'), tokenizer=tok.fingerprint(),
+                      template=tok.template_fingerprint(), sampling=None, logp_placeholder=True)
+
+
+def model_provenance(model, tok, temperature: float, model_id: str = '') -> Provenance:
+    """Provenance of a TinyAgent rollout: fingerprints, the sampler, the model id."""
+    spec = SamplingSpec(temperature=max(float(temperature), 0.0))
+    return Provenance(policy='model', tokenizer=tok.fingerprint(), template=tok.template_fingerprint(),
+                      sampling=spec, model=model_id or type(model).__name__)
+
+
+def scripted_rollout(policy, env, task, tok, max_turns: int = 6, max_len: int = 256) -> Trajectory:
+    """Run a text policy (``policy(observations) -> call text``) through the same token path.
+
+    ``sample_logp`` is a placeholder 0.0 (the policy is not a model): the record's provenance
+    says ``logp_placeholder=True`` and it must never enter an importance ratio.
+    Source: book chapter 5.6.
+    """
+    episode = Episode(env, task, tok, max_turns, max_len)
+    while not episode.done:
+        episode.act(tok.encode(policy(episode.observations)))
+    return make_trajectory(episode, _scripted_provenance(policy, tok))
+
+
+def supports_kv_cache(model) -> bool:
+    """Whether rollouts can drive ``model`` with an incremental KV cache.
+
+    Detection is duck-typed: the model must have callable ``new_cache(batch)`` and
+    ``extend(cache, ids, n_new)`` methods (the interface of :class:`~agentrl.model.TinyAgent`,
+    see :meth:`~agentrl.model.TinyAgent.extend`). A subclass that overrides ``forward`` but not
+    ``extend`` does not count (its own ``forward`` could compute something else), and neither
+    does any plain ``nn.Module`` mapping ids to logits: those are rolled out KV-free.
+
+    Returns:
+        True when the cached path will be used for ``cache=True``.
+    """
+    if not (callable(getattr(model, 'new_cache', None)) and callable(getattr(model, 'extend', None))):
+        return False
+    mro = type(model).__mro__
+    owner = lambda name: next((i for i, c in enumerate(mro) if name in vars(c)), len(mro))
+    return owner('extend') <= owner('forward')
+
+
+def _generate_call_kv_free(model, ids, tok, temperature, generator):
+    call_ids, call_logp = [], []
+    with torch.no_grad():
+        for _ in range(MAX_CALL_TOKENS):
+            logits = model(torch.tensor([list(ids) + call_ids]))[:, -1]
+            next_id, logp = sample_next(logits, temperature, generator=generator)
+            call_ids.append(int(next_id))
+            call_logp.append(float(logp))
+            if call_ids[-1] == tok.call_end_id:
+                break
+    return call_ids, call_logp
+
+
+def generate_call(model, ids, tok, temperature: float = 1.0, generator=None, cache=True):
+    """Sample one call after the prefix ``ids``, with a KV cache or the KV-free loop (book 3.5).
+
+    Both paths draw the same ``sample_next`` calls, so for the same generator they sample the
+    same ids with the same log-probs (to fp32 rounding, about 1e-6).
+
+    Args:
+        model: ids ``[1, T]`` -> logits ``[1, T, V]``; the cache is used only when
+            :func:`supports_kv_cache` says so (TinyAgent), otherwise this falls back to KV-free.
+        ids: the prefix, a non-empty list of int.
+        tok: tokenizer (``call_end_id`` stops the call).
+        temperature: sampling temperature (``<= 0`` greedy).
+        generator: optional ``torch.Generator``.
+        cache: ``True`` (a fresh cache, prefill the whole prefix), ``False`` (KV-free reference
+            loop, the book's), or a one-row :class:`~agentrl.model.KVCache` from an earlier call of
+            the same episode: only the ids it does not hold yet are prefilled and the cache is
+            updated in place (it then holds ``ids`` plus the call minus its last token).
+
+    Returns:
+        ``(call_ids, call_logp)``: lists of at most ``MAX_CALL_TOKENS`` ints and floats (nats,
+        under the distribution sampled from); the stop token ``</call>`` is kept.
+
+    Raises:
+        ValueError: a cache object that is not a one-row cache holding a strict prefix of ``ids``
+            (pass the cache of this episode, or ``cache=True``).
+    """
+    if cache is False or cache is None or not supports_kv_cache(model):
+        return _generate_call_kv_free(model, ids, tok, temperature, generator)
+    ids = list(ids)
+    if cache is True:
+        kv = model.new_cache(1)
+        kv.tokens = []
+    else:
+        kv = cache
+        held = kv.tokens if kv.tokens is not None else []
+        if (kv.batch_size != 1 or int(kv.lengths[0]) != len(held) or len(held) >= len(ids)
+                or ids[:len(held)] != held):
+            raise ValueError('generate_call: the cache does not hold a strict prefix of ids; pass the '
+                             "cache of this episode's previous calls, or cache=True for a fresh one")
+        kv.tokens = held
+    feed = ids[len(kv.tokens):]
+    call_ids, call_logp = [], []
+    with torch.no_grad():
+        for _ in range(MAX_CALL_TOKENS):
+            logits = model.extend(kv, torch.tensor([feed]))
+            next_id, logp = sample_next(logits, temperature, generator=generator)
+            kv.tokens.extend(feed)
+            feed = [int(next_id)]
+            call_ids.append(feed[0])
+            call_logp.append(float(logp))
+            if feed[0] == tok.call_end_id:
+                break
+    return call_ids, call_logp
+
+
+def rollout(model, env, task, tok, max_turns: int = 6, temperature: float = 1.0, generator=None,
+            cache: bool = True) -> Trajectory:
+    """Sample one episode token-in/token-out.
+
+    Args:
+        model: ids ``[1, T]`` -> logits ``[1, T, V]`` (TinyAgent or any such module).
+        env, task: a BugFix-style env and the task it resets to.
+        tok: the word-level tokenizer.
+        max_turns: call budget. temperature: sampling temperature. generator: ``torch.Generator``.
+        cache: keep one KV cache for the episode (observations are prefilled once, between
+            calls); falls back to KV-free when :func:`supports_kv_cache` is False. ``False``
+            is the book's KV-free loop. Both give the same episode for the same generator.
+
+    Returns:
+        Trajectory (ids ``[T]``, action_mask / sample_logp ``[T-1]``, reward, info, owner, turn,
+        provenance with the sampler). ``T <= model.max_len`` (default 256).
+    """
+    episode = Episode(env, task, tok, max_turns, getattr(model, 'max_len', 256))
+    kv = None
+    if cache and supports_kv_cache(model):
+        kv = model.new_cache(1)
+        kv.tokens = []
+    while not episode.done:
+        episode.act(*generate_call(model, episode.ids, tok, temperature, generator,
+                                   cache=kv if kv is not None else False))
+    return make_trajectory(episode, model_provenance(model, tok, temperature))
+
+
+def pad_right(rows: list[list[int]], value: int) -> torch.Tensor:
+    """Right-pad lists of ints -> ``[B, max_len]`` int64."""
+    T = max(len(r) for r in rows)
+    out = torch.full((len(rows), T), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = torch.tensor(r, dtype=torch.long)
+    return out
+
+
+def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: float = 1.0,
+                  generator=None, cache: bool = True, max_active: int | None = None) -> list[Trajectory]:
+    """Sample ``len(tasks)`` episodes in lockstep: one ``sample_next`` call per token step.
+
+    With ``cache=True`` (and a model that :func:`supports_kv_cache`) each step feeds only the
+    tokens a row has not seen (its last sampled token, or the call's last token plus the new
+    observation) into a ragged :class:`~agentrl.model.KVCache`; rows leave the cache when their
+    episodes end, so its memory follows the live rows and the longest of them. With
+    ``cache=False`` (the book's KV-free reference) every step recomputes the right-padded
+    prefixes (harmless under causal attention). Both paths make the same ``sample_next`` calls
+    over the same live rows in the same order, so for the same generator they return the same
+    episodes (same ids; log-probs equal to fp32 rounding, about 1e-6) and leave the generator
+    in the same state. The random stream is consumed in a different order than sequential
+    :func:`rollout`.
+
+    Args:
+        model: ids ``[B, T]`` -> logits ``[B, T, V]`` (TinyAgent or any such module).
+        envs, tasks: one env and one task per episode (equal lengths).
+        tok: the word-level tokenizer. max_turns: call budget per episode.
+        temperature: sampling temperature (``<= 0`` greedy). generator: ``torch.Generator``.
+        cache: use the incremental KV cache when the model supports it (default True).
+        max_active: at most this many episodes are live at once (continuous batching: when
+            episodes end, the next ones in task order join at the next step, and each episode's
+            env is reset when it joins). Bounds memory (the KV cache holds about 1 KB per token
+            of each live row for TinyAgent) at some cost in throughput. None (default): all
+            episodes are reset up front and live from the first step (the book's behaviour).
+
+    Returns:
+        list of Trajectory in task order.
+
+    Raises:
+        ValueError: ``envs`` and ``tasks`` differ in length, or ``max_active < 1``.
+    """
+    if len(envs) != len(tasks):
+        raise ValueError(f'rollout_batch: {len(envs)} envs for {len(tasks)} tasks; pass one env per task')
+    if max_active is not None and max_active < 1:
+        raise ValueError(f'rollout_batch: max_active must be >= 1 or None, got {max_active}')
+    sched = _Schedule(envs, tasks, tok, max_turns, getattr(model, 'max_len', 256), max_active,
+                      model_provenance(model, tok, temperature))
+    with torch.no_grad():
+        if cache and supports_kv_cache(model):
+            _drive_cached(model, sched, tok, temperature, generator)
+        else:
+            _drive_kv_free(model, sched, tok, temperature, generator)
+    return sched.trajs
+
+
+class _Schedule:
+    """Which episodes are live: all from the start, or at most ``max_active`` joining in order.
+
+    Finished episodes are frozen into trajectories at once and their token lists released.
+    """
+
+    def __init__(self, envs, tasks, tok, max_turns, max_len, max_active, prov):
+        self.envs, self.tasks, self.args, self.prov = envs, tasks, (tok, max_turns, max_len), prov
+        self.limit = len(tasks) if max_active is None else max_active
+        self.episodes, self.next = {}, 0
+        self.trajs = [None] * len(tasks)
+        if max_active is None:                       # the book: every env is reset up front
+            for b in range(len(tasks)):
+                self.episodes[b] = Episode(envs[b], tasks[b], *self.args)
+
+    def join(self, n_live: int) -> list[int]:
+        """Start episodes (in task order) while fewer than ``limit`` are live; return their indices."""
+        new = []
+        while n_live + len(new) < self.limit and self.next < len(self.tasks):
+            b = self.next
+            if b not in self.episodes:
+                self.episodes[b] = Episode(self.envs[b], self.tasks[b], *self.args)
+            new.append(b)
+            self.next += 1
+        return new
+
+    def finish(self, b: int) -> None:
+        """Freeze episode ``b`` into its trajectory and drop the episode."""
+        self.trajs[b] = make_trajectory(self.episodes.pop(b), replace(self.prov))
+
+
+def _drive_kv_free(model, sched, tok, temperature, generator) -> None:
+    """The book's lockstep loop: recompute every live prefix each token step."""
+    episodes, end_id = sched.episodes, tok.call_end_id
+    active = sched.join(0)
+    calls = {b: ([], []) for b in active}
+    while active:
+        rows = [episodes[b].ids + calls[b][0] for b in active]
+        last = torch.tensor([len(r) - 1 for r in rows])
+        logits = model(pad_right(rows, tok.pad_id))[torch.arange(len(rows)), last]
+        next_ids, logps = sample_next(logits, temperature, generator=generator)
+        live = []
+        for b, i, lp in zip(active, next_ids.tolist(), logps.tolist()):
+            call_ids, call_logp = calls[b]
+            call_ids.append(i)
+            call_logp.append(lp)
+            if i == end_id or len(call_ids) == MAX_CALL_TOKENS:
+                calls[b] = ([], [])
+                if episodes[b].act(call_ids, call_logp):
+                    sched.finish(b)
+                    continue
+            live.append(b)
+        joined = sched.join(len(live))
+        calls.update((b, ([], [])) for b in joined)
+        active = live + joined
+
+
+def _drive_cached(model, sched, tok, temperature, generator) -> None:
+    """Lockstep loop over a ragged KV cache: the same sampling as :func:`_drive_kv_free`.
+
+    Cache row r belongs to episode ``active[r]``; ``pending[r]`` are the tokens of that episode
+    not yet in the cache (its whole prompt at first, then the last sampled token, or after a call
+    the call's last token plus the observation). Each step feeds them, samples once for all rows,
+    drops the rows whose episodes ended and appends the rows of episodes that join.
+    """
+    episodes, end_id, pad = sched.episodes, tok.call_end_id, tok.pad_id
+    active = sched.join(0)
+    kv = model.new_cache(len(active))
+    pending = [list(episodes[b].ids) for b in active]
+    calls = {b: ([], []) for b in active}
+    next_ids = None
+    while active:
+        if next_ids is not None and len(pending) == len(next_ids) and all(len(p) == 1 for p in pending):
+            ids, n_new = next_ids[:, None], None              # pure decode step: the sampled ids
+        else:
+            t = max(len(p) for p in pending)
+            ids = torch.tensor([p + [pad] * (t - len(p)) for p in pending])
+            n_new = torch.tensor([len(p) for p in pending])
+        logits = model.extend(kv, ids, n_new)
+        next_ids, logps = sample_next(logits, temperature, generator=generator)
+        keep, live, pending = [], [], []
+        for r, (b, i, lp) in enumerate(zip(active, next_ids.tolist(), logps.tolist())):
+            call_ids, call_logp = calls[b]
+            call_ids.append(i)
+            call_logp.append(lp)
+            if i == end_id or len(call_ids) == MAX_CALL_TOKENS:
+                episode = episodes[b]
+                start = len(episode.ids) + len(call_ids) - 1      # tokens the cache holds
+                calls[b] = ([], [])
+                if episode.act(call_ids, call_logp):
+                    sched.finish(b)
+                    continue
+                pending.append(episode.ids[start:])
+            else:
+                pending.append([i])
+            keep.append(r)
+            live.append(b)
+        joined = sched.join(len(live))
+        if joined or len(keep) < len(active):
+            kv.keep(keep, extra=len(joined))
+            next_ids = next_ids[keep] if keep else None
+            for b in joined:
+                calls[b] = ([], [])
+                pending.append(list(episodes[b].ids))
+        active = live + joined

@@ -1,0 +1,30 @@
+"""L2: real Hugging Face chat templates: token ownership, bridges, prefix stability, thinking, drift.
+
+Every answer comes from rendering the tokenizer's own template (``apply_chat_template``), for
+any family; nothing here is a per-model string table. transformers and jinja2 are imported
+lazily (extra ``pip install agentrl[hf]``).
+
+- :class:`ChatTemplate`: a tokenizer's template with its options fixed (tools, ``enable_thinking``).
+- :class:`ChatRecorder`: token-in/token-out recording of a chat episode into a ``Trajectory``.
+- :func:`label_owners`: owner of every token of a finished conversation (SFT data).
+- audits: :func:`audit_prefix_stability`, :func:`audit_thinking`, :func:`audit_drift`,
+  :func:`template_fingerprint`, :func:`audit_template`.
+- contexts: :func:`turn_records`, :func:`sampling_contexts`.
+
+Source: book chapter 5.1-5.4 and 5.8.
+"""
+from .audit import (DriftReport, MessageStability, PrefixReport, SpanDrift, TemplateAudit, ThinkingReport,
+                    audit_drift, audit_prefix_stability, audit_template, audit_thinking,
+                    policy_spans, template_fingerprint, tokenizer_fingerprint)
+from .chat import PROMPT_ROLES, TOOL_ROLES, ChatTemplate, function_tools, load_tokenizer
+from .contexts import sampling_contexts, turn_records, turn_spans
+from .labels import OwnerLabels, Region, label_owners
+from .recorder import HISTORY_MODES, Bridge, ChatRecorder, probe_stability, template_bridge
+
+__all__ = ['ChatTemplate', 'function_tools', 'load_tokenizer', 'PROMPT_ROLES', 'TOOL_ROLES',
+           'ChatRecorder', 'Bridge', 'template_bridge', 'probe_stability', 'HISTORY_MODES',
+           'label_owners', 'OwnerLabels', 'Region',
+           'audit_prefix_stability', 'PrefixReport', 'MessageStability', 'audit_thinking', 'ThinkingReport',
+           'audit_drift', 'DriftReport', 'SpanDrift', 'policy_spans', 'template_fingerprint',
+           'tokenizer_fingerprint', 'audit_template', 'TemplateAudit',
+           'turn_records', 'sampling_contexts', 'turn_spans']

@@ -1,0 +1,258 @@
+"""L2: the owner of every token of a chat template's rendering (``label_owners``).
+
+The template is treated as a black box. Each message is located by re-rendering the
+conversation with that message's content replaced by a unique sentinel and diffing the two
+renderings: the stretch that changes is the message's text. An assistant turn is policy from
+the end of the template's own generation prompt through the end-of-turn token; everything no
+message accounts for is template. No role header, delimiter or model name is hard-coded.
+"""
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass, field
+
+from ..record import OWNER, OWNER_NAMES
+from .chat import ChatTemplate, as_template, check_messages, diff_span, owner_of_role
+
+__all__ = ['Region', 'OwnerLabels', 'label_owners', 'locate_messages', 'owners_from_regions']
+
+
+@dataclass(frozen=True)
+class Region:
+    """A character span ``[start, end)`` of a rendering and who wrote it.
+
+    Attributes:
+        start, end: character offsets into the rendered text.
+        owner: ``'prompt'``, ``'policy'`` or ``'tool'`` (uncovered text is ``'template'``).
+        message: index of the message the span belongs to.
+    """
+    start: int
+    end: int
+    owner: str
+    message: int
+
+
+@dataclass
+class OwnerLabels:
+    """A rendered conversation, tokenized, with one owner per token.
+
+    Attributes:
+        text: the rendering (``apply_chat_template(..., tokenize=False)``).
+        ids: ``[T]`` token ids of ``text`` (``add_special_tokens=False``), equal to
+            ``apply_chat_template(..., tokenize=True)``.
+        owner: ``[T]`` :data:`agentrl.record.OWNER` codes.
+        offsets: ``[T]`` ``(start, end)`` character span of each token.
+        message: ``[T]`` index of the message each token belongs to, -1 for template tokens.
+        regions: the character spans found, sorted by ``start``.
+    """
+    text: str
+    ids: list
+    owner: list
+    offsets: list
+    message: list
+    regions: list = field(default_factory=list)
+
+    def counts(self) -> dict:
+        """Tokens per owner name, e.g. ``{'template': 350, 'prompt': 37, 'policy': 55, 'tool': 23}``."""
+        out = {name: 0 for name in OWNER_NAMES}
+        for o in self.owner:
+            out[OWNER_NAMES[o]] += 1
+        return out
+
+    def owner_names(self) -> list:
+        """``[T]`` owner names."""
+        return [OWNER_NAMES[o] for o in self.owner]
+
+    def spans(self, owner: str = 'policy') -> list:
+        """Maximal runs of ``owner`` tokens as ``(message, start, end)`` token index ranges."""
+        code = OWNER[owner]
+        out, i, n = [], 0, len(self.ids)
+        while i < n:
+            if self.owner[i] != code:
+                i += 1
+                continue
+            j = i
+            while j < n and self.owner[j] == code and self.message[j] == self.message[i]:
+                j += 1
+            out.append((self.message[i], i, j))
+            i = j
+        return out
+
+
+def _find_prefix_of(g: str, window: str) -> tuple[int, int]:
+    """Largest k with ``g[:k]`` in ``window``; returns (k, position of its last occurrence)."""
+    if not g or not window:
+        return 0, -1
+    lo, hi = 0, len(g)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if g[:mid] in window:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo, (window.rfind(g[:lo]) if lo else -1)
+
+
+def locate_messages(template: ChatTemplate, messages: list, add_generation_prompt: bool = False,
+                    text: str | None = None) -> tuple[str, list]:
+    """Find the character span of every message in the template's rendering.
+
+    Args:
+        template: the :class:`ChatTemplate`.
+        messages: the conversation.
+        add_generation_prompt: render with the generation prompt.
+        text: the rendering, when already computed.
+
+    Returns:
+        ``(text, regions)``: the rendering and a list of :class:`Region`, sorted by start.
+        Content of system/user messages is ``prompt``, of tool messages ``tool``; an assistant
+        message is ``policy`` from the end of the generation prompt (as the template writes it
+        before that turn) through its end-of-turn token.
+
+    Raises:
+        ValueError: a message the template does not render (e.g. assistant ``tool_calls`` on a
+            template without tool-call support; the error names the message and the call), or
+            two messages whose text cannot be separated.
+
+    Source: Hugging Face ``apply_chat_template``; the "after the generation prompt through the
+    end-of-turn token" rule is book chapter 5.2-5.3.
+    """
+    gen = add_generation_prompt
+    R = template.render(messages, gen) if text is None else text
+    raw = []  # (i, start, end, sentinel_part) per message
+    for i, m in enumerate(messages):
+        z = template.sentinel(i, avoid=R)
+        probe = {'role': 'assistant', 'content': z} if m['role'] == 'assistant' else dict(m, content=z)
+        other = template.render(messages[:i] + [probe] + messages[i + 1:], gen)
+        a, b, y = diff_span(R, other, z)
+        raw.append((i, a, b, y, z))
+    regions = []
+    starts = sorted((a, b) for _, a, b, y, z in raw if z in y and b > a)
+    for idx, (i, a, b, y, z) in enumerate(raw):
+        m = messages[i]
+        role = m['role']
+        content = m.get('content')
+        if z not in y:
+            has_text = (isinstance(content, str) and content.strip()) or m.get('tool_calls') or \
+                (role == 'assistant' and (m.get('reasoning_content') or '').strip())
+            if has_text:
+                raise ValueError(f'messages[{i}] ({role}) does not appear in the rendering: this chat template '
+                                 'drops it (check its role and fields against the template)')
+            continue
+        if role != 'assistant':
+            if b <= a:
+                continue
+            if y != z and isinstance(content, str) and content:
+                # the template also rendered surrounding text differently: narrow to the content
+                for c in (content, content.strip(), content.strip('\n')):
+                    k = R.find(c, a, b) if c else -1
+                    if k >= 0:
+                        a, b = k, k + len(c)
+                        break
+            regions.append(Region(a, b, owner_of_role(role), i))
+            continue
+        # assistant: start after the generation prompt the template writes before this turn
+        g = template.generation_prompt(messages[:i]) if i > 0 else ''
+        prev_end = max([e for s, e in starts if e <= a] + [0])
+        k, pos = _find_prefix_of(g, R[prev_end:a])
+        start = prev_end + pos + k if k else a
+        nxt = min([s for s, e in starts if s >= b] + [len(R)])
+        window = R[b:nxt]
+        hits = [(window.find(t), t) for t in template.stop_texts if window.find(t) >= 0]
+        end = b + min(hits)[0] + len(min(hits)[1]) if hits else b
+        span = R[start:end]
+        for call in m.get('tool_calls') or ():
+            name = (call.get('function') or call).get('name') if isinstance(call, dict) else None
+            if name and name not in span:
+                raise ValueError(f'messages[{i}]["tool_calls"]: this chat template does not render tool calls '
+                                 f'(the call to {name!r} is missing from its rendering); it cannot train tool '
+                                 'calls as structured messages: write the call into "content" as the model '
+                                 'emits it, or use a template with tool-call support')
+        regions.append(Region(start, end, 'policy', i))
+    regions.sort(key=lambda r: (r.start, r.end))
+    for r0, r1 in zip(regions, regions[1:]):
+        if r1.start < r0.end:
+            raise ValueError(f'messages[{r0.message}] and messages[{r1.message}] overlap in the rendering '
+                             f'(chars {r0.start}-{r0.end} and {r1.start}-{r1.end}): the template renders them '
+                             'together or changes one when the other changes, so their tokens have no single owner')
+    return R, regions
+
+
+def owners_from_regions(offsets: list, regions: list, n_chars: int) -> tuple[list, list]:
+    """Owner code and message index of each token: those of the region holding its first char.
+
+    Args:
+        offsets: ``[T]`` ``(start, end)`` character spans.
+        regions: sorted, disjoint :class:`Region` list.
+        n_chars: length of the text (for zero-width tokens at the end).
+
+    Returns:
+        ``(owner [T] int codes, message [T] ints, -1 for template)``.
+    """
+    tok_starts = [a for a, _b in offsets]
+    owner = [OWNER['template']] * len(offsets)
+    message = [-1] * len(offsets)
+    for r in regions:  # tokens whose first character lies in [r.start, r.end)
+        i, j = bisect_left(tok_starts, r.start), bisect_left(tok_starts, r.end)
+        if j > i:
+            owner[i:j] = [OWNER[r.owner]] * (j - i)
+            message[i:j] = [r.message] * (j - i)
+    return owner, message
+
+
+def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, tools=None,
+                 **options) -> OwnerLabels:
+    """Label every token of a finished conversation's rendering with its owner.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer or a :class:`ChatTemplate`.
+        messages: the conversation as message dicts (e.g. SFT data).
+        add_generation_prompt: also render (template-owned) the generation prompt.
+        tools: tool schemas for the template (``tools=``); only with a tokenizer.
+        **options: :class:`ChatTemplate` options (``enable_thinking=False``, ``chat_template``,
+            ``stop_tokens``); only with a tokenizer.
+
+    Returns:
+        :class:`OwnerLabels` with ``ids [T]`` equal to ``apply_chat_template(...,
+        tokenize=True)`` and ``owner [T]`` int64 codes: assistant content, reasoning, tool
+        calls and the end-of-turn token -> policy; system and user content -> prompt; tool
+        results -> tool; role headers, delimiters, the tool-schema preamble, the generation
+        prompt and the empty think block a template inserts before a non-thinking turn ->
+        template. A token spanning two owners takes the owner of its first character. Where
+        the template has ``{% generation %}`` blocks, policy tokens are exactly
+        transformers' ``assistant_masks``.
+
+    Raises:
+        ValueError: a message the template drops (for example ``tool_calls`` on Llama 3.0 or on
+            DeepSeek-V3 under transformers 5, whose template needs ``content=None``), ``tools=``
+            on a template that ignores them, or malformed messages; each names the field.
+        ImportError: without ``pip install agentrl[hf]``.
+
+    Example:
+        >>> lab = label_owners(qwen_tok, [{'role': 'user', 'content': 'Hi'},
+        ...                               {'role': 'assistant', 'content': 'Yo'}])
+        >>> [(t, o) for t, o in zip(qwen_tok.convert_ids_to_tokens(lab.ids), lab.owner_names())][8:11]
+        [('<think>', 'policy'), ('ĊĊ', 'policy'), ('</think>', 'policy')]
+
+    Source: book chapter 5.2 (owners of Qwen3's rendering) and 5.3 (thinking mode).
+    """
+    template = as_template(tokenizer, tools=tools, **options)
+    messages = check_messages(messages)
+    text, regions = locate_messages(template, messages, add_generation_prompt)
+    ids, offsets = template.encode_offsets(text)
+    owner, message = owners_from_regions(offsets, regions, len(text))
+    if template.has_generation_blocks:
+        owner = _apply_generation_mask(template, messages, add_generation_prompt, ids, owner)
+    return OwnerLabels(text=text, ids=ids, owner=owner, offsets=offsets, message=message, regions=regions)
+
+
+def _apply_generation_mask(template, messages, gen, ids, owner):
+    out = template.tokenizer.apply_chat_template(
+        messages, tools=template.tools, chat_template=template.chat_template, tokenize=True,
+        return_dict=True, return_assistant_tokens_mask=True, add_generation_prompt=gen,
+        **template.template_kwargs)
+    if list(out['input_ids']) != list(ids):
+        raise ValueError('return_assistant_tokens_mask tokenized the rendering differently from '
+                         'tokenizer(text, add_special_tokens=False); cannot align {% generation %} spans')
+    pol, tmpl = OWNER['policy'], OWNER['template']
+    return [pol if m else (tmpl if o == pol else o) for m, o in zip(out['assistant_masks'], owner)]

@@ -1,0 +1,470 @@
+"""L2: token-in/token-out recording of chat episodes through a real chat template.
+
+:class:`ChatRecorder` keeps the ids the policy sampled, never re-encodes them, and appends
+everything else as a **bridge**: the ids the template writes between the end of a sampled turn
+and the next generation prompt (role headers, tool-result wrappers, the generation prompt,
+plus the tool or user content inside). A bridge is found by rendering the template, so it works
+for any family; its tokens are owned by whoever wrote them when they are appended.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..record import OWNER, Provenance, Trajectory
+from .chat import ChatTemplate, as_template, check_messages, common_prefix, diff_span, owner_of_role
+from .labels import Region, label_owners, owners_from_regions
+
+__all__ = ['Bridge', 'ChatRecorder', 'template_bridge', 'HISTORY_MODES']
+
+#: ``'template'``: the context of each turn is what the template renders for the conversation so
+#: far (sampled ids reused wherever the template leaves them unchanged); ``'sampled'``: the
+#: context is always the recorded sequence itself (the template's history rewriting is skipped).
+HISTORY_MODES = ('template', 'sampled')
+#: Rounds (assistant turn + its observations) of recent history rendered to derive a bridge.
+_WINDOW_ROUNDS = 1
+_PROBE_TOOL = 'Probe result.'
+_PROBE_USER = 'Probe question.'
+
+
+@dataclass
+class Bridge:
+    """The template's tokens between a sampled turn's end and the next generation prompt.
+
+    Attributes:
+        text: the bridge text; for Qwen3 after a tool call
+            ``'\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n'``.
+        ids: ``[n]`` token ids of ``text``.
+        owner: ``[n]`` :data:`agentrl.record.OWNER` codes (template, prompt or tool).
+        stop: the end-of-turn text the sampled stop token stands for ('' when the turn was cut
+            off, in which case the template's end-of-turn text is part of the bridge).
+        regions: character spans of the new messages' content inside ``text``.
+    """
+    text: str
+    ids: list
+    owner: list
+    stop: str = ''
+    regions: list = field(default_factory=list)
+
+
+def template_bridge(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True,
+                    add_generation_prompt: bool = True) -> Bridge:
+    """Derive the bridge after the last assistant turn by rendering the template.
+
+    The last assistant turn is replaced by a sentinel ``S``; the conversation
+    ``history + [S] + new_messages`` is rendered with the generation prompt, and the bridge is
+    the text after ``S`` minus the end-of-turn token the engine stopped at.
+
+    Args:
+        template: the :class:`ChatTemplate`.
+        history: messages before the sampled turn (the sampled turn itself excluded).
+        new_messages: tool results and/or user messages that follow the turn (non-empty).
+        terminated: the turn ended with a stop token (``template.stop_ids``); if not, the
+            template's end-of-turn text becomes part of the (template-owned) bridge.
+        add_generation_prompt: end the bridge with the next generation prompt.
+
+    Returns:
+        :class:`Bridge`. For Qwen3 the engine stops at ``<|im_end|>`` and the template writes
+        ``\\n`` after it, so a bridge after a terminated turn starts with that ``\\n``.
+
+    Raises:
+        ValueError: the template does not render assistant content verbatim, or drops one of
+            ``new_messages`` (the error names it).
+
+    Source: book chapter 5.4 (token-in/token-out); the bridge rule is Hugging Face's rendering.
+    """
+    if not new_messages:
+        raise ValueError('new_messages is empty: a bridge needs at least one tool or user message')
+    s = template.sentinel(-1, avoid=''.join(str(m.get('content')) for m in new_messages))
+    conv = list(history) + [{'role': 'assistant', 'content': s}] + list(new_messages)
+    text = template.render(conv, add_generation_prompt)
+    j = text.rfind(s)
+    if j < 0 or text.count(s) != 1:
+        raise ValueError('the chat template does not render assistant content verbatim (a marker put in '
+                         '"content" did not come back once), so the bridge after a turn cannot be derived')
+    after = j + len(s)
+    stop = template.leading_stop(text[after:]) if terminated else ''
+    b0 = after + len(stop)
+    bridge = text[b0:]
+    regions, cursor, base = [], 0, len(history) + 1
+    for q, m in enumerate(new_messages):
+        c = m.get('content')
+        if isinstance(c, str) and not c:
+            continue
+        k = bridge.find(c, cursor) if isinstance(c, str) else -1
+        if k >= 0 and bridge.find(c, k + 1) < 0:
+            a, b = k, k + len(c)
+        else:  # not verbatim or ambiguous: diff against a render with the content swapped out
+            z = template.sentinel(q, avoid=text)
+            other = template.render(conv[:base + q] + [dict(m, content=z)] + conv[base + q + 1:],
+                                    add_generation_prompt)
+            p, e, part = diff_span(text, other, z)
+            if z not in part or p < b0:
+                raise ValueError(f'new_messages[{q}] ({m.get("role")}) could not be located after the turn: '
+                                 'the template drops it or rewrites earlier text when it is added')
+            a, b = p - b0, e - b0
+        regions.append(Region(a, b, owner_of_role(m['role']), q))
+        cursor = b
+    ids, offsets = template.encode_offsets(bridge)
+    owner, _ = owners_from_regions(offsets, regions, len(bridge))
+    return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions)
+
+
+class ChatRecorder:
+    """Record a chat episode token-in/token-out: sampled ids as policy, bridges from the template.
+
+    Start from the opening messages, then alternate :meth:`add_turn` (the ids the engine
+    sampled, with their log-probs) and :meth:`add_messages` (tool results, user messages);
+    feed :attr:`prompt_ids` to the engine before each turn; :meth:`finish` returns the record.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer or a :class:`ChatTemplate`.
+        messages: the opening conversation (system, user ...); rendered with the generation
+            prompt. Assistant messages in it are prompt-owned (they were not sampled here).
+        tools: tool schemas for ``tools=`` (MCP or OpenAI style); only with a tokenizer.
+        history: one of :data:`HISTORY_MODES`. ``'template'`` (default) follows the template:
+            where it rewrites history (e.g. Qwen3 drops earlier reasoning once a new user message
+            arrives) the next context is its rendering and the record gets per-turn contexts.
+            ``'sampled'`` always continues the recorded sequence (one forward pass scores every
+            turn; the model then sees history the template would not show).
+        **options: :class:`ChatTemplate` options such as ``enable_thinking=False``,
+            ``stop_tokens``, ``chat_template``; only with a tokenizer.
+
+    Attributes:
+        template: the :class:`ChatTemplate`.
+        prompt_ids: ``[L]`` ids to feed the engine for the next turn (a list copy).
+        bridges: the :class:`Bridge` appended after each turn.
+
+    Raises:
+        ValueError: bad options or messages (names the field); ``tools=`` on a template that
+            ignores tools (DeepSeek-V3, Llama 3.0): put the tool descriptions in the system message.
+
+    Cost: O(total tokens). Each bridge renders only the opening, the first round and the last
+    round (templates are assumed to depend on history through its role pattern, not its
+    length); with ``history='template'`` the full conversation is re-rendered only after
+    message kinds that a two-round probe found to rewrite history. :meth:`finish` renders the
+    whole conversation once and reports in ``info['template']`` whether the record matches it.
+
+    Example:
+        >>> rec = ChatRecorder(tok, [{'role': 'user', 'content': 'Fix clamp.'}], tools=tools)
+        >>> text = rec.add_turn(sampled_ids, sampled_logp)     # engine output incl. <|im_end|>
+        >>> next_prompt = rec.add_messages([{'role': 'tool', 'content': observation}])
+        >>> traj = rec.finish(reward=1.0)
+
+    Source: book chapter 5.4 (token-in/token-out) and 5.8 ("score turns against the context
+    they were sampled in").
+    """
+
+    def __init__(self, tokenizer, messages, *, tools=None, history: str = 'template', **options):
+        if history not in HISTORY_MODES:
+            raise ValueError(f'history={history!r}; use one of {HISTORY_MODES}')
+        self.template = as_template(tokenizer, tools=tools, **options)
+        self.history = history
+        self._opening = check_messages(messages)
+        self._messages = list(self._opening)       # conversation as messages (turns decoded)
+        self._turn_index: list[int] = []           # index in _messages of each assistant turn
+        self._ids: list[int] = []
+        self._owner: list[int] = []
+        self._turn: list[int] = []
+        self._logp: list[float] = []
+        self._texts: list[str] = []                # text pieces of the record, in order
+        self.bridges: list[Bridge] = []
+        self._contexts: list = []                  # per turn: (start, None | list ctx ids)
+        self._pending: list[dict] = []             # messages since the last turn
+        self._bridge_mark = None                   # (len ids, len texts) before the pending bridge
+        self._unterminated: list[int] = []
+        self._placeholder = False
+        self._start_opening()
+
+    # ------------------------------------------------------------------ state
+    def _start_opening(self):
+        lab = label_owners(self.template, self._opening, add_generation_prompt=True)
+        pol, prm = OWNER['policy'], OWNER['prompt']
+        self._ids = list(lab.ids)
+        self._owner = [prm if o == pol else o for o in lab.owner]
+        self._turn = [-1] * len(lab.ids)
+        self._logp = [0.0] * len(lab.ids)
+        self._texts = [lab.text]
+        self._ctx = list(lab.ids)                  # context for the next turn
+        self._ctx_pieces = [(lab.text, len(lab.ids))]
+        self._ctx_is_prefix = True
+
+    @property
+    def n_turns(self) -> int:
+        """Number of sampled turns so far."""
+        return len(self._turn_index)
+
+    @property
+    def prompt_ids(self) -> list:
+        """``[L]`` ids the engine must continue for the next turn."""
+        return list(self._ids) if self.history == 'sampled' or self._ctx_is_prefix else list(self._ctx)
+
+    @property
+    def messages(self) -> list:
+        """The conversation so far as messages (sampled turns as decoded ``content``)."""
+        return [dict(m) for m in self._messages]
+
+    # ------------------------------------------------------------------ appending
+    def add_turn(self, ids, logp=None, message: dict | None = None) -> str:
+        """Append one sampled policy turn, ids exactly as the engine produced them.
+
+        Args:
+            ids: ``[n]`` sampled token ids, including the end-of-turn token the engine stopped at
+                (policy-owned and trained). A turn without one was cut off.
+            logp: ``[n]`` float sampling log-probs (nats) of ``ids``; None records zeros and
+                marks the record's provenance ``logp_placeholder``.
+            message: the turn as a parsed assistant message (e.g. with ``tool_calls``), used only
+                when the template re-renders history; default ``{'role': 'assistant',
+                'content': decoded text}``.
+
+        Returns:
+            The decoded text of the turn without its end-of-turn token (for the environment's parser).
+
+        Raises:
+            ValueError: empty ``ids``, ``logp`` of another length, an id outside the vocabulary, or
+                two turns with no message in between (add the observation first).
+        """
+        ids = ids.tolist() if hasattr(ids, 'tolist') else [int(i) for i in ids]
+        if not ids:
+            raise ValueError('add_turn: ids is empty; pass the sampled ids including the stop token')
+        if self._turn_index and not self._pending:
+            raise ValueError('add_turn: two turns in a row; call add_messages with the observation of the '
+                             'previous turn first (or pass both samples as one turn)')
+        n_vocab = len(self.template.tokenizer)
+        bad = [i for i in ids if not 0 <= i < n_vocab]
+        if bad:
+            raise ValueError(f'add_turn: ids {bad[:5]} are outside the vocabulary [0, {n_vocab}); '
+                             'were they sampled with another tokenizer?')
+        if logp is None:
+            logp = [0.0] * len(ids)
+            self._placeholder = True
+        else:
+            logp = logp.tolist() if hasattr(logp, 'tolist') else [float(x) for x in logp]
+            if len(logp) != len(ids):
+                raise ValueError(f'add_turn: logp has {len(logp)} entries but ids has {len(ids)}: '
+                                 'pass one sampling log-prob per sampled id')
+        k = len(self._turn_index)
+        start = len(self._ids)
+        use_prefix = self.history == 'sampled' or self._ctx_is_prefix
+        self._contexts.append((start, None if use_prefix else list(self._ctx)))
+        self._pending = []
+        self._bridge_mark = None
+        text = self.template.decode(ids)
+        stop = self.template.stop_text(ids[-1])
+        if stop is None:
+            self._unterminated.append(k)
+        content = text[:len(text) - len(stop)] if stop and text.endswith(stop) else text
+        self._ids += ids
+        self._owner += [OWNER['policy']] * len(ids)
+        self._turn += [k] * len(ids)
+        self._logp += logp
+        self._texts.append(text)
+        self._turn_index.append(len(self._messages))
+        self._messages.append(dict(message) if message is not None else {'role': 'assistant', 'content': content})
+        self._turn_piece = (text, ids)
+        return content
+
+    def add_messages(self, messages) -> list:
+        """Append tool results and/or user messages after the last turn, as the template bridges them.
+
+        Calling it again before the next turn re-derives one bridge for all messages since the turn.
+
+        Args:
+            messages: message dicts (roles tool/user/system); a single dict is accepted.
+
+        Returns:
+            ``[L]`` the prompt ids for the next turn (also :attr:`prompt_ids`).
+
+        Raises:
+            ValueError: an assistant message (sampled turns go through :meth:`add_turn`), a bad
+                message, or a message the template drops.
+        """
+        if isinstance(messages, dict):
+            messages = [messages]
+        new = check_messages(messages, 'add_messages')
+        for i, m in enumerate(new):
+            if m['role'] == 'assistant':
+                raise ValueError(f'add_messages[{i}] is an assistant message: sampled turns must be added '
+                                 'as ids with add_turn (token-in/token-out)')
+        if not self._turn_index:  # still before the first turn: extend the opening
+            self._opening += new
+            self._messages = list(self._opening)
+            self._start_opening()
+            return self.prompt_ids
+        if self._bridge_mark is not None:  # re-derive one bridge for everything since the turn
+            n_ids, n_texts = self._bridge_mark
+            del self._ids[n_ids:], self._owner[n_ids:], self._turn[n_ids:], self._logp[n_ids:]
+            del self._texts[n_texts:]
+            del self._messages[len(self._messages) - len(self._pending):]
+            self.bridges.pop()
+            self._ctx, self._ctx_pieces, self._ctx_is_prefix = self._ctx_saved
+        else:
+            self._ctx_saved = (list(self._ctx), list(self._ctx_pieces), self._ctx_is_prefix)
+        self._pending += new
+        k = len(self._turn_index) - 1
+        turn_ids = self._turn_piece[1]
+        bridge = template_bridge(self.template, self._window(), self._pending,
+                                 terminated=self.template.stop_text(turn_ids[-1]) is not None)
+        self._bridge_mark = (len(self._ids), len(self._texts))
+        self._ids += bridge.ids
+        self._owner += bridge.owner
+        self._turn += [k] * len(bridge.ids)
+        self._logp += [0.0] * len(bridge.ids)
+        self._texts.append(bridge.text)
+        self._messages += self._pending
+        self.bridges.append(bridge)
+        if self.history == 'template':
+            self._advance_context(bridge)
+        return self.prompt_ids
+
+    # ------------------------------------------------------------------ template history
+    def _window(self) -> list:
+        """Opening + first round + last rounds before the current turn (bounded size)."""
+        cur = self._turn_index[-1]
+        starts = self._turn_index[:-1]
+        if len(starts) <= _WINDOW_ROUNDS + 1:
+            return self._messages[:cur]
+        first = self._messages[len(self._opening):starts[1]]
+        return self._opening + first + self._messages[starts[-_WINDOW_ROUNDS]:cur]
+
+    def _advance_context(self, bridge: Bridge) -> None:
+        turn_text, turn_ids = self._turn_piece
+        pattern = tuple(m['role'] for m in self._pending)
+        if self._stable(pattern):
+            self._ctx += turn_ids + bridge.ids
+            self._ctx_pieces += [(turn_text, len(turn_ids)), (bridge.text, len(bridge.ids))]
+            return
+        full = self.template.render(self._messages, True)
+        pieces = self._ctx_pieces + [(turn_text, len(turn_ids)), (bridge.text, len(bridge.ids))]
+        flat = self._ctx + turn_ids + bridge.ids
+        pos = n_ids = 0
+        kept = []
+        for text, n in pieces:
+            if not full.startswith(text, pos):
+                break
+            kept.append((text, n))
+            pos += len(text)
+            n_ids += n
+        rest = full[pos:]
+        rest_ids = self.template.encode(rest) if rest else []
+        self._ctx = flat[:n_ids] + rest_ids
+        self._ctx_pieces = kept + ([(rest, len(rest_ids))] if rest else [])
+        self._ctx_is_prefix = self._ctx_is_prefix and not rest and n_ids == len(flat)
+
+    def _stable(self, pattern: tuple) -> bool:
+        """Whether appending messages with these roles leaves the template's history unchanged (probed)."""
+        key = ('stable', pattern, tuple(m['role'] for m in self._opening))
+        cache = self.template._cache
+        if key not in cache:
+            cache[key] = probe_stability(self.template, self._opening, pattern)
+        return cache[key]
+
+    # ------------------------------------------------------------------ finishing
+    def finish(self, reward: float = 0.0, info: dict | None = None, provenance: Provenance | None = None,
+               verify: bool = True) -> Trajectory:
+        """Freeze the episode into a :class:`~agentrl.record.Trajectory` (via ``Trajectory.from_tokens``).
+
+        Args:
+            reward: episode reward.
+            info: the environment's final info (copied); ``info['template']`` is added.
+            provenance: filled with the template and tokenizer fingerprints when empty.
+            verify: render the whole conversation once and report whether the recorded text is
+                the template's rendering (``info['template']['render_matches']``).
+
+        Returns:
+            Trajectory with ``ids [T]``, ``owner [T]``, ``turn [T]`` (-1 for the opening, k for
+            turn k and the bridge after it), ``action_mask [T-1]`` and ``sample_logp [T-1]``
+            aligned to ``ids[1:]``, and ``turn_contexts`` = ``[(start_k, context_ids [L_k])]``
+            for every turn when any turn was sampled after a context that is not a prefix of
+            ``ids`` (None otherwise).
+
+        Raises:
+            ValueError: no turn was recorded.
+        """
+        if not self._turn_index:
+            raise ValueError('finish: no turn recorded; call add_turn with the sampled ids first')
+        info = dict(info or {})
+        check = {'history': self.history, 'n_turns': self.n_turns,
+                 'prefix_stable': all(c is None for _, c in self._contexts),
+                 'unterminated_turns': list(self._unterminated)}
+        if verify:
+            recorded = ''.join(self._texts)
+            full = self.template.render(self._messages, self._messages[-1]['role'] != 'assistant')
+            check['render_matches'] = full.startswith(recorded)
+            if not check['render_matches']:
+                p = common_prefix(full, recorded)
+                check['first_mismatch'] = {'char': p, 'recorded': recorded[p:p + 40], 'template': full[p:p + 40]}
+        info['template'] = check
+        prov = provenance if provenance is not None else Provenance(policy='hf')
+        if not prov.template:
+            prov.template = self.template.fingerprint
+        if not prov.tokenizer:
+            from .chat import tokenizer_digest
+            prov.tokenizer = tokenizer_digest(self.template.tokenizer)
+        if self._placeholder:
+            prov.logp_placeholder = True
+        ids_t = torch.as_tensor(self._ids, dtype=torch.long)
+        contexts = None
+        if not check['prefix_stable']:
+            contexts = [(s, ids_t[:s] if c is None else torch.as_tensor(c, dtype=torch.long))
+                        for s, c in self._contexts]
+        traj = Trajectory.from_tokens(ids_t, self._owner, self._turn, self._logp, reward, info,
+                                      provenance=prov, turn_contexts=contexts)
+        return traj
+
+
+def probe_turn_text(template: ChatTemplate, opening: list) -> str:
+    """What a model writes after the generation prompt, as the template renders it (incl. stop).
+
+    Renders the opening plus an assistant answer (with reasoning, then without) and keeps the
+    text between the generation prompt and the first end-of-turn token.
+    """
+    ctx = template.render(opening, True)
+    for msg in ({'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'},
+                {'role': 'assistant', 'content': 'Probe answer.'}):
+        full = template.render(opening + [msg], False)
+        if full.startswith(ctx):
+            rest = full[len(ctx):]
+            hits = [(rest.find(t), t) for t in template.stop_texts if rest.find(t) >= 0]
+            if hits:
+                pos, t = min(hits)
+                return rest[:pos + len(t)]
+    return 'Probe answer.' + template.stop_texts[-1]
+
+
+def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, rounds: int = 2) -> bool:
+    """Whether appending messages with roles ``pattern`` after sampled turns keeps contexts prefixes.
+
+    Runs a ``rounds``-round probe episode: after each probe turn and bridge, the recorded text must
+    equal the template's rendering of the conversation with the generation prompt.
+
+    Args:
+        template: the :class:`ChatTemplate`.
+        opening: the episode's opening messages.
+        pattern: roles of the messages appended after each turn, e.g. ``('tool',)``.
+
+    Returns:
+        True when every probe context is a prefix of the next one.
+
+    Source: book chapter 5.3 (prefix stability; Qwen3 is stable across tool turns in thinking
+    mode, not after a new user message, and not across turns in non-thinking mode, where the
+    empty think block of the generation prompt is not kept in history).
+    """
+    turn = probe_turn_text(template, opening)
+    stop = next((t for t in template.stop_texts if turn.endswith(t)), '')
+    content = turn[:len(turn) - len(stop)]
+    recorded = template.render(opening, True)
+    msgs = list(opening)
+    for r in range(rounds):
+        new = [{'role': role, 'content': _PROBE_USER if role in ('user', 'system') else f'{_PROBE_TOOL} {r}{q}'}
+               for q, role in enumerate(pattern)]
+        try:
+            bridge = template_bridge(template, msgs, new, terminated=bool(stop))
+        except ValueError:
+            return False
+        recorded += turn + bridge.text
+        msgs = msgs + [{'role': 'assistant', 'content': content}] + new
+        if template.render(msgs, True) != recorded:
+            return False
+    return True

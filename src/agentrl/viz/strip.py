@@ -1,0 +1,420 @@
+"""The ownership strip model every view draws: one cell per token, grouped into segments.
+
+A :class:`Strip` is built once from a record (:func:`build_strip`) and rendered by the HTML,
+SVG and terminal views, so the three pictures always agree on text, owner, mask and folds.
+
+Alignment (book chapter 5.6): the action mask and the sampling log-probs are aligned to
+``ids[1:]``. Cell ``i`` (token ``ids[i]``) therefore shows ``action_mask[i-1]`` and
+``sample_logp[i-1]``; cell 0 is never predicted and has neither. The mask drawn under a cell is
+the record's *stored* mask, not one recomputed from the owner, so a mask bug is visible: a cell
+whose stored mask disagrees with its owner is flagged ``mask_mismatch``.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..record import OWNER_NAMES, Trajectory
+
+__all__ = ['Cell', 'Segment', 'Strip', 'build_strip', 'decoder_for', 'word_decoder', 'hf_decoder',
+           'id_decoder', 'display_text', 'DEFAULT_FOLD', 'FOLDABLE']
+
+#: Runs of one owner longer than this many tokens are folded (collapsible) by default.
+DEFAULT_FOLD = 40
+#: Owners whose long runs fold: tool observations and template preambles (book Figure 5.1).
+FOLDABLE = ('tool', 'template')
+
+#: A decoder maps ``[T]`` token ids to ``[T]`` token texts (one string per id).
+Decoder = Callable[[Sequence[int]], list]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One token of the strip.
+
+    Attributes:
+        pos: position in ``ids`` (0-based).
+        id: token id.
+        text: the token's text as decoded (may hold spaces and newlines; see :func:`display_text`).
+        owner: owner name (``template``, ``prompt``, ``policy``, ``tool`` or ``?<code>``).
+        turn: turn index (-1 for the prompt).
+        mask: stored ``action_mask[pos-1]`` as 0/1, or None for position 0 (never predicted).
+        logp: stored ``sample_logp[pos-1]`` in nats, or None for position 0.
+        mark: highlight reason (``'drift'``, ``'refused: MaskOnNonPolicyError'`` ...) or ''.
+    """
+    pos: int
+    id: int
+    text: str
+    owner: str
+    turn: int
+    mask: int | None
+    logp: float | None
+    mark: str = ''
+
+    @property
+    def mask_mismatch(self) -> bool:
+        """True when the stored mask disagrees with the owner (mask 1 off policy, or 0 on it)."""
+        return self.mask is not None and self.mask != int(self.owner == 'policy')
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A maximal run of cells with one owner and one turn: ``cells[start:stop]``.
+
+    Attributes:
+        owner, turn: shared by every cell of the run.
+        start, stop: cell range (positions), ``stop`` exclusive.
+        folded: True when the run is drawn collapsed by default (long tool or template run).
+        turn_start: True when this run opens a new turn (a turn boundary is drawn before it).
+    """
+    owner: str
+    turn: int
+    start: int
+    stop: int
+    folded: bool = False
+    turn_start: bool = False
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+
+@dataclass
+class Strip:
+    """Everything a view needs to draw one record.
+
+    Attributes:
+        cells: ``[T]`` :class:`Cell`.
+        segments: the runs of ``cells`` in order (they tile ``0..T``).
+        title: one-line description (policy, task, reward ...).
+        meta: key facts shown in headers (``T``, ``actions``, ``reward``, ``stop`` ...).
+        decoded: how token text was obtained (``'word tokenizer'``, ``'hf: <name>'``, ``'ids'``).
+    """
+    cells: list
+    segments: list
+    title: str = ''
+    meta: dict = field(default_factory=dict)
+    decoded: str = ''
+
+    @property
+    def n_policy(self) -> int:
+        """Number of policy-owned cells."""
+        return sum(c.owner == 'policy' for c in self.cells)
+
+    @property
+    def mask_sum(self) -> int:
+        """Sum of the stored action mask."""
+        return sum(c.mask or 0 for c in self.cells)
+
+
+# ----------------------------------------------------------------------------- token text
+
+def display_text(text: str) -> str:
+    """Make a token's text printable on one line with no blanks.
+
+    Newlines become ``⏎``, tabs ``⇥``, spaces ``·``, other control characters ``\\xNN``; an
+    empty token becomes ``∅``. Word-tokenizer specials stay as they are, except ``<nl>`` -> ``⏎``.
+
+    Example: ``display_text(' clamp')`` is ``'·clamp'``; ``display_text('\\n')`` is ``'⏎'``.
+    """
+    if text == '<nl>':
+        return '⏎'
+    if text == '':
+        return '∅'
+    out = []
+    for ch in text:
+        if ch == '\n':
+            out.append('⏎')
+        elif ch == '\t':
+            out.append('⇥')
+        elif ch == ' ':
+            out.append('·')
+        elif ord(ch) < 32 or ord(ch) == 127:
+            out.append(f'\\x{ord(ch):02x}')
+        else:
+            out.append(ch)
+    return ''.join(out)
+
+
+def id_decoder(ids: Sequence[int]) -> list:
+    """Fallback decoder: each token shown as ``#<id>``."""
+    return [f'#{int(i)}' for i in ids]
+
+
+@functools.lru_cache(maxsize=1)
+def _word_tokenizer():
+    from .. import gym, tokenizer
+    return tokenizer.build_tokenizer(gym.make_tasks('all'))
+
+
+def word_decoder(tok=None) -> Decoder:
+    """Decoder of TinyAgent's word-level tokenizer (``build_tokenizer(make_tasks('all'))`` by default).
+
+    Ids outside the vocabulary show as ``#<id>``.
+    """
+    tok = tok or _word_tokenizer()
+    itos = tok.itos
+
+    def decode(ids):
+        return [itos[int(i)] if 0 <= int(i) < len(itos) else f'#{int(i)}' for i in ids]
+    decode.name = 'word tokenizer'
+    return decode
+
+
+#: Model id prefixes -> folder under ``$AGENTRL_TOKENIZERS`` (the project's shared tokenizers).
+_SHARED = {'qwen/qwen3': 'qwen3', 'deepseek-ai/deepseek-v3': 'deepseek-v3', 'meta-llama/meta-llama-3': 'llama3',
+           'qwen3': 'qwen3', 'deepseek-v3': 'deepseek-v3', 'llama3': 'llama3'}
+
+
+def _hf_candidates(name: str) -> list:
+    out = []
+    if name and os.path.isdir(name):
+        out.append(name)
+    roots = [os.environ.get('AGENTRL_TOKENIZERS', '')]
+    roots = [r for r in roots if r and os.path.isdir(r)]
+    low = name.lower()
+    for prefix, folder in _SHARED.items():
+        if low.startswith(prefix):
+            out += [str(Path(r) / folder) for r in roots if (Path(r) / folder).is_dir()]
+    out.append(name)
+    return list(dict.fromkeys(out))
+
+
+_LOADED: dict = {}     # name or folder -> loaded HF tokenizer (None: not loadable offline)
+
+
+def _load_hf(name: str):
+    if name in _LOADED:
+        return _LOADED[name]
+    tok = None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    for cand in _hf_candidates(name):
+        try:
+            tok = AutoTokenizer.from_pretrained(cand, local_files_only=True)
+            break
+        except Exception:  # noqa: BLE001 - any failure means "not available offline"
+            continue
+    _LOADED[name] = tok
+    return tok
+
+
+def hf_decoder(name_or_tokenizer) -> Decoder | None:
+    """Decoder of a Hugging Face tokenizer, loaded offline; None when it cannot be loaded.
+
+    Args:
+        name_or_tokenizer: a loaded tokenizer, a local folder, or a model id found in
+            ``$AGENTRL_TOKENIZERS`` (``Qwen/Qwen3-*`` -> ``qwen3/`` ...) or the local HF cache.
+            Nothing is downloaded.
+
+    Returns:
+        A decoder giving each id's own text (``tok.decode([id])``), or None.
+    """
+    tok = name_or_tokenizer if hasattr(name_or_tokenizer, 'decode') else _load_hf(str(name_or_tokenizer))
+    if tok is None:
+        return None
+    size = len(tok)
+
+    def decode(ids):
+        return [tok.decode([int(i)]) if 0 <= int(i) < size else f'#{int(i)}' for i in ids]
+    decode.name = f'hf: {getattr(tok, "name_or_path", "") or type(tok).__name__}'
+    return decode
+
+
+def _hf_by_digest(fp: str) -> Decoder | None:
+    """The tokenizer under ``$AGENTRL_TOKENIZERS`` whose digest is ``fp`` (agentrl.templates), or None."""
+    root = os.environ.get('AGENTRL_TOKENIZERS', '')
+    if not (fp and root and os.path.isdir(root)):
+        return None
+    try:
+        from ..templates.chat import tokenizer_digest
+    except ImportError:
+        return None
+    folders = [str(sub) for sub in sorted(Path(root).iterdir()) if (sub / 'tokenizer.json').exists()]
+    loaded = [k for k, v in _LOADED.items() if v is not None]
+    for name in loaded + [f for f in folders if f not in _LOADED]:     # already loaded ones first
+        tok = _load_hf(name)
+        try:
+            if tok is not None and tokenizer_digest(tok) == fp:
+                return hf_decoder(tok)
+        except Exception:  # noqa: BLE001 - a tokenizer that cannot be digested is not the one
+            continue
+    return None
+
+
+def _word_fingerprint() -> str | None:
+    try:
+        return _word_tokenizer().fingerprint()
+    except Exception:  # noqa: BLE001 - gym not importable: no word tokenizer to compare with
+        return None
+
+
+def decoder_for(traj: Trajectory, tokenizer=None) -> Decoder:
+    """Pick the decoder that gives a record's token text.
+
+    Order: an explicit ``tokenizer`` (a :class:`~agentrl.tokenizer.Tokenizer`, an HF tokenizer,
+    or a name/folder); TinyAgent's word tokenizer when the record's provenance fingerprint is
+    that tokenizer's, or when the record has no tokenizer fingerprint and every id fits its
+    vocabulary; the HF tokenizer named by ``provenance.model`` (or ``info['tokenizer']``) when it
+    loads offline; the tokenizer under ``$AGENTRL_TOKENIZERS`` whose digest
+    (:func:`agentrl.templates.chat.tokenizer_digest`) equals the record's fingerprint; else ids
+    (``#<id>``).
+
+    Returns:
+        A callable ``ids -> list[str]`` with a ``name`` attribute saying which was chosen.
+    """
+    if tokenizer is not None:
+        if hasattr(tokenizer, 'itos'):
+            return word_decoder(tokenizer)
+        dec = hf_decoder(tokenizer)
+        if dec is None:
+            raise ValueError(f'tokenizer {tokenizer!r} could not be loaded offline; pass a local folder '
+                             'with tokenizer.json (or set $AGENTRL_TOKENIZERS)')
+        return dec
+    prov = traj.provenance
+    fp = (prov.tokenizer if prov else '') or ''
+    word_fp = _word_fingerprint()
+    if word_fp is not None and fp == word_fp:
+        return word_decoder()
+    for name in ((traj.info or {}).get('tokenizer'), prov.model if prov else None):
+        if isinstance(name, str) and name and not name.startswith('TinyAgent'):
+            dec = hf_decoder(name)
+            if dec is not None:
+                return dec
+    dec = _hf_by_digest(fp) if fp else None
+    if dec is not None:
+        return dec
+    if word_fp is not None and not fp:
+        size = len(_word_tokenizer().itos)
+        if all(0 <= int(i) < size for i in traj.ids.tolist()):
+            return word_decoder()
+    return id_decoder
+
+
+id_decoder.name = 'ids'
+
+
+# ----------------------------------------------------------------------------- strip
+
+def _owner_name(code: int) -> str:
+    return OWNER_NAMES[code] if 0 <= code < len(OWNER_NAMES) else f'?{code}'
+
+
+def _marks(traj: Trajectory, marks: dict | None) -> dict:
+    """Positions to highlight: explicit ``marks`` plus drift spans / refusals stored in ``info``."""
+    out = {}
+    info = traj.info or {}
+    for start, stop in info.get('drift_spans') or []:
+        for p in range(int(start), int(stop)):
+            out[p] = 'drift'
+    for p in info.get('refused_positions') or []:
+        out[int(p)] = 'refused'
+    out.update({int(k): str(v) for k, v in (marks or {}).items()})
+    return out
+
+
+def _title(traj: Trajectory) -> str:
+    info = traj.info or {}
+    prov = traj.provenance
+    bits = [prov.policy if prov and prov.policy else None, info.get('task'), prov.model if prov and prov.model
+            and prov.policy in ('model', 'hf') else None]
+    return ' · '.join(str(b) for b in bits if b) or 'trajectory'
+
+
+def build_strip(traj: Trajectory, decoder: Decoder | None = None, *, fold: int = DEFAULT_FOLD,
+                marks: dict | None = None, title: str | None = None) -> Strip:
+    """Build the strip of one record.
+
+    Args:
+        traj: a :class:`~agentrl.record.Trajectory` with ``owner`` and ``turn`` ``[T]``.
+        decoder: ``ids -> [T]`` token texts; default :func:`decoder_for`.
+        fold: runs of a :data:`FOLDABLE` owner longer than this fold; 0 never folds.
+        marks: extra highlights, position -> reason (drift spans, refused positions). Spans in
+            ``info['drift_spans']`` (``[[start, stop], ...]``) and ``info['refused_positions']``
+            are added automatically.
+        title: header line; default from provenance and ``info['task']``.
+
+    Returns:
+        :class:`Strip` with ``T`` cells.
+
+    Raises:
+        ValueError: the record has no ``owner`` (fix: build it with ``Trajectory.from_tokens``)
+            or its fields disagree in length.
+    """
+    if traj.owner is None:
+        raise ValueError('record has no owner array, so ownership cannot be drawn; build records with '
+                         'Trajectory.from_tokens (or a rollout), which records the owner of every token')
+    traj.check_shapes()
+    decoder = decoder or decoder_for(traj)
+    ids = [int(i) for i in traj.ids.tolist()]
+    texts = list(decoder(ids))
+    if len(texts) != len(ids):
+        raise ValueError(f'decoder returned {len(texts)} texts for {len(ids)} ids; it must return one per id')
+    owner = [_owner_name(int(o)) for o in traj.owner.tolist()]
+    turn = [int(t) for t in traj.turn.tolist()] if traj.turn is not None else [-1] * len(ids)
+    mask = [int(round(float(m))) for m in traj.action_mask.tolist()]
+    logp = [float(x) for x in traj.sample_logp.tolist()]
+    hl = _marks(traj, marks)
+    cells = [Cell(pos=i, id=ids[i], text=str(texts[i]), owner=owner[i], turn=turn[i],
+                  mask=None if i == 0 else mask[i - 1], logp=None if i == 0 else logp[i - 1],
+                  mark=hl.get(i, '')) for i in range(len(ids))]
+    segments, start = [], 0
+    for i in range(1, len(cells) + 1):
+        if i == len(cells) or (owner[i], turn[i]) != (owner[start], turn[start]):
+            n = i - start
+            segments.append(Segment(owner=owner[start], turn=turn[start], start=start, stop=i,
+                                    folded=bool(fold) and owner[start] in FOLDABLE and n > fold,
+                                    turn_start=start > 0 and turn[start] != turn[start - 1] and turn[start] >= 0))
+            start = i
+    info = traj.info or {}
+    meta = {'T': len(ids), 'actions': sum(mask), 'policy cells': sum(o == 'policy' for o in owner),
+            'reward': float(traj.reward), 'stop': info.get('stop'), 'turns': max(turn) + 1 if turn else 0}
+    if traj.provenance is not None:
+        meta['policy'] = traj.provenance.policy
+        if traj.provenance.model:
+            meta['model'] = traj.provenance.model
+        if traj.provenance.rollout_id:
+            meta['rollout'] = f'{traj.provenance.rollout_id}#{traj.provenance.attempt}'
+    if info.get('task'):
+        meta['task'] = info['task']
+    return Strip(cells=cells, segments=segments, title=_title(traj) if title is None else title,
+                 meta={k: v for k, v in meta.items() if v not in (None, '')},
+                 decoded=getattr(decoder, 'name', 'custom'))
+
+
+def load_audit(path: str) -> list:
+    """Read a template audit (JSON) as trajectories: each entry needs ``ids`` and ``owner``.
+
+    Accepts one object, a list of objects, or ``{"records": [...]}``; each object has ``ids``
+    ``[T]``, ``owner`` ``[T]`` (names or codes), optional ``turn`` ``[T]``, ``sample_logp`` ``[T]``
+    or ``[T-1]``, ``reward``, ``info``, ``model`` (tokenizer name) and ``drift_spans``.
+
+    Raises:
+        ValueError: the file is not such JSON (names the missing key).
+    """
+    from ..record import Provenance
+    with open(path) as f:
+        data = json.load(f)
+    if isinstance(data, dict):
+        data = data.get('records', [data])
+    out = []
+    for k, d in enumerate(data):
+        if not isinstance(d, dict) or 'ids' not in d or 'owner' not in d:
+            raise ValueError(f'{path}: entry {k} has no "ids" and "owner"; a template audit lists records '
+                             'with per-token ids and owners')
+        n = len(d['ids'])
+        lp = list(d.get('sample_logp') or [0.0] * n)
+        lp = lp if len(lp) == n else [0.0] + lp
+        info = dict(d.get('info') or {})
+        for key in ('drift_spans', 'refused_positions', 'task', 'tokenizer'):
+            if key in d:
+                info[key] = d[key]
+        prov = Provenance(policy=str(d.get('policy', 'template')), model=str(d.get('model', '')))
+        out.append(Trajectory.from_tokens(d['ids'], d['owner'], d.get('turn') or [-1] * n, lp,
+                                          float(d.get('reward', 0.0)), info, provenance=prov))
+    return out

@@ -1,0 +1,215 @@
+"""agentrl.train: the records train. SFT warm start, GRPO on collated batches, step-0 ratio 1."""
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import replace
+
+import pytest
+import torch
+
+import agentrl as arl
+from agentrl.collate import collate
+from agentrl.train import (check_ratio_records, clipped_surrogate, group_advantages, grpo_step, kl_penalty,
+                           masked_nll, max_ratio_deviation, oracle_demos, token_log_probs)
+from agentrl.train.loop import call_stats, evaluate, run_sft, sample_groups
+
+#: Warm-start settings the unit test uses: full batch of the 24 demonstrations, Adam.
+SFT_STEPS, SFT_LR = 120, 3e-3
+
+
+@pytest.fixture(scope='module')
+def train_tasks():
+    return arl.make_tasks('train')
+
+
+@pytest.fixture(scope='module')
+def demos(train_tasks, tok):
+    return oracle_demos(train_tasks, tok)
+
+
+@pytest.fixture(scope='module')
+def sft_model(demos, tok):
+    """TinyAgent after the warm start (fixed seed)."""
+    torch.manual_seed(0)
+    model = arl.TinyAgent(tok.vocab_size)
+    run_sft(model, demos, tok, SFT_STEPS, SFT_LR)
+    return model.eval()
+
+
+@pytest.fixture(scope='module')
+def groups(sft_model, train_tasks, tok):
+    """4 train tasks x G=4 episodes sampled by the warm-started model at temperature 1."""
+    gen = torch.Generator().manual_seed(1)
+    return sample_groups(sft_model, train_tasks[:4], 4, tok, gen)
+
+
+# ---------------------------------------------------------------- advantages
+
+def test_group_advantages_zero_variance_counted():
+    rewards = torch.tensor([1., 1., 1., 1., 0., 1., 0., 1., 0., 0., 0., 0.])
+    adv, zero = group_advantages(rewards, 4)
+    assert zero.tolist() == [True, False, True]
+    assert adv[:4].tolist() == [0.0] * 4 and adv[8:].tolist() == [0.0] * 4
+    assert torch.allclose(adv[4:8], torch.tensor([-1., 1., -1., 1.]), atol=1e-5)   # (r - .5) / (.5 + eps)
+    # exactly zero even for rewards whose mean is not representable exactly
+    adv, zero = group_advantages(torch.full((3,), 0.1), 3)
+    assert zero.tolist() == [True] and adv.tolist() == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError, match='groups of 3'):
+        group_advantages(torch.ones(4), 3)
+
+
+def test_zero_variance_step_makes_no_update(sft_model, demos, tok):
+    """All groups degenerate -> counted, advantage 0, and the weights do not move at all."""
+    model = arl.TinyAgent(tok.vocab_size)
+    model.load_state_dict(sft_model.state_dict())
+    trajs = sample_groups(model, [arl.make_tasks('train')[0]], 2, tok, torch.Generator().manual_seed(0))
+    trajs = [replace(t, reward=1.0) for t in trajs]
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    m = grpo_step(model, opt, trajs, 2, tok.pad_id)
+    assert (m['zero_var_groups'], m['zero_var_frac'], m['updates']) == (1, 1.0, 0)
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+# ---------------------------------------------------------------- step-0 ratio
+
+def test_step0_ratio_is_one(sft_model, groups, tok):
+    batch = collate(groups, tok.pad_id)
+    with torch.no_grad():
+        logp, _ = token_log_probs(sft_model, batch.ids)
+    assert batch.action_mask.sum() > 0
+    dev = max_ratio_deviation(logp, batch.sample_logp, batch.action_mask)
+    assert dev < 1e-5, f'max |ratio - 1| = {dev:.2e} before any update'
+    model = arl.TinyAgent(tok.vocab_size)
+    model.load_state_dict(sft_model.state_dict())
+    m = grpo_step(model, torch.optim.Adam(model.parameters(), lr=1e-3), groups, 4, tok.pad_id,
+                  updates=2, ratio_tol=1e-5)
+    assert m['ratio_dev0'] < 1e-5
+    assert 0 <= m['zero_var_frac'] <= 1 and m['truncation_rate'] == 0.0
+
+
+def _shift(t, field, by):
+    x = getattr(t, field)
+    return replace(t, **{field: torch.roll(x, by)})
+
+
+@pytest.mark.parametrize('field', ['sample_logp', 'action_mask'])
+@pytest.mark.parametrize('by', [1, -1])
+def test_shifted_record_fails_ratio_check(sft_model, groups, tok, field, by):
+    bad = [_shift(t, field, by) for t in groups]
+    batch = collate(bad, tok.pad_id)
+    with torch.no_grad():
+        logp, _ = token_log_probs(sft_model, batch.ids)
+    assert max_ratio_deviation(logp, batch.sample_logp, batch.action_mask) > 1e-3
+    model = arl.TinyAgent(tok.vocab_size)
+    model.load_state_dict(sft_model.state_dict())
+    with pytest.raises(ValueError, match='misaligned'):
+        grpo_step(model, torch.optim.Adam(model.parameters()), bad, 4, tok.pad_id, ratio_tol=1e-5)
+
+
+# ---------------------------------------------------------------- gradients only through policy tokens
+
+def test_sft_loss_ignores_tool_and_template_targets(sft_model, demos, tok):
+    batch = collate(demos[:6], tok.pad_id)
+    logits = sft_model(batch.ids)[:, :-1].detach().requires_grad_(True)
+    targets = batch.ids[:, 1:]
+    loss = masked_nll(logits, targets, batch.action_mask)
+    loss.backward()
+    off = batch.action_mask == 0
+    assert logits.grad[off].abs().max() == 0 and logits.grad[~off].abs().max() > 0
+    gen = torch.Generator().manual_seed(0)
+    noise = torch.randint(0, tok.vocab_size, targets.shape, generator=gen)
+    perturbed = torch.where(off, noise, targets)
+    assert (perturbed != targets).any()
+    assert masked_nll(logits, perturbed, batch.action_mask).item() == loss.item()
+
+
+def test_grpo_loss_ignores_non_policy_positions(sft_model, groups, tok):
+    batch = collate(groups, tok.pad_id)
+    logp, _ = token_log_probs(sft_model, batch.ids)
+    logp = logp.detach().requires_grad_(True)
+    adv = torch.linspace(-1, 1, len(groups))
+    sample = batch.sample_logp - 0.1 * batch.action_mask         # ratios != 1 so the clip is exercised
+    loss, _ = clipped_surrogate(logp, sample, adv, batch.action_mask)
+    loss.backward()
+    off = batch.action_mask == 0
+    assert logp.grad[off].abs().max() == 0 and logp.grad[~off].abs().max() > 0
+    garbage = torch.where(off, torch.full_like(sample, 50.0), sample)     # exp(50) would dominate if it leaked
+    loss2, _ = clipped_surrogate(logp, garbage, adv, batch.action_mask)
+    assert loss2.item() == loss.item()
+    kl = kl_penalty(logp, torch.where(off, torch.full_like(sample, -30.0), logp.detach()), batch.action_mask)
+    assert kl.item() == 0.0
+
+
+# ---------------------------------------------------------------- PPO clip on literal tensors
+
+def test_clipped_surrogate_literal():
+    mask = torch.tensor([[1., 1., 0.]])
+    logp = torch.log(torch.tensor([[1.5, 0.5, 1.0]])).requires_grad_(True)
+    sample = torch.zeros(1, 3)
+    loss, stats = clipped_surrogate(logp, sample, torch.tensor([1.0]), mask, clip_eps=0.2)
+    # A > 0: ratio 1.5 is clipped to 1.2 (no gradient); ratio 0.5 is not clipped: -(1.2 + 0.5) / 2
+    assert math.isclose(loss.item(), -0.85, abs_tol=1e-6)
+    assert stats['clip_frac'] == 0.5 and math.isclose(stats['ratio_max'], 1.5, rel_tol=1e-6)
+    loss.backward()
+    assert logp.grad[0, 0] == 0 and logp.grad[0, 1] != 0 and logp.grad[0, 2] == 0
+
+
+# ---------------------------------------------------------------- placeholders refused
+
+def test_placeholder_records_refused_in_ratio(demos, groups, tok):
+    assert all(t.provenance.logp_placeholder for t in demos)
+    with pytest.raises(ValueError, match='placeholder'):
+        check_ratio_records(groups[:3] + demos[:1])
+    model = arl.TinyAgent(tok.vocab_size)
+    with pytest.raises(ValueError, match='placeholder'):
+        grpo_step(model, torch.optim.Adam(model.parameters()), demos[:4], 2, tok.pad_id)
+    with pytest.raises(ValueError, match='temperature'):
+        check_ratio_records(groups, temperature=0.7)
+    with pytest.raises(ValueError, match='no provenance'):
+        check_ratio_records([replace(groups[0], provenance=None)])
+    check_ratio_records(groups)                                   # sampled records pass
+
+
+# ---------------------------------------------------------------- the warm start works
+
+def test_sft_warm_start_well_formed_and_rewarded(sft_model, train_tasks, tok):
+    """Cheap version of the issue's bar: 2 episodes per train task at temperature 1."""
+    m = evaluate(sft_model, train_tasks, tok, repeats=2, seed=123)
+    assert m['well_formed'] >= 0.95, m
+    assert m['reward'] >= 0.8, m
+
+
+def test_call_stats_counts_hardcode(train_tasks, tok):
+    hacker = arl.scripted_rollout(arl.scripted_policy('hacker'), arl.BugFixEnv(), train_tasks[0], tok)
+    oracle = arl.scripted_rollout(arl.scripted_policy('oracle'), arl.BugFixEnv(), train_tasks[0], tok)
+    s = call_stats([hacker, oracle])
+    assert s['calls'] == 7 and s['well_formed'] == 1.0
+    assert s['hardcode_rate'] == 0.5 and math.isclose(s['hardcode_call_frac'], 1 / 7)
+
+
+# ---------------------------------------------------------------- CLI smoke test
+
+def test_cli_train_smoke(tmp_path):
+    out = tmp_path / 'run'
+    cmd = [sys.executable, '-m', 'agentrl', 'train', '--sft-steps', '3', '--grpo-steps', '2', '--group', '2',
+           '--tasks-per-step', '2', '--eval-every', '1', '--eval-repeats', '1', '--out', str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert 'after SFT' in r.stdout and 'held-out' in r.stdout
+    for name in ('sft.pt', 'model.pt', 'metrics.jsonl', 'reward.svg', 'summary.json'):
+        assert (out / name).exists(), name
+    rows = [json.loads(line) for line in (out / 'metrics.jsonl').read_text().splitlines()]
+    assert [r['phase'] for r in rows] == ['start', 'sft', 'sft', 'sft', 'eval', 'grpo', 'eval', 'grpo', 'eval']
+    assert rows[5]['ratio_dev0'] < 1e-5
+    assert (out / 'reward.svg').read_text().startswith('<svg')
+    from agentrl.model import load_checkpoint
+    assert isinstance(load_checkpoint(str(out / 'model.pt')), arl.TinyAgent)
+
+
+def test_cli_train_rejects_bad_flags(tmp_path):
+    from agentrl.cli.main import main
+    assert main(['train', '--group', '0', '--out', str(tmp_path)]) == 2
+    assert not os.listdir(tmp_path)
