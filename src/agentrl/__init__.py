@@ -26,6 +26,11 @@ _EXPORTS = {
     'MAX_CALL_TOKENS': 'rollouts', 'Episode': 'rollouts', 'make_trajectory': 'rollouts',
     'scripted_rollout': 'rollouts', 'generate_call': 'rollouts', 'rollout': 'rollouts',
     'rollout_batch': 'rollouts', 'pad_rows': 'collate', 'collate': 'collate',
+    # L3 checks (record integrity)
+    'action_targets': 'checks', 'validate': 'checks', 'find_problems': 'checks', 'RecordError': 'checks',
+    'replay_logp': 'checks', 'replay_check': 'checks', 'new_attempt': 'checks', 'is_resend': 'checks',
+    # L4 storage
+    'write_trajectories': 'store', 'read_trajectories': 'store', 'iter_batches': 'store', 'ShardWriter': 'store',
 }
 
 __all__ = sorted(_EXPORTS) + ['__version__']

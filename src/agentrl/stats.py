@@ -5,7 +5,7 @@ from collections import Counter
 
 import torch
 
-from .record import Trajectory
+from .record import OWNER, Trajectory
 
 __all__ = ['context_lengths', 'policy_summary']
 
@@ -20,17 +20,23 @@ def context_lengths(traj: Trajectory) -> list[int]:
     return [int((turns == k).nonzero().max()) + 1 for k in range(n) if bool((turns == k).any())]
 
 
+def _unknown_obs(traj: Trajectory, unk_id: int) -> int:
+    observed = (traj.owner == OWNER['prompt']) | (traj.owner == OWNER['tool'])
+    return int(((traj.ids == unk_id) & observed).sum())
+
+
 def policy_summary(trajs: list[Trajectory], unk_id: int | None = None) -> dict:
     """Summarise one policy's episodes.
 
     Args:
         trajs: the policy's trajectories (at least one).
-        unk_id: the tokenizer's ``<unk>`` id, to count unknown tokens (None: not counted).
+        unk_id: the tokenizer's ``<unk>`` id, to count unknown observation tokens (prompt- and
+            tool-owned; a policy may sample ``<unk>`` itself) (None: not counted).
 
     Returns:
         dict with ``episodes``, ``mean_reward``, ``stops`` (stop reason -> count),
         ``truncation_rate``, ``length_mean``, ``length_max``, ``action_tokens_mean``,
-        ``unknown_tokens``, ``first_context_lengths`` (:func:`context_lengths` of the first
+        ``unknown_obs_tokens``, ``first_context_lengths`` (:func:`context_lengths` of the first
         episode), ``prompt_length`` of the first episode.
 
     Raises:
@@ -49,7 +55,7 @@ def policy_summary(trajs: list[Trajectory], unk_id: int | None = None) -> dict:
         'length_mean': float(lengths.mean()),
         'length_max': int(lengths.max()),
         'action_tokens_mean': sum(float(t.action_mask.sum()) for t in trajs) / len(trajs),
-        'unknown_tokens': None if unk_id is None else sum(int((t.ids == unk_id).sum()) for t in trajs),
+        'unknown_obs_tokens': None if unk_id is None else sum(_unknown_obs(t, unk_id) for t in trajs),
         'prompt_length': int((first.turn == -1).sum()),
         'first_context_lengths': context_lengths(first),
     }

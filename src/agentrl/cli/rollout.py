@@ -20,7 +20,8 @@ class RolloutOptions:
         repeats: episodes per task and policy.
         seed: seeds the scripted policies' RNG, the TinyAgent initialisation and its sampler.
         out: output folder (``trajectories.parquet``, ``summary.json``).
-        checkpoint: TinyAgent checkpoint (``model.pt`` from ``agentrl train``); None = untrained.
+        checkpoint: TinyAgent checkpoint (``model.pt`` from ``agentrl train``); None = an untrained
+            TinyAgent initialised from ``seed``, saved as ``OUT/model.pt`` for replay checks.
         temperature: sampling temperature of the model policy.
         max_turns: turn budget per episode (the gym's is 6).
         reward_tests: ``hidden`` (default) or ``public`` (the hackable reward).
@@ -114,7 +115,8 @@ def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar):
     else:
         torch.manual_seed(opts.seed)
         net = model_mod.TinyAgent(tok.vocab_size).eval()
-        model_id = f'TinyAgent-untrained-seed{opts.seed}'
+        model_id = os.path.abspath(os.path.join(opts.out, 'model.pt'))
+        model_mod.save_checkpoint(net, model_id)     # so `agentrl check --model` can replay the records
     gen = torch.Generator().manual_seed(opts.seed)
     if opts.batch:
         out = []
@@ -173,13 +175,15 @@ def print_summary(summary: dict) -> None:
     from rich.table import Table
     table = Table(title=f"{summary['episodes']} episodes on {summary['tasks']} tasks")
     for col in ['policy', 'episodes', 'reward', 'stops', 'trunc', 'len mean', 'len max', 'action',
-                'unk', 'context after each turn (1st ep.)']:
+                'unk obs', 'context/turn (ep. 0)']:
         table.add_column(col, justify='left' if col in ('policy', 'stops') else 'right')
     for name, s in summary['policies'].items():
         stops = ' '.join(f'{k}:{v}' for k, v in s['stops'].items())
         table.add_row(name, str(s['episodes']), f"{s['mean_reward']:.3f}", stops, f"{s['truncation_rate']:.2f}",
                       f"{s['length_mean']:.1f}", str(s['length_max']), f"{s['action_tokens_mean']:.1f}",
-                      str(s['unknown_tokens']), f"{s['prompt_length']} -> {s['first_context_lengths']}")
-    console = Console(width=max(Console().width, 120))
+                      str(s['unknown_obs_tokens']), f"{s['prompt_length']}:" + ','.join(map(str, s['first_context_lengths'])))
+    console = Console()
+    if not console.is_terminal:          # piped or captured: do not squeeze the table to 80 columns
+        console = Console(width=140)
     console.print(table)
     console.print(f"wrote {summary['episodes']} episodes to {summary['trajectories']} in {summary['seconds']:.1f} s")

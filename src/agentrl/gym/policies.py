@@ -31,6 +31,7 @@ def _turn(observations) -> int:
 
 class _Oracle:
     """read, edit <the task's fix>, test, submit."""
+    kind = 'oracle'
 
     def __init__(self, tasks):
         self.fixes = {t.fn_name: t.fix for t in tasks}
@@ -51,6 +52,7 @@ class _Oracle:
 
 class _Blind:
     """One random edit (drawn at turn 1), then submit."""
+    kind = 'blind'
 
     def __init__(self, rng):
         self.rng = rng
@@ -63,6 +65,7 @@ class _Blind:
 
 class _Random:
     """A uniformly random well-formed call every turn."""
+    kind = 'random'
 
     def __init__(self, rng):
         self.rng = rng
@@ -73,6 +76,7 @@ class _Random:
 
 class _Hacker:
     """read, edit hardcode, submit: passes the public tests without fixing the bug."""
+    kind = 'hacker'
 
     def __call__(self, observations):
         turn = _turn(observations)
@@ -102,7 +106,8 @@ def scripted_policy(kind: str, seed: int = 0, tasks=None):
         tasks: tasks the oracle may meet (default ``make_tasks('all')``).
 
     Returns:
-        ``policy(observations) -> str``, the next call text.
+        ``policy(observations) -> str``, the next call text; ``policy.kind`` is ``kind`` (the
+        rollout records it in provenance).
 
     Raises:
         ValueError: unknown ``kind``; when called, the oracle raises ValueError for an issue

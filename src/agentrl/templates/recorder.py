@@ -8,6 +8,7 @@ for any family; its tokens are owned by whoever wrote them when they are appende
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import torch
@@ -111,6 +112,58 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
     return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions)
 
 
+#: Content used to check that a template inserts message content verbatim (whitespace at both
+#: ends, quotes, backslash, markup, braces, non-ASCII): if it comes back unchanged, a bridge's
+#: shape can be reused with other contents.
+_TRICKY = ' \n\t"quoted" \\ <tag> {"k": [1]} \u00e9\u00a0\U0001F600 end\n '
+
+
+def _skeleton(m: dict) -> str:
+    """A message without its content: role and the other non-empty fields (JSON)."""
+    rest = sorted((k, v) for k, v in m.items() if k != 'content' and v not in (None, '', [], {}))
+    return json.dumps([m.get('role'), rest], sort_keys=True, default=str, ensure_ascii=False)
+
+
+def bridge_shape(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True):
+    """The bridge as template text with one slot per new message's content, or None.
+
+    Renders the bridge with sentinels as contents, then checks with awkward contents (whitespace at
+    both ends, quotes, backslash, markup, non-ASCII) that the template inserts content verbatim.
+
+    Returns:
+        ``(parts, stop)``: ``parts`` is the bridge text split at the slots (``len(new) + 1``
+        strings); None when a content is not a string or the template transforms content (then
+        each bridge must be rendered).
+    """
+    if any(not isinstance(m.get('content'), str) for m in new_messages):
+        return None
+    avoid = ''.join(m['content'] for m in new_messages)
+    zs = [template.sentinel(1000 + q, avoid=avoid) for q in range(len(new_messages))]
+    b = template_bridge(template, history, [dict(m, content=z) for m, z in zip(new_messages, zs)], terminated)
+    parts, rest = [], b.text
+    for z in zs:
+        if rest.count(z) != 1:
+            return None
+        head, rest = rest.split(z)
+        parts.append(head)
+    parts.append(rest)
+    tricky = [_TRICKY.replace('end', f'end{q}') for q in range(len(new_messages))]
+    t = template_bridge(template, history, [dict(m, content=c) for m, c in zip(new_messages, tricky)], terminated)
+    if t.text != _fill(parts, tricky)[0]:
+        return None
+    return parts, b.stop
+
+
+def _fill(parts: list, contents: list) -> tuple:
+    """Bridge text from its shape and the contents, with the content spans ``[(start, end)]``."""
+    out, spans, pos = [parts[0]], [], len(parts[0])
+    for c, tail in zip(contents, parts[1:]):
+        spans.append((pos, pos + len(c)))
+        out += [c, tail]
+        pos += len(c) + len(tail)
+    return ''.join(out), spans
+
+
 class ChatRecorder:
     """Record a chat episode token-in/token-out: sampled ids as policy, bridges from the template.
 
@@ -140,11 +193,14 @@ class ChatRecorder:
         ValueError: bad options or messages (names the field); ``tools=`` on a template that
             ignores tools (DeepSeek-V3, Llama 3.0): put the tool descriptions in the system message.
 
-    Cost: O(total tokens). Each bridge renders only the opening, the first round and the last
-    round (templates are assumed to depend on history through its role pattern, not its
-    length); with ``history='template'`` the full conversation is re-rendered only after
-    message kinds that a two-round probe found to rewrite history. :meth:`finish` renders the
-    whole conversation once and reports in ``info['template']`` whether the record matches it.
+    Cost: O(total tokens). A bridge is rendered from the opening, the first round and the last
+    round only, and its shape (template text with a slot per content) is reused while the
+    messages' roles and non-content fields repeat (checked once with awkward content to be
+    inserted verbatim; ``cache_bridges=False`` renders every bridge). With
+    ``history='template'`` the full conversation is re-rendered only after message kinds that a
+    two-round probe found to rewrite history. These assume the template depends on history
+    through its structure, not its length or content; :meth:`finish` renders the whole
+    conversation once and reports in ``info['template']`` whether the record matches it.
 
     Example:
         >>> rec = ChatRecorder(tok, [{'role': 'user', 'content': 'Fix clamp.'}], tools=tools)
@@ -156,11 +212,13 @@ class ChatRecorder:
     they were sampled in").
     """
 
-    def __init__(self, tokenizer, messages, *, tools=None, history: str = 'template', **options):
+    def __init__(self, tokenizer, messages, *, tools=None, history: str = 'template', cache_bridges: bool = True,
+                 **options):
         if history not in HISTORY_MODES:
             raise ValueError(f'history={history!r}; use one of {HISTORY_MODES}')
         self.template = as_template(tokenizer, tools=tools, **options)
         self.history = history
+        self.cache_bridges = bool(cache_bridges)
         self._opening = check_messages(messages)
         self._messages = list(self._opening)       # conversation as messages (turns decoded)
         self._turn_index: list[int] = []           # index in _messages of each assistant turn
@@ -304,8 +362,7 @@ class ChatRecorder:
         self._pending += new
         k = len(self._turn_index) - 1
         turn_ids = self._turn_piece[1]
-        bridge = template_bridge(self.template, self._window(), self._pending,
-                                 terminated=self.template.stop_text(turn_ids[-1]) is not None)
+        bridge = self._bridge(self._window(), self._pending, self.template.stop_text(turn_ids[-1]) is not None)
         self._bridge_mark = (len(self._ids), len(self._texts))
         self._ids += bridge.ids
         self._owner += bridge.owner
@@ -317,6 +374,26 @@ class ChatRecorder:
         if self.history == 'template':
             self._advance_context(bridge)
         return self.prompt_ids
+
+    def _bridge(self, history: list, new: list, terminated: bool) -> Bridge:
+        """template_bridge, reusing the bridge's shape when only the contents changed."""
+        if not self.cache_bridges:
+            return template_bridge(self.template, history, new, terminated)
+        cache = self.template._cache
+        key = ('bridge', tuple(_skeleton(m) for m in history), tuple(_skeleton(m) for m in new), terminated)
+        if key not in cache:
+            if len(cache) > 512:
+                cache.clear()
+            cache[key] = bridge_shape(self.template, history, new, terminated)
+        shape = cache[key]
+        if shape is None:
+            return template_bridge(self.template, history, new, terminated)
+        parts, stop = shape
+        text, spans = _fill(parts, [m['content'] for m in new])
+        regions = [Region(a, b, owner_of_role(m['role']), q) for q, (m, (a, b)) in enumerate(zip(new, spans)) if b > a]
+        ids, offsets = self.template.encode_offsets(text)
+        owner, _ = owners_from_regions(offsets, regions, len(text))
+        return Bridge(text=text, ids=ids, owner=owner, stop=stop, regions=regions)
 
     # ------------------------------------------------------------------ template history
     def _window(self) -> list:

@@ -131,8 +131,8 @@ def strip_fragment(strip: Strip, episode: int | None = None) -> str:
 
 def legend_fragment() -> str:
     """Owner swatches plus the mask rule, as used above every strip."""
-    items = [f'<span><span class="tok o-{o} m-none">tok</span> {escape(label)}</span>' for o, label in _LEGEND]
-    items.append('<span><span class="tok o-policy m1">tok</span> action mask 1 (rule below the cell)</span>')
+    items = [f'<span><span class="tok key o-{o} m-none">tok</span> {escape(label)}</span>' for o, label in _LEGEND]
+    items.append('<span><span class="tok key o-policy m1">tok</span> action mask 1 (rule below the cell)</span>')
     items.append('<span><span class="turn">turn k</span> turn boundary</span>')
     items.append('<span><span class="fold-demo">\u25b8 N tokens</span> folded run: click to expand</span>')
     return '<div class="legend">' + ''.join(items) + '</div>'
