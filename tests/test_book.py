@@ -23,7 +23,7 @@ def test_book_blocks_match(mode):
     if not RUN_BOOK.exists():
         pytest.skip(f'{RUN_BOOK} not found (set AGENTRL_SHARED to the shared folder)')
     pytest.importorskip('transformers')
-    env = dict(os.environ, HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1')
+    env = dict(os.environ, HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1', OMP_NUM_THREADS='1')
     env.setdefault('AGENTRL_TOKENIZERS', str(shared_dir() / 'tokenizers'))
     out = subprocess.run([sys.executable, str(RUN_BOOK), '--mode', mode, '--show-diff'], capture_output=True,
                          text=True, env=env, timeout=600).stdout

@@ -5,7 +5,9 @@ import torch.nn as nn
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import agentrl as arl
-from agentrl.collate import _collate_reference
+
+arl.collate  # resolve the lazy export before the submodule of the same name is imported below
+from agentrl.collate import _collate_reference, collate  # noqa: E402
 from agentrl.model import KVCache
 from agentrl.rollouts import supports_kv_cache
 
@@ -208,7 +210,7 @@ def test_property_collate_fast_equals_reference(lengths, seed, pad_id, tensors):
         if not tensors:
             ids, turn, logp = ids.tolist(), turn.tolist(), logp.tolist()
         trajs.append(arl.Trajectory.from_tokens(ids, owner, turn, logp, float(i), {}))
-    a, b = arl.collate(trajs, pad_id), _collate_reference(trajs, pad_id, None)
+    a, b = collate(trajs, pad_id), _collate_reference(trajs, pad_id, None)
     for (k, x), y in zip(a.items(), b.values()):
         assert x.dtype == y.dtype and torch.equal(x, y), k
 
@@ -216,11 +218,11 @@ def test_property_collate_fast_equals_reference(lengths, seed, pad_id, tensors):
 def test_collate_odd_inputs_take_the_reference_path(tasks, tok):
     t = arl.scripted_rollout(arl.scripted_policy('oracle'), arl.BugFixEnv(), tasks[0], tok)
     odd = arl.Trajectory(t.ids.int(), t.action_mask.double(), t.sample_logp, 1.0, {}, t.owner, t.turn)
-    a, b = arl.collate([t, odd], tok.pad_id), _collate_reference([t, odd], tok.pad_id, None)
+    a, b = collate([t, odd], tok.pad_id), _collate_reference([t, odd], tok.pad_id, None)
     assert all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(a.values(), b.values()))
     no_turn = arl.Trajectory(t.ids, t.action_mask, t.sample_logp, 1.0, {}, t.owner, None)
     with pytest.raises(ValueError, match='collate: trajectory 1 has no turn field'):
-        arl.collate([t, no_turn], tok.pad_id)
+        collate([t, no_turn], tok.pad_id)
     flat = arl.Trajectory(t.ids[None], t.action_mask, t.sample_logp, 1.0, {}, t.owner, t.turn)
     with pytest.raises(ValueError, match='collate: trajectory 0'):
-        arl.collate([flat], tok.pad_id)
+        collate([flat], tok.pad_id)

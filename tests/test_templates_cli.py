@@ -22,7 +22,8 @@ def test_audit_qwen3_real_load(capsys):
     assert "owner counts: {'template': " in out and "'prompt': 37, 'policy': 55, 'tool': 23}" in out
     assert 'prefix-stable: True (token ids: True); reasoning rendered 2/2' in out
     assert "non-thinking inserts '<think>\\n\\n</think>\\n\\n'" in out
-    assert "bridge after a tool turn (34 tokens, stop '<|im_end|>' sampled): '\\n<|im_start|>user\\n<tool_response>" in out
+    assert ("bridge after a tool turn (34 tokens, stop '<|im_end|>' sampled): "
+            "'\\n<|im_start|>user\\n<tool_response>") in out
     assert "bridge after a user turn (12 tokens, stop '<|im_end|>' sampled): '\\n<|im_start|>user\\nProbe" in out
     assert 'fingerprint: template ' in out and 'problem:' not in out
 

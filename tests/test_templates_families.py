@@ -121,6 +121,15 @@ def test_add_messages_twice_rederives_one_bridge():
             {'role': 'tool', 'content': 'src'}, {'role': 'tool', 'content': 'more'}]
     assert both == tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True)['input_ids']
     assert len(rec.bridges) == 1
+    # a turn with reasoning, then a tool result and a user message in two calls: the user message
+    # makes the template drop the reasoning, and the context follows the template
+    rec.add_turn(enc(tok, '<think>\nCheck it.\n</think>\n\nLooks fine.<|im_end|>'))
+    rec.add_messages([{'role': 'tool', 'content': 'tests pass'}])
+    ctx = rec.add_messages([{'role': 'user', 'content': 'Thanks.'}])
+    msgs += [{'role': 'assistant', 'content': '<think>\nCheck it.\n</think>\n\nLooks fine.'},
+             {'role': 'tool', 'content': 'tests pass'}, {'role': 'user', 'content': 'Thanks.'}]
+    assert ctx == tok.apply_chat_template(msgs, add_generation_prompt=True, return_dict=True)['input_ids']
+    assert 'Check it.' not in tok.decode(ctx) and 'Check it.' in tok.decode(rec.finish().ids)
 
 
 def test_generation_blocks_agree_with_assistant_masks():

@@ -54,7 +54,8 @@ def conversation(draw, family):
             if qwen and seg == n_seg - 1 and draw(st.booleans()):
                 a['reasoning_content'] = draw(text())
             if tools and draw(st.booleans()):
-                a['tool_calls'] = [{'type': 'function', 'function': {'name': 'read', 'arguments': {'path': draw(text())}}}
+                a['tool_calls'] = [{'type': 'function',
+                                    'function': {'name': 'read', 'arguments': {'path': draw(text())}}}
                                    for _ in range(draw(st.integers(1, 2)))]
             msgs.append(a)
             last = seg == n_seg - 1 and r == n_rounds - 1

@@ -220,7 +220,8 @@ def test_reasoning_stripped_after_user_turn_contexts(qwen):
         parsed[k] = {'role': 'assistant', 'reasoning_content': reasoning,
                      'content': parsed[k]['content'].split('</think>\n\n')[1]}
     rep = tt.audit_prefix_stability(qwen, parsed, tools=TOOLS)
-    assert rep.breaking == [4] and 'the reasoning of messages [1, 3] is stripped once message 4' in rep.messages[4].reason
+    assert rep.breaking == [4]
+    assert 'the reasoning of messages [1, 3] is stripped once message 4' in rep.messages[4].reason
     # the record keeps every sampled id, reasoning included
     text = qwen.decode(traj.ids.tolist())
     for turn in turns:

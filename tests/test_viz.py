@@ -7,6 +7,7 @@ is installed; CI installs it (``apt-get install chromium``).
 Regenerate the golden SVG on purpose with ``AGENTRL_REGEN_GOLDEN=1 pytest tests/test_viz.py``.
 """
 import base64
+import fcntl
 import json
 import os
 import queue
@@ -306,8 +307,9 @@ class Browser:
         self._res_r, res_w = os.pipe()
 
         def child():                      # the protocol reads commands on fd 3, answers on fd 4
-            os.dup2(cmd_r, 3)
-            os.dup2(res_w, 4)
+            a, b = fcntl.fcntl(cmd_r, fcntl.F_DUPFD, 10), fcntl.fcntl(res_w, fcntl.F_DUPFD, 10)
+            os.dup2(a, 3)
+            os.dup2(b, 4)
 
         self.proc = subprocess.Popen([binary, *CHROMIUM_FLAGS, f'--user-data-dir={self.profile}',
                                       f'--window-size={width},{height}', 'about:blank'],

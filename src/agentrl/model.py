@@ -20,6 +20,7 @@ class _Block(nn.Module):
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
         self.n_heads = n_heads
+        self.scale = (d_model // n_heads) ** -0.5
         self.ln1 = nn.LayerNorm(d_model)
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.proj = nn.Linear(d_model, d_model)
@@ -54,17 +55,20 @@ class _Block(nn.Module):
         N, D = x.shape
         H = self.n_heads
         q, k, v = self.qkv(self.ln1(x)).view(N, 3, H, D // H).unbind(1)       # [N, H, Dh] each
-        K[plan.rows, :, plan.pos] = k
-        V[plan.rows, :, plan.pos] = v
-        Ks, Vs = K[:, :, :plan.need], V[:, :, :plan.need]
-        if plan.tq == 1:                                                      # one new token per row
-            y = F.scaled_dot_product_attention(q[:, :, None], Ks, Vs, attn_mask=plan.mask)
-            y = y.view(N, D)
+        K[plan.crow, :, plan.pos] = k
+        V[plan.crow, :, plan.pos] = v
+        if plan.sel is None:     # attend over the whole capacity: contiguous, the mask hides the rest
+            Ks, Vs = K, V
+        else:                                                                 # a subset of rows
+            Ks, Vs = K.index_select(0, plan.sel), V.index_select(0, plan.sel)
+        if plan.tq == 1:      # one new token per row: explicit matmuls beat SDPA's CPU kernel here
+            scores = torch.matmul(q[:, :, None], Ks.transpose(-1, -2)).mul_(self.scale).add_(plan.mask)
+            y = torch.matmul(torch.softmax(scores, dim=-1), Vs).view(N, D)
         else:                                                                 # ragged prefill
-            qp = q.new_zeros(K.shape[0], plan.tq, H, D // H)
-            qp[plan.rows, plan.j] = q
+            qp = q.new_zeros(Ks.shape[0], plan.tq, H, D // H)
+            qp[plan.r, plan.j] = q
             y = F.scaled_dot_product_attention(qp.transpose(1, 2), Ks, Vs, attn_mask=plan.mask)
-            y = y.transpose(1, 2)[plan.rows, plan.j].reshape(N, D)
+            y = y.transpose(1, 2)[plan.r, plan.j].reshape(N, D)
         return self.proj(y)
 
 
@@ -150,8 +154,13 @@ class KVCache:
 
 
 class _Plan:
-    """Index plan of one :meth:`TinyAgent.extend` call, shared by every block."""
-    __slots__ = ('rows', 'j', 'pos', 'tq', 'need', 'mask')
+    """Index plan of one :meth:`TinyAgent.extend` call, shared by every block.
+
+    sel: cache rows taking part (None: all); r, j: each new token's row (within the call) and
+    offset; crow, pos: its cache row and absolute position; tq: padded new tokens per row;
+    need: longest row after the call; mask: attention mask over the cache capacity.
+    """
+    __slots__ = ('sel', 'r', 'j', 'crow', 'pos', 'tq', 'need', 'mask')
 
 
 class TinyAgent(nn.Module):
@@ -235,35 +244,45 @@ class TinyAgent(nn.Module):
         return KVCache(len(self.blocks), batch, self.blocks[0].n_heads, self.d_model // self.blocks[0].n_heads,
                        self.max_len, dtype=p.dtype, device=p.device, chunk=chunk)
 
-    def extend(self, cache: KVCache, ids: torch.Tensor, n_new: torch.Tensor | None = None) -> torch.Tensor:
-        """Append new tokens to each row of ``cache`` and return the logits after each row's last one.
+    def extend(self, cache: KVCache, ids: torch.Tensor, n_new: torch.Tensor | None = None,
+               rows=None) -> torch.Tensor:
+        """Append new tokens to rows of ``cache`` and return the logits after each row's last one.
 
-        Row ``b`` gets the tokens ``ids[b, :n_new[b]]`` at positions ``cache.lengths[b] ...``;
-        the rest of the row is padding and is ignored. The keys and values are written into the
-        cache (which grows as needed) and ``cache.lengths`` advances by ``n_new``. The result equals
-        ``self(full_ids)[b, lengths[b] + n_new[b] - 1]`` for each row's full sequence to fp32
-        rounding (about 1e-6), which is what rollouts sample from.
+        Row ``b`` of the call gets the tokens ``ids[b, :n_new[b]]`` at positions
+        ``cache.lengths[b] ...``; the rest of the row is padding and is ignored. The keys and
+        values are written into the cache (which grows as needed) and ``cache.lengths`` advances
+        by ``n_new``. The result equals ``self(full_ids)[b, lengths[b] + n_new[b] - 1]`` for each
+        row's full sequence to fp32 rounding (about 1e-6), which is what rollouts sample from.
+        This is the cache interface rollouts detect (with :meth:`new_cache`); see
+        :func:`agentrl.rollouts.supports_kv_cache`.
 
         Args:
             cache: a :class:`KVCache` from :meth:`new_cache` with B rows.
-            ids: ``[B, t]`` int64 new tokens, right-padded.
-            n_new: ``[B]`` int64 real new tokens per row, each in ``[1, t]``; None means all ``t``.
+            ids: ``[R, t]`` int64 new tokens, right-padded; R = B, or ``len(rows)``.
+            n_new: ``[R]`` int64 real new tokens per row, each in ``[1, t]``; None means all ``t``.
+            rows: optional distinct cache row indices (list or int64 tensor) to extend; the
+                other rows are untouched. None: every row, in order.
 
         Returns:
-            ``[B, V]`` float32 logits of the next token of every row.
+            ``[R, V]`` float32 logits of the next token of every extended row.
 
         Raises:
-            ValueError: ``ids`` not 2-D or its rows disagree with the cache; ``n_new`` outside
-                ``[1, t]``; or a row would exceed ``max_len`` (build the model with a larger
-                ``max_len`` or cap the episode length).
+            ValueError: ``ids`` not 2-D or its rows disagree with the cache (or ``rows``);
+                ``n_new`` outside ``[1, t]``; or a row would exceed ``max_len`` (build the model
+                with a larger ``max_len`` or cap the episode length).
         """
-        if ids.dim() != 2 or ids.shape[0] != cache.batch_size:
-            raise ValueError(f'TinyAgent.extend expects ids [B, t] with B = {cache.batch_size} cache rows, '
+        R = cache.batch_size if rows is None else len(rows)
+        if ids.dim() != 2 or ids.shape[0] != R:
+            raise ValueError(f'TinyAgent.extend expects ids [B, t] with B = {R} cache rows, '
                              f'got {tuple(ids.shape)}')
-        B, t = ids.shape
+        t = ids.shape[1]
         dev = ids.device
-        lengths = cache.lengths
         plan = _Plan()
+        if rows is None:
+            plan.sel, lengths = None, cache.lengths
+        else:
+            plan.sel = torch.as_tensor(rows, dtype=torch.long, device=dev)
+            lengths = cache.lengths[plan.sel]
         if t == 1 or n_new is None:
             ends = lengths + t
         else:
@@ -271,33 +290,38 @@ class TinyAgent(nn.Module):
                 raise ValueError(f'TinyAgent.extend: n_new must be in [1, {t}] for every row, '
                                  f'got {n_new.min().item()}..{n_new.max().item()}')
             ends = lengths + n_new
-        need = int(ends.max()) if B else 0
+        need = int(ends.max()) if R else 0
         if need > self.max_len:
             raise ValueError(f'sequence length {need} exceeds TinyAgent.max_len={self.max_len}; '
                              'build the model with a larger max_len or cap the episode length')
         cache.reserve(need)
         plan.need, plan.tq = need, t
-        keys = torch.arange(need, device=dev)
+        keys = torch.arange(cache.capacity, device=dev)
         if t == 1:
-            plan.rows, plan.pos = torch.arange(B, device=dev), lengths
+            plan.r, plan.pos = torch.arange(R, device=dev), lengths
             x = self.tok_emb(ids[:, 0]) + self.pos_emb(lengths)
-            plan.mask = (keys < ends[:, None])[:, None, None]                       # [B, 1, 1, S]
+            plan.mask = torch.zeros(R, 1, 1, len(keys), dtype=self.head.weight.dtype, device=dev).masked_fill_(
+                (keys >= ends[:, None])[:, None, None], float('-inf'))             # additive [R, 1, 1, cap]
             last = None
         else:
             if n_new is None:
-                plan.rows = torch.arange(B, device=dev).repeat_interleave(t)
-                plan.j = torch.arange(t, device=dev).repeat(B)
+                plan.r = torch.arange(R, device=dev).repeat_interleave(t)
+                plan.j = torch.arange(t, device=dev).repeat(R)
             else:
-                plan.rows, plan.j = (torch.arange(t, device=dev) < n_new[:, None]).nonzero(as_tuple=True)
-            plan.pos = lengths[plan.rows] + plan.j
-            x = self.tok_emb(ids[plan.rows, plan.j]) + self.pos_emb(plan.pos)        # [N, D]
-            qpos = lengths[:, None] + torch.arange(t, device=dev)                   # [B, t]
-            plan.mask = (keys <= qpos[:, :, None])[:, None]                         # [B, 1, t, S]
+                plan.r, plan.j = (torch.arange(t, device=dev) < n_new[:, None]).nonzero(as_tuple=True)
+            plan.pos = lengths[plan.r] + plan.j
+            x = self.tok_emb(ids[plan.r, plan.j]) + self.pos_emb(plan.pos)          # [N, D]
+            qpos = lengths[:, None] + torch.arange(t, device=dev)                   # [R, t]
+            plan.mask = (keys <= qpos[:, :, None])[:, None]                         # [R, 1, t, cap]
             last = (ends - lengths).cumsum(0) - 1
+        plan.crow = plan.r if plan.sel is None else plan.sel[plan.r]
         for i, block in enumerate(self.blocks):
             x = x + block.attend_cached(x, cache.k[i], cache.v[i], plan)
             x = x + block.mlp(block.ln2(x))
-        cache.lengths = ends
+        if plan.sel is None:
+            cache.lengths = ends
+        else:
+            cache.lengths = cache.lengths.index_put((plan.sel,), ends)
         if last is not None:
             x = x[last]
         return self.head(self.ln_f(x))

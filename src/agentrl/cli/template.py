@@ -54,7 +54,8 @@ def chapter_messages() -> list:
 
 
 def register(sub) -> None:
-    p = sub.add_parser('template', help='audit a Hugging Face chat template (owners, prefix stability, thinking, bridges)',
+    p = sub.add_parser('template',
+                       help='audit a Hugging Face chat template (owners, prefix stability, thinking, bridges)',
                        description='Audit what a real chat template does to an agent episode.')
     tsub = p.add_subparsers(dest='template_command', metavar='ACTION')
     tsub.required = True

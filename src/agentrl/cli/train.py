@@ -117,11 +117,11 @@ def run_training(opts: TrainOptions) -> dict:
 def print_summary(s: dict) -> None:
     """Print the one-line summary of a run."""
     from rich.console import Console
-    a, f = s['after_sft'], s['final']
-    hc = s['grpo']['hardcode_call_frac']
+    a, f, g = s['after_sft'], s['final'], s['grpo']
+    ratio = '' if g['ratio_dev_first_step'] is None else f", step-0 max|ratio-1| {g['ratio_dev_first_step']:.1e}"
     Console(width=200).print(
-        f"after SFT: train reward {a['train_reward']:.2f} (well-formed {a['train_well_formed']:.1%}), "
-        f"held-out {a['heldout_reward']:.2f} | after {s['grpo']['steps']} GRPO steps: train "
-        f"{f['train_reward']:.2f}, held-out {f['heldout_reward']:.2f}, hardcode {f['train_hardcode_rate']:.0%} "
-        f"of episodes (GRPO calls: {hc:.1%}) | {s['seconds']:.0f} s -> {s['files']['checkpoint']}",
+        f"after SFT: train reward {a['train_reward']:.2f} (well-formed calls {a['train_well_formed']:.1%}), "
+        f"held-out {a['heldout_reward']:.2f} | after {g['steps']} GRPO steps{ratio}: train "
+        f"{f['train_reward']:.2f}, held-out {f['heldout_reward']:.2f}, edit hardcode in "
+        f"{g['hardcode_call_frac']:.1%} of GRPO calls | {s['seconds']:.0f} s -> {s['files']['checkpoint']}",
         highlight=False, soft_wrap=True)

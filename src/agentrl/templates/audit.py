@@ -325,7 +325,8 @@ def audit_drift(tokenizer, traj, messages=None, *, tools=None, **options) -> Dri
         if again != sampled:
             drifts.append(_drift(template, t, s, e, 'reencode', sampled, again))
     if messages is not None:
-        lab = label_owners(template, messages, add_generation_prompt=check_messages(messages)[-1]['role'] != 'assistant')
+        messages = check_messages(messages)
+        lab = label_owners(template, messages, add_generation_prompt=messages[-1]['role'] != 'assistant')
         rendered = [lab.ids[a:b] for _m, a, b in lab.spans('policy')]
         if len(rendered) != len(spans):
             raise ValueError(f'audit_drift: messages render {len(rendered)} assistant spans but the record has '

@@ -303,18 +303,44 @@ class ChatTemplate:
                              'arguments)') from e
 
     def generation_prompt(self, messages: Sequence[dict]) -> str:
-        """The text ``add_generation_prompt=True`` appends after ``messages`` ('' if none)."""
+        """The text ``add_generation_prompt=True`` appends after ``messages`` ('' if none).
+
+        Qwen3: ``'<|im_start|>assistant\\n'`` (plus ``'<think>\\n\\n</think>\\n\\n'`` with
+        ``enable_thinking=False``); DeepSeek-V3 after tool outputs: ``''``.
+
+        Raises:
+            ValueError: as :meth:`render`.
+        """
         with_gp = self.render(messages, True)
         without = self.render(messages, False)
         return with_gp[len(without):] if with_gp.startswith(without) else with_gp[common_prefix(with_gp, without):]
 
     # ------------------------------------------------------------------ tokens
+    def _backend(self):
+        """The tokenizers backend when calling it equals ``tokenizer(text, add_special_tokens=False)``."""
+        be = getattr(self.tokenizer, 'backend_tokenizer', None)
+        if be is None or getattr(self.tokenizer, 'split_special_tokens', False) or \
+                getattr(be, 'encode_special_tokens', False):
+            return None
+        return be
+
     def encode(self, text: str) -> list[int]:
-        """Text -> ids with no BOS/EOS added (the rendered text already holds them)."""
+        """Text -> ids with no BOS/EOS added (the rendered text already holds them).
+
+        Same ids as ``tokenizer(text, add_special_tokens=False)`` (what ``apply_chat_template``
+        uses); the Rust backend is called directly when that is equivalent.
+        """
+        be = self._backend()
+        if be is not None:
+            return be.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
 
     def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         """Text -> (ids, character offsets ``(start, end)`` of each token)."""
+        be = self._backend()
+        if be is not None:
+            enc = be.encode(text, add_special_tokens=False)
+            return enc.ids, enc.offsets
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc['input_ids']), [tuple(o) for o in enc['offset_mapping']]
 

@@ -178,6 +178,10 @@ def locate_messages(template: ChatTemplate, messages: list, add_generation_promp
     return R, regions
 
 
+def _first(offset) -> int:
+    return offset[0]
+
+
 def owners_from_regions(offsets: list, regions: list, n_chars: int) -> tuple[list, list]:
     """Owner code and message index of each token: those of the region holding its first char.
 
@@ -189,11 +193,11 @@ def owners_from_regions(offsets: list, regions: list, n_chars: int) -> tuple[lis
     Returns:
         ``(owner [T] int codes, message [T] ints, -1 for template)``.
     """
-    tok_starts = [a for a, _b in offsets]
     owner = [OWNER['template']] * len(offsets)
     message = [-1] * len(offsets)
     for r in regions:  # tokens whose first character lies in [r.start, r.end)
-        i, j = bisect_left(tok_starts, r.start), bisect_left(tok_starts, r.end)
+        i = bisect_left(offsets, r.start, key=_first)
+        j = bisect_left(offsets, r.end, lo=i, key=_first)
         if j > i:
             owner[i:j] = [OWNER[r.owner]] * (j - i)
             message[i:j] = [r.message] * (j - i)
@@ -231,8 +235,10 @@ def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, to
     Example:
         >>> lab = label_owners(qwen_tok, [{'role': 'user', 'content': 'Hi'},
         ...                               {'role': 'assistant', 'content': 'Yo'}])
-        >>> [(t, o) for t, o in zip(qwen_tok.convert_ids_to_tokens(lab.ids), lab.owner_names())][8:11]
-        [('<think>', 'policy'), ('ĊĊ', 'policy'), ('</think>', 'policy')]
+        >>> qwen_tok.convert_ids_to_tokens(lab.ids[9:])
+        ['<think>', 'ĊĊ', '</think>', 'ĊĊ', 'Yo', '<|im_end|>', 'Ċ']
+        >>> lab.owner_names()[9:]        # thinking mode: the model writes the think block itself
+        ['policy', 'policy', 'policy', 'policy', 'policy', 'policy', 'template']
 
     Source: book chapter 5.2 (owners of Qwen3's rendering) and 5.3 (thinking mode).
     """

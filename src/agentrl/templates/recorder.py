@@ -134,6 +134,11 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
         ``(parts, stop)``: ``parts`` is the bridge text split at the slots (``len(new) + 1``
         strings); None when a content is not a string or the template transforms content (then
         each bridge must be rendered).
+
+    Raises:
+        ValueError: as :func:`template_bridge` (a message the template drops).
+
+    Source: Hugging Face ``apply_chat_template`` (rendered twice per shape).
     """
     if any(not isinstance(m.get('content'), str) for m in new_messages):
         return None
@@ -233,6 +238,7 @@ class ChatRecorder:
         self._bridge_mark = None                   # (len ids, len texts) before the pending bridge
         self._unterminated: list[int] = []
         self._placeholder = False
+        self._n_vocab = len(self.template.tokenizer)
         self._start_opening()
 
     # ------------------------------------------------------------------ state
@@ -272,9 +278,9 @@ class ChatRecorder:
                 (policy-owned and trained). A turn without one was cut off.
             logp: ``[n]`` float sampling log-probs (nats) of ``ids``; None records zeros and
                 marks the record's provenance ``logp_placeholder``.
-            message: the turn as a parsed assistant message (e.g. with ``tool_calls``), used only
-                when the template re-renders history; default ``{'role': 'assistant',
-                'content': decoded text}``.
+            message: the turn as a parsed assistant message (e.g. with ``tool_calls``), used
+                wherever history is re-rendered (bridges, template-mode contexts, the final check);
+                default ``{'role': 'assistant', 'content': decoded text}``.
 
         Returns:
             The decoded text of the turn without its end-of-turn token (for the environment's parser).
@@ -289,7 +295,7 @@ class ChatRecorder:
         if self._turn_index and not self._pending:
             raise ValueError('add_turn: two turns in a row; call add_messages with the observation of the '
                              'previous turn first (or pass both samples as one turn)')
-        n_vocab = len(self.template.tokenizer)
+        n_vocab = self._n_vocab
         bad = [i for i in ids if not 0 <= i < n_vocab]
         if bad:
             raise ValueError(f'add_turn: ids {bad[:5]} are outside the vocabulary [0, {n_vocab}); '
@@ -350,19 +356,24 @@ class ChatRecorder:
             self._messages = list(self._opening)
             self._start_opening()
             return self.prompt_ids
-        if self._bridge_mark is not None:  # re-derive one bridge for everything since the turn
+        pending = self._pending + new
+        turn_ids = self._turn_piece[1]
+        # derive the bridge first, so that an error leaves the recorder unchanged
+        bridge = self._bridge(self._window(), pending, self.template.stop_text(turn_ids[-1]) is not None)
+        if self._bridge_mark is not None:  # replace the bridge of the earlier messages since the turn
             n_ids, n_texts = self._bridge_mark
             del self._ids[n_ids:], self._owner[n_ids:], self._turn[n_ids:], self._logp[n_ids:]
             del self._texts[n_texts:]
             del self._messages[len(self._messages) - len(self._pending):]
             self.bridges.pop()
-            self._ctx, self._ctx_pieces, self._ctx_is_prefix = self._ctx_saved
+            ctx, n_ctx, pieces, n_pieces, self._ctx_is_prefix = self._ctx_saved
+            self._ctx, self._ctx_pieces = ctx, pieces   # contexts only grow in place or are replaced
+            del ctx[n_ctx:], pieces[n_pieces:]
         else:
-            self._ctx_saved = (list(self._ctx), list(self._ctx_pieces), self._ctx_is_prefix)
-        self._pending += new
+            self._ctx_saved = (self._ctx, len(self._ctx), self._ctx_pieces, len(self._ctx_pieces),
+                               self._ctx_is_prefix)
+        self._pending = pending
         k = len(self._turn_index) - 1
-        turn_ids = self._turn_piece[1]
-        bridge = self._bridge(self._window(), self._pending, self.template.stop_text(turn_ids[-1]) is not None)
         self._bridge_mark = (len(self._ids), len(self._texts))
         self._ids += bridge.ids
         self._owner += bridge.owner
@@ -495,7 +506,13 @@ def probe_turn_text(template: ChatTemplate, opening: list) -> str:
     """What a model writes after the generation prompt, as the template renders it (incl. stop).
 
     Renders the opening plus an assistant answer (with reasoning, then without) and keeps the
-    text between the generation prompt and the first end-of-turn token.
+    text between the generation prompt and the first end-of-turn token. For Qwen3 in thinking
+    mode: ``'<think>\\nProbe reasoning.\\n</think>\\n\\nProbe answer.<|im_end|>'``.
+
+    Raises:
+        ValueError: the template cannot render the opening.
+
+    Source: the template itself (its rendering of a final assistant turn).
     """
     ctx = template.render(opening, True)
     for msg in ({'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'},

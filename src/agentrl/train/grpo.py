@@ -113,7 +113,8 @@ def token_log_probs(model, ids: torch.Tensor, temperature: float = 1.0):
 
     Returns:
         ``(logp [B, T-1] float32 nats, entropy [B, T-1] float32 nats)``; column j scores
-        ``ids[:, j+1]``. With gradients when called with grad enabled.
+        ``ids[:, j+1]``. ``logp`` carries gradients when called with grad enabled; ``entropy``
+        (of the whole next-token distribution) never does.
 
     Raises:
         ValueError: ``temperature <= 0`` (greedy records have no density to ratio against).
@@ -125,7 +126,8 @@ def token_log_probs(model, ids: torch.Tensor, temperature: float = 1.0):
     logits = model(ids)[:, :-1].float() / temperature
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1)
+    with torch.no_grad():                       # a metric, never part of the loss
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
 

@@ -131,8 +131,8 @@ def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.
 
     Returns:
         dict of floats: ``reward`` (hidden + public tests, the true reward), ``public_pass``
-        (fraction of episodes whose final source passes the public tests: the hackable
-        reward), :func:`call_stats`, ``truncation_rate``, ``length``, ``episodes``.
+        (fraction of episodes that submitted a source passing the public tests: what the
+        hackable ``reward_tests='public'`` reward pays), :func:`call_stats`, ``truncation_rate``, ``length``, ``episodes``.
     """
     from ..rollouts import rollout_batch
     model.eval()

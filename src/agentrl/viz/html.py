@@ -42,6 +42,7 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px}
 .tok:hover,.tok:focus{outline:2px solid #f0a202;outline-offset:1px;z-index:2}
 .turn{align-self:stretch;border-left:2px solid #999;padding:0 2px 0 3px;color:#777;font:10px/1 system-ui,sans-serif;
  margin-left:4px}
+.tg{display:inline-flex;gap:3px;align-items:flex-start}
 .fold{display:inline-flex;flex-wrap:wrap;gap:10px 3px;align-items:flex-start}
 .fold>button,.fold-demo{font:11px/1 system-ui,sans-serif;border:1px dashed #999;background:#f7f7f7;border-radius:3px;
  padding:4px 6px;cursor:pointer;color:#444}
@@ -114,17 +115,16 @@ def strip_fragment(strip: Strip, episode: int | None = None) -> str:
     out = [f'<div class="strip" data-tokens="{len(strip.cells)}" data-policy="{strip.n_policy}"'
            f' data-mask-sum="{strip.mask_sum}"' + ('' if episode is None else f' data-episode="{episode}"') + '>']
     for seg in strip.segments:
-        if seg.turn_start:
-            out.append(f'<span class="turn" title="turn {seg.turn} starts at position {seg.start}">'
-                       f'turn {seg.turn}</span>')
-        cells = ''.join(_cell(c) for c in strip.cells[seg.start:seg.stop])
+        cells = [_cell(c) for c in strip.cells[seg.start:seg.stop]]
         if seg.folded:
             label = f'{seg.owner} \u00b7 {len(seg)} tokens (pos {seg.start}\u2013{seg.stop - 1})'
-            out.append(f'<span class="fold collapsed" data-owner="{seg.owner}" data-n="{len(seg)}">'
-                       f'<button type="button" aria-expanded="false" data-label="{escape(label)}">'
-                       f'\u25b8 {escape(label)}</button>{cells}</span>')
-        else:
-            out.append(cells)
+            cells = [f'<span class="fold collapsed" data-owner="{seg.owner}" data-n="{len(seg)}">'
+                     f'<button type="button" aria-expanded="false" data-label="{escape(label)}">'
+                     f'\u25b8 {escape(label)}</button>{"".join(cells)}</span>']
+        if seg.turn_start:   # the mark and the turn's first cell wrap together
+            cells[0] = (f'<span class="tg"><span class="turn" title="turn {seg.turn} starts at position '
+                        f'{seg.start}">turn {seg.turn}</span>{cells[0]}</span>')
+        out.append(''.join(cells))
     out.append('</div>')
     return ''.join(out)
 

@@ -321,8 +321,9 @@ def _marks(traj: Trajectory, marks: dict | None) -> dict:
 def _title(traj: Trajectory) -> str:
     info = traj.info or {}
     prov = traj.provenance
-    bits = [prov.policy if prov and prov.policy else None, info.get('task'), prov.model if prov and prov.model
-            and prov.policy in ('model', 'hf') else None]
+    model = os.path.basename(prov.model) if prov and os.path.isabs(prov.model or '') else (prov.model if prov else '')
+    bits = [prov.policy if prov and prov.policy else None, info.get('task'),
+            model if model and prov.policy in ('model', 'hf') else None]
     return ' · '.join(str(b) for b in bits if b) or 'trajectory'
 
 
@@ -378,6 +379,8 @@ def build_strip(traj: Trajectory, decoder: Decoder | None = None, *, fold: int =
         meta['policy'] = traj.provenance.policy
         if traj.provenance.model:
             meta['model'] = traj.provenance.model
+        if traj.provenance.logp_placeholder:
+            meta['logp'] = 'placeholder (scripted)'
         if traj.provenance.rollout_id:
             meta['rollout'] = f'{traj.provenance.rollout_id}#{traj.provenance.attempt}'
     if info.get('task'):
