@@ -26,14 +26,31 @@ def _setup(sft_steps: int):
 
 
 def run(quick: bool = False) -> list[dict]:
-    """Measure SFT and GRPO throughput.
+    """Measure SFT and GRPO throughput with one torch thread (``agentrl train``'s default).
 
     Args:
-        quick: fewer steps (a few seconds in all) instead of the full measurement.
+        quick: fewer steps (a few seconds in all) instead of the full measurement, which also
+            times SFT with two threads.
 
     Returns:
         list of ``{'name', 'value', 'unit', 'notes'}`` rows.
     """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rows = _measure(quick)
+        if not quick:
+            torch.set_num_threads(2)
+            steps = 60
+            _, _, demos, _, seconds = _setup(steps)
+            rows.append({'name': 'sft_steps_per_s_2threads', 'value': round(steps / seconds, 2), 'unit': 'steps/s',
+                         'notes': 'same SFT with 2 torch threads (slower whenever another process runs)'})
+        return rows
+    finally:
+        torch.set_num_threads(before)
+
+
+def _measure(quick: bool) -> list[dict]:
     from agentrl.collate import collate
     from agentrl.train import grpo_step
     from agentrl.train.loop import sample_groups

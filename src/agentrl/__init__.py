@@ -26,6 +26,10 @@ _EXPORTS = {
     'MAX_CALL_TOKENS': 'rollouts', 'Episode': 'rollouts', 'make_trajectory': 'rollouts',
     'scripted_rollout': 'rollouts', 'generate_call': 'rollouts', 'rollout': 'rollouts',
     'rollout_batch': 'rollouts', 'pad_rows': 'collate', 'collate': 'collate',
+    # L2 chat templates (Hugging Face tokenizers; transformers loaded lazily)
+    'ChatTemplate': 'templates', 'ChatRecorder': 'templates', 'label_owners': 'templates',
+    'audit_prefix_stability': 'templates', 'audit_thinking': 'templates', 'audit_drift': 'templates',
+    'audit_template': 'templates', 'template_fingerprint': 'templates', 'turn_records': 'templates',
     # L3 checks (record integrity)
     'action_targets': 'checks', 'validate': 'checks', 'find_problems': 'checks', 'RecordError': 'checks',
     'replay_logp': 'checks', 'replay_check': 'checks', 'new_attempt': 'checks', 'is_resend': 'checks',

@@ -37,7 +37,13 @@ class TemplateAuditOptions:
 
 
 def chapter_messages() -> list:
-    """The book's two-turn clamp episode (section 5.2) as fresh message dicts, from the gym's texts."""
+    """The book's two-turn clamp episode (section 5.2) as fresh message dicts, from the gym's texts.
+
+    Raises:
+        ImportError: the gym is not importable (a broken install; reinstall agentrl).
+
+    Source: book chapter 5.2 (``messages`` of the Qwen3 rendering).
+    """
     from .. import gym
 
     def call(name, **arguments):
@@ -83,7 +89,11 @@ def _load_json(path: str, flag: str):
 
 
 def load_inputs(opts: TemplateAuditOptions) -> tuple:
-    """(messages, tools) from the option files or the defaults."""
+    """(messages, tools) from the option files or the defaults.
+
+    Raises:
+        UserError: a file that is not JSON, or does not hold a list of messages / tool schemas.
+    """
     from .main import UserError
     tools = None
     if opts.messages is None:

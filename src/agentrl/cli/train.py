@@ -26,6 +26,7 @@ HELP = {
     'eval_repeats': 'evaluation episodes per task',
     'max_grad_norm': 'global gradient-norm clip',
     'ratio_tol': 'fail if max |ratio - 1| before the first update of a step exceeds this',
+    'threads': 'torch threads (1 is fastest for TinyAgent; 0 = torch default)',
 }
 
 
@@ -35,14 +36,15 @@ class TrainOptions(TrainConfig):
 
     Every field is documented in :class:`agentrl.train.loop.TrainConfig` (and in :data:`HELP`,
     the flags' help). Defaults: 150 SFT steps at lr 3e-3 (full batch of 24 demonstrations),
-    40 GRPO steps of 8 tasks x G=8 at lr 3e-4 with 2 updates per batch, clip 0.2, no KL,
-    temperature 1, evaluation every 5 steps with 8 episodes per task.
+    40 GRPO steps of 8 tasks x G=8 at lr 1e-4 with 2 updates per batch, clip 0.2, KL 0.1 to
+    the SFT model, temperature 1, evaluation every 5 steps with 16 episodes per task, one
+    torch thread.
     """
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and its allowed range."""
         from .main import UserError
-        for name in ('sft_steps', 'grpo_steps', 'sft_batch'):
+        for name in ('sft_steps', 'grpo_steps', 'sft_batch', 'threads'):
             if getattr(self, name) < 0:
                 raise UserError(f'--{name.replace("_", "-")} must be >= 0, got {getattr(self, name)}')
         for name in ('group', 'tasks_per_step', 'updates', 'max_turns', 'eval_every', 'eval_repeats'):

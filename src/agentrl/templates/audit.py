@@ -270,7 +270,17 @@ class DriftReport:
 
 
 def policy_spans(traj) -> list:
-    """Maximal runs of policy tokens of a record as ``(turn, start, end)`` (token indices into ``ids``)."""
+    """Maximal runs of policy tokens of a record as ``(turn, start, end)`` (token indices into ``ids``).
+
+    Args:
+        traj: a :class:`~agentrl.record.Trajectory` with ``owner [T]`` (and ``turn [T]``; without it
+            every span is turn 0).
+
+    Raises:
+        AttributeError: ``traj.owner`` is None; build the record with ``Trajectory.from_tokens``.
+
+    Source: book chapter 5.6 (policy tokens are the action mask's support).
+    """
     owner = traj.owner.tolist()
     turn = traj.turn.tolist() if traj.turn is not None else [0] * len(owner)
     out, i, n, pol = [], 0, len(owner), OWNER['policy']
@@ -358,7 +368,15 @@ def template_fingerprint(tokenizer, *, tools=None, **options) -> str:
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 (16 hex) of the tokenizer's class, vocabulary, added tokens and special ids."""
+    """sha256 (16 hex) of the tokenizer's class, vocabulary, added tokens and special ids.
+
+    Stored as ``Provenance.tokenizer`` by :meth:`ChatRecorder.finish`; cached per tokenizer object.
+
+    Raises:
+        AttributeError: ``tokenizer`` is not a Hugging Face tokenizer (no ``get_vocab``).
+
+    Source: book chapter 5.8 (pin the tokenizer version).
+    """
     if isinstance(tokenizer, ChatTemplate):
         tokenizer = tokenizer.tokenizer
     return tokenizer_digest(tokenizer)
@@ -429,6 +447,8 @@ def audit_template(tokenizer, messages, *, tools=None, thinking: bool = True, **
 
     Raises:
         ValueError: malformed messages, or a template that cannot render them at all.
+
+    Source: book chapter 5.2-5.4 (one audit per hazard traced there).
     """
     from .recorder import template_bridge
     problems = []

@@ -30,6 +30,8 @@ def require_hf(what: str = 'agentrl.templates'):
 
     Raises:
         ImportError: transformers or jinja2 is missing; fix with ``pip install agentrl[hf]``.
+
+    Source: design notes (heavy dependencies are extras, imported lazily).
     """
     try:
         import jinja2  # noqa: F401
@@ -54,6 +56,8 @@ def load_tokenizer(name_or_path: str):
         ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
         ValueError: the folder or id does not hold a tokenizer; pass a folder that contains
             ``tokenizer.json`` or a hub id reachable from this machine.
+
+    Source: Hugging Face ``AutoTokenizer.from_pretrained``.
     """
     transformers = require_hf('load_tokenizer')
     try:
@@ -102,8 +106,10 @@ def check_messages(messages: Any, field: str = 'messages') -> list[dict]:
     """Validate a conversation and return a shallow copy of its messages.
 
     Raises:
-        ValueError: not a non-empty list of dicts, a message without a string ``role``, or an
-            unknown role; the message names the index and the accepted roles.
+        ValueError: not a list of dicts, a message without a known ``role`` or with non-string
+            content; the error names the index, the field and the accepted values.
+
+    Source: the OpenAI/Hugging Face chat message format (``role``, ``content``, ``tool_calls``).
     """
     if not isinstance(messages, (list, tuple)):
         raise ValueError(f'{field} must be a list of message dicts, got {type(messages).__name__}')
@@ -410,6 +416,11 @@ def tokenizer_digest(tokenizer) -> str:
     """sha256 (16 hex) of a tokenizer's class, vocabulary, added tokens and special ids.
 
     Cached per tokenizer object (hashing a 150k vocabulary takes ~0.2 s).
+
+    Raises:
+        AttributeError: not a Hugging Face tokenizer (no ``get_vocab``).
+
+    Source: book chapter 5.8 (pin the tokenizer version).
     """
     key = id(tokenizer)
     hit = _DIGESTS.get(key)
@@ -438,7 +449,9 @@ def as_template(tokenizer_or_template, tools=None, **options) -> ChatTemplate:
 
     Raises:
         ValueError: options given together with a ChatTemplate (they are fixed on it; use
-            ``template.with_options(...)``).
+            ``template.with_options(...)``), or as :class:`ChatTemplate`.
+
+    Source: design notes (one object holds a template's options).
     """
     if isinstance(tokenizer_or_template, ChatTemplate):
         extra = dict(options, **({'tools': tools} if tools is not None else {}))

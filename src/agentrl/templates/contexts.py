@@ -20,7 +20,9 @@ def turn_spans(traj: Trajectory) -> list:
     """``[(turn, start, end)]``: token range of each turn's policy tokens in ``traj.ids``.
 
     Raises:
-        ValueError: ``traj.owner`` or ``traj.turn`` is None.
+        ValueError: ``traj.owner`` or ``traj.turn`` is None (build records with ``Trajectory.from_tokens``).
+
+    Source: book chapter 5.6 (``turn`` is -1 for the prompt, k for turn k and its observation).
     """
     if traj.owner is None or traj.turn is None:
         raise ValueError('turn_spans: traj.owner and traj.turn are needed; build records with '

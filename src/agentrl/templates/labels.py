@@ -192,6 +192,12 @@ def owners_from_regions(offsets: list, regions: list, n_chars: int) -> tuple[lis
 
     Returns:
         ``(owner [T] int codes, message [T] ints, -1 for template)``.
+
+    Raises:
+        KeyError: a region with an owner name outside :data:`agentrl.record.OWNER`.
+
+    Source: book chapter 5.2 (label characters first, then give each token the label of its
+    first character).
     """
     owner = [OWNER['template']] * len(offsets)
     message = [-1] * len(offsets)

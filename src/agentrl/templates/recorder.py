@@ -541,6 +541,10 @@ def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, round
     Returns:
         True when every probe context is a prefix of the next one.
 
+    Raises:
+        ValueError: the template cannot render the opening (a message the template drops in the
+            probe makes the pattern unstable instead).
+
     Source: book chapter 5.3 (prefix stability; Qwen3 is stable across tool turns in thinking
     mode, not after a new user message, and not across turns in non-thinking mode, where the
     empty think block of the generation prompt is not kept in history).
