@@ -20,7 +20,7 @@ demo: $(STAMP)
 	$(VENV)/bin/agentrl rollout --out runs/demo
 
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -q
 
 bench: $(STAMP)
 	$(PY) bench/run.py

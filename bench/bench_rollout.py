@@ -49,6 +49,9 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+#: The clock of every measurement: wall time (default) or, with ``--clock cpu``, this process's
+#: CPU time (steadier on a loaded machine when torch runs on one thread).
+_clock = time.perf_counter
 
 
 # ----------------------------------------------------------------------------- set-up
@@ -69,19 +72,19 @@ def _batch(arl, model, tok, ts, cache, seed=0, turns=6, max_active=None):
     """Seconds for one ``rollout_batch`` (envs built outside the clock) and its trajectories."""
     envs = [arl.BugFixEnv(max_turns=turns) for _ in ts]
     gen = torch.Generator().manual_seed(seed)
-    t0 = time.perf_counter()
+    t0 = _clock()
     trajs = arl.rollout_batch(model, envs, ts, tok, max_turns=turns, generator=gen, cache=cache,
                               max_active=max_active)
-    return time.perf_counter() - t0, trajs
+    return _clock() - t0, trajs
 
 
 def _sequential(arl, model, tok, ts, cache, seed=0):
     """Seconds for ``rollout`` one episode after another (one generator, as the book)."""
     envs = [arl.BugFixEnv() for _ in ts]
     gen = torch.Generator().manual_seed(seed)
-    t0 = time.perf_counter()
+    t0 = _clock()
     trajs = [arl.rollout(model, env, t, tok, generator=gen, cache=cache) for env, t in zip(envs, ts)]
-    return time.perf_counter() - t0, trajs
+    return _clock() - t0, trajs
 
 
 def _best_of(variants: dict, repeats: int) -> dict:
@@ -118,10 +121,9 @@ class _Recorder:
         cache.keep = logged_keep
         return cache
 
-    def extend(self, cache, ids, n_new=None, rows=None):
-        self.log.append(('extend', ids.clone(), None if n_new is None else n_new.clone(),
-                         None if rows is None else list(rows)))
-        return self.model.extend(cache, ids, n_new, rows)
+    def extend(self, cache, ids, n_new=None):
+        self.log.append(('extend', ids.clone(), None if n_new is None else n_new.clone()))
+        return self.model.extend(cache, ids, n_new)
 
 
 def _replay(model, log) -> tuple[float, int]:
@@ -134,12 +136,57 @@ def _replay(model, log) -> tuple[float, int]:
             elif op[0] == 'keep':
                 cache.keep(op[1], op[2])
             else:
-                _, ids, n_new, rows = op
-                t0 = time.perf_counter()
-                model.extend(cache, ids, n_new, rows)
-                spent += time.perf_counter() - t0
+                _, ids, n_new = op
+                t0 = _clock()
+                model.extend(cache, ids, n_new)
+                spent += _clock() - t0
                 tokens += int(n_new.sum()) if n_new is not None else ids.numel()
     return spent, tokens
+
+
+def _breakdown(arl, model, tok, ts) -> dict:
+    """Seconds of one cached rollout spent in each part (functions wrapped with a clock)."""
+    import agentrl.rollouts as R
+    from agentrl.model import KVCache
+    spent = {}
+
+    def clocked(owner, name, key):
+        fn = getattr(owner, name)
+
+        def wrapper(*a, **k):
+            t0 = _clock()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[key] = spent.get(key, 0.0) + _clock() - t0
+        setattr(owner, name, wrapper)
+        return fn
+
+    env_cls = type(arl.BugFixEnv())
+    saved = [(R, 'sample_next', clocked(R, 'sample_next', 'sampling')),
+             (R, 'make_trajectory', clocked(R, 'make_trajectory', 'records')),
+             (KVCache, 'keep', clocked(KVCache, 'keep', 'cache_rows')),
+             (env_cls, 'step', clocked(env_cls, 'step', 'env')),
+             (R.Episode, 'act', clocked(R.Episode, 'act', 'act'))]
+    model.extend = lambda *a, _f=type(model).extend, **k: _timed(spent, 'forward', _f, model, *a, **k)
+    try:
+        total, _ = _batch(arl, model, tok, ts, True)
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+        del model.extend
+    spent['episode'] = spent.pop('act', 0.0) - spent.get('env', 0.0)      # act minus the env's step
+    spent['driver'] = total - sum(spent.values())
+    spent['total'] = total
+    return spent
+
+
+def _timed(spent, key, fn, *a, **k):
+    t0 = _clock()
+    try:
+        return fn(*a, **k)
+    finally:
+        spent[key] = spent.get(key, 0.0) + _clock() - t0
 
 
 # ----------------------------------------------------------------------------- collate
@@ -167,17 +214,17 @@ def bench_collate(repeats: int) -> list[dict]:
     n_tok = sum(len(t.ids) for t in trajs)
 
     def ours():
-        t0 = time.perf_counter()
+        t0 = _clock()
         arl.collate(trajs, 0)
-        return time.perf_counter() - t0
+        return _clock() - t0
 
     def reference():
-        t0 = time.perf_counter()
+        t0 = _clock()
         pad_sequence([t.ids for t in trajs], batch_first=True, padding_value=0)
         pad_sequence([t.action_mask for t in trajs], batch_first=True, padding_value=0.0)
         pad_sequence([t.sample_logp for t in trajs], batch_first=True, padding_value=0.0)
         pad_sequence([t.turn[1:] for t in trajs], batch_first=True, padding_value=-1)
-        return time.perf_counter() - t0
+        return _clock() - t0
 
     ours(), reference()
     best = _best_of({'collate': ours, 'pad_sequence': reference}, repeats)
@@ -221,13 +268,14 @@ def _deep_size(obj, seen=None) -> int:
     return size
 
 
-def _memory_child(n: int, max_active: int | None, cache: bool) -> dict:
+def _memory_child(n: int, max_active: int | None, cache: bool, warm: bool) -> dict:
     arl, tasks, tok, model = _setup()
     ts = _tasks(tasks, n)
+    with torch.no_grad():     # warm-up: the same rollout on up to 4 x max_active episodes (warm), or 4
+        k = (n if max_active is None else min(n, 4 * max_active)) if warm else 4
+        arl.rollout_batch(model, [arl.BugFixEnv() for _ in range(k)], ts[:k], tok, cache=cache,
+                          generator=torch.Generator().manual_seed(1), max_active=max_active)
     envs = [arl.BugFixEnv() for _ in ts]
-    with torch.no_grad():                                   # warm-up: load every kernel once
-        arl.rollout_batch(model, [arl.BugFixEnv() for _ in range(4)], ts[:4], tok, cache=cache,
-                          generator=torch.Generator().manual_seed(1))
     gc.collect()
     base = _status('VmRSS')
     with open('/proc/self/clear_refs', 'w') as f:           # reset the high-water mark to now
@@ -239,34 +287,42 @@ def _memory_child(n: int, max_active: int | None, cache: bool) -> dict:
     peak = _status('VmHWM')
     tensor_bytes = sum(t.ids.nbytes + t.action_mask.nbytes + t.sample_logp.nbytes + t.owner.nbytes + t.turn.nbytes
                        for t in trajs)
-    return dict(n=n, max_active=max_active, cache=cache, seconds=seconds, peak_increase=peak - base,
+    return dict(n=n, max_active=max_active, cache=cache, warm=warm, seconds=seconds, peak_increase=peak - base,
                 traj_bytes=_deep_size(trajs), traj_tensor_bytes=tensor_bytes,
                 model_bytes=sum(p.nbytes for p in model.parameters()),
                 tokens=sum(len(t.ids) for t in trajs))
 
 
-def _memory(n: int, max_active: int | None, cache: bool = True) -> dict:
+#: glibc settings of the "live" measurement: blocks >= 128 KB are mapped and unmapped one by one
+#: and the heap is trimmed, so the resident set follows live memory instead of what malloc keeps.
+LIVE_MALLOC = {'MALLOC_MMAP_THRESHOLD_': '131072', 'MALLOC_TRIM_THRESHOLD_': '131072'}
+
+
+def _memory(n: int, max_active: int | None, cache: bool = True, live: bool = True) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), '--memory-child', str(n), str(max_active or 0),
-           str(int(cache)), '--threads', str(torch.get_num_threads())]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+           str(int(cache)), str(int(live)), '--threads', str(torch.get_num_threads())]
+    env = dict(os.environ, **(LIVE_MALLOC if live else {}))
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f'memory child failed: {out.stderr[-2000:]}')
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def bench_memory(configs) -> list[dict]:
+    """Peak memory rows for ``(max_active, live)`` configurations of a 1,024-episode cached rollout."""
     rows = []
-    for max_active in configs:
-        m = _memory(1024, max_active)
-        limit = 2 * (m['traj_bytes'] + m['model_bytes'])
-        ratio = m['peak_increase'] / (m['traj_bytes'] + m['model_bytes'])
-        label = 'all' if max_active is None else max_active
-        rows.append(_row(f'peak_mem_1024_live_{label}_MB', round(m['peak_increase'] / 2**20, 1), 'MB',
-                         f"peak RSS increase, {m['tokens']} tokens in {m['seconds']:.2f} s; returned trajectories "
-                         f"{m['traj_bytes'] / 2**20:.1f} MB ({m['traj_tensor_bytes'] / 2**20:.1f} MB tensor data) + "
-                         f"model {m['model_bytes'] / 2**20:.2f} MB; limit {limit / 2**20:.1f} MB",
-                         '<= 2x (trajectories + model)', m['peak_increase'] <= limit))
-        rows.append(_row(f'peak_mem_1024_live_{label}_ratio', round(ratio, 2), 'x',
+    for max_active, live in configs:
+        m = _memory(1024, max_active, live=live)
+        size = m['traj_bytes'] + m['model_bytes']
+        label = f"{'all' if max_active is None else max_active}_{'live' if live else 'first'}"
+        how = ('after a warm-up rollout, glibc returning freed blocks (live memory)' if live else
+               'first rollout of a fresh process, default malloc (what the OS sees, incl. one-off caches)')
+        rows.append(_row(f'peak_mem_1024_active_{label}_MB', round(m['peak_increase'] / 2**20, 1), 'MB',
+                         f"{how}; max_active={max_active}; {m['tokens']} tokens in {m['seconds']:.2f} s; "
+                         f"returned trajectories {m['traj_bytes'] / 2**20:.1f} MB "
+                         f"({m['traj_tensor_bytes'] / 2**20:.1f} MB tensor data) + model {m['model_bytes'] / 2**20:.2f} MB",
+                         f'<= {2 * size / 2**20:.1f} MB (2x)', m['peak_increase'] <= 2 * size))
+        rows.append(_row(f'peak_mem_1024_active_{label}_ratio', round(m['peak_increase'] / size, 2), 'x',
                          'peak increase / (trajectories + model)'))
     return rows
 
@@ -324,6 +380,12 @@ def bench_rollouts(quick: bool, repeats: int) -> list[dict]:
         fwd = min(fwd, spent)
     total = best['cached']
     n_ext = sum(op[0] == 'extend' for op in rec.log)
+    parts = min((_breakdown(arl, model, tok, ts) for _ in range(repeats)), key=lambda d: d['total'])
+    order = ['forward', 'sampling', 'env', 'episode', 'records', 'cache_rows', 'driver']
+    rows.append(_row('rollout_256_breakdown_forward_share', round(parts['forward'] / parts['total'], 2), '',
+                     'one instrumented cached rollout: ' + ', '.join(f'{k} {parts[k]:.3f} s' for k in order) +
+                     f" (total {parts['total']:.3f} s; sampling = sample_next, env = BugFixEnv.step, episode = "
+                     'Episode.act minus env, records = make_trajectory, cache_rows = KVCache.keep)'))
     rows += [_row('forward_alone_256_s', round(fwd, 3), 's',
                   f'{n_ext} recorded extend calls replayed, {fed} tokens fed'),
              _row('overhead_256', round(total / fwd, 2), 'x', 'cached rollout time / its forward passes alone',
@@ -382,6 +444,7 @@ def scaling(quick: bool, repeats: int = 1, out: str | None = None) -> list[dict]
 
 
 def _plot(curves, out: str, n_ctx: int) -> str:
+    """Save the curves (linear axes) with matplotlib, or as a hand-written SVG without it."""
     try:
         import matplotlib
         matplotlib.use('Agg')
@@ -399,11 +462,12 @@ def _plot(curves, out: str, n_ctx: int) -> str:
             if pts:
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=f'cache={kind == "cached"}')
         pts = curves.get(f'{prefix}_cached', [])
-        if pts:           # the linear reference through the first cached point
-            ax.plot([p[0] for p in pts], [pts[0][1] * p[0] / pts[0][0] for p in pts], ':', color='gray',
-                    label='linear')
-        ax.set_xscale('log', base=2)
-        ax.set_yscale('log')
+        if pts:           # least-squares line through the origin fitted to the cached points
+            k = sum(p[0] * p[1] for p in pts) / sum(p[0] ** 2 for p in pts)
+            xs = [0] + [p[0] for p in pts]
+            ax.plot(xs, [k * x for x in xs], ':', color='gray', label='linear fit (cache=True)')
+        ax.set_xlim(left=0)
+        ax.set_ylim(bottom=0)
         ax.set_xlabel(xlabel)
         ax.set_ylabel('seconds')
         ax.set_title(title, fontsize=10)
@@ -457,7 +521,8 @@ def run(quick: bool = False) -> list[dict]:
     repeats = 2 if quick else 3
     rows = bench_rollouts(quick, repeats)
     rows += bench_collate(repeats)
-    rows += bench_memory([64] if quick else [None, 256, 64, 32])
+    rows += bench_memory([(32, True)] if quick else
+                         [(None, True), (256, True), (64, True), (32, True), (16, True), (None, False), (16, False)])
     for r in rows:
         r['notes'] = (r['notes'] + f'; {threads} thread(s)') if r['notes'] else f'{threads} thread(s)'
     return rows
@@ -468,12 +533,17 @@ def main() -> None:
     ap.add_argument('--quick', action='store_true', help='the short version (under half a minute)')
     ap.add_argument('--scaling', action='store_true', help='only the scaling curves, saved to bench/scaling.png')
     ap.add_argument('--threads', type=int, default=1, help='torch threads (default 1)')
-    ap.add_argument('--memory-child', nargs=3, type=int, metavar=('N', 'MAX_ACTIVE', 'CACHE'), help=argparse.SUPPRESS)
+    ap.add_argument('--clock', choices=['wall', 'cpu'], default='wall',
+                    help='wall time (default) or this process\'s CPU time (steadier on a busy machine)')
+    ap.add_argument('--memory-child', nargs=4, type=int, metavar=('N', 'MAX_ACTIVE', 'CACHE', 'WARM'),
+                    help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    global _clock
+    _clock = time.process_time if args.clock == 'cpu' else time.perf_counter
     if args.memory_child:
-        n, max_active, cache = args.memory_child
-        print(json.dumps(_memory_child(n, max_active or None, bool(cache))))
+        n, max_active, cache, warm = args.memory_child
+        print(json.dumps(_memory_child(n, max_active or None, bool(cache), bool(warm))))
         return
     if args.scaling:
         rows = scaling(args.quick, repeats=1 if args.quick else 2, out=os.path.join(HERE, 'scaling.png'))

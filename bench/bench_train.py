@@ -62,11 +62,13 @@ def _measure(quick: bool) -> list[dict]:
     threads = torch.get_num_threads()
     rows = [
         {'name': 'sft_steps_per_s', 'value': round(sft_steps / sft_s, 2), 'unit': 'steps/s',
-         'notes': f'full batch of {len(demos)} oracle demos, {sft_tokens} tokens/step, Adam, {threads} threads'},
+         'notes': f'full batch of {len(demos)} oracle demos, {sft_tokens} tokens/step, Adam, torch threads: {threads}'},
         {'name': 'sft_tokens_per_s', 'value': round(sft_steps * sft_tokens / sft_s), 'unit': 'tokens/s',
          'notes': 'forward + backward + step'},
     ]
-    opt = torch.optim.Adam(model.parameters(), lr=3e-4)
+    import copy
+    ref = copy.deepcopy(model).eval()                  # KL 0.1 to the SFT model, as agentrl train does
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
     gen = torch.Generator().manual_seed(0)
     t_sample = t_update = 0.0
     n_tokens = 0
@@ -75,7 +77,7 @@ def _measure(quick: bool) -> list[dict]:
         t0 = time.perf_counter()
         trajs = sample_groups(model, tasks, G, tok, gen)
         t1 = time.perf_counter()
-        grpo_step(model, opt, trajs, G, tok.pad_id, updates=updates)
+        grpo_step(model, opt, trajs, G, tok.pad_id, updates=updates, kl_coef=0.1, ref_model=ref)
         t2 = time.perf_counter()
         t_sample, t_update = t_sample + t1 - t0, t_update + t2 - t1
         n_tokens += sum(len(t.ids) for t in trajs)
@@ -83,13 +85,13 @@ def _measure(quick: bool) -> list[dict]:
     eps = tasks_per_step * G
     rows += [
         {'name': 'grpo_steps_per_s', 'value': round(grpo_steps / total, 3), 'unit': 'steps/s',
-         'notes': f'G={G}, {tasks_per_step} tasks/step ({eps} episodes), {updates} updates/step, after SFT'},
+         'notes': f'G={G}, {tasks_per_step} tasks/step ({eps} episodes), {updates} updates/step, KL 0.1, after SFT'},
         {'name': 'grpo_tokens_per_s', 'value': round(n_tokens / total), 'unit': 'tokens/s',
          'notes': 'episode tokens per second of a whole step (sampling + updates)'},
         {'name': 'grpo_sample_tokens_per_s', 'value': round(n_tokens / t_sample), 'unit': 'tokens/s',
          'notes': f'rollout_batch of {eps} episodes, {t_sample / grpo_steps:.2f} s/step'},
         {'name': 'grpo_update_tokens_per_s', 'value': round(n_tokens * updates / t_update), 'unit': 'tokens/s',
-         'notes': f'forward + backward + step, {t_update / grpo_steps:.2f} s/step for {updates} updates'},
+         'notes': f'reference forward + {updates} x (forward + backward + step), {t_update / grpo_steps:.2f} s/step'},
     ]
     return rows
 

@@ -78,15 +78,15 @@ def run_module(short: str, path: str, quick: bool, threads: int | None = None) -
         if isinstance(e, KeyboardInterrupt):
             raise
         return [_error_row(short, 'run', e)]
-    out = []
-    for r in rows:
-        r = dict(r, bench=short)
-        if 'status' not in r:
-            r['status'] = '' if r.get('ok') is None else ('met' if r['ok'] else 'NOT MET')
-        out.append(r)
+    out = [dict(r, bench=short, status=r.get('status', _status(r))) for r in rows]
     out.append({'bench': short, 'name': 'bench_seconds', 'value': round(time.perf_counter() - t0, 1), 'unit': 's',
                 'notes': 'wall time of this module', 'status': ''})
     return out
+
+
+def _status(row: dict) -> str:
+    """'met' / 'NOT MET' for a row with a target, '' otherwise."""
+    return '' if row.get('ok') is None else ('met' if row['ok'] else 'NOT MET')
 
 
 def _fmt(v) -> str:
@@ -99,6 +99,7 @@ def _fmt(v) -> str:
 
 def format_table(rows: list[dict], markdown: bool = False) -> str:
     """Rows as an aligned text table (or a Markdown table), columns bench, name, value, unit, target, status, notes."""
+    rows = [r if 'status' in r else dict(r, status=_status(r)) for r in rows]
     cells = [[_fmt(r.get(c)) if c == 'value' else str(r.get(c, '') or '') for c in COLUMNS] for r in rows]
     if markdown:
         lines = ['| ' + ' | '.join(COLUMNS) + ' |', '|' + '---|' * len(COLUMNS)]

@@ -184,13 +184,17 @@ def test_extend_keep_extra_rows_and_errors():
         assert kv.lengths.tolist() == [2, 0, 0] and kv.batch_size == 3
         out = m.extend(kv, torch.tensor([[6, 0], [7, 8], [9, 0]]), torch.tensor([1, 2, 1]))
         ref = m(torch.tensor([[4, 5, 6]]))[0, -1], m(torch.tensor([[7, 8]]))[0, -1], m(torch.tensor([[9]]))[0, -1]
-    assert all(torch.allclose(out[i], ref[i], atol=1e-5) for i in range(3))
+        assert all(torch.allclose(out[i], ref[i], atol=1e-5) for i in range(3))
+        out = m.extend(kv, torch.tensor([[1, 2, 3], [4, 5, 6], [7, 8, 9]]))             # n_new None: all 3
+        ref = m(torch.tensor([[4, 5, 6, 1, 2, 3], [7, 8, 4, 5, 6, 0], [9, 7, 8, 9, 0, 0]]))
+    assert torch.allclose(out, ref[torch.arange(3), torch.tensor([5, 4, 3])], atol=1e-5)
+    assert kv.lengths.tolist() == [6, 5, 4]
     assert isinstance(kv, KVCache)
     with pytest.raises(ValueError, match=r'expects ids \[B, t\] with B = 3 cache rows'):
         m.extend(kv, torch.tensor([[1]]))
     with pytest.raises(ValueError, match=r'n_new must be in \[1, 2\]'):
         m.extend(kv, torch.zeros(3, 2, dtype=torch.long), torch.tensor([0, 1, 2]))
-    with pytest.raises(ValueError, match='sequence length 17 exceeds TinyAgent.max_len=16'):
+    with pytest.raises(ValueError, match='sequence length 20 exceeds TinyAgent.max_len=16'):
         m.extend(kv, torch.zeros(3, 14, dtype=torch.long))
     with pytest.raises(ValueError, match='max_active must be >= 1'):
         arl.rollout_batch(m, [], [], None, max_active=0)

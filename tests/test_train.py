@@ -19,6 +19,15 @@ from agentrl.train.loop import call_stats, evaluate, run_sft, sample_groups
 SFT_STEPS, SFT_LR = 120, 3e-3
 
 
+@pytest.fixture(scope='module', autouse=True)
+def one_thread():
+    """TinyAgent is fastest on one torch thread (several times faster on a busy 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope='module')
 def train_tasks():
     return arl.make_tasks('train')
@@ -195,7 +204,8 @@ def test_call_stats_counts_hardcode(train_tasks, tok):
 def test_cli_train_smoke(tmp_path):
     out = tmp_path / 'run'
     cmd = [sys.executable, '-m', 'agentrl', 'train', '--sft-steps', '3', '--grpo-steps', '2', '--group', '2',
-           '--tasks-per-step', '2', '--eval-every', '1', '--eval-repeats', '1', '--out', str(out)]
+           '--tasks-per-step', '2', '--eval-every', '1', '--eval-repeats', '1', '--hacker-demos', '2',
+           '--out', str(out)]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert 'after SFT' in r.stdout and 'held-out' in r.stdout

@@ -49,26 +49,24 @@ class _Block(nn.Module):
     def attend_cached(self, x, K, V, plan):
         """Attention of packed new tokens against a ragged cache, writing their keys in place.
 
-        x ``[N, D]`` packed new tokens; K, V ``[B, H, S, Dh]`` cache tensors of this block;
-        ``plan`` the index plan of :meth:`TinyAgent.extend`. Returns ``[N, D]``.
+        x ``[N, D]``: the last new token of each of the B rows, then the other new tokens;
+        K, V ``[B, H, S, Dh]`` this block's cache; ``plan`` from :meth:`TinyAgent.extend`.
+        Returns ``[N, D]``.
         """
         N, D = x.shape
-        H = self.n_heads
+        H, B = self.n_heads, K.shape[0]
         q, k, v = self.qkv(self.ln1(x)).view(N, 3, H, D // H).unbind(1)       # [N, H, Dh] each
         K[plan.crow, :, plan.pos] = k
         V[plan.crow, :, plan.pos] = v
-        if plan.sel is None:     # attend over the whole capacity: contiguous, the mask hides the rest
-            Ks, Vs = K, V
-        else:                                                                 # a subset of rows
-            Ks, Vs = K.index_select(0, plan.sel), V.index_select(0, plan.sel)
-        if plan.tq == 1:      # one new token per row: explicit matmuls beat SDPA's CPU kernel here
-            scores = torch.matmul(q[:, :, None], Ks.transpose(-1, -2)).mul_(self.scale).add_(plan.mask)
-            y = torch.matmul(torch.softmax(scores, dim=-1), Vs).view(N, D)
-        else:                                                                 # ragged prefill
-            qp = q.new_zeros(Ks.shape[0], plan.tq, H, D // H)
-            qp[plan.r, plan.j] = q
-            y = F.scaled_dot_product_attention(qp.transpose(1, 2), Ks, Vs, attn_mask=plan.mask)
-            y = y.transpose(1, 2)[plan.r, plan.j].reshape(N, D)
+        # one query per row (the last new token): explicit matmuls beat SDPA's CPU kernel here
+        scores = torch.matmul(q[:B, :, None], K.transpose(-1, -2)).mul_(self.scale).add_(plan.mask)
+        y = torch.matmul(torch.softmax(scores, dim=-1), V).view(B, D)
+        if N > B:             # the other new tokens of rows that got several: padded causal block
+            Ks, Vs = (K, V) if plan.sel is None else (K.index_select(0, plan.sel), V.index_select(0, plan.sel))
+            qp = q.new_zeros(Ks.shape[0], plan.te, H, D // H)
+            qp[plan.qr, plan.qj] = q[B:]
+            ye = F.scaled_dot_product_attention(qp.transpose(1, 2), Ks, Vs, attn_mask=plan.emask)
+            y = torch.cat([y, ye.transpose(1, 2)[plan.qr, plan.qj].reshape(N - B, D)])
         return self.proj(y)
 
 
@@ -119,9 +117,9 @@ class KVCache:
         if need <= cap:
             return
         new = min(self.max_len, -(-need // self.chunk) * self.chunk)
-        grow = lambda t: torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], new - cap, t.shape[3])], dim=2)
-        self.k = [grow(t) for t in self.k]
-        self.v = [grow(t) for t in self.v]
+        for kv in (self.k, self.v):             # one tensor at a time: peak = cache + one tensor
+            for i, t in enumerate(kv):
+                kv[i] = torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], new - cap, t.shape[3])], dim=2)
 
     def keep(self, rows, extra: int = 0) -> None:
         """Keep only ``rows`` (in the given order), then append ``extra`` empty rows; trim capacity.
@@ -148,19 +146,21 @@ class KVCache:
             out = t.new_zeros(len(rows) + extra, t.shape[1], cap, t.shape[3])
             out[:len(rows)] = t[rows, :, :cap]
             return out
-        self.k = [pick(t) for t in self.k]
-        self.v = [pick(t) for t in self.v]
+        for kv in (self.k, self.v):             # one tensor at a time: peak = cache + one tensor
+            for i, t in enumerate(kv):
+                kv[i] = pick(t)
         self.lengths = torch.cat([lengths, lengths.new_zeros(extra)]) if extra else lengths
 
 
 class _Plan:
     """Index plan of one :meth:`TinyAgent.extend` call, shared by every block.
 
-    sel: cache rows taking part (None: all); r, j: each new token's row (within the call) and
-    offset; crow, pos: its cache row and absolute position; tq: padded new tokens per row;
-    need: longest row after the call; mask: attention mask over the cache capacity.
+    crow, pos: cache row and position of each packed new token; mask: additive ``[B, 1, 1, S]``
+    mask of the last-token queries; for the other new tokens: sel (the rows that have them, or
+    None for every row), qr, qj (each token's query row and offset), te (padded count), emask
+    (boolean ``[Q, 1, te, S]`` causal mask).
     """
-    __slots__ = ('sel', 'r', 'j', 'crow', 'pos', 'tq', 'need', 'mask')
+    __slots__ = ('crow', 'pos', 'mask', 'sel', 'qr', 'qj', 'te', 'emask')
 
 
 class TinyAgent(nn.Module):
@@ -244,87 +244,79 @@ class TinyAgent(nn.Module):
         return KVCache(len(self.blocks), batch, self.blocks[0].n_heads, self.d_model // self.blocks[0].n_heads,
                        self.max_len, dtype=p.dtype, device=p.device, chunk=chunk)
 
-    def extend(self, cache: KVCache, ids: torch.Tensor, n_new: torch.Tensor | None = None,
-               rows=None) -> torch.Tensor:
-        """Append new tokens to rows of ``cache`` and return the logits after each row's last one.
+    def extend(self, cache: KVCache, ids: torch.Tensor, n_new: torch.Tensor | None = None) -> torch.Tensor:
+        """Append new tokens to every row of ``cache`` and return the logits after each row's last one.
 
-        Row ``b`` of the call gets the tokens ``ids[b, :n_new[b]]`` at positions
-        ``cache.lengths[b] ...``; the rest of the row is padding and is ignored. The keys and
-        values are written into the cache (which grows as needed) and ``cache.lengths`` advances
-        by ``n_new``. The result equals ``self(full_ids)[b, lengths[b] + n_new[b] - 1]`` for each
-        row's full sequence to fp32 rounding (about 1e-6), which is what rollouts sample from.
-        This is the cache interface rollouts detect (with :meth:`new_cache`); see
-        :func:`agentrl.rollouts.supports_kv_cache`.
+        Row ``b`` gets the tokens ``ids[b, :n_new[b]]`` at positions ``cache.lengths[b] ...``; the
+        rest of the row is padding and is ignored. The keys and values are written into the cache
+        (which grows as needed) and ``cache.lengths`` advances by ``n_new``. The result equals
+        ``self(full_ids)[b, lengths[b] + n_new[b] - 1]`` for each row's full sequence to fp32
+        rounding (about 1e-6), which is what rollouts sample from. Internally the last new token
+        of each row is one query per row (a batched matrix-vector product over the cache) and the
+        other new tokens (an observation being prefilled) form a padded causal block over only
+        the rows that have them. This and :meth:`new_cache` are the cache interface rollouts
+        detect (:func:`agentrl.rollouts.supports_kv_cache`).
 
         Args:
             cache: a :class:`KVCache` from :meth:`new_cache` with B rows.
-            ids: ``[R, t]`` int64 new tokens, right-padded; R = B, or ``len(rows)``.
-            n_new: ``[R]`` int64 real new tokens per row, each in ``[1, t]``; None means all ``t``.
-            rows: optional distinct cache row indices (list or int64 tensor) to extend; the
-                other rows are untouched. None: every row, in order.
+            ids: ``[B, t]`` int64 new tokens, right-padded.
+            n_new: ``[B]`` int64 real new tokens per row, each in ``[1, t]``; None means all ``t``.
 
         Returns:
-            ``[R, V]`` float32 logits of the next token of every extended row.
+            ``[B, V]`` float32 logits of the next token of every row.
 
         Raises:
-            ValueError: ``ids`` not 2-D or its rows disagree with the cache (or ``rows``);
-                ``n_new`` outside ``[1, t]``; or a row would exceed ``max_len`` (build the model
-                with a larger ``max_len`` or cap the episode length).
+            ValueError: ``ids`` not 2-D or its rows disagree with the cache; ``n_new`` outside
+                ``[1, t]``; or a row would exceed ``max_len`` (build the model with a larger
+                ``max_len`` or cap the episode length).
         """
-        R = cache.batch_size if rows is None else len(rows)
-        if ids.dim() != 2 or ids.shape[0] != R:
-            raise ValueError(f'TinyAgent.extend expects ids [B, t] with B = {R} cache rows, '
-                             f'got {tuple(ids.shape)}')
-        t = ids.shape[1]
-        dev = ids.device
-        plan = _Plan()
-        if rows is None:
-            plan.sel, lengths = None, cache.lengths
-        else:
-            plan.sel = torch.as_tensor(rows, dtype=torch.long, device=dev)
-            lengths = cache.lengths[plan.sel]
-        if t == 1 or n_new is None:
-            ends = lengths + t
-        else:
+        B = cache.batch_size
+        if ids.dim() != 2 or ids.shape[0] != B:
+            raise ValueError(f'TinyAgent.extend expects ids [B, t] with B = {B} cache rows, got {tuple(ids.shape)}')
+        t, dev = ids.shape[1], ids.device
+        lengths = cache.lengths
+        if n_new is not None and t > 1:
             if int(n_new.min()) < 1 or int(n_new.max()) > t:
                 raise ValueError(f'TinyAgent.extend: n_new must be in [1, {t}] for every row, '
                                  f'got {n_new.min().item()}..{n_new.max().item()}')
-            ends = lengths + n_new
-        need = int(ends.max()) if R else 0
+        else:
+            n_new = None
+        ends = lengths + (t if n_new is None else n_new)
+        need = int(ends.max()) if B else 0
         if need > self.max_len:
             raise ValueError(f'sequence length {need} exceeds TinyAgent.max_len={self.max_len}; '
                              'build the model with a larger max_len or cap the episode length')
         cache.reserve(need)
-        plan.need, plan.tq = need, t
         keys = torch.arange(cache.capacity, device=dev)
+        plan = _Plan()
+        plan.mask = torch.zeros(B, 1, 1, len(keys), dtype=self.head.weight.dtype, device=dev).masked_fill_(
+            (keys >= ends[:, None])[:, None, None], float('-inf'))
+        rows = torch.arange(B, device=dev)
+        last_ids = ids[:, t - 1] if n_new is None else ids[rows, n_new - 1]
         if t == 1:
-            plan.r, plan.pos = torch.arange(R, device=dev), lengths
-            x = self.tok_emb(ids[:, 0]) + self.pos_emb(lengths)
-            plan.mask = torch.zeros(R, 1, 1, len(keys), dtype=self.head.weight.dtype, device=dev).masked_fill_(
-                (keys >= ends[:, None])[:, None, None], float('-inf'))             # additive [R, 1, 1, cap]
-            last = None
+            plan.crow, plan.pos, tok_ids = rows, lengths, last_ids
         else:
-            if n_new is None:
-                plan.r = torch.arange(R, device=dev).repeat_interleave(t)
-                plan.j = torch.arange(t, device=dev).repeat(R)
-            else:
-                plan.r, plan.j = (torch.arange(t, device=dev) < n_new[:, None]).nonzero(as_tuple=True)
-            plan.pos = lengths[plan.r] + plan.j
-            x = self.tok_emb(ids[plan.r, plan.j]) + self.pos_emb(plan.pos)          # [N, D]
-            qpos = lengths[:, None] + torch.arange(t, device=dev)                   # [R, t]
-            plan.mask = (keys <= qpos[:, :, None])[:, None]                         # [R, 1, t, cap]
-            last = (ends - lengths).cumsum(0) - 1
-        plan.crow = plan.r if plan.sel is None else plan.sel[plan.r]
+            n = torch.full((B,), t, device=dev) if n_new is None else n_new
+            extra = torch.arange(t - 1, device=dev) < (n - 1)[:, None]                # [B, t-1]
+            er, ej = extra.nonzero(as_tuple=True)                                # [Ne] each
+            has = extra[:, 0]
+            if int(has.sum()) * 2 > B:          # most rows: attend over the whole cache, no copy
+                plan.sel, plan.qr, qlen = None, er, lengths
+            else:                               # a few rows: gather their cache rows
+                plan.sel = has.nonzero().squeeze(1)
+                plan.qr, qlen = (has.long().cumsum(0) - 1)[er], lengths[plan.sel]
+            plan.qj, plan.te = ej, t - 1
+            qpos = qlen[:, None] + torch.arange(t - 1, device=dev)                  # [Q, te]
+            plan.emask = (keys <= qpos[:, :, None])[:, None]                      # [Q, 1, te, S]
+            plan.crow = torch.cat([rows, er])
+            plan.pos = torch.cat([ends - 1, lengths[er] + ej])
+            tok_ids = torch.cat([last_ids, ids[er, ej]])
+        x = self.tok_emb(tok_ids) + self.pos_emb(plan.pos)                          # [N, D]
         for i, block in enumerate(self.blocks):
             x = x + block.attend_cached(x, cache.k[i], cache.v[i], plan)
             x = x + block.mlp(block.ln2(x))
-        if plan.sel is None:
-            cache.lengths = ends
-        else:
-            cache.lengths = cache.lengths.index_put((plan.sel,), ends)
-        if last is not None:
-            x = x[last]
-        return self.head(self.ln_f(x))
+        cache.lengths = ends
+        return self.head(self.ln_f(x[:B]))
 
 
 def sequence_log_probs(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:

@@ -358,11 +358,9 @@ def _drive_cached(model, sched, tok, temperature, generator) -> None:
 
     Cache row r belongs to episode ``active[r]``; ``pending[r]`` are the tokens of that episode
     not yet in the cache (its whole prompt at first, then the last sampled token, or after a call
-    the call's last token plus the observation). Each step first prefills all but the last
-    pending token of the rows that have several (a ragged sub-batch), then runs one decode pass
-    with one token per row, samples once for all rows, drops the rows whose episodes ended and
-    appends the rows of episodes that join. Splitting the step keeps the decode pass at one
-    query per row instead of padding every row to the longest observation.
+    the call's last token plus the observation). Each step feeds them in one ragged
+    :meth:`~agentrl.model.TinyAgent.extend` call, samples once for all rows, drops the rows whose
+    episodes ended and appends the rows of episodes that join.
     """
     episodes, end_id, pad = sched.episodes, tok.call_end_id, tok.pad_id
     active = sched.join(0)
@@ -371,16 +369,13 @@ def _drive_cached(model, sched, tok, temperature, generator) -> None:
     calls = {b: ([], []) for b in active}
     next_ids = None
     while active:
-        long = [r for r, p in enumerate(pending) if len(p) > 1]
-        if long:      # prefill all but the last pending token of the rows that have several
-            t = max(len(pending[r]) for r in long) - 1
-            model.extend(kv, torch.tensor([pending[r][:-1] + [pad] * (t + 1 - len(pending[r])) for r in long]),
-                         torch.tensor([len(pending[r]) - 1 for r in long]), rows=long)
-        if long or next_ids is None or len(pending) != len(next_ids):
-            ids = torch.tensor([p[-1:] for p in pending])
+        t = max(len(p) for p in pending)
+        if t == 1 and next_ids is not None and len(pending) == len(next_ids):
+            ids, n_new = next_ids[:, None], None              # pure decode step: the sampled ids
         else:
-            ids = next_ids[:, None]                           # pure decode step: the sampled ids
-        logits = model.extend(kv, ids)                        # one new token per row: [A, V]
+            ids = torch.tensor([p + [pad] * (t - len(p)) for p in pending])
+            n_new = torch.tensor([len(p) for p in pending])
+        logits = model.extend(kv, ids, n_new)                 # [A, V] after each row's last token
         next_ids, logps = sample_next(logits, temperature, generator=generator)
         keep, live, pending = [], [], []
         for r, (b, i, lp) in enumerate(zip(active, next_ids.tolist(), logps.tolist())):

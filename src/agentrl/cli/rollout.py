@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 POLICIES = ('oracle', 'blind', 'random', 'hacker', 'model')
 SCRIPTED = ('oracle', 'blind', 'random', 'hacker')
+ENGINES = ('tinyagent', 'hf')        # model policy: TinyAgent, or a Hugging Face LM (agentrl.engines.hf)
 
 
 @dataclass
@@ -26,6 +27,18 @@ class RolloutOptions:
         max_turns: turn budget per episode (the gym's is 6).
         reward_tests: ``hidden`` (default) or ``public`` (the hackable reward).
         batch: sample model episodes with ``rollout_batch`` (False: one by one with ``rollout``).
+        workers: Ray actors to run the episodes on (0: this process, the single-file output).
+            With workers, output is the shard folder ``OUT/trajectories/`` and every episode
+            samples from its own seed (:mod:`agentrl.engines.ray_rollout`; extra ``agentrl[ray]``).
+        address: Ray cluster to join (``auto`` or ``HOST:PORT``); None starts a local instance.
+        resume: a run folder started with ``--workers``: run only its missing episodes there.
+        chunk_size: episodes per actor call and per shard (with ``--workers``).
+        engine: ``tinyagent`` (default) or ``hf``: the ``model`` policy is then a Hugging Face
+            causal LM from ``--model`` driven through real function calling
+            (:mod:`agentrl.engines.hf`; extra ``agentrl[hf]``), and the default policy list is ``model``.
+        model: ``save_pretrained`` folder for ``--engine hf`` (``agentrl make-test-model OUT`` builds one).
+        top_k, top_p, min_p: truncation of the ``hf`` sampler (0, 1.0, 0.0 = off).
+        max_new_tokens: token budget of one ``hf`` turn (a turn cut there is truncated: malformed call).
     """
     policy: list[str] = field(default_factory=lambda: list(POLICIES))
     split: str = 'all'
@@ -37,6 +50,18 @@ class RolloutOptions:
     max_turns: int = 6
     reward_tests: str = 'hidden'
     batch: bool = True
+    # --- scale-out on Ray (agentrl.engines.ray_rollout) ---
+    workers: int = 0
+    address: str | None = None
+    resume: str | None = None
+    chunk_size: int = 32
+    # --- Hugging Face engine (agentrl.engines.hf) ---
+    engine: str = 'tinyagent'
+    model: str | None = None
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    max_new_tokens: int = 256
 
     def validate(self) -> None:
         from .main import UserError
@@ -53,6 +78,38 @@ class RolloutOptions:
             raise UserError(f'--reward-tests {self.reward_tests!r}: choose hidden or public')
         if self.checkpoint and not os.path.exists(self.checkpoint):
             raise UserError(f'--checkpoint {self.checkpoint!r} does not exist; pass model.pt from `agentrl train`')
+        # --- scale-out on Ray ---
+        if self.workers < 0:
+            raise UserError(f'--workers must be >= 0, got {self.workers}')
+        if self.chunk_size < 1:
+            raise UserError(f'--chunk-size must be >= 1, got {self.chunk_size}')
+        if self.address and self.workers < 1:
+            raise UserError('--address joins a Ray cluster for the workers; add --workers N (N >= 1)')
+        if self.resume and not os.path.isdir(self.resume):
+            raise UserError(f'--resume {self.resume!r} is not a folder; pass the --out folder of a --workers run')
+        # --- Hugging Face engine ---
+        if self.engine not in ENGINES:
+            raise UserError(f'--engine {self.engine!r} is not known; choose from {",".join(ENGINES)}')
+        if self.engine == 'hf':
+            if not self.model or not os.path.isfile(os.path.join(self.model, 'config.json')):
+                raise UserError(f'--engine hf needs --model DIR with config.json (got {self.model!r}); '
+                                '`agentrl make-test-model OUT` builds a small one')
+            if self.workers or self.resume:
+                raise UserError('--engine hf runs in this process; drop --workers/--resume')
+            if self.max_new_tokens < 1:
+                raise UserError(f'--max-new-tokens must be >= 1, got {self.max_new_tokens}')
+            try:
+                self.hf_spec()
+            except ValueError as e:
+                raise UserError(str(e)) from None
+        elif self.model:
+            raise UserError('--model is the Hugging Face model of --engine hf; add --engine hf (or use --checkpoint)')
+
+    def hf_spec(self):
+        """The :class:`~agentrl.record.SamplingSpec` of ``--engine hf`` (raises ValueError when out of range)."""
+        from ..record import SamplingSpec
+        return SamplingSpec(temperature=max(self.temperature, 0.0), top_k=self.top_k, top_p=self.top_p,
+                            min_p=self.min_p)
 
 
 def register(sub) -> None:
@@ -61,8 +118,8 @@ def register(sub) -> None:
                        description='Roll out scripted policies and TinyAgent on BugFix tasks; write '
                                    'OUT/trajectories.parquet (one row per episode) and OUT/summary.json, '
                                    'and print a table per policy.')
-    p.add_argument('--policy', default=','.join(d.policy),
-                   help=f'comma-separated policies from {",".join(POLICIES)} (default: all)')
+    p.add_argument('--policy', default=None,
+                   help=f'comma-separated policies from {",".join(POLICIES)} (default: all; with --engine hf: model)')
     p.add_argument('--split', default=d.split, choices=['train', 'heldout', 'all'],
                    help='task split: train (24 tasks), heldout (6) or all (30) (default: all)')
     p.add_argument('--repeats', type=int, default=d.repeats, help='episodes per task and policy (default: 3)')
@@ -77,14 +134,40 @@ def register(sub) -> None:
                    help='reward on hidden+public tests (default) or public only (hackable)')
     p.add_argument('--no-batch', dest='batch', action='store_false',
                    help='sample model episodes one by one with rollout() instead of rollout_batch()')
+    # --- scale-out on Ray (agentrl.engines.ray_rollout) ---
+    p.add_argument('--workers', type=int, default=d.workers,
+                   help='run episodes on N Ray actors and stream them to OUT/trajectories/ (shards); '
+                        'needs agentrl[ray] (default: 0, this process)')
+    p.add_argument('--address', default=None,
+                   help='Ray cluster to join with --workers: auto or HOST:PORT (default: start a local instance)')
+    p.add_argument('--resume', default=None, metavar='DIR',
+                   help='finish a --workers run in DIR: read its shards and run only the missing episodes')
+    p.add_argument('--chunk-size', type=int, default=d.chunk_size,
+                   help='episodes per actor call and per shard with --workers (default: 32)')
+    # --- Hugging Face engine (agentrl.engines.hf) ---
+    p.add_argument('--engine', default=d.engine, choices=list(ENGINES),
+                   help='model policy: tinyagent (default) or hf, a Hugging Face causal LM from --model '
+                        'through real function calling (needs agentrl[hf])')
+    p.add_argument('--model', default=None, metavar='DIR',
+                   help='save_pretrained folder for --engine hf (`agentrl make-test-model OUT` builds one)')
+    p.add_argument('--top-k', type=int, default=d.top_k, help='hf sampler top-k, 0 = off (default: 0)')
+    p.add_argument('--top-p', type=float, default=d.top_p, help='hf sampler nucleus mass, 1 = off (default: 1.0)')
+    p.add_argument('--min-p', type=float, default=d.min_p, help='hf sampler min-p, 0 = off (default: 0.0)')
+    p.add_argument('--max-new-tokens', type=int, default=d.max_new_tokens,
+                   help='token budget of one hf turn; a turn cut there is truncated (default: 256)')
     p.set_defaults(func=run)
 
 
 def options_from_args(args) -> RolloutOptions:
-    return RolloutOptions(policy=[x.strip() for x in args.policy.split(',') if x.strip()], split=args.split,
+    policy = args.policy if args.policy is not None else ('model' if args.engine == 'hf' else ','.join(POLICIES))
+    return RolloutOptions(policy=[x.strip() for x in policy.split(',') if x.strip()], split=args.split,
                           repeats=args.repeats, seed=args.seed, out=args.out, checkpoint=args.checkpoint,
                           temperature=args.temperature, max_turns=args.max_turns,
-                          reward_tests=args.reward_tests, batch=args.batch)
+                          reward_tests=args.reward_tests, batch=args.batch,
+                          workers=args.workers, address=args.address, resume=args.resume,
+                          chunk_size=args.chunk_size,
+                          engine=args.engine, model=args.model, top_k=args.top_k, top_p=args.top_p,
+                          min_p=args.min_p, max_new_tokens=args.max_new_tokens)
 
 
 def run(args) -> int:
@@ -109,6 +192,11 @@ def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar):
             out.append(rollouts.scripted_rollout(fn, env(), task, tok, max_turns=opts.max_turns))
             progress.advance(bar)
         return out
+    if opts.engine == 'hf':       # --engine hf: a Hugging Face model through function calling (agentrl.engines.hf)
+        from ..engines.hf import bugfix_job
+        return bugfix_job(opts.model, [t for t, _ in jobs], spec=opts.hf_spec(), max_new_tokens=opts.max_new_tokens,
+                          max_turns=opts.max_turns, reward_tests=opts.reward_tests, seed=opts.seed,
+                          on_done=lambda i: progress.advance(bar))
     if opts.checkpoint:
         net = model_mod.load_checkpoint(opts.checkpoint)
         model_id = os.path.abspath(opts.checkpoint)
@@ -138,6 +226,9 @@ def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar):
 
 def run_rollouts(opts: RolloutOptions) -> dict:
     """Run every policy of ``opts``; write the Parquet file and summary.json; return the summary."""
+    if opts.workers > 0 or opts.resume:   # scale-out on Ray: shards, per-episode seeds, resume
+        from ..engines.ray_rollout import rollout_job
+        return rollout_job(opts)
     from rich.progress import Progress
 
     from .. import gym, store, tokenizer
@@ -155,13 +246,18 @@ def run_rollouts(opts: RolloutOptions) -> dict:
                 task = tasks[i // opts.repeats]
                 t.provenance.group_id = f'{opts.seed}/{policy}/{task.name}'
                 t.provenance.rollout_id = f'{opts.seed}/{policy}/{task.name}/{i % opts.repeats}'
-            per_policy[policy] = policy_summary(trajs, unk_id=tok.unk_id)
+            hf_model = policy == 'model' and opts.engine == 'hf'     # its tokenizer is not the word-level one
+            per_policy[policy] = policy_summary(trajs, unk_id=None if hf_model else tok.unk_id)
             records += trajs
     path = os.path.join(opts.out, 'trajectories.parquet')
     store.write_trajectories(path, records)
     summary = {'options': asdict(opts), 'tasks': len(tasks), 'episodes': len(records),
                'seconds': round(time.time() - t0, 3), 'trajectories': path,
                'tokenizer': tok.fingerprint(), 'vocab_size': tok.vocab_size, 'policies': per_policy}
+    hf_prov = next((t.provenance for t in records if t.provenance.policy == 'hf'), None)
+    if hf_prov is not None:       # --engine hf: the model policy's own tokenizer, template and sampler
+        summary['hf'] = {'model': hf_prov.model, 'tokenizer': hf_prov.tokenizer, 'template': hf_prov.template,
+                         'sampling': hf_prov.sampling.to_dict()}
     tmp = os.path.join(opts.out, f'.summary.json.tmp-{os.getpid()}')
     with open(tmp, 'w') as f:
         json.dump(summary, f, indent=2)

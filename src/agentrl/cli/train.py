@@ -15,6 +15,7 @@ HELP = {
     'seed': 'seed of the model init, the task draw and every sampler',
     'sft_lr': 'Adam learning rate of SFT',
     'sft_batch': 'demonstrations per SFT step (0 = all, full batch)',
+    'hacker_demos': 'also imitate the hardcode hacker on N train tasks, so GRPO can learn or unlearn the hack',
     'grpo_lr': 'Adam learning rate of GRPO',
     'tasks_per_step': 'train tasks per GRPO step (each sampled G times)',
     'updates': 'optimiser updates per GRPO batch (>1 makes the ratio and clip matter)',
@@ -44,7 +45,7 @@ class TrainOptions(TrainConfig):
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and its allowed range."""
         from .main import UserError
-        for name in ('sft_steps', 'grpo_steps', 'sft_batch', 'threads'):
+        for name in ('sft_steps', 'grpo_steps', 'sft_batch', 'threads', 'hacker_demos'):
             if getattr(self, name) < 0:
                 raise UserError(f'--{name.replace("_", "-")} must be >= 0, got {getattr(self, name)}')
         for name in ('group', 'tasks_per_step', 'updates', 'max_turns', 'eval_every', 'eval_repeats'):
@@ -120,10 +121,10 @@ def print_summary(s: dict) -> None:
     """Print the one-line summary of a run."""
     from rich.console import Console
     a, f, g = s['after_sft'], s['final'], s['grpo']
-    ratio = '' if g['ratio_dev_first_step'] is None else f", step-0 max|ratio-1| {g['ratio_dev_first_step']:.1e}"
+    ratio = '' if g['ratio_dev_first_step'] is None else f" (step-0 max|ratio-1| {g['ratio_dev_first_step']:.1e})"
     Console(width=200).print(
         f"after SFT: train reward {a['train_reward']:.2f} (well-formed calls {a['train_well_formed']:.1%}), "
-        f"held-out {a['heldout_reward']:.2f} | after {g['steps']} GRPO steps{ratio}: train "
-        f"{f['train_reward']:.2f}, held-out {f['heldout_reward']:.2f}, edit hardcode in "
-        f"{g['hardcode_call_frac']:.1%} of GRPO calls | {s['seconds']:.0f} s -> {s['files']['checkpoint']}",
-        highlight=False, soft_wrap=True)
+        f"held-out {a['heldout_reward']:.2f}, hardcode {a['train_hardcode_rate']:.0%} | after {g['steps']} GRPO "
+        f"steps{ratio}: train {f['train_reward']:.2f}, held-out {f['heldout_reward']:.2f}, hardcode "
+        f"{f['train_hardcode_rate']:.0%} ({g['hardcode_call_frac']:.1%} of GRPO calls) | {s['seconds']:.0f} s "
+        f"-> {s['files']['checkpoint']}", highlight=False, soft_wrap=True)

@@ -14,9 +14,9 @@ from .grpo import (check_ratio_records, clipped_surrogate, episode_metrics, grou
                    grpo_loss, grpo_step, importance_ratio, kl_penalty, max_ratio_deviation,
                    token_log_probs)
 from .loop import TrainConfig, call_stats, evaluate, run_sft, sample_groups, train
-from .sft import masked_nll, oracle_demos, sft_loss, sft_step
+from .sft import masked_nll, oracle_demos, scripted_demos, sft_loss, sft_step
 
 __all__ = ['check_ratio_records', 'clipped_surrogate', 'episode_metrics', 'group_advantages',
            'grpo_loss', 'grpo_step', 'importance_ratio', 'kl_penalty', 'max_ratio_deviation',
-           'token_log_probs', 'masked_nll', 'oracle_demos', 'sft_loss', 'sft_step', 'TrainConfig', 'call_stats',
+           'token_log_probs', 'masked_nll', 'oracle_demos', 'scripted_demos', 'sft_loss', 'sft_step', 'TrainConfig', 'call_stats',
            'evaluate', 'run_sft', 'sample_groups', 'train']

@@ -20,7 +20,7 @@ import torch
 
 from .grpo import grpo_step
 from .plot import reward_plot_svg
-from .sft import oracle_demos, sft_step
+from .sft import oracle_demos, scripted_demos, sft_step
 
 __all__ = ['TrainConfig', 'call_stats', 'evaluate', 'sample_groups', 'run_sft', 'train', 'HARDCODE_CALL']
 
@@ -42,7 +42,12 @@ class TrainConfig:
             reports the hidden-test reward, and the public-test pass rate beside it.
         seed: seeds the model initialisation, the task choice and every sampler.
         sft_lr: Adam learning rate of SFT.
-        sft_batch: demonstrations per SFT step (0 = all 24, full batch).
+        sft_batch: demonstrations per SFT step (0 = all, full batch).
+        hacker_demos: also imitate the scripted hacker (``read``, ``edit hardcode``, ``submit``)
+            on this many train tasks (drawn with the seed; 0 = oracle only). A warm start on
+            oracle demonstrations alone gives ``edit hardcode`` a probability of ~4e-6 per
+            edit, so GRPO never samples the hack; this seeds it, so that the reward can be
+            seen to teach it (``public``) or to remove it (``hidden``).
         grpo_lr: Adam learning rate of GRPO.
         tasks_per_step: train tasks per GRPO step (drawn without replacement).
         updates: optimiser updates per GRPO batch (> 1 makes the ratio and the clip matter).
@@ -66,6 +71,7 @@ class TrainConfig:
     seed: int = 0
     sft_lr: float = 3e-3
     sft_batch: int = 0
+    hacker_demos: int = 0
     grpo_lr: float = 1e-4
     tasks_per_step: int = 8
     updates: int = 2
@@ -260,6 +266,9 @@ def _train(cfg: TrainConfig, on_event=None) -> dict:
         # SFT warm start
         t0 = time.time()
         demos = oracle_demos(train_tasks, tok, cfg.max_turns, cfg.reward_tests)
+        if cfg.hacker_demos:
+            hack_tasks = random.Random(cfg.seed + 1).sample(train_tasks, min(cfg.hacker_demos, len(train_tasks)))
+            demos += scripted_demos('hacker', hack_tasks, tok, cfg.max_turns, cfg.reward_tests)
 
         def sft_cb(step, m):
             row = dict(m, phase='sft', step=step + 1, seconds=round(time.time() - t0, 3))
@@ -302,8 +311,6 @@ def _train(cfg: TrainConfig, on_event=None) -> dict:
                 do_eval(step)
                 save_checkpoint(model, model_path)
         grpo_seconds = time.time() - t0
-        if cfg.grpo_steps == 0:
-            save_checkpoint(model, model_path)
     finally:
         log.close()
 

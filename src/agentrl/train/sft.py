@@ -12,7 +12,7 @@ import torch
 
 from ..record import Batch, Trajectory
 
-__all__ = ['oracle_demos', 'masked_nll', 'sft_loss', 'sft_step']
+__all__ = ['oracle_demos', 'scripted_demos', 'masked_nll', 'sft_loss', 'sft_step']
 
 
 def oracle_demos(tasks, tok, max_turns: int = 6, reward_tests: str = 'hidden') -> list[Trajectory]:
@@ -30,9 +30,22 @@ def oracle_demos(tasks, tok, max_turns: int = 6, reward_tests: str = 'hidden') -
 
     Source: book chapter 5.6 (``scripted_rollout``), agentrl spec section 6 (Ch 6 warm start).
     """
+    return scripted_demos('oracle', tasks, tok, max_turns, reward_tests)
+
+
+def scripted_demos(kind: str, tasks, tok, max_turns: int = 6, reward_tests: str = 'hidden') -> list[Trajectory]:
+    """One scripted demonstration per task by the scripted policy ``kind`` (seed 0).
+
+    Args:
+        kind: ``'oracle'``, ``'hacker'``, ``'blind'`` or ``'random'`` (``gym.scripted_policy``).
+        tasks, tok, max_turns, reward_tests: as in :func:`oracle_demos`.
+
+    Returns:
+        list of Trajectory in task order, each with ``provenance.logp_placeholder`` True.
+    """
     from .. import gym
     from ..rollouts import scripted_rollout
-    policy = gym.scripted_policy('oracle')
+    policy = gym.scripted_policy(kind)
     return [scripted_rollout(policy, gym.BugFixEnv(max_turns=max_turns, reward_tests=reward_tests), task, tok,
                              max_turns=max_turns) for task in tasks]
 

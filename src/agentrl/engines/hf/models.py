@@ -1,0 +1,301 @@
+"""L4: load a local Hugging Face causal LM and its tokenizer; build the small Qwen3 test model.
+
+transformers is imported inside the functions (extra ``pip install agentrl[hf]``). Nothing is
+downloaded: every path here is a local folder.
+"""
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import torch
+
+__all__ = ['require_transformers', 'load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id',
+           'forward_kwargs', 'TOKENIZER_FILES']
+
+#: Files copied from a tokenizer folder into a test model's folder (when present).
+TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json',
+                   'added_tokens.json', 'chat_template.jinja', 'chat_template.json', 'tokenizer.model',
+                   'LICENSE', 'LICENSE-MODEL', 'LICENSE-CODE', 'NOTICE', 'USE_POLICY.md', 'PROVENANCE.md')
+_TEST_MODEL_NOTE = 'agentrl_test_model.json'
+
+
+def require_transformers(what: str = 'agentrl.engines.hf'):
+    """Import transformers (and check jinja2), or raise an ImportError that names the extra.
+
+    Args:
+        what: the feature that needs it (named in the error).
+
+    Returns:
+        The ``transformers`` module.
+
+    Raises:
+        ImportError: transformers or jinja2 is missing; fix with ``pip install agentrl[hf]``.
+
+    Source: design notes (engines are L4 and import transformers lazily, naming the extra).
+    """
+    try:
+        import jinja2  # noqa: F401
+        import transformers
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError(f'{what} needs transformers and jinja2 ({e}); install them with '
+                          '`pip install agentrl[hf]`') from e
+    return transformers
+
+
+def _dtype_kwarg(transformers) -> str:
+    """``'dtype'`` on transformers >= 4.56, ``'torch_dtype'`` before (the keyword was renamed)."""
+    try:
+        major, minor = (int(x) for x in transformers.__version__.split('.')[:2])
+    except ValueError:  # pragma: no cover - dev versions
+        return 'dtype'
+    return 'dtype' if (major, minor) >= (4, 56) else 'torch_dtype'
+
+
+def _quiet_progress(transformers):
+    """Disable transformers' progress bars; return a function that restores the previous state."""
+    lg = transformers.utils.logging
+    was = lg.is_progress_bar_enabled()
+    lg.disable_progress_bar()
+    return lg.enable_progress_bar if was else (lambda: None)
+
+
+def load_model(model_dir, *, dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
+               tokenizer_dir=None, attn_implementation: str | None = None):
+    """Load a local causal LM and its tokenizer, in eval mode, for token-in/token-out rollouts.
+
+    Args:
+        model_dir: a folder written by ``save_pretrained`` (``config.json`` + weights), e.g. one
+            made by :func:`make_test_model` or a downloaded Qwen3-0.6B.
+        dtype: parameter dtype (default float32: the 1e-4 step-0 check is stated in fp32).
+        device: where to put the model (default CPU).
+        tokenizer_dir: tokenizer folder (default: ``model_dir``).
+        attn_implementation: e.g. ``'eager'`` or ``'sdpa'`` (default: transformers' choice).
+
+    Returns:
+        ``(model, tokenizer)``: an ``AutoModelForCausalLM`` in eval mode and an ``AutoTokenizer``.
+
+    Raises:
+        ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
+        FileNotFoundError: ``model_dir`` has no ``config.json``; pass a folder written by
+            ``save_pretrained`` (``agentrl make-test-model OUT`` makes one).
+        ValueError: the folder holds no causal LM or no tokenizer (the message names which).
+
+    Source: Hugging Face ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``.
+    """
+    transformers = require_transformers('load_model')
+    model_dir = Path(model_dir)
+    if not (model_dir / 'config.json').is_file():
+        raise FileNotFoundError(f'--model {str(model_dir)!r} has no config.json; pass a folder written by '
+                                'save_pretrained (`agentrl make-test-model OUT` builds a small one)')
+    kwargs = {_dtype_kwarg(transformers): dtype}
+    if attn_implementation:
+        kwargs['attn_implementation'] = attn_implementation
+    restore = _quiet_progress(transformers)
+    try:
+        try:
+            model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
+        except (OSError, ValueError, KeyError) as e:
+            raise ValueError(f'model {str(model_dir)!r} could not be loaded as a causal LM '
+                             f'({type(e).__name__}: {e}); pass a folder written by save_pretrained') from e
+        tdir = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
+        try:
+            tok = transformers.AutoTokenizer.from_pretrained(str(tdir))
+        except (OSError, ValueError) as e:
+            raise ValueError(f'no tokenizer could be loaded from {str(tdir)!r} ({type(e).__name__}: {e}); '
+                             'save the tokenizer next to the model or pass tokenizer_dir') from e
+    finally:
+        restore()
+    model.eval()
+    if device is not None:
+        model.to(device)
+    return model, tok
+
+
+def model_id(model) -> str:
+    """The model's id for provenance: its ``name_or_path`` (the folder it was loaded from), or its class.
+
+    Source: design notes (``Provenance.model``: model or checkpoint id).
+    """
+    cfg = getattr(model, 'config', None)
+    name = (getattr(cfg, '_name_or_path', '') or getattr(cfg, 'name_or_path', '')) if cfg is not None else ''
+    if name and os.path.isdir(name):
+        name = os.path.abspath(name)
+    return name or type(model).__name__
+
+
+def forward_kwargs(model) -> dict:
+    """How to pass a KV cache and the kept-logits count to ``model.forward`` in this transformers.
+
+    Returns:
+        ``{'cache': name or None, 'keep': name or None}``: the cache keyword (``'cache'`` in
+        transformers >= 5.x, ``'past_key_values'`` before) and the logits-to-keep keyword
+        (``'logits_to_keep'``, ``'num_logits_to_keep'`` on older releases, None if unsupported).
+
+    Source: transformers ``Qwen3ForCausalLM.forward`` signatures across releases.
+    """
+    params = inspect.signature(model.forward).parameters
+    cache = 'cache' if 'cache' in params else 'past_key_values' if 'past_key_values' in params else None
+    keep = next((k for k in ('logits_to_keep', 'num_logits_to_keep') if k in params), None)
+    return {'cache': cache, 'keep': keep}
+
+
+def default_tokenizer_dir(family: str = 'qwen3') -> Path:
+    """The folder of a real tokenizer shipped next to the project.
+
+    Tried in order: ``$AGENTRL_TOKENIZERS/<family>``, ``$AGENTRL_SHARED/tokenizers/<family>``,
+    ``./../shared/tokenizers/<family>`` (from the working directory), and
+    ``<repository>/../shared/tokenizers/<family>`` for an editable install.
+
+    Returns:
+        The first folder that holds ``tokenizer_config.json``.
+
+    Raises:
+        FileNotFoundError: none does; pass ``--tokenizer DIR`` (or set ``AGENTRL_TOKENIZERS``).
+
+    Source: tests/_tokenizers.py (the project's convention for offline tokenizers).
+    """
+    tried = []
+    if os.environ.get('AGENTRL_TOKENIZERS'):
+        tried.append(Path(os.environ['AGENTRL_TOKENIZERS']) / family)
+    if os.environ.get('AGENTRL_SHARED'):
+        tried.append(Path(os.environ['AGENTRL_SHARED']) / 'tokenizers' / family)
+    tried.append(Path.cwd().parent / 'shared' / 'tokenizers' / family)
+    repo = Path(__file__).resolve().parents[4]          # src/agentrl/engines/hf/models.py -> repository
+    tried.append(repo.parent / 'shared' / 'tokenizers' / family)
+    for d in tried:
+        if (d / 'tokenizer_config.json').is_file():
+            return d
+    raise FileNotFoundError(f'no {family} tokenizer found (tried {", ".join(map(str, tried))}); pass --tokenizer DIR '
+                            'or set AGENTRL_TOKENIZERS to the folder holding qwen3/')
+
+
+def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int = 64, heads: int = 4,
+                    kv_heads: int = 2, seed: int = 0, end_of_turn_rate: float | None = 0.05,
+                    token_rates: dict | None = None, max_positions: int = 4096) -> Path:
+    """Build a small randomly initialised Qwen3 paired with a real tokenizer, saved with ``save_pretrained``.
+
+    The architecture is transformers' ``Qwen3ForCausalLM`` (RoPE, GQA, q/k norms, tied
+    embeddings) at a toy size: 2 layers and hidden 64 give about 9.8M parameters, almost all of
+    them the 151,669 x 64 embedding. The tokenizer files are copied byte for byte.
+
+    A random model spreads its probability almost uniformly over the vocabulary, so it would
+    practically never write its end-of-turn token and every turn would be cut at
+    ``max_new_tokens``. With ``end_of_turn_rate`` the model gets one constant hidden channel
+    (channel 0 of every embedding, never written by attention or MLP outputs) and the end-of-turn
+    token's embedding is raised on that channel, so that it is sampled with about that
+    probability per token at temperature 1 (turns of about ``1 / rate`` tokens); ``token_rates``
+    does the same for other tokens (e.g. ``{'</think>': 0.05}`` for turns that hold reasoning the
+    template can strip). Everything else stays random and context-dependent. The result is an
+    ordinary Qwen3 checkpoint.
+
+    Args:
+        out_dir: folder to write (created; existing model files are overwritten).
+        tokenizer_dir: tokenizer folder (default :func:`default_tokenizer_dir`, the real Qwen3 one).
+        layers, hidden, heads, kv_heads: model size (``hidden`` divisible by ``heads``, ``heads``
+            by ``kv_heads``); the MLP is ``2 * hidden`` wide.
+        seed: initialisation seed (the global RNG is left untouched).
+        end_of_turn_rate: target probability of the end-of-turn token (the tokenizer's
+            ``eos_token``) per sampled token, in (0, 1); None keeps the plain random init.
+        token_rates: ``{token string: rate}`` for more single tokens (all rates summing below 1).
+        max_positions: ``max_position_embeddings`` (the context limit rollouts respect).
+
+    Returns:
+        ``Path(out_dir)``, holding ``config.json``, ``model.safetensors``, ``generation_config.json``,
+        the tokenizer files and ``agentrl_test_model.json`` (the build options and the measured
+        per-token rates).
+
+    Raises:
+        ImportError: without the ``hf`` extra.
+        FileNotFoundError: no tokenizer folder (pass ``tokenizer_dir``).
+        ValueError: sizes that do not divide; a rate outside (0, 1), rates summing to 1 or more,
+            or a ``token_rates`` key that is not one token; the tokenizer has no ``eos`` token.
+
+    Example:
+        >>> path = make_test_model('/tmp/tiny-qwen3')        # a few seconds on one CPU core
+        >>> model, tok = load_model(path)
+
+    Source: issue 5, item 3 (a small random Qwen3 with the real tokenizer, built in seconds).
+    """
+    transformers = require_transformers('make_test_model')
+    if hidden % heads or heads % kv_heads or layers < 1:
+        raise ValueError(f'make_test_model: hidden ({hidden}) must be divisible by heads ({heads}), heads by '
+                         f'kv_heads ({kv_heads}), and layers ({layers}) >= 1')
+    tdir = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir('qwen3')
+    if not (tdir / 'tokenizer_config.json').is_file():
+        raise FileNotFoundError(f'--tokenizer {str(tdir)!r} has no tokenizer_config.json; pass a tokenizer folder')
+    tok = transformers.AutoTokenizer.from_pretrained(str(tdir))
+    if tok.eos_token is None:
+        raise ValueError(f'the tokenizer in {str(tdir)!r} has no eos_token (end-of-turn token)')
+    eot = tok.convert_tokens_to_ids(tok.eos_token)
+    wanted = dict({tok.eos_token: end_of_turn_rate} if end_of_turn_rate is not None else {}, **(token_rates or {}))
+    rates = {}
+    for text, rate in wanted.items():
+        ids = tok(text, add_special_tokens=False)['input_ids']
+        if len(ids) != 1:
+            raise ValueError(f'make_test_model: token_rates key {text!r} encodes to {len(ids)} tokens; use single tokens')
+        if not 0.0 < float(rate) < 1.0:
+            raise ValueError(f'make_test_model: the rate of {text!r} must be in (0, 1), got {rate}')
+        rates[ids[0]] = float(rate)
+    if sum(rates.values()) >= 1.0:
+        raise ValueError(f'make_test_model: token rates sum to {sum(rates.values())}; they must sum below 1')
+    cfg = transformers.Qwen3Config(
+        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
+        max_position_embeddings=max_positions, tie_word_embeddings=True, eos_token_id=eot,
+        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eot, bos_token_id=tok.bos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.Qwen3ForCausalLM(cfg).eval()
+    measured = None
+    if rates:
+        measured = {tok.convert_ids_to_tokens(t): r for t, r in _bias_tokens(model, rates, seed).items()}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    restore = _quiet_progress(transformers)
+    try:
+        model.generation_config.eos_token_id = eot
+        model.generation_config.pad_token_id = cfg.pad_token_id
+        model.save_pretrained(str(out))
+    finally:
+        restore()
+    for name in TOKENIZER_FILES:
+        if (tdir / name).is_file():
+            shutil.copyfile(tdir / name, out / name)
+    note = {'builder': 'agentrl.engines.hf.make_test_model', 'tokenizer_dir': str(tdir.resolve()), 'layers': layers,
+            'hidden': hidden, 'heads': heads, 'kv_heads': kv_heads, 'seed': seed,
+            'token_rates': {tok.convert_ids_to_tokens(t): r for t, r in rates.items()}, 'measured_rates': measured,
+            'parameters': sum(p.numel() for p in model.parameters())}
+    (out / _TEST_MODEL_NOTE).write_text(json.dumps(note, indent=2) + '\n')
+    return out
+
+
+@torch.no_grad()
+def _bias_tokens(model, rates: dict, seed: int, channel_value: float = 0.5) -> dict:
+    """Give the model a constant hidden channel and raise chosen tokens' logits on it; return measured rates.
+
+    Channel 0 of every token embedding is set to ``channel_value`` and rows 0 of every
+    ``o_proj`` / ``down_proj`` are zeroed, so channel 0 of the residual stream is that constant
+    everywhere; after the final RMSNorm it is an almost constant ``h0``. With tied embeddings the
+    logit of token v gains ``h0 * E[v, 0]``: the same for every token except the chosen ones,
+    whose ``E[v, 0]`` is raised by ``log(rate_v / (1 - R) * (V - n)) / h0`` (``R`` the sum of
+    the ``n`` rates), which gives each about its rate when the other logits are nearly flat.
+    """
+    emb = model.get_input_embeddings().weight
+    V = emb.shape[0]
+    emb[:, 0] = channel_value
+    for layer in model.model.layers:
+        layer.self_attn.o_proj.weight[0] = 0.0
+        layer.mlp.down_proj.weight[0] = 0.0
+    gen = torch.Generator().manual_seed(seed + 1)
+    probe = torch.randint(0, V, (4, 64), generator=gen)
+    h0 = float(model.model(input_ids=probe).last_hidden_state[..., 0].mean())
+    total, n = sum(rates.values()), len(rates)
+    for tid, rate in rates.items():
+        emb[tid, 0] = channel_value + math.log(rate / (1.0 - total) * (V - n)) / h0
+    probs = model(input_ids=probe).logits.float().softmax(-1)
+    return {tid: round(float(probs[..., tid].mean()), 4) for tid in rates}

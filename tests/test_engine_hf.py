@@ -1,0 +1,407 @@
+"""agentrl.engines.hf: token-in/token-out rollouts with a real transformer on the real Qwen3 template.
+
+A small random Qwen3 (2 layers, hidden 64, the real tokenizer) is built once per module in a
+temporary folder. Its end-of-turn and ``</think>`` tokens are raised to about 5% per token, so
+turns end on their own and some hold reasoning that the template strips after a new user
+message. CPU only, fp32.
+"""
+import dataclasses
+import filecmp
+import json
+
+import pytest
+import torch
+
+from _tokenizers import load, tokenizer_path
+
+pytest.importorskip('transformers')
+
+import agentrl as arl  # noqa: E402
+from agentrl.checks.replay import replay_logp  # noqa: E402
+from agentrl.engines import hf  # noqa: E402
+from agentrl.record import OWNER, SamplingSpec  # noqa: E402
+from agentrl.templates import ChatRecorder, ChatTemplate, tokenizer_fingerprint, turn_spans  # noqa: E402
+
+IM_END = 151645
+T1 = SamplingSpec()
+T07 = SamplingSpec(temperature=0.7, top_p=0.9)
+
+
+@pytest.fixture(scope='module')
+def model_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp('tiny-qwen3')
+    return hf.make_test_model(out, tokenizer_path('qwen3'), token_rates={'</think>': 0.05})
+
+
+@pytest.fixture(scope='module')
+def lm(model_dir):
+    return hf.load_model(model_dir)
+
+
+@pytest.fixture(scope='module')
+def model(lm):
+    return lm[0]
+
+
+@pytest.fixture(scope='module')
+def tok(lm):
+    return lm[1]
+
+
+@pytest.fixture(scope='module')
+def template(tok):
+    return ChatTemplate(tok, tools=arl.TOOL_SCHEMAS)
+
+
+@pytest.fixture(scope='module')
+def tasks():
+    return arl.make_tasks('all')
+
+
+@pytest.fixture(scope='module')
+def episodes_t1(model, tok, template, tasks):
+    return hf.bugfix_rollouts(model, tok, tasks[:4], spec=T1, max_new_tokens=24, max_turns=4, template=template,
+                              seed=3)
+
+
+def prompts_of(template, n):
+    return [template.encode(template.render([{'role': 'user', 'content': 'Fix clamp' + ' now' * k + '.'}], True))
+            for k in range(n)]
+
+
+def gens(seeds):
+    return [torch.Generator().manual_seed(s) for s in seeds]
+
+
+def max_diff(a, b):
+    return max(max(abs(x - y) for x, y in zip(u.logp, v.logp)) for u, v in zip(a, b))
+
+
+# ---------------------------------------------------------------------------- the test model
+def test_make_test_model_is_a_small_qwen3_with_the_real_tokenizer(model_dir, model, tok):
+    cfg = json.loads((model_dir / 'config.json').read_text())
+    assert cfg['model_type'] == 'qwen3' and cfg['num_hidden_layers'] == 2 and cfg['hidden_size'] == 64
+    assert cfg['vocab_size'] == len(tok) == 151669
+    src = tokenizer_path('qwen3')
+    for name in ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt'):
+        assert filecmp.cmp(src / name, model_dir / name, shallow=False)
+    assert tokenizer_fingerprint(tok) == tokenizer_fingerprint(load('qwen3'))
+    note = json.loads((model_dir / 'agentrl_test_model.json').read_text())
+    assert 0.03 < note['measured_rates']['<|im_end|>'] < 0.08 and 0.03 < note['measured_rates']['</think>'] < 0.08
+    assert not model.training and next(model.parameters()).dtype == torch.float32
+
+
+def test_make_test_model_rejects_bad_sizes(tmp_path):
+    with pytest.raises(ValueError, match='hidden \\(30\\) must be divisible by heads \\(4\\)'):
+        hf.make_test_model(tmp_path, tokenizer_path('qwen3'), hidden=30)
+    with pytest.raises(ValueError, match='encodes to 2 tokens'):
+        hf.make_test_model(tmp_path, tokenizer_path('qwen3'), token_rates={'-hi': 0.1})
+
+
+# ---------------------------------------------------------------------------- the sampler
+def test_padded_rows_equal_unpadded_runs(model, template):
+    """Left padding with position_ids counting real tokens: a padded row scores like the prompt alone."""
+    prompts = prompts_of(template, 3)                       # 3 lengths: the shorter ones are left-padded
+    assert len({len(p) for p in prompts}) == 3
+    cont = [template.encode('Read the source, then fix min and max.') for _ in prompts]
+    for cache in (True, False):
+        s = hf.HFSampler(model, template.stop_ids, T1, cache=cache)
+        batched = s.sample(prompts, teacher=cont)
+        alone = [s.sample([p], teacher=[c])[0] for p, c in zip(prompts, cont)]
+        assert [t.ids for t in batched] == cont
+        assert max_diff(batched, alone) < 1e-5
+    # the whole padded sequence, every position, against the unpadded forward pass
+    full = [p + c for p, c in zip(prompts, cont)]
+    L = max(map(len, full))
+    ids = torch.tensor([[0] * (L - len(f)) + f for f in full])
+    mask = torch.tensor([[0] * (L - len(f)) + [1] * len(f) for f in full])
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        padded = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.log_softmax(-1)
+        for b, f in enumerate(full):
+            one = model(input_ids=torch.tensor([f])).logits.log_softmax(-1)[0]
+            assert (padded[b, L - len(f):] - one).abs().max() < 1e-5
+
+
+def test_batched_and_one_by_one_give_the_same_logprobs(model, template):
+    prompts = prompts_of(template, 4)
+    for spec in (T1, T07):
+        s = hf.HFSampler(model, template.stop_ids, spec, max_new_tokens=20)
+        batched = s.sample(prompts, gens([11, 12, 13, 14]))
+        teacher = [t.ids for t in batched]
+        for cache in (True, False):
+            one = hf.HFSampler(model, template.stop_ids, spec, max_new_tokens=20, cache=cache)
+            alone = [one.sample([p], teacher=[ids])[0] for p, ids in zip(prompts, teacher)]
+            assert [t.ids for t in alone] == teacher
+            assert max_diff(batched, alone) < 1e-5
+        # the per-episode generators make one-by-one sampling draw the same ids (near-uniform model:
+        # a draw on a CDF boundary may rarely pick a neighbour, so most rows, not all)
+        redo = [s.sample([p], gens([g]))[0].ids for p, g in zip(prompts, [11, 12, 13, 14])]
+        assert sum(r == t for r, t in zip(redo, teacher)) >= 3
+
+
+def test_sampled_logp_is_the_processed_logprob(model, template):
+    prompt = prompts_of(template, 1)[0]
+    s = hf.HFSampler(model, template.stop_ids, T07, max_new_tokens=12)
+    turn = s.sample([prompt] * 3, gens([1, 2, 3]))
+    for t in turn:
+        ids = prompt + t.ids
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, len(prompt) - 1:-1]
+        want = replay_logp(logits, torch.tensor(t.ids), T07)
+        raw = replay_logp(logits, torch.tensor(t.ids), SamplingSpec(temperature=0.7))
+        assert (want - torch.tensor(t.logp, dtype=torch.float64)).abs().max() < 1e-4
+        if any(i not in template.stop_ids for i in t.ids):   # non-stop tokens: the nucleus renormalises
+            assert (want - raw).abs().max() > 1e-3
+
+
+def test_stop_token_is_kept_and_budget_cut_is_truncated(model, template):
+    prompts = prompts_of(template, 4) * 4
+    s = hf.HFSampler(model, template.stop_ids, T1, max_new_tokens=12)
+    turns = s.sample(prompts, gens(range(16)))
+    stopped = [t for t in turns if not t.truncated]
+    cut = [t for t in turns if t.truncated]
+    assert stopped and cut
+    for t in stopped:
+        assert t.ids[-1] == IM_END and IM_END not in t.ids[:-1] and len(t.ids) <= 12
+    for t in cut:
+        assert len(t.ids) == 12 and IM_END not in t.ids
+    with pytest.raises(ValueError, match='token budget of 0'):
+        s.sample(prompts[:1], max_new_tokens=0)
+
+
+# ---------------------------------------------------------------------------- episodes
+def test_bugfix_records_keep_every_sampled_turn_verbatim(model, tok, template, tasks):
+    seen = []
+
+    class Spy(hf.HFSampler):
+        def sample(self, prompts, generators=None, **kw):
+            out = super().sample(prompts, generators, **kw)
+            seen.append([(list(p), t) for p, t in zip(prompts, out)])
+            return out
+
+    spy = Spy(model, template.stop_ids, T1, max_new_tokens=16)
+    trajs = hf.bugfix_rollouts(model, tok, tasks[:3], sampler=spy, max_turns=3, template=template, seed=1)
+    for i, traj in enumerate(trajs):
+        spans = turn_spans(traj)
+        assert len(spans) == len(traj.info['turn_tokens']) == traj.info['n_turns']
+        for k, (turn, s, e) in enumerate(spans):
+            prompt, sampled = seen[k][i]
+            assert traj.ids[s:e].tolist() == sampled.ids                 # verbatim, never re-encoded
+            assert traj.ids[:s].tolist() == prompt                        # the prompt the engine continued
+            assert torch.allclose(traj.sample_logp[s - 1:e - 1], torch.tensor(sampled.logp, dtype=torch.float32))
+            assert (traj.owner[s:e] == OWNER['policy']).all() and (traj.action_mask[s - 1:e - 1] == 1).all()
+    # a text round trip would have changed some spans: the record holds what was sampled instead
+    drift = hf.drift_rate(trajs, tok)
+    assert drift.spans == sum(len(t.info['turn_tokens']) for t in trajs) and drift.drifting_spans > 0
+
+
+def test_truncated_turns_have_no_end_of_turn_and_get_malformed(episodes_t1, tok):
+    n_cut = n_stop = 0
+    for traj in episodes_t1:
+        cut = traj.info['truncated_turns']
+        assert cut == traj.info['template']['unterminated_turns']
+        for k, s, e in turn_spans(traj):
+            span = traj.ids[s:e].tolist()
+            if k in cut:
+                n_cut += 1
+                assert IM_END not in span and len(span) == 24
+                assert traj.info['actions'][k] == '' and traj.info['tool_calls'][k] is None
+            else:
+                n_stop += 1
+                assert span[-1] == IM_END and IM_END not in span[:-1]
+            nxt = (traj.turn == k) & (traj.owner == OWNER['tool'])
+            if nxt.any():
+                obs = tok.decode(traj.ids[nxt].tolist())
+                assert obs == 'error : malformed call'                   # a random model never calls a tool
+    assert n_cut and n_stop
+    for traj in episodes_t1:
+        assert traj.info['stop'] == 'budget' and traj.reward == 0.0 and traj.info['n_invalid'] == 4
+
+
+def test_provenance_of_hf_records(episodes_t1, tok, template, model_dir):
+    for i, traj in enumerate(episodes_t1):
+        p = traj.provenance
+        assert p.policy == 'hf' and p.sampling == T1 and not p.logp_placeholder
+        assert p.tokenizer == tokenizer_fingerprint(tok) and p.template == template.fingerprint
+        assert p.model == str(model_dir.resolve()) and p.seed == hf.episode_seed(3, i)
+        # a turn cut at its budget is closed by a template-owned <|im_end|> (the chat needs it), which
+        # the validator's end-of-turn rule cannot tell from a mislabelled sampled one: check it on the others
+        eot = () if traj.info['truncated_turns'] else (IM_END,)
+        arl.validate(traj, {'tokenizer': p.tokenizer, 'template': p.template, 'eot_ids': eot})
+
+
+def test_function_calls_drive_the_gym(model, tok, template, tasks):
+    """Scripted turns (teacher-forced through the real model) exercise parsing, the gym and the bridge."""
+    script = ['<think>\nRead first.\n</think>\n\n<tool_call>\n{"name":"read","arguments":{}}\n</tool_call>',
+              '<tool_call>\n{"name": "fix", "arguments": {}}\n</tool_call>',
+              '<tool_call>\n{"name": "edit", "arguments": {"op": "swap_minmax"}}\n</tool_call>',
+              '<tool_call>\n{"name": "submit", "arguments": "{}"}\n</tool_call>']
+
+    class Scripted(hf.HFSampler):
+        calls = 0
+
+        def sample(self, prompts, generators=None, **kw):
+            ids = template.encode(script[self.calls]) + [IM_END]
+            self.calls += 1
+            return super().sample(prompts, generators, teacher=[ids] * len(prompts))
+
+    trajs = hf.bugfix_rollouts(model, tok, [tasks[0]], sampler=Scripted(model, template.stop_ids, T1),
+                               template=template, max_new_tokens=64)
+    traj = trajs[0]
+    assert tasks[0].name == 'clamp' and traj.reward == 1.0 and traj.info['stop'] == 'submitted'
+    assert traj.info['actions'] == ['<call> read </call>', '', '<call> edit swap_minmax </call>', '<call> submit </call>']
+    assert traj.info['tool_calls'][1] == [{'name': 'fix', 'arguments': {}}]
+    tool = [tok.decode(traj.ids[(traj.turn == k) & (traj.owner == OWNER['tool'])].tolist()) for k in range(3)]
+    assert tool == [arl.compact_source(arl.CLAMP_BUGGY), 'error : malformed call', 'ok']
+    assert hf.replay_records(model, trajs).ok
+
+
+@pytest.mark.parametrize('text, calls, gym', [
+    ('<tool_call>\n{"name":"read","arguments":{}}\n</tool_call>', [('read', {})], '<call> read </call>'),
+    ('<think>\n<tool_call>{"name": "submit", "arguments": {}}</tool_call>\n</think>\n\nno call', [], None),
+    ('<tool_call>\n{"name": "edit", "arguments": {"op": "swap_minmax"}}\n</tool_call>',
+     [('edit', {'op': 'swap_minmax'})], '<call> edit swap_minmax </call>'),
+    ('<tool_call>\n{"name": "edit", "arguments": "{\\"op\\": \\"nope\\"}"}\n</tool_call>', [('edit', {'op': 'nope'})],
+     '<call> edit nope </call>'),
+    ('<tool_call>\n{"name": "read", "arguments": {}}\n</tool_call>\n<tool_call>\n{"name": "test", "arguments": {}}'
+     '\n</tool_call>', [('read', {}), ('test', {})], None),
+    ('<tool_call>\n{"name": "read", "arguments": {"path": "x"}}\n</tool_call>', [('read', {'path': 'x'})], None),
+    ('<tool_call>\n{"name": "edit", "arguments": {"op": "swap minmax"}}\n</tool_call>',
+     [('edit', {'op': 'swap minmax'})], None),
+    ('<tool_call>\n{"name": "read", "arguments": {}\n</tool_call>', None, None),
+    ('<tool_call>\n{"name": "read", "arguments": {}}\n', None, None),
+    ('<tool_call>["read"]</tool_call>', None, None),
+    ('<call> read </call>', [], None),
+])
+def test_parse_tool_calls_and_gym_mapping(text, calls, gym):
+    assert hf.parse_tool_calls(text) == calls
+    assert hf.gym_call(calls) == gym
+
+
+def test_context_limit_stops_the_episode_truncated(model, tok, template, tasks):
+    opening = len(ChatRecorder(template, hf.bugfix_opening(tasks[0].issue)).prompt_ids)
+    trajs = hf.bugfix_rollouts(model, tok, tasks[:1], max_new_tokens=16, template=template, max_context=opening + 40)
+    t = trajs[0]
+    assert t.info['stop'] == 'truncated' and t.reward == 0.0 and t.info['task'] == tasks[0].name
+    assert len(t.ids) <= opening + 40 + 40
+    with pytest.raises(ValueError, match='no room for a turn'):
+        hf.bugfix_rollouts(model, tok, tasks[:1], template=template, max_context=opening)
+
+
+# ---------------------------------------------------------------------------- the step-0 proof
+def _max_abs(report):
+    return max(float(r.log_ratio.abs().max()) for r in report.records if len(r.log_ratio))
+
+
+def test_step0_plain_forward_matches_sample_logp_at_t1(model, episodes_t1):
+    rep = hf.replay_records(model, episodes_t1, batch_size=4)         # right-padded collate, one forward pass
+    assert rep.ok and rep.overall.n == sum(int(t.action_mask.sum()) for t in episodes_t1)
+    assert _max_abs(rep) < 1e-4
+    assert len({len(t.ids) for t in episodes_t1}) > 1                   # the batch really was padded
+
+
+def test_step0_at_t07_top_p09(model, tok, template, tasks):
+    trajs = hf.bugfix_rollouts(model, tok, tasks[4:7], spec=T07, max_new_tokens=16, max_turns=3, template=template)
+    assert all(t.provenance.sampling == T07 for t in trajs)
+    rep = hf.replay_records(model, trajs)
+    assert rep.ok and _max_abs(rep) < 1e-4
+    # the stored values are the nucleus log-probs: replaying them at T=0.7 without top_p does not match
+    other = [dataclasses.replace(t, provenance=dataclasses.replace(t.provenance, sampling=SamplingSpec(temperature=0.7)))
+             for t in trajs]
+    assert not hf.replay_records(model, other).ok
+
+
+@pytest.mark.parametrize('spec', [T1, T07], ids=['T1', 'T0.7-top_p0.9'])
+def test_step0_per_turn_contexts_when_not_prefix_stable(model, tok, spec):
+    """Thinking mode + a new user message: the template strips earlier reasoning; each turn is
+    scored against its own sampling context and still matches."""
+    template = ChatTemplate(tok)                                        # thinking mode (Qwen3's default)
+    s = hf.HFSampler(model, template.stop_ids, spec, max_new_tokens=24)
+    recs = [ChatRecorder(template, [{'role': 'user', 'content': f'Question {i}?'}]) for i in range(6)]
+
+    def respond(i, turn, text):
+        return hf.Reply(messages=[{'role': 'user', 'content': 'And one more thing?'}], action=text)
+
+    trajs = hf.run_chat_episodes(s, recs, respond, seeds=range(6), max_turns=3)
+    split = [t for t in trajs if t.turn_contexts is not None]
+    assert split, 'no episode sampled reasoning that the template strips'
+    assert all(not t.info['template']['prefix_stable'] for t in split)
+    rep = hf.replay_records(model, trajs)
+    assert rep.ok and _max_abs(rep) < 1e-4
+    assert sum(' turn ' in r.key for r in rep.records) >= 3
+    # one forward pass over the final sequence scores earlier turns in the wrong context
+    flat = hf.replay_records(model, [dataclasses.replace(t, turn_contexts=None) for t in split])
+    assert not flat.ok
+
+
+# ---------------------------------------------------------------------------- drift
+def test_drift_experiment_reports_first_differing_tokens(model, tok):
+    exp = hf.drift_experiment(model, tok, samples=4, tokens=24, seed=0)
+    assert len(exp.samples) == 4 and exp.n_tokens == sum(len(s.ids) for s in exp.samples)
+    for s in exp.samples:
+        assert s.drifted == (s.reencoded != s.ids)
+        if s.drifted:
+            assert s.ids[:s.at] == s.reencoded[:s.at] and s.ids[s.at] != s.reencoded[s.at]
+            assert s.sampled_tokens == tok.convert_ids_to_tokens(s.ids[s.at:s.at + 2])
+    assert f'of 4 samples drift' in exp.format()
+
+
+def test_drift_rate_counts_the_chapter_example(tok):
+    rec = ChatRecorder(tok, [{'role': 'user', 'content': 'Name a flag.'}])
+    turn = tok('Pass', add_special_tokens=False)['input_ids'] + [12, 6023] + [IM_END]       # '-', 'hi' as sampled
+    rec.add_turn(turn, [-0.1] * len(turn))
+    rate = hf.drift_rate([rec.finish()], tok)
+    assert (rate.spans, rate.policy_tokens, rate.drifting_spans) == (1, 4, 1)
+    assert rate.per_1000 == 250.0 and rate.affected_tokens == 3
+    assert rate.examples[0][1].sampled == ['-', 'hi'] and rate.examples[0][1].other == ['-h', 'i']
+
+
+# ---------------------------------------------------------------------------- CLI
+def cli(*argv):
+    from agentrl.cli.main import main
+    return main([str(a) for a in argv])
+
+
+def test_cli_make_test_model(tmp_path, capsys):
+    assert cli('make-test-model', tmp_path / 'm', '--tokenizer', tokenizer_path('qwen3'), '--seed', 1) == 0
+    out = capsys.readouterr().out
+    assert 'wrote a 2-layer Qwen3 (hidden 64, 9,780,928 parameters)' in out and '<|im_end|>' in out
+    assert (tmp_path / 'm' / 'config.json').is_file() and (tmp_path / 'm' / 'tokenizer.json').is_file()
+    assert cli('make-test-model', tmp_path / 'x', '--tokenizer', tmp_path) == 2
+    assert 'has no tokenizer_config.json' in capsys.readouterr().err
+
+
+def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys):
+    out = tmp_path / 'run'
+    assert cli('rollout', '--engine', 'hf', '--model', model_dir, '--split', 'heldout', '--repeats', '1',
+               '--max-new-tokens', '12', '--max-turns', '2', '--temperature', '0.7', '--top-p', '0.9',
+               '--out', out) == 0
+    assert 'wrote 6 episodes to' in capsys.readouterr().out
+    summary = json.loads((out / 'summary.json').read_text())
+    assert list(summary['policies']) == ['model'] and summary['hf']['model'] == str(model_dir.resolve())
+    assert summary['hf']['sampling'] == T07.to_dict()
+    trajs = arl.read_trajectories(out / 'trajectories.parquet')
+    assert len(trajs) == 6 and all(t.provenance.policy == 'hf' for t in trajs)
+    assert {t.provenance.group_id for t in trajs} == {f'0/model/{t.name}' for t in arl.make_tasks('heldout')}
+    assert hf.replay_records(model, trajs).ok                        # step 0 holds after the Parquet round trip
+
+    assert cli('drift', '--records', out / 'trajectories.parquet') == 0
+    text = capsys.readouterr().out
+    assert '6 records, ' in text and 'per 1,000 policy tokens' in text
+    assert cli('drift', '--model', model_dir, '--samples', '3', '--tokens', '16') == 0
+    assert 'of 3 samples drift' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['rollout', '--engine', 'hf'], '--engine hf needs --model DIR with config.json'),
+    (['rollout', '--model', '/nonexistent'], '--model is the Hugging Face model of --engine hf'),
+    (['rollout', '--engine', 'hf', '--model', '{model}', '--top-p', '0'], 'SamplingSpec.top_p must be in (0, 1]'),
+    (['drift'], 'pass --model DIR (sample and measure) or --records PATH'),
+    (['drift', '--model', '/nonexistent'], "--model '/nonexistent' has no config.json"),
+])
+def test_cli_bad_input_is_one_line(argv, message, model_dir, tmp_path, capsys):
+    argv = [a.replace('{model}', str(model_dir)) for a in argv] + (['--out', str(tmp_path)] if argv[0] == 'rollout' else [])
+    assert cli(*argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f'agentrl: error: {message}') and len(err.strip().splitlines()) == 1

@@ -1,0 +1,379 @@
+"""Scale-out on Ray (issue 9): the same records at any scale, lost workers, resume.
+
+A real two-node Ray cluster (a head and one extra worker node, 1 CPU each, on 127.0.0.1, no
+dashboard) is started once for the module and stopped after it; one test also starts the local
+instance of ``--workers N`` without ``--address``. Ray servers are kept on the loopback interface:
+the head runs with ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0`` (Ray then resolves localhost to
+127.0.0.1 instead of the routable IP) and the worker node's ``ray start`` keeps its 127.0.0.1
+addresses as given. The cluster is stopped by terminating, by process id, the processes it started
+(found by its private temp folder and port), not by a machine-wide ``ray stop``.
+
+Tests that need no Ray (seeds, plans, the in-process engine, resume, errors) run without it.
+"""
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+import agentrl as arl
+from agentrl import checks
+from agentrl.engines import ray_rollout as rr
+
+HAS_RAY = importlib.util.find_spec('ray') is not None
+needs_ray = pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed (pip install 'agentrl[ray]')")
+AGENTRL = [sys.executable, '-m', 'agentrl']
+RAY_CLI = str(Path(sys.executable).parent / 'ray')
+# the plan of the CLI runs: 48 episodes, 6 chunks of 8 (model and a seeded scripted policy)
+PLAN = ['--policy', 'model,random', '--split', 'heldout', '--repeats', '4', '--seed', '5', '--chunk-size', '8']
+
+# keeps the worker node's 127.0.0.1 addresses (Ray rewrites localhost to the routable IP)
+_WORKER_START = textwrap.dedent('''
+    import sys
+    import ray._private.services as services
+    services.resolve_ip_for_localhost = lambda host: host
+    from ray.scripts.scripts import main
+    sys.argv = ['ray', 'start', *sys.argv[1:]]
+    main()
+''')
+
+
+def agentrl(*args, check=True, timeout=240, env=None):
+    p = subprocess.run([*AGENTRL, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    if check:
+        assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def by_id(path):
+    """Records of a store keyed by (group_id, rollout_id); each episode must appear once."""
+    recs = arl.read_trajectories(path)
+    out = {}
+    for t in recs:
+        key = (t.provenance.group_id, t.provenance.rollout_id)
+        assert key not in out, f'{key} stored twice'
+        out[key] = t
+    return out
+
+
+def assert_same(a, b, same_attempt=True):
+    """Equal records: ids, owners, masks, rewards; log-probs bit for bit; seeds; identity."""
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.owner, b.owner) and torch.equal(a.turn, b.turn)
+    assert torch.equal(a.action_mask, b.action_mask) and a.reward == b.reward and a.info == b.info
+    assert a.sample_logp.numpy().tobytes() == b.sample_logp.numpy().tobytes()
+    assert checks.record_digest(a) == checks.record_digest(b)
+    pa, pb = a.provenance, b.provenance
+    assert (pa.group_id, pa.rollout_id, pa.seed, pa.policy, pa.sampling) == \
+        (pb.group_id, pb.rollout_id, pb.seed, pb.policy, pb.sampling)
+    if same_attempt:
+        assert pa.attempt == pb.attempt
+
+
+# ----------------------------------------------------------------------------- no Ray needed
+
+def test_episode_seed_is_stable_and_distinct():
+    s = rr.episode_seed(0, '0/model/clamp', '0/model/clamp/0')
+    assert s == rr.episode_seed(0, '0/model/clamp', '0/model/clamp/0') == 4294082752081807618
+    assert 0 <= s < 2 ** 63
+    jobs = rr.plan_episodes(['model', 'blind'], [t.name for t in arl.make_tasks('all')], 5, seed=0)
+    assert len({j.seed for j in jobs}) == len(jobs) == 300
+    assert rr.episode_seed(1, '0/model/clamp', '0/model/clamp/0') != s
+
+
+def test_plan_matches_the_single_process_identities():
+    jobs = rr.plan_episodes(['oracle', 'model'], ['clamp', 'double'], 2, seed=7)
+    assert [j.rollout_id for j in jobs[:3]] == ['7/oracle/clamp/0', '7/oracle/clamp/1', '7/oracle/double/0']
+    assert jobs[0].group_id == '7/oracle/clamp' and {j.attempt for j in jobs} == {1}
+    chunks = rr.plan_chunks(jobs, 3)
+    assert [[j.policy for j in c] for c in chunks] == [['oracle'] * 3, ['oracle'], ['model'] * 3, ['model']]
+    with pytest.raises(ValueError, match='chunk_size must be >= 1'):
+        rr.plan_chunks(jobs, 0)
+    with pytest.raises(ValueError, match='a task is listed twice'):
+        rr.plan_episodes(['model'], ['clamp', 'clamp'], 1, seed=0)
+
+
+@pytest.fixture(scope='module')
+def weights():
+    tok = arl.build_tokenizer(arl.make_tasks('all'))
+    torch.manual_seed(0)
+    net = arl.TinyAgent(tok.vocab_size).eval()
+    return {'config': net.config(), 'state_dict': net.state_dict()}
+
+
+def test_records_do_not_depend_on_the_batch(weights):
+    """Property: an episode's record is the same whichever episodes share its chunk.
+
+    Ids exactly; log-probs to fp32 rounding of differently shaped batches (bit for bit when the
+    chunks are the same, which is what ``--workers`` guarantees).
+    """
+    hyp = pytest.importorskip('hypothesis')
+    st = hyp.strategies
+    runner = rr.EpisodeRunner(rr.RunSpec(), weights)
+    jobs = rr.plan_episodes(['model'], ['clamp', 'double', 'halve'], 2, seed=1)
+    alone = {j.key: runner.run([j])[0] for j in jobs}
+
+    @hyp.settings(max_examples=6, deadline=None, derandomize=True)
+    @hyp.given(st.permutations(jobs), st.integers(1, len(jobs)))
+    def check(order, size):
+        for chunk in rr.plan_chunks(order, size):
+            for job, rec in zip(chunk, runner.run(chunk)):
+                ref = alone[job.key]
+                assert torch.equal(rec.ids, ref.ids) and rec.provenance.seed == job.seed
+                assert torch.allclose(rec.sample_logp, ref.sample_logp, atol=1e-5, rtol=0)
+    check()
+
+
+def test_in_process_resume_after_a_crash_completes_exactly_the_missing(tmp_path, weights):
+    jobs = rr.plan_episodes(['model', 'blind'], ['clamp', 'double', 'halve'], 3, seed=2)   # 18
+    spec = rr.RunSpec()
+    full = rr.run_chunks(jobs, tmp_path / 'full', spec, weights, workers=0, chunk_size=4, progress=False)
+    assert full.written == 18 and len(full.workers) == 0
+
+    class Crash(Exception):
+        pass
+
+    def crash(state):
+        if state.done >= 8:
+            raise Crash
+    with pytest.raises(Crash):
+        rr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False,
+                      on_chunk=crash)
+    before = rr.stored_rollouts(tmp_path / 'cut')
+    assert len(before) == 8
+    with pytest.raises(ValueError, match='already holds 8 of the 18 planned episodes; pass --resume'):
+        rr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False)
+    rep = rr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False, resume=True)
+    assert (rep.skipped, rep.written, rep.resends) == (8, 10, 0)
+    a, b = by_id(tmp_path / 'full'), by_id(tmp_path / 'cut')
+    assert a.keys() == b.keys() and len(a) == 18
+    for k in a:
+        assert_same(a[k], b[k])
+    again = rr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False, resume=True)
+    assert (again.skipped, again.written) == (18, 0)
+
+
+def test_resume_errors_name_the_fix(tmp_path):
+    (tmp_path / 'plain').mkdir()
+    p = agentrl('rollout', '--resume', str(tmp_path / 'plain'), check=False)
+    assert p.returncode == 2
+    assert "no run.json there; pass the --out folder of a run started with --workers" in p.stderr
+    p = agentrl('rollout', '--address', 'auto', '--out', str(tmp_path / 'x'), check=False)
+    assert p.returncode == 2 and 'add --workers N' in p.stderr
+
+
+def test_missing_ray_names_the_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, 'ray', None)
+    with pytest.raises(ImportError, match=r"pip install 'agentrl\[ray\]'"):
+        rr.require_ray()
+
+
+# ----------------------------------------------------------------------------- a real Ray cluster
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def _cluster_pids(marks) -> list[int]:
+    """Process ids whose command line names this cluster (its temp folder or port), and their children."""
+    pids, parents = set(), {}
+    for d in Path('/proc').iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            cmd = (d / 'cmdline').read_bytes().replace(b'\0', b' ').decode(errors='replace')
+            ppid = int((d / 'stat').read_text().rsplit(')', 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        parents[int(d.name)] = ppid
+        if any(m in cmd for m in marks) and int(d.name) != os.getpid():
+            pids.add(int(d.name))
+    grew = True
+    while grew:
+        kids = {p for p, pp in parents.items() if pp in pids} - pids
+        grew = bool(kids)
+        pids |= kids
+    return sorted(pids)
+
+
+def _stop_cluster(marks) -> None:
+    pids = _cluster_pids(marks)
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 2.0)):
+        for p in pids:
+            try:
+                os.kill(p, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + wait
+        while time.time() < deadline:
+            pids = [p for p in pids if Path(f'/proc/{p}').exists() and 'Z' not in _state(p)]
+            if not pids:
+                return
+            time.sleep(0.1)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[0]
+    except (OSError, IndexError):
+        return 'Z'
+
+
+@pytest.fixture(scope='module')
+def ray_env():
+    """Environment of every Ray process of these tests: token auth with a token of their own.
+
+    Ray 2.5x enables token auth for clusters it starts; passing the token in the environment
+    keeps head, worker node and drivers agreeing without touching ``~/.ray/auth_token``.
+    """
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED='0', RAY_AUTH_MODE='token', RAY_AUTH_TOKEN=uuid.uuid4().hex)
+
+
+@pytest.fixture(scope='module')
+def cluster(ray_env):
+    """``127.0.0.1:PORT`` of a head plus one worker node (1 CPU each), stopped after the module."""
+    if not HAS_RAY:
+        pytest.skip("Ray is not installed (pip install 'agentrl[ray]')")
+    port = _free_port()
+    temp = tempfile.mkdtemp(prefix='arl-ray-')
+    marks = [temp, f'127.0.0.1:{port}']
+    env = ray_env
+    common = ['--num-cpus=1', '--disable-usage-stats', f'--temp-dir={temp}']
+    try:
+        subprocess.run([RAY_CLI, 'start', '--head', '--node-ip-address=127.0.0.1', f'--port={port}',
+                        '--include-dashboard=false', *common], check=True, capture_output=True, timeout=120,
+                       env=dict(env, RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER='0'))
+        subprocess.run([sys.executable, '-c', _WORKER_START, f'--address=127.0.0.1:{port}',
+                        '--node-ip-address=127.0.0.1', *common], check=True, capture_output=True, timeout=120,
+                       env=env)
+        yield f'127.0.0.1:{port}'
+    finally:
+        _stop_cluster(marks)
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope='module')
+def one_worker(cluster, ray_env, tmp_path_factory):
+    """The reference run: ``--workers 1`` on the cluster."""
+    out = tmp_path_factory.mktemp('w1')
+    agentrl('rollout', *PLAN, '--workers', '1', '--address', cluster, '--out', str(out), env=ray_env)
+    return out
+
+
+@needs_ray
+def test_workers_1_and_2_give_identical_records(cluster, ray_env, one_worker, tmp_path):
+    out = tmp_path / 'w2'
+    p = agentrl('rollout', *PLAN, '--workers', '2', '--address', cluster, '--out', str(out), env=ray_env)
+    assert 'wrote 48 episodes to' in p.stdout and 'trajectories' in p.stdout
+    a, b = by_id(one_worker / 'trajectories'), by_id(out / 'trajectories')
+    assert len(a) == len(b) == 48 and a.keys() == b.keys()
+    for k in a:
+        assert_same(a[k], b[k])
+        assert a[k].provenance.attempt == 1
+        assert a[k].provenance.seed == rr.episode_seed(5, *k)
+    summary = json.loads((out / 'summary.json').read_text())
+    eng = summary['engine']
+    assert (eng['workers'], eng['written'], eng['retried'], eng['address']) == (2, 48, [], cluster)
+    assert eng['nodes'] == 2                     # the head and the extra worker node both ran chunks
+    assert summary['episodes'] == 48 and set(summary['policies']) == {'model', 'random'}
+    for run in (one_worker, out):
+        c = agentrl('check', str(run / 'trajectories'), '--model', str(run / 'model.pt'), '--max-ratio-dev', '1e-5')
+        assert 'records          48' in c.stdout and 'result: OK' in c.stdout
+
+
+@needs_ray
+def test_killed_worker_loses_nothing(cluster, ray_env, tmp_path, weights, monkeypatch):
+    """SIGKILL one actor's process mid-run: 200 episodes, each once; its unfinished ones are attempt 2."""
+    for k in ('RAY_AUTH_MODE', 'RAY_AUTH_TOKEN', 'RAY_USAGE_STATS_ENABLED'):
+        monkeypatch.setenv(k, ray_env[k])
+    jobs = rr.plan_episodes(['model'], [t.name for t in arl.make_tasks('all')][:25], 8, seed=11)
+    assert len(jobs) == 200
+    spec = rr.RunSpec(model_id='tiny')
+    killed = {}
+
+    def kill_one(state):
+        if killed:
+            return
+        victim = next(w for w in state.workers if w.alive and state.inflight.get(w.index))
+        killed['pid'] = victim.pid
+        os.kill(victim.pid, signal.SIGKILL)
+
+    rep = rr.run_chunks(jobs, tmp_path / 'trajs', spec, weights, workers=2, address=cluster, chunk_size=8,
+                        progress=False, on_chunk=kill_one)
+    assert killed and rep.written == 200 and rep.resends == 0
+    assert sum(not w.alive for w in rep.workers) == 1 and len(rep.workers) == 3   # one replaced
+    stored = by_id(tmp_path / 'trajs')
+    assert len(stored) == 200 and set(stored) == {j.key for j in jobs}
+    twice = {k for k, t in stored.items() if t.provenance.attempt == 2}
+    # the episodes lost with the killed worker (its unfinished chunks: those in flight when it was
+    # killed, less any that had just finished) are stored once, as attempt 2; all others as attempt 1
+    victim = next(w for w in rep.workers if not w.alive)
+    assert victim.pid == killed['pid'] and twice and twice == set(victim.lost)
+    assert {(g, r) for g, r, _ in rep.retried} == twice and {a for _, _, a in rep.retried} == {2}
+    assert {t.provenance.attempt for k, t in stored.items() if k not in twice} == {1}
+    # a retry samples what the lost attempt would have: the store equals a run without faults
+    ref = rr.run_chunks(jobs, tmp_path / 'ref', spec, weights, workers=0, chunk_size=8, progress=False)
+    assert ref.written == 200
+    expected = by_id(tmp_path / 'ref')
+    for k, t in stored.items():
+        assert_same(t, expected[k], same_attempt=k not in twice)
+
+
+_KILL_DRIVER = textwrap.dedent('''
+    import os, signal, sys
+    from agentrl.cli.rollout import RolloutOptions
+    from agentrl.engines.ray_rollout import rollout_job
+
+    def die(state):
+        if state.done >= 16:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    opts = RolloutOptions(policy=['model', 'random'], split='heldout', repeats=4, seed=5, out=sys.argv[1],
+                          workers=2, address=sys.argv[2], chunk_size=8)
+    rollout_job(opts, on_chunk=die, progress=False)
+''')
+
+
+@needs_ray
+def test_resume_after_the_driver_is_killed(cluster, ray_env, one_worker, tmp_path):
+    out = tmp_path / 'cut'
+    p = subprocess.run([sys.executable, '-c', _KILL_DRIVER, str(out), cluster], capture_output=True, text=True,
+                       timeout=240, env=ray_env)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    before = rr.stored_rollouts(out / 'trajectories')
+    assert 16 <= len(before) < 48 and not (out / 'summary.json').exists()
+    agentrl('rollout', '--resume', str(out), '--workers', '2', '--address', cluster, env=ray_env)
+    eng = json.loads((out / 'summary.json').read_text())['engine']
+    assert (eng['skipped_by_resume'], eng['written']) == (len(before), 48 - len(before))
+    a, b = by_id(one_worker / 'trajectories'), by_id(out / 'trajectories')
+    assert a.keys() == b.keys()
+    for k in a:
+        assert_same(a[k], b[k])
+    p = agentrl('rollout', '--resume', str(out), '--workers', '1', '--address', cluster, '--repeats', '9', check=False,
+                env=ray_env)
+    assert p.returncode == 2 and 'the run was planned with repeats=4, this command says 9' in p.stderr
+
+
+@needs_ray
+def test_local_instance_gives_the_same_records(one_worker, ray_env, tmp_path):
+    """Without --address the job starts (and stops) its own Ray instance on 127.0.0.1."""
+    out = tmp_path / 'local'
+    agentrl('rollout', *PLAN, '--workers', '2', '--out', str(out), env=ray_env)
+    summary = json.loads((out / 'summary.json').read_text())
+    assert summary['engine']['address'] == 'local' and summary['engine']['written'] == 48
+    a, b = by_id(one_worker / 'trajectories'), by_id(out / 'trajectories')
+    assert a.keys() == b.keys()
+    for k in a:
+        assert_same(a[k], b[k])
