@@ -16,8 +16,9 @@ episode with its own seed:
 
 Both runs use the same per-episode generators, so they draw the same ids except where a draw
 lands within fp32 rounding of a boundary of the (near-uniform) CDF of the random model (the
-number of identical episodes is reported); the rows give generated (policy) tokens per second of wall time, end to end (recorder,
-bridges and gym included), and their ratio. ``quick`` uses 8 episodes and shorter turns.
+number of identical episodes is reported); the rows give generated (policy) tokens per second
+of wall time, end to end (recorder, bridges and gym included), and their ratio. ``quick`` uses
+8 episodes and shorter turns.
 
 Torch runs on one thread by default (``--threads``): the machine has 2 shared cores.
 """
@@ -97,7 +98,8 @@ def run(quick: bool, model_dir: str | None = None, episodes: int | None = None) 
     setup = f'{n} BugFix episodes, <= {turns} turns of <= {new_tokens} tokens, 2-layer hidden-64 Qwen3, T=1'
     return [
         {'name': f'batched_kv_{n}', 'value': round(b_tps, 1), 'unit': 'tok/s',
-         'notes': f'{setup}; one lockstep batch, left padding, KV cache; {m["tokens"]} tokens in {m["batched_s"]:.2f} s'},
+         'notes': f'{setup}; one lockstep batch, left padding, KV cache; {m["tokens"]} tokens in '
+                  f'{m["batched_s"]:.2f} s'},
         {'name': f'one_by_one_no_cache_{n}', 'value': round(s_tps, 1), 'unit': 'tok/s',
          'notes': f'same episodes one at a time, full recompute per token; {m["tokens_single"]} tokens in '
                   f'{m["single_s"]:.2f} s'},

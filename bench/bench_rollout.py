@@ -208,14 +208,14 @@ def _collate_inputs(n: int = 4096, seed: int = 0):
 
 
 def bench_collate(repeats: int) -> list[dict]:
-    import agentrl as arl
+    from agentrl.collate import collate     # not arl.collate: importing agentrl.collate elsewhere shadows it
     from torch.nn.utils.rnn import pad_sequence
     trajs = _collate_inputs()
     n_tok = sum(len(t.ids) for t in trajs)
 
     def ours():
         t0 = _clock()
-        arl.collate(trajs, 0)
+        collate(trajs, 0)
         return _clock() - t0
 
     def reference():
@@ -298,9 +298,9 @@ def _memory_child(n: int, max_active: int | None, cache: bool, warm: bool) -> di
 LIVE_MALLOC = {'MALLOC_MMAP_THRESHOLD_': '131072', 'MALLOC_TRIM_THRESHOLD_': '131072'}
 
 
-def _memory(n: int, max_active: int | None, cache: bool = True, live: bool = True) -> dict:
+def _memory(n: int, max_active: int | None, live: bool, warm: bool, cache: bool = True) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), '--memory-child', str(n), str(max_active or 0),
-           str(int(cache)), str(int(live)), '--threads', str(torch.get_num_threads())]
+           str(int(cache)), str(int(warm)), '--threads', str(torch.get_num_threads())]
     env = dict(os.environ, **(LIVE_MALLOC if live else {}))
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
@@ -309,14 +309,19 @@ def _memory(n: int, max_active: int | None, cache: bool = True, live: bool = Tru
 
 
 def bench_memory(configs) -> list[dict]:
-    """Peak memory rows for ``(max_active, live)`` configurations of a 1,024-episode cached rollout."""
+    """Peak memory rows of a 1,024-episode cached rollout for ``(max_active, live, warm)`` settings.
+
+    live: glibc returns freed blocks (:data:`LIVE_MALLOC`), so the resident set follows live
+    memory; otherwise default malloc, whose kept free blocks count too. warm: measured after a
+    warm-up rollout of up to 4 x max_active episodes (one-off caches excluded); otherwise after 4.
+    """
     rows = []
-    for max_active, live in configs:
-        m = _memory(1024, max_active, live=live)
+    for max_active, live, warm in configs:
+        m = _memory(1024, max_active, live, warm)
         size = m['traj_bytes'] + m['model_bytes']
-        label = f"{'all' if max_active is None else max_active}_{'live' if live else 'first'}"
-        how = ('after a warm-up rollout, glibc returning freed blocks (live memory)' if live else
-               'first rollout of a fresh process, default malloc (what the OS sees, incl. one-off caches)')
+        label = f"{'all' if max_active is None else max_active}_{'live' if live else 'malloc'}"
+        how = ('glibc returning freed blocks (live memory)' if live else 'default malloc (what the OS sees)') + \
+            (', after a warm-up rollout' if warm else ', first large rollout of a fresh process')
         rows.append(_row(f'peak_mem_1024_active_{label}_MB', round(m['peak_increase'] / 2**20, 1), 'MB',
                          f"{how}; max_active={max_active}; {m['tokens']} tokens in {m['seconds']:.2f} s; "
                          f"returned trajectories {m['traj_bytes'] / 2**20:.1f} MB "
@@ -348,17 +353,20 @@ def bench_rollouts(quick: bool, repeats: int) -> list[dict]:
              _row('rollout_64_batch_cached_speedup', round(best['seq'] / best['cached'], 1), 'x',
                   'sequential / batched cached')]
 
-    # 256 episodes: the targets
+    # 256 episodes: the targets (quick: one round, the sequential time scaled from the 64 above)
     ts = _tasks(tasks, 256)
-    n_seq = 64 if quick else 256
-    seq_scale = 256 / n_seq
-    best = _best_of({'seq': lambda: _sequential(arl, model, tok, ts[:n_seq], False)[0] * seq_scale,
-                     'batch': lambda: _batch(arl, model, tok, ts, False)[0],
-                     'cached': lambda: _batch(arl, model, tok, ts, True)[0]}, repeats)
+    seq64 = best['seq']
+    variants = {'batch': lambda: _batch(arl, model, tok, ts, False)[0],
+                'cached': lambda: _batch(arl, model, tok, ts, True)[0]}
+    if not quick:
+        variants['seq'] = lambda: _sequential(arl, model, tok, ts, False)[0]
+    best = _best_of(variants, 1 if quick else repeats)
+    if quick:
+        best['seq'] = seq64 * 4
+    seq_note = '256 x rollout(cache=False)' if not quick else 'the 64 sequential episodes above, times 4'
     _, trajs = _batch(arl, model, tok, ts, True)
     n_tok = sum(len(t.ids) for t in trajs)
     n_act = int(sum(t.action_mask.sum() for t in trajs))
-    seq_note = '256 x rollout(cache=False)' if n_seq == 256 else f'{n_seq} x rollout(cache=False), times {seq_scale:g}'
     r_seq, r_batch = best['seq'] / best['cached'], best['batch'] / best['cached']
     rows += [_row('rollout_256_sequential_kvfree_s', round(best['seq'], 3), 's', seq_note),
              _row('rollout_256_batch_kvfree_s', round(best['batch'], 3), 's', 'rollout_batch(cache=False)'),
@@ -370,27 +378,39 @@ def bench_rollouts(quick: bool, repeats: int) -> list[dict]:
              _row('rollout_256_cached_vs_batch_kvfree', round(r_batch, 1), 'x', 'batched KV-free / batched cached',
                   '>= 4', r_batch >= 4)]
 
-    # overhead: the whole rollout against its forward passes alone
-    rec = _Recorder(model)
-    gen = torch.Generator().manual_seed(0)
-    arl.rollout_batch(rec, [arl.BugFixEnv() for _ in ts], ts, tok, generator=gen)
-    fwd = math.inf
-    for _ in range(repeats):
-        spent, fed = _replay(model, rec.log)
-        fwd = min(fwd, spent)
-    total = best['cached']
-    n_ext = sum(op[0] == 'extend' for op in rec.log)
-    parts = min((_breakdown(arl, model, tok, ts) for _ in range(repeats)), key=lambda d: d['total'])
+    # overhead: the whole rollout against its forward passes alone, interleaved round by round
+    rounds = 1 if quick else repeats
+    total, fwd, n_ext, fed = _overhead(arl, model, tok, ts, rounds)
+    parts = min((_breakdown(arl, model, tok, ts) for _ in range(rounds)), key=lambda d: d['total'])
     order = ['forward', 'sampling', 'env', 'episode', 'records', 'cache_rows', 'driver']
-    rows.append(_row('rollout_256_breakdown_forward_share', round(parts['forward'] / parts['total'], 2), '',
-                     'one instrumented cached rollout: ' + ', '.join(f'{k} {parts[k]:.3f} s' for k in order) +
-                     f" (total {parts['total']:.3f} s; sampling = sample_next, env = BugFixEnv.step, episode = "
-                     'Episode.act minus env, records = make_trajectory, cache_rows = KVCache.keep)'))
-    rows += [_row('forward_alone_256_s', round(fwd, 3), 's',
-                  f'{n_ext} recorded extend calls replayed, {fed} tokens fed'),
+    rows += [_row('rollout_256_breakdown_forward_share', round(parts['forward'] / parts['total'], 2), '',
+                  'one instrumented cached rollout: ' + ', '.join(f'{k} {parts[k]:.3f} s' for k in order) +
+                  f" (total {parts['total']:.3f} s; sampling = sample_next, env = BugFixEnv.step, episode = "
+                  'Episode.act minus env, records = make_trajectory, cache_rows = KVCache.keep)'),
+             _row('forward_alone_256_s', round(fwd, 3), 's',
+                  f'{n_ext} recorded extend calls replayed, {fed} tokens fed; rollout {total:.3f} s in the same rounds'),
              _row('overhead_256', round(total / fwd, 2), 'x', 'cached rollout time / its forward passes alone',
                   '<= 1.3', total / fwd <= 1.3)]
+    if not quick:             # the same machinery around a model 16x wider in compute
+        torch.manual_seed(0)
+        big = arl.TinyAgent(tok.vocab_size, d_model=256, n_layers=4, n_heads=8).eval()
+        total, fwd, _, _ = _overhead(arl, big, tok, ts, repeats)
+        rows.append(_row('overhead_256_d256_4layers', round(total / fwd, 2), 'x',
+                         f'same rollout with TinyAgent(d_model=256, n_layers=4, n_heads=8): rollout {total:.3f} s, '
+                         f'forward alone {fwd:.3f} s (the non-model cost is fixed)'))
     return rows
+
+
+def _overhead(arl, model, tok, ts, repeats):
+    """Best cached rollout time and best forward-alone replay time, measured in alternating rounds."""
+    rec = _Recorder(model)
+    arl.rollout_batch(rec, [arl.BugFixEnv() for _ in ts], ts, tok, generator=torch.Generator().manual_seed(0))
+    total = fwd = math.inf
+    for _ in range(repeats):
+        total = min(total, _batch(arl, model, tok, ts, True)[0])
+        spent, fed = _replay(model, rec.log)
+        fwd = min(fwd, spent)
+    return total, fwd, sum(op[0] == 'extend' for op in rec.log), fed
 
 
 # ----------------------------------------------------------------------------- scaling curves
@@ -520,9 +540,10 @@ def run(quick: bool = False) -> list[dict]:
     threads = torch.get_num_threads()
     repeats = 2 if quick else 3
     rows = bench_rollouts(quick, repeats)
-    rows += bench_collate(repeats)
-    rows += bench_memory([(32, True)] if quick else
-                         [(None, True), (256, True), (64, True), (32, True), (16, True), (None, False), (16, False)])
+    rows += bench_collate(1 if quick else repeats)
+    rows += bench_memory([(32, True, False)] if quick else
+                         [(None, True, True), (256, True, True), (64, True, True), (32, True, True),
+                          (16, True, True), (None, False, False), (32, False, False)])
     for r in rows:
         r['notes'] = (r['notes'] + f'; {threads} thread(s)') if r['notes'] else f'{threads} thread(s)'
     return rows

@@ -505,3 +505,17 @@ def test_rollout_output_passes_check(tmp_path, tok, capsys):
     report = capsys.readouterr().out
     assert 'records          24  (refused 0, scripted 12)' in report
     assert 'records: match 12' in report and report.rstrip().endswith('result: OK')
+
+
+def test_end_of_turn_rule_exempts_turns_cut_at_the_token_limit():
+    # prompt, policy turn 0 cut at max_new_tokens, then the template closes it with EOS (id 99)
+    def record(info):
+        return Trajectory.from_tokens([11, 12, 21, 22, 99, 13], ['prompt', 'prompt', 'policy', 'policy', 'template', 'prompt'],
+                                      [-1, -1, 0, 0, 0, 0], [0.0, 0.0, -0.5, -0.25, 0.0, 0.0], 0.0, info,
+                                      provenance=Provenance(policy='hf', sampling=SamplingSpec()))
+    exp = {'eot_ids': (99,)}
+    with pytest.raises(checks.EndOfTurnNotTrainedError, match=r'end-of-turn token ids\[4\]=99'):
+        checks.validate(record({}), exp)
+    checks.validate(record({'template': {'unterminated_turns': [0]}}), exp)
+    with pytest.raises(checks.EndOfTurnNotTrainedError):       # another turn's exemption does not apply
+        checks.validate(record({'template': {'unterminated_turns': [1]}}), exp)

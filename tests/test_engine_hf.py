@@ -110,17 +110,19 @@ def test_padded_rows_equal_unpadded_runs(model, template):
         alone = [s.sample([p], teacher=[c])[0] for p, c in zip(prompts, cont)]
         assert [t.ids for t in batched] == cont
         assert max_diff(batched, alone) < 1e-5
-    # the whole padded sequence, every position, against the unpadded forward pass
+    # one left-padded forward pass over prompt + continuation against each unpadded pass: the last
+    # hidden state at every real position, and the log-probs of every continuation position
     full = [p + c for p, c in zip(prompts, cont)]
-    L = max(map(len, full))
+    L, k = max(map(len, full)), len(cont[0])
     ids = torch.tensor([[0] * (L - len(f)) + f for f in full])
     mask = torch.tensor([[0] * (L - len(f)) + [1] * len(f) for f in full])
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        padded = model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.log_softmax(-1)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, logits_to_keep=k, output_hidden_states=True)
         for b, f in enumerate(full):
-            one = model(input_ids=torch.tensor([f])).logits.log_softmax(-1)[0]
-            assert (padded[b, L - len(f):] - one).abs().max() < 1e-5
+            one = model(input_ids=torch.tensor([f]), logits_to_keep=k, output_hidden_states=True)
+            assert (out.hidden_states[-1][b, L - len(f):] - one.hidden_states[-1][0]).abs().max() < 1e-5
+            assert (out.logits[b].log_softmax(-1) - one.logits[0].log_softmax(-1)).abs().max() < 1e-5
 
 
 def test_batched_and_one_by_one_give_the_same_logprobs(model, template):
@@ -135,9 +137,9 @@ def test_batched_and_one_by_one_give_the_same_logprobs(model, template):
             assert [t.ids for t in alone] == teacher
             assert max_diff(batched, alone) < 1e-5
         # the per-episode generators make one-by-one sampling draw the same ids (near-uniform model:
-        # a draw on a CDF boundary may rarely pick a neighbour, so most rows, not all)
+        # a draw within rounding of a CDF boundary may pick a neighbour, so most rows, not all)
         redo = [s.sample([p], gens([g]))[0].ids for p, g in zip(prompts, [11, 12, 13, 14])]
-        assert sum(r == t for r, t in zip(redo, teacher)) >= 3
+        assert sum(r == t for r, t in zip(redo, teacher)) >= 2
 
 
 def test_sampled_logp_is_the_processed_logprob(model, template):
@@ -153,6 +155,14 @@ def test_sampled_logp_is_the_processed_logprob(model, template):
         assert (want - torch.tensor(t.logp, dtype=torch.float64)).abs().max() < 1e-4
         if any(i not in template.stop_ids for i in t.ids):   # non-stop tokens: the nucleus renormalises
             assert (want - raw).abs().max() > 1e-3
+    # logp_mode='raw': the same draw, the unmodified log-softmax stored
+    raw_spec = dataclasses.replace(T07, logp_mode='raw')
+    r = hf.HFSampler(model, template.stop_ids, raw_spec, max_new_tokens=12).sample([prompt] * 3, gens([1, 2, 3]))
+    assert [t.ids for t in r] == [t.ids for t in turn]
+    for t in r:
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + t.ids])).logits[0, len(prompt) - 1:-1]
+        assert (replay_logp(logits, torch.tensor(t.ids), raw_spec) - torch.tensor(t.logp).double()).abs().max() < 1e-4
 
 
 def test_stop_token_is_kept_and_budget_cut_is_truncated(model, template):
@@ -225,10 +235,10 @@ def test_provenance_of_hf_records(episodes_t1, tok, template, model_dir):
         assert p.policy == 'hf' and p.sampling == T1 and not p.logp_placeholder
         assert p.tokenizer == tokenizer_fingerprint(tok) and p.template == template.fingerprint
         assert p.model == str(model_dir.resolve()) and p.seed == hf.episode_seed(3, i)
-        # a turn cut at its budget is closed by a template-owned <|im_end|> (the chat needs it), which
-        # the validator's end-of-turn rule cannot tell from a mislabelled sampled one: check it on the others
-        eot = () if traj.info['truncated_turns'] else (IM_END,)
-        arl.validate(traj, {'tokenizer': p.tokenizer, 'template': p.template, 'eot_ids': eot})
+        # a turn cut at its budget is closed by a template-owned <|im_end|>; the validator knows it from
+        # info['template']['unterminated_turns'] and still checks every sampled end-of-turn token
+        arl.validate(traj, {'tokenizer': p.tokenizer, 'template': p.template, 'eot_ids': (IM_END,)})
+    assert any(t.info['truncated_turns'] for t in episodes_t1), 'the fixture should include a cut turn'
 
 
 def test_function_calls_drive_the_gym(model, tok, template, tasks):
@@ -250,10 +260,12 @@ def test_function_calls_drive_the_gym(model, tok, template, tasks):
                                template=template, max_new_tokens=64)
     traj = trajs[0]
     assert tasks[0].name == 'clamp' and traj.reward == 1.0 and traj.info['stop'] == 'submitted'
-    assert traj.info['actions'] == ['<call> read </call>', '', '<call> edit swap_minmax </call>', '<call> submit </call>']
+    assert traj.info['actions'] == ['<call> read </call>', '', '<call> edit swap_minmax </call>',
+                                    '<call> submit </call>']
     assert traj.info['tool_calls'][1] == [{'name': 'fix', 'arguments': {}}]
     tool = [tok.decode(traj.ids[(traj.turn == k) & (traj.owner == OWNER['tool'])].tolist()) for k in range(3)]
-    assert tool == [arl.compact_source(arl.CLAMP_BUGGY), 'error : malformed call', 'ok']
+    assert [t.strip() for t in tool] == [arl.compact_source(arl.CLAMP_BUGGY).strip(), 'error : malformed call', 'ok']
+    assert traj.ids[-1] == IM_END and traj.info['template']['unterminated_turns'] == []
     assert hf.replay_records(model, trajs).ok
 
 
@@ -307,8 +319,8 @@ def test_step0_at_t07_top_p09(model, tok, template, tasks):
     rep = hf.replay_records(model, trajs)
     assert rep.ok and _max_abs(rep) < 1e-4
     # the stored values are the nucleus log-probs: replaying them at T=0.7 without top_p does not match
-    other = [dataclasses.replace(t, provenance=dataclasses.replace(t.provenance, sampling=SamplingSpec(temperature=0.7)))
-             for t in trajs]
+    t07 = SamplingSpec(temperature=0.7)
+    other = [dataclasses.replace(t, provenance=dataclasses.replace(t.provenance, sampling=t07)) for t in trajs]
     assert not hf.replay_records(model, other).ok
 
 
@@ -318,12 +330,12 @@ def test_step0_per_turn_contexts_when_not_prefix_stable(model, tok, spec):
     scored against its own sampling context and still matches."""
     template = ChatTemplate(tok)                                        # thinking mode (Qwen3's default)
     s = hf.HFSampler(model, template.stop_ids, spec, max_new_tokens=24)
-    recs = [ChatRecorder(template, [{'role': 'user', 'content': f'Question {i}?'}]) for i in range(6)]
+    recs = [ChatRecorder(template, [{'role': 'user', 'content': f'Question {i}?'}]) for i in range(4)]
 
     def respond(i, turn, text):
         return hf.Reply(messages=[{'role': 'user', 'content': 'And one more thing?'}], action=text)
 
-    trajs = hf.run_chat_episodes(s, recs, respond, seeds=range(6), max_turns=3)
+    trajs = hf.run_chat_episodes(s, recs, respond, seeds=range(4), max_turns=3)
     split = [t for t in trajs if t.turn_contexts is not None]
     assert split, 'no episode sampled reasoning that the template strips'
     assert all(not t.info['template']['prefix_stable'] for t in split)
@@ -331,7 +343,7 @@ def test_step0_per_turn_contexts_when_not_prefix_stable(model, tok, spec):
     assert rep.ok and _max_abs(rep) < 1e-4
     assert sum(' turn ' in r.key for r in rep.records) >= 3
     # one forward pass over the final sequence scores earlier turns in the wrong context
-    flat = hf.replay_records(model, [dataclasses.replace(t, turn_contexts=None) for t in split])
+    flat = hf.replay_records(model, [dataclasses.replace(t, turn_contexts=None) for t in split[:1]])
     assert not flat.ok
 
 
@@ -344,7 +356,7 @@ def test_drift_experiment_reports_first_differing_tokens(model, tok):
         if s.drifted:
             assert s.ids[:s.at] == s.reencoded[:s.at] and s.ids[s.at] != s.reencoded[s.at]
             assert s.sampled_tokens == tok.convert_ids_to_tokens(s.ids[s.at:s.at + 2])
-    assert f'of 4 samples drift' in exp.format()
+    assert 'of 4 samples drift' in exp.format()
 
 
 def test_drift_rate_counts_the_chapter_example(tok):
@@ -372,10 +384,11 @@ def test_cli_make_test_model(tmp_path, capsys):
     assert 'has no tokenizer_config.json' in capsys.readouterr().err
 
 
-def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys):
+def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)     # CPU only, like the replay below
     out = tmp_path / 'run'
     assert cli('rollout', '--engine', 'hf', '--model', model_dir, '--split', 'heldout', '--repeats', '1',
-               '--max-new-tokens', '12', '--max-turns', '2', '--temperature', '0.7', '--top-p', '0.9',
+               '--max-new-tokens', '8', '--max-turns', '2', '--temperature', '0.7', '--top-p', '0.9',
                '--out', out) == 0
     assert 'wrote 6 episodes to' in capsys.readouterr().out
     summary = json.loads((out / 'summary.json').read_text())
@@ -401,7 +414,17 @@ def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys):
     (['drift', '--model', '/nonexistent'], "--model '/nonexistent' has no config.json"),
 ])
 def test_cli_bad_input_is_one_line(argv, message, model_dir, tmp_path, capsys):
-    argv = [a.replace('{model}', str(model_dir)) for a in argv] + (['--out', str(tmp_path)] if argv[0] == 'rollout' else [])
+    argv = [a.replace('{model}', str(model_dir)) for a in argv]
+    argv += ['--out', str(tmp_path)] if argv[0] == 'rollout' else []
     assert cli(*argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(f'agentrl: error: {message}') and len(err.strip().splitlines()) == 1
+
+
+def test_run_chat_episodes_refuses_a_reply_without_messages(model, template):
+    s = hf.HFSampler(model, template.stop_ids, T1, max_new_tokens=2)
+    rec = ChatRecorder(template, [{'role': 'user', 'content': 'Hi.'}])
+    with pytest.raises(ValueError, match='respond returned no messages for running episode 0'):
+        hf.run_chat_episodes(s, [rec], lambda i, turn, text: hf.Reply(), seeds=[0], max_turns=2)
+    with pytest.raises(ValueError, match='max_turns must be >= 1'):
+        hf.run_chat_episodes(s, [rec], lambda i, turn, text: hf.Reply(), max_turns=0)

@@ -40,7 +40,14 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ['__version__']
 
 
+#: subpackages and modules reachable as ``arl.<name>`` without an explicit import
+_SUBMODULES = {'record', 'tokenizer', 'gym', 'model', 'rollouts', 'batching', 'templates', 'checks', 'stats',
+               'store', 'viz', 'train', 'engines', 'cli'}
+
+
 def __getattr__(name):
+    if name in _SUBMODULES:
+        return import_module(f'.{name}', __name__)
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'agentrl' has no attribute {name!r}")

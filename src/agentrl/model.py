@@ -75,9 +75,10 @@ class KVCache:
 
     Row ``b`` holds the keys and values of its first ``lengths[b]`` tokens; rows may differ in
     length (episodes at different points) and rows can be dropped (:meth:`keep`) when their
-    episodes end. Memory grows with the longest row: the position axis is extended in chunks of
-    ``chunk`` positions as rows grow (never preallocated at ``max_len``) and trimmed by
-    :meth:`keep`. Build one with :meth:`TinyAgent.new_cache`; fill it with :meth:`TinyAgent.extend`.
+    episodes end. Memory grows with the longest row: the position axis is extended as rows grow
+    (:meth:`reserve`: by at least 1.25x, in multiples of ``chunk`` positions; never preallocated at
+    ``max_len``) and trimmed by :meth:`keep`. About ``n_layers * 2 * d_model * 4`` bytes per
+    position and row (1 KB for the default TinyAgent). Build one with :meth:`TinyAgent.new_cache`; fill it with :meth:`TinyAgent.extend`.
 
     Attributes:
         k, v: one ``[B, H, S, Dh]`` float tensor per block (``S`` = capacity >= longest row).
@@ -112,11 +113,16 @@ class KVCache:
         return sum(t.numel() * t.element_size() for t in self.k + self.v)
 
     def reserve(self, need: int) -> None:
-        """Grow the position axis to hold ``need`` positions (rounded up to ``chunk``, capped at max_len)."""
+        """Grow the position axis to hold ``need`` positions.
+
+        The new capacity is ``need`` or 1.25x the old capacity, whichever is larger, rounded up to
+        ``chunk`` and capped at ``max_len``: at most about 1.25x the longest row plus a chunk, and
+        the copies made by growing add up to O(longest row) per row.
+        """
         cap = self.capacity
         if need <= cap:
             return
-        new = min(self.max_len, -(-need // self.chunk) * self.chunk)
+        new = min(self.max_len, -(-max(need, cap + cap // 4) // self.chunk) * self.chunk)
         for kv in (self.k, self.v):             # one tensor at a time: peak = cache + one tensor
             for i, t in enumerate(kv):
                 kv[i] = torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], new - cap, t.shape[3])], dim=2)
@@ -357,7 +363,7 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
         logp_all = torch.log_softmax(logits, dim=-1)
         ids = logp_all.argmax(dim=-1)
     else:
-        logp_all = torch.log_softmax(logits / temperature, dim=-1)
+        logp_all = torch.log_softmax(logits if temperature == 1 else logits / temperature, dim=-1)  # x/1 == x
         ids = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
     return ids, logp_all.gather(-1, ids[:, None]).squeeze(-1)
 

@@ -31,6 +31,17 @@ _POLICY = OWNER['policy']
 _FIX_MASK = 'derive the mask from owner with Trajectory.from_tokens (action_mask[j] = owner[j+1] == policy)'
 
 
+def _unterminated_turns(record) -> list[int]:
+    """Turns the recorder marked as cut off without a sampled end-of-turn token.
+
+    Source: ``ChatRecorder`` writes ``info['template']['unterminated_turns']``.
+    """
+    info = getattr(record, 'info', None) or {}
+    template = info.get('template') if isinstance(info, dict) else None
+    turns = template.get('unterminated_turns') if isinstance(template, dict) else None
+    return [int(k) for k in turns] if isinstance(turns, (list, tuple)) else []
+
+
 @dataclass(frozen=True)
 class Expected:
     """What the consumer expects of every record; None / empty disables that check.
@@ -175,6 +186,10 @@ def find_problems(record: Trajectory, expected=None, *, require_provenance: bool
         if exp.eot_ids:
             is_eot = torch.isin(ids[1:], torch.tensor(exp.eot_ids, dtype=torch.long))
             eot_bad = is_eot & (owner[:-1] == _POLICY) & (mask == 0) & binary & ~pad
+            cut = _unterminated_turns(record)
+            if cut and getattr(record, 'turn', None) is not None:
+                # a turn cut at max_new_tokens was closed by the template, not sampled
+                eot_bad &= ~torch.isin(torch.as_tensor(record.turn)[:-1], torch.tensor(cut, dtype=torch.long))
             add(EndOfTurnNotTrainedError, eot_bad,
                 lambda j: f'is 0 at the end-of-turn token ids[{j + 1}]={int(ids[j + 1])} (owner {name(j)}) that '
                           'ends a policy turn; the policy sampled it, so it must learn to stop',

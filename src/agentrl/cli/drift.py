@@ -84,8 +84,9 @@ def register(sub) -> None:
 
 def _tokenizer_for_records(opts: DriftOptions, records):
     from .main import UserError
-    from ..engines.hf import load_model  # noqa: F401  (checks the extra)
+    from ..engines.hf import require_transformers
     from ..templates import load_tokenizer
+    require_transformers('agentrl drift --records')
     path = opts.tokenizer or opts.model
     if path is None:
         models = {r.provenance.model for r in records if r.provenance is not None and r.provenance.model}

@@ -96,6 +96,8 @@ class RolloutOptions:
                                 '`agentrl make-test-model OUT` builds a small one')
             if self.workers or self.resume:
                 raise UserError('--engine hf runs in this process; drop --workers/--resume')
+            if self.checkpoint:
+                raise UserError('--checkpoint is a TinyAgent checkpoint; with --engine hf pass --model DIR')
             if self.max_new_tokens < 1:
                 raise UserError(f'--max-new-tokens must be >= 1, got {self.max_new_tokens}')
             try:

@@ -24,7 +24,8 @@ from .replay import expand_turns, replay_records, score_rows
 from .sampler import HFSampler, SampledTurn, draw, processed_log_probs
 
 __all__ = ['HFSampler', 'SampledTurn', 'processed_log_probs', 'draw',
-           'Reply', 'run_chat_episodes', 'bugfix_rollouts', 'bugfix_job', 'bugfix_opening', 'parse_tool_calls', 'gym_call',
+           'Reply', 'run_chat_episodes', 'bugfix_rollouts', 'bugfix_job', 'bugfix_opening', 'parse_tool_calls',
+           'gym_call',
            'episode_seed', 'replay_records', 'score_rows', 'expand_turns',
            'drift_experiment', 'DriftExperiment', 'DriftSample', 'drift_rate', 'DriftRate', 'DRIFT_PROMPT',
            'make_test_model', 'load_model', 'default_tokenizer_dir', 'model_id', 'require_transformers']

@@ -33,6 +33,8 @@ class DriftSample:
         drifted: ``reencoded != ids``.
         at: first differing position (None when not drifted).
         sampled_tokens, reencoded_tokens: the two tokens from ``at`` on each side (token strings).
+
+    Source: book chapter 5.4.
     """
     index: int
     ids: list
@@ -55,6 +57,8 @@ class DriftExperiment:
     Attributes:
         samples: one :class:`DriftSample` per continuation.
         spec: the sampler. prompt_len: prompt tokens. tokens: the token budget per sample.
+
+    Source: book chapter 5.4 (one of eight 128-token Qwen3-0.6B samples drifted).
     """
     samples: list
     spec: SamplingSpec
@@ -142,7 +146,9 @@ class DriftRate:
         drifting_spans: spans whose decode/re-encode differs from the sampled ids.
         affected_tokens: policy tokens from each drifting span's first difference to its end
             (what a re-encoding trainer would score wrongly).
-        examples: up to 10 :class:`~agentrl.templates.SpanDrift` (record index, drift).
+        examples: up to ``max_examples`` ``(record index, SpanDrift)`` pairs.
+
+    Source: book chapter 5.4.
     """
     records: int
     spans: int
@@ -167,7 +173,8 @@ class DriftRate:
                  f'drifting spans: {self.drifting_spans} ({self.per_1000:.2f} per 1,000 policy tokens); '
                  f'affected tokens: {self.affected_tokens} ({self.affected_per_1000:.1f} per 1,000)']
         for r, d in self.examples:
-            lines.append(f'  record {r} turn {d.turn}: drift at token {d.at}: sampled {d.sampled} -> re-encoded {d.other}')
+            lines.append(f'  record {r} turn {d.turn}: drift at token {d.at}: sampled {d.sampled} '
+                         f'-> re-encoded {d.other}')
         return '\n'.join(lines)
 
 

@@ -39,6 +39,8 @@ class Reply:
         reward: the episode reward (read when ``done``).
         info: the final info (read when ``done``).
         action: what the turn meant to the environment (kept in ``info['actions']``).
+
+    Source: book chapter 4 (``env.step`` returns observation, reward, done, info).
     """
     messages: list = field(default_factory=list)
     done: bool = False
@@ -90,7 +92,8 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
 
     Raises:
         ValueError: ``max_turns < 1``; ``seeds`` of another length than ``recorders``; an opening
-            prompt that leaves no room for a turn within ``max_context``; as ``ChatRecorder`` and
+            prompt that leaves no room for a turn within ``max_context``; a reply without messages
+            for an episode that goes on; as ``ChatRecorder`` and
             ``HFSampler.sample`` (e.g. a sampled id outside the tokenizer's vocabulary).
 
     Source: issue 5, item 2; book chapter 5.6-5.8 (truncation gives reward 0 and is recorded).
@@ -140,6 +143,9 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
                     end(i, reply.reward, reply.info)
                 elif turn + 1 >= max_turns:
                     end(i, 0.0, reply.info, 'truncated')
+                elif not reply.messages:
+                    raise ValueError(f'run_chat_episodes: respond returned no messages for running episode {i} '
+                                     f'(turn {turn}); answer each turn with a tool or user message, or done=True')
                 else:
                     rec.add_messages(reply.messages)
         live = [i for i in live if not state[i]['done']]
@@ -325,7 +331,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
 
 
 def _pad_id(tokenizer, model) -> int:
-    for cand in (getattr(tokenizer, 'pad_token_id', None), getattr(getattr(model, 'config', None), 'pad_token_id', None),
+    config = getattr(model, 'config', None)
+    for cand in (getattr(tokenizer, 'pad_token_id', None), getattr(config, 'pad_token_id', None),
                  getattr(tokenizer, 'eos_token_id', None)):
         if cand is not None:
             return int(cand)

@@ -237,7 +237,8 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
     for text, rate in wanted.items():
         ids = tok(text, add_special_tokens=False)['input_ids']
         if len(ids) != 1:
-            raise ValueError(f'make_test_model: token_rates key {text!r} encodes to {len(ids)} tokens; use single tokens')
+            raise ValueError(f'make_test_model: token_rates key {text!r} encodes to {len(ids)} tokens; '
+                             'use single tokens')
         if not 0.0 < float(rate) < 1.0:
             raise ValueError(f'make_test_model: the rate of {text!r} must be in (0, 1), got {rate}')
         rates[ids[0]] = float(rate)

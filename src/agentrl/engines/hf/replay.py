@@ -12,7 +12,9 @@ import torch
 
 from ...checks.replay import (TOKEN_KINDS, RatioStats, RecordReplay, ReplayReport, classify_tokens, replay_logp,
                               require_sampled)
-from ...collate import collate
+# through the package's lazy export: importing the submodule ``agentrl.collate`` first would leave
+# ``agentrl.collate`` bound to the module instead of the function
+from ... import collate
 from ...templates import turn_records
 
 __all__ = ['score_rows', 'replay_records', 'expand_turns']
