@@ -3,7 +3,7 @@
 ``run(quick)`` returns rows ``{name, value, unit, target, ok, notes}`` for ``bench/run.py``; run
 this file directly to print them, or to draw the scaling curves::
 
-    .venv/bin/python bench/bench_rollout.py [--quick] [--scaling] [--threads 1]
+    .venv/bin/python bench/bench_rollout.py [--quick] [--scaling] [--threads 1] [--clock wall|cpu]
 
 What is measured (untrained TinyAgent, BugFix gym, temperature 1; every ratio is taken side by
 side in one process, each variant timed in turn and the best of ``repeats`` rounds kept, so
@@ -23,9 +23,11 @@ load from other processes on the shared machine hits all variants alike):
 * ``peak_mem_1024_*``: peak memory of a 1,024-episode rollout, measured in a fresh subprocess:
   the kernel's resident-set high-water mark (``VmHWM``, reset through ``/proc/self/clear_refs``
   after imports and a warm-up) minus the resident set before the rollout. It sees every
-  allocation (torch's CPU allocator and Python objects alike), unlike ``tracemalloc``. Compared
-  with the size of the returned trajectories (tensor storage plus their Python objects, walked
-  object by object) plus the model's parameters.
+  allocation (torch's CPU allocator and Python objects alike), unlike ``tracemalloc``. "live"
+  rows run with glibc told to unmap and trim freed blocks (:data:`LIVE_MALLOC`) after a warm-up
+  rollout; "malloc" rows are the first large rollout with default malloc. Compared with the size
+  of the returned trajectories (tensor storage plus their Python objects, walked object by
+  object) plus the model's parameters, for several ``max_active`` (live rows) settings.
 * ``--scaling``: rollout time against the number of episodes (64 to 1024) and against the context
   length (``max_len`` 128 to 1024), saved as ``bench/scaling.png`` (``scaling.svg`` when
   matplotlib is missing). The untrained policy's episodes stop after 6 turns (about 73 tokens), so
@@ -325,7 +327,8 @@ def bench_memory(configs) -> list[dict]:
         rows.append(_row(f'peak_mem_1024_active_{label}_MB', round(m['peak_increase'] / 2**20, 1), 'MB',
                          f"{how}; max_active={max_active}; {m['tokens']} tokens in {m['seconds']:.2f} s; "
                          f"returned trajectories {m['traj_bytes'] / 2**20:.1f} MB "
-                         f"({m['traj_tensor_bytes'] / 2**20:.1f} MB tensor data) + model {m['model_bytes'] / 2**20:.2f} MB",
+                         f"({m['traj_tensor_bytes'] / 2**20:.1f} MB tensor data) + "
+                         f"model {m['model_bytes'] / 2**20:.2f} MB",
                          f'<= {2 * size / 2**20:.1f} MB (2x)', m['peak_increase'] <= 2 * size))
         rows.append(_row(f'peak_mem_1024_active_{label}_ratio', round(m['peak_increase'] / size, 2), 'x',
                          'peak increase / (trajectories + model)'))
@@ -388,7 +391,8 @@ def bench_rollouts(quick: bool, repeats: int) -> list[dict]:
                   f" (total {parts['total']:.3f} s; sampling = sample_next, env = BugFixEnv.step, episode = "
                   'Episode.act minus env, records = make_trajectory, cache_rows = KVCache.keep)'),
              _row('forward_alone_256_s', round(fwd, 3), 's',
-                  f'{n_ext} recorded extend calls replayed, {fed} tokens fed; rollout {total:.3f} s in the same rounds'),
+                  f'{n_ext} recorded extend calls replayed, {fed} tokens fed; '
+                  f'rollout {total:.3f} s in the same rounds'),
              _row('overhead_256', round(total / fwd, 2), 'x', 'cached rollout time / its forward passes alone',
                   '<= 1.3', total / fwd <= 1.3)]
     if not quick:             # the same machinery around a model 16x wider in compute
@@ -531,7 +535,8 @@ def run(quick: bool = False) -> list[dict]:
 
     Args:
         quick: fewer repeats, the sequential 256-episode baseline extrapolated from 64 episodes,
-            one memory configuration (about 25 s in all on the 2-core machine).
+            one memory configuration (about 15 s in all on the 2-core machine; the full run
+            takes about 100 s).
 
     Returns:
         list of rows ``{'name', 'value', 'unit', 'notes'}`` plus ``'target'`` and ``'ok'`` where

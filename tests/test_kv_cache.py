@@ -95,8 +95,8 @@ def test_property_cached_rollout_equals_kv_free(tasks, tok, untrained, task, see
 
 def test_untrained_64_cached_matches_reference_and_recomputation(tasks, tok, untrained):
     ts = [tasks[i % 30] for i in range(64)]
-    ref = arl.rollout_batch(untrained, [arl.BugFixEnv() for _ in ts], ts, tok, generator=torch.Generator().manual_seed(2),
-                            cache=False)
+    ref = arl.rollout_batch(untrained, [arl.BugFixEnv() for _ in ts], ts, tok,
+                            generator=torch.Generator().manual_seed(2), cache=False)
     cached = arl.rollout_batch(untrained, [arl.BugFixEnv() for _ in ts], ts, tok,
                                generator=torch.Generator().manual_seed(2))
     _same(ref, cached)
@@ -210,7 +210,8 @@ def test_property_collate_fast_equals_reference(lengths, seed, pad_id, tensors):
     for i, n in enumerate(lengths):
         owner = torch.randint(0, 4, (n,), generator=g)
         owner[0] = 0
-        ids, turn, logp = torch.randint(0, 300, (n,), generator=g), torch.randint(-1, 6, (n,), generator=g), torch.randn(n, generator=g)
+        ids, turn = torch.randint(0, 300, (n,), generator=g), torch.randint(-1, 6, (n,), generator=g)
+        logp = torch.randn(n, generator=g)
         if not tensors:
             ids, turn, logp = ids.tolist(), turn.tolist(), logp.tolist()
         trajs.append(arl.Trajectory.from_tokens(ids, owner, turn, logp, float(i), {}))

@@ -78,7 +78,13 @@ class KVCache:
     episodes end. Memory grows with the longest row: the position axis is extended as rows grow
     (:meth:`reserve`: by at least 1.25x, in multiples of ``chunk`` positions; never preallocated at
     ``max_len``) and trimmed by :meth:`keep`. About ``n_layers * 2 * d_model * 4`` bytes per
-    position and row (1 KB for the default TinyAgent). Build one with :meth:`TinyAgent.new_cache`; fill it with :meth:`TinyAgent.extend`.
+    position and row (1 KB for the default TinyAgent). Build one with :meth:`TinyAgent.new_cache`;
+    fill it with :meth:`TinyAgent.extend`.
+
+    Args:
+        n_layers: blocks of the model. batch: rows B (>= 0). n_heads, head_dim: H and Dh.
+        max_len: the model's context length. dtype, device: of the key and value tensors.
+        chunk: positions the capacity is rounded up to (>= 1).
 
     Attributes:
         k, v: one ``[B, H, S, Dh]`` float tensor per block (``S`` = capacity >= longest row).
@@ -86,6 +92,9 @@ class KVCache:
         max_len: the model's context length (capacity never exceeds it).
         tokens: free slot for single-row users to remember which ids the cache holds
             (:func:`agentrl.rollouts.generate_call` uses it to check a cache matches its prefix).
+
+    Raises:
+        ValueError: ``batch < 0`` or ``chunk < 1``.
     """
 
     def __init__(self, n_layers: int, batch: int, n_heads: int, head_dim: int, max_len: int,
@@ -244,7 +253,10 @@ class TinyAgent(nn.Module):
 
         Args:
             batch: number of rows B.
-            chunk: growth step of the position axis (positions).
+            chunk: the capacity is rounded up to a multiple of this many positions.
+
+        Returns:
+            :class:`KVCache` with B rows of length 0, in the model's dtype and device.
         """
         p = self.head.weight
         return KVCache(len(self.blocks), batch, self.blocks[0].n_heads, self.d_model // self.blocks[0].n_heads,

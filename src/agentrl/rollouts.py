@@ -280,7 +280,8 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
         list of Trajectory in task order.
 
     Raises:
-        ValueError: ``envs`` and ``tasks`` differ in length, or ``max_active < 1``.
+        ValueError: ``envs`` and ``tasks`` differ in length, ``max_active < 1``, or a prompt plus
+            one call does not fit the model's ``max_len`` (from :class:`Episode`).
     """
     if len(envs) != len(tasks):
         raise ValueError(f'rollout_batch: {len(envs)} envs for {len(tasks)} tasks; pass one env per task')
