@@ -210,7 +210,7 @@ def _collate_inputs(n: int = 4096, seed: int = 0):
 
 
 def bench_collate(repeats: int) -> list[dict]:
-    from agentrl.collate import collate     # not arl.collate: importing agentrl.collate elsewhere shadows it
+    from agentrl.batching import collate
     from torch.nn.utils.rnn import pad_sequence
     trajs = _collate_inputs()
     n_tok = sum(len(t.ids) for t in trajs)

@@ -116,6 +116,31 @@ def run_one(tok, turns: int, repeat: int, tools) -> dict:
     return t
 
 
+def run(quick: bool) -> list[dict]:
+    """bench/run.py entry: a 50-turn Qwen3 tool episode, recorder vs one encode vs re-render each turn."""
+    os.environ.setdefault('HF_HUB_OFFLINE', '1')
+    path = tokenizer_dir(None)
+    if not (path / 'tokenizer_config.json').is_file():
+        return [{'name': 'ChatRecorder 50 turns', 'value': None, 'unit': 'x encode',
+                 'notes': f'skipped: no Qwen3 tokenizer at {path}'}]
+    try:
+        import transformers
+    except ImportError:
+        return [{'name': 'ChatRecorder 50 turns', 'value': None, 'unit': 'x encode',
+                 'notes': 'skipped: transformers not installed (pip install agentrl[hf])'}]
+    transformers.logging.set_verbosity_error()
+    tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    from agentrl.gym import TOOL_SCHEMAS as tools
+    r = run_one(tok, 50, 2 if quick else 7, tools)
+    notes = f"{r['tokens']:,} tokens, encode {r['encode'] * 1e3:.1f} ms"
+    return [{'name': 'ChatRecorder (warm) / one encode, 50 turns', 'value': round(r['warm'] / r['encode'], 2),
+             'unit': 'x', 'target': '<= 2', 'ok': r['warm'] / r['encode'] <= 2, 'notes': notes},
+            {'name': 'ChatRecorder (cold) / one encode, 50 turns', 'value': round(r['cold'] / r['encode'], 2),
+             'unit': 'x', 'notes': notes},
+            {'name': 're-render every turn (O(T^2)) / one encode', 'value': round(r['rerender'] / r['encode'], 2),
+             'unit': 'x', 'notes': notes}]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--turns', type=int, default=50, help='turns of the episode (default 50)')

@@ -51,7 +51,7 @@ def run(quick: bool = False) -> list[dict]:
 
 
 def _measure(quick: bool) -> list[dict]:
-    from agentrl.collate import collate
+    from agentrl.batching import collate
     from agentrl.train import grpo_step
     from agentrl.train.loop import sample_groups
     sft_steps = 30 if quick else 150

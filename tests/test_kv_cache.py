@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import agentrl as arl
 
 arl.collate  # resolve the lazy export before the submodule of the same name is imported below
-from agentrl.collate import _collate_reference, collate  # noqa: E402
+from agentrl.batching import _collate_reference, collate  # noqa: E402
 from agentrl.model import KVCache
 from agentrl.rollouts import supports_kv_cache
 

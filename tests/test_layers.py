@@ -1,6 +1,6 @@
 """The dependency direction is one way: a module imports agentrl modules of its own layer or below.
 
-Layers (design.md): L0 record; L1 tokenizer, gym, model; L2 rollouts, collate, templates;
+Layers (design.md): L0 record; L1 tokenizer, gym, model; L2 rollouts, batching (collate), templates;
 L3 checks, stats; L4 store, viz, engines, train; L5 cli. The gym never imports torch.
 """
 import ast
@@ -9,7 +9,7 @@ from pathlib import Path
 import agentrl
 
 SRC = Path(agentrl.__file__).parent
-LAYER = {'record': 0, 'tokenizer': 1, 'gym': 1, 'model': 1, 'rollouts': 2, 'collate': 2, 'templates': 2,
+LAYER = {'record': 0, 'tokenizer': 1, 'gym': 1, 'model': 1, 'rollouts': 2, 'batching': 2, 'templates': 2,
          'checks': 3, 'stats': 3, 'store': 4, 'viz': 4, 'engines': 4, 'train': 4, 'cli': 5}
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import agentrl as arl
-from agentrl.collate import collate
+from agentrl.batching import collate
 from agentrl.train import (check_ratio_records, clipped_surrogate, group_advantages, grpo_step, kl_penalty,
                            masked_nll, max_ratio_deviation, oracle_demos, token_log_probs)
 from agentrl.train.loop import call_stats, evaluate, run_sft, sample_groups

@@ -21,11 +21,12 @@ _EXPORTS = {
     'scripted_policy': 'gym',
     # L1 tokenizer and model (chapters 3, 5)
     'SPECIALS': 'tokenizer', 'Tokenizer': 'tokenizer', 'build_tokenizer': 'tokenizer',
-    'TinyAgent': 'model', 'sequence_log_probs': 'model', 'sample_next': 'model',
+    'TinyAgent': 'model', 'sequence_log_probs': 'model', 'sample_next': 'model', 'KVCache': 'model',
+    'save_checkpoint': 'model', 'load_checkpoint': 'model',
     # L2 rollout and collate (chapter 5)
     'MAX_CALL_TOKENS': 'rollouts', 'Episode': 'rollouts', 'make_trajectory': 'rollouts',
     'scripted_rollout': 'rollouts', 'generate_call': 'rollouts', 'rollout': 'rollouts',
-    'rollout_batch': 'rollouts', 'pad_rows': 'collate', 'collate': 'collate',
+    'rollout_batch': 'rollouts', 'supports_kv_cache': 'rollouts', 'pad_rows': 'batching', 'collate': 'batching',
     # L2 chat templates (Hugging Face tokenizers; transformers loaded lazily)
     'ChatTemplate': 'templates', 'ChatRecorder': 'templates', 'label_owners': 'templates',
     'audit_prefix_stability': 'templates', 'audit_thinking': 'templates', 'audit_drift': 'templates',

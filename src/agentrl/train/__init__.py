@@ -1,7 +1,7 @@
 """agentrl's own minimal trainer: the proof that the records train (book chapters 6 and 9).
 
 Small pure functions, no trainer class. A user of :mod:`agentrl.rollouts` and
-:mod:`agentrl.collate`: every loss takes a :class:`~agentrl.record.Batch` (``ids``,
+:mod:`agentrl.batching`: every loss takes a :class:`~agentrl.record.Batch` (``ids``,
 ``attention_mask [B, T]``; ``action_mask``, ``sample_logp``, ``turn_ids [B, T-1]``;
 ``rewards [B]``).
 

@@ -290,7 +290,7 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         optimizer: torch optimiser over ``model``'s parameters.
         trajs: ``n_groups * G`` records from ``rollout_batch``, each group consecutive.
         group_size: G.
-        pad_id: the tokenizer's pad id (for :func:`~agentrl.collate.collate`).
+        pad_id: the tokenizer's pad id (for :func:`~agentrl.batching.collate`).
         updates: optimiser updates on this batch (> 1 makes the ratio and the clip matter).
         clip_eps: PPO clip epsilon.
         kl_coef: KL weight; needs ``ref_model`` when > 0.
@@ -313,7 +313,7 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
             :func:`group_advantages`, or when ``ratio_tol`` is exceeded (the records are not exact:
             a shifted ``sample_logp`` or ``action_mask``, or another sampler).
     """
-    from ..collate import collate
+    from ..batching import collate
     check_ratio_records(trajs, temperature)
     if kl_coef > 0 and ref_model is None:
         raise ValueError('grpo_step: kl_coef > 0 needs ref_model (the frozen SFT model)')

@@ -177,7 +177,7 @@ def run_sft(model, demos, tok, steps: int, lr: float, batch_size: int = 0, seed:
         the last step's metrics (``loss``, ``token_acc``, ``action_tokens``, ``grad_norm``), or {}
         when ``steps == 0``.
     """
-    from ..collate import collate
+    from ..batching import collate
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     full = collate(demos, tok.pad_id)

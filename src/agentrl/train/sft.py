@@ -86,7 +86,7 @@ def sft_loss(model, batch: Batch) -> tuple[torch.Tensor, dict]:
 
     Args:
         model: TinyAgent (ids ``[B, T]`` -> logits ``[B, T, V]``).
-        batch: :class:`~agentrl.record.Batch` from :func:`~agentrl.collate.collate`.
+        batch: :class:`~agentrl.record.Batch` from :func:`~agentrl.batching.collate`.
 
     Returns:
         ``(loss, metrics)``: scalar loss (see :func:`masked_nll`) with its graph; metrics

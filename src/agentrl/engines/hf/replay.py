@@ -12,9 +12,9 @@ import torch
 
 from ...checks.replay import (TOKEN_KINDS, RatioStats, RecordReplay, ReplayReport, classify_tokens, replay_logp,
                               require_sampled)
-# through the package's lazy export: importing the submodule ``agentrl.collate`` first would leave
-# ``agentrl.collate`` bound to the module instead of the function
-from ... import collate
+# through the package's lazy export: importing the submodule ``agentrl.batching`` first would leave
+# ``agentrl.batching`` bound to the module instead of the function
+from ...batching import collate
 from ...templates import turn_records
 
 __all__ = ['score_rows', 'replay_records', 'expand_turns']
@@ -103,7 +103,7 @@ def replay_records(model, records, *, pad_id: int = 0, batch_size: int = 8, tol:
     """Recompute every action token's log-prob with a plain forward pass and compare with ``sample_logp``.
 
     Records (or, with ``turn_contexts``, their per-turn records) are right-padded with
-    :func:`agentrl.collate` in batches of ``batch_size``; the logits at each action row are replayed
+    :func:`agentrl.batching` in batches of ``batch_size``; the logits at each action row are replayed
     under the record's own :class:`~agentrl.record.SamplingSpec`
     (:func:`agentrl.checks.classify_tokens`: ``processed`` mode replays temperature and
     truncation). At step 0 every token is a ``match``.
