@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh machine:
-#   make demo   # venv + install + the main job on the BugFix gym
+#   make demo   # venv + install + the main job on the BugFix gym, then a short SFT+GRPO run
 #   make test   # venv + install + the test suite
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -18,6 +18,10 @@ install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/agentrl rollout --out runs/demo
+	$(VENV)/bin/agentrl check runs/demo/trajectories.parquet --model runs/demo/model.pt
+	$(VENV)/bin/agentrl train --sft-steps 150 --grpo-steps 20 --group 8 --out runs/demo/train
+	$(VENV)/bin/agentrl rollout --policy model --checkpoint runs/demo/train/model.pt --out runs/demo/trained
+	$(VENV)/bin/agentrl report runs/demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q
