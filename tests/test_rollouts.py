@@ -141,3 +141,20 @@ def test_property_mask_and_collate_round_trip(tasks, tok, untrained, kinds, task
         assert torch.equal(b.turn_ids[row, :n - 1], t.turn[1:])
         assert float(b.rewards[row]) == t.reward
         assert b.action_mask[row, n - 1:].sum() == 0 and (b.turn_ids[row, n - 1:] == -1).all()
+
+
+@pytest.mark.parametrize('cache', [True, False])
+def test_per_episode_generators_make_episodes_independent_of_the_batch(tasks, tok, untrained, cache):
+    seeds = [11, 22, 33, 44, 55]
+    gens = lambda: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
+    together = arl.rollout_batch(untrained, [arl.BugFixEnv() for _ in seeds], tasks[:5], tok, generators=gens(),
+                                 cache=cache)
+    for b in (0, 3):
+        alone = arl.rollout_batch(untrained, [arl.BugFixEnv()], [tasks[b]], tok, generators=[gens()[b]], cache=cache)[0]
+        single = arl.rollout(untrained, arl.BugFixEnv(), tasks[b], tok, generator=gens()[b])
+        assert together[b].ids.tolist() == alone.ids.tolist() == single.ids.tolist()
+        assert torch.allclose(together[b].sample_logp, single.sample_logp, atol=1e-5)
+    with pytest.raises(ValueError, match='pass generator .* or generators .*, not both'):
+        arl.rollout_batch(untrained, [arl.BugFixEnv()], tasks[:1], tok, generator=gens()[0], generators=gens()[:1])
+    with pytest.raises(ValueError, match='2 generators for 1 tasks'):
+        arl.rollout_batch(untrained, [arl.BugFixEnv()], tasks[:1], tok, generators=gens()[:2])

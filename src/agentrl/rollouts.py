@@ -250,7 +250,8 @@ def pad_right(rows: list[list[int]], value: int) -> torch.Tensor:
 
 
 def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: float = 1.0,
-                  generator=None, cache: bool = True, max_active: int | None = None) -> list[Trajectory]:
+                  generator=None, cache: bool = True, max_active: int | None = None,
+                  generators=None) -> list[Trajectory]:
     """Sample ``len(tasks)`` episodes in lockstep: one ``sample_next`` call per token step.
 
     With ``cache=True`` (and a model that :func:`supports_kv_cache`) each step feeds only the
@@ -275,16 +276,31 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
             env is reset when it joins). Bounds memory (the KV cache holds about 1 KB per token
             of each live row for TinyAgent) at some cost in throughput. None (default): all
             episodes are reset up front and live from the first step (the book's behaviour).
+        generators: optional list with one ``torch.Generator`` per episode (instead of
+            ``generator``): each row then draws from its own stream, one ``sample_next`` call per
+            row and token, so an episode's draws do not depend on which other episodes share its
+            batch (the same episode as ``rollout(..., generator=generators[b])``, up to fp32
+            rounding of batched logits). Scale-out uses it for results identical at any number of
+            workers. Slower than one shared generator (one small op per row and token).
 
     Returns:
         list of Trajectory in task order.
 
     Raises:
-        ValueError: ``envs`` and ``tasks`` differ in length, ``max_active < 1``, or a prompt plus
-            one call does not fit the model's ``max_len`` (from :class:`Episode`).
+        ValueError: ``envs`` and ``tasks`` differ in length, ``max_active < 1``, both ``generator``
+            and ``generators`` given, ``generators`` of the wrong length, or a prompt plus one call
+            does not fit the model's ``max_len`` (from :class:`Episode`).
     """
     if len(envs) != len(tasks):
         raise ValueError(f'rollout_batch: {len(envs)} envs for {len(tasks)} tasks; pass one env per task')
+    if generators is not None:
+        if generator is not None:
+            raise ValueError('rollout_batch: pass generator (one shared stream) or generators (one per '
+                             'episode), not both')
+        if len(generators) != len(tasks):
+            raise ValueError(f'rollout_batch: {len(generators)} generators for {len(tasks)} tasks; pass one '
+                             'torch.Generator per episode')
+        generator = _PerRow(generators)
     if max_active is not None and max_active < 1:
         raise ValueError(f'rollout_batch: max_active must be >= 1 or None, got {max_active}')
     sched = _Schedule(envs, tasks, tok, max_turns, getattr(model, 'max_len', 256), max_active,
@@ -295,6 +311,22 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
         else:
             _drive_kv_free(model, sched, tok, temperature, generator)
     return sched.trajs
+
+
+class _PerRow:
+    """One generator per episode; the drivers pass the live episode indices with each draw."""
+
+    def __init__(self, generators):
+        self.generators = list(generators)
+
+
+def _draw(logits, temperature, generator, active):
+    """``sample_next`` over the live rows: one call with a shared generator, or one per row."""
+    if not isinstance(generator, _PerRow):
+        return sample_next(logits, temperature, generator=generator)
+    draws = [sample_next(logits[r:r + 1], temperature, generator=generator.generators[b])
+             for r, b in enumerate(active)]
+    return torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
 
 
 class _Schedule:
@@ -337,7 +369,7 @@ def _drive_kv_free(model, sched, tok, temperature, generator) -> None:
         rows = [episodes[b].ids + calls[b][0] for b in active]
         last = torch.tensor([len(r) - 1 for r in rows])
         logits = model(pad_right(rows, tok.pad_id))[torch.arange(len(rows)), last]
-        next_ids, logps = sample_next(logits, temperature, generator=generator)
+        next_ids, logps = _draw(logits, temperature, generator, active)
         live = []
         for b, i, lp in zip(active, next_ids.tolist(), logps.tolist()):
             call_ids, call_logp = calls[b]
@@ -377,7 +409,7 @@ def _drive_cached(model, sched, tok, temperature, generator) -> None:
             ids = torch.tensor([p + [pad] * (t - len(p)) for p in pending])
             n_new = torch.tensor([len(p) for p in pending])
         logits = model.extend(kv, ids, n_new)                 # [A, V] after each row's last token
-        next_ids, logps = sample_next(logits, temperature, generator=generator)
+        next_ids, logps = _draw(logits, temperature, generator, active)
         keep, live, pending = [], [], []
         for r, (b, i, lp) in enumerate(zip(active, next_ids.tolist(), logps.tolist())):
             call_ids, call_logp = calls[b]
