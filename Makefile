@@ -4,7 +4,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.agentrl-installed
-EXTRAS ?= hf,dev
+EXTRAS ?= hf,ray,dev
 
 .PHONY: install demo test bench clean
 
@@ -22,6 +22,7 @@ demo: $(STAMP)
 	$(VENV)/bin/agentrl train --sft-steps 150 --grpo-steps 20 --group 8 --out runs/demo/train
 	$(VENV)/bin/agentrl rollout --policy model --checkpoint runs/demo/train/model.pt --out runs/demo/trained
 	$(VENV)/bin/agentrl report runs/demo
+	$(VENV)/bin/agentrl report runs/demo/trained
 
 test: $(STAMP)
 	$(PY) -m pytest -q

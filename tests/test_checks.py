@@ -477,12 +477,12 @@ def test_cli_check(tmp_path, capsys):
     assert main(['check', str(tmp_path / 'lie.parquet'), '--model', str(ckpt)]) == 1
     out = capsys.readouterr().out
     assert 'records: logp_mode_mismatch 1' in out and 'e.g. g/r0#1: logp_mode_mismatch' in out
-    # another model is a policy change: reported, and a failure only with --max-ratio-dev
+    # another model is a policy change: a failure by default (the step-0 check), reported only with inf
     torch.manual_seed(1)
     torch.save({'state_dict': TinyAgent(40, max_len=32).state_dict(), 'vocab_size': 40, 'max_len': 32}, ckpt)
-    assert main(['check', str(tmp_path / 'ok.parquet'), '--model', str(ckpt)]) == 0
+    assert main(['check', str(tmp_path / 'ok.parquet'), '--model', str(ckpt), '--max-ratio-dev', 'inf']) == 0
     assert 'records: policy_change 4' in capsys.readouterr().out
-    assert main(['check', str(tmp_path / 'ok.parquet'), '--model', str(ckpt), '--max-ratio-dev', '0.01']) == 1
+    assert main(['check', str(tmp_path / 'ok.parquet'), '--model', str(ckpt)]) == 1
     assert 'exceeds --max-ratio-dev' in capsys.readouterr().out
     assert main(['check', str(tmp_path / 'missing.parquet')]) == 2
     assert 'no trajectory file or folder' in capsys.readouterr().err

@@ -67,3 +67,33 @@ def test_rollout_bad_input_is_one_line(tmp_path, args, message):
 
 def test_version():
     assert run('--version').stdout.strip() == f'agentrl {arl.__version__}'
+
+
+def test_check_fails_on_tampered_logp_and_empty_input(tmp_path):
+    out = tmp_path / 'run'
+    run('rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '1', '--out', str(out))
+    trajs = arl.read_trajectories(out / 'trajectories.parquet')
+    trajs[0].sample_logp = trajs[0].sample_logp + 0.5 * trajs[0].action_mask     # stored under another sampler
+    arl.write_trajectories(tmp_path / 'tampered.parquet', trajs)
+    c = run('check', str(tmp_path / 'tampered.parquet'), '--model', str(out / 'model.pt'), check=False)
+    assert c.returncode == 1 and 'result: FAILED (replay ratio off by' in c.stdout
+    assert run('check', str(tmp_path / 'tampered.parquet'), '--model', str(out / 'model.pt'),
+               '--max-ratio-dev', 'inf').returncode == 0
+    (tmp_path / 'empty').mkdir()
+    e = run('check', str(tmp_path / 'empty'), check=False)
+    assert e.returncode == 1 and 'result: FAILED (no records)' in e.stdout
+
+
+def test_interrupted_rollout_keeps_records_and_model_together(tmp_path):
+    import signal
+    import time
+    out = tmp_path / 'run'
+    run('rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '1', '--out', str(out))
+    before = (out / 'model.pt').read_bytes(), (out / 'trajectories.parquet').read_bytes()
+    p = subprocess.Popen([*AGENTRL, 'rollout', '--policy', 'model', '--repeats', '300', '--seed', '7', '--no-batch',
+                          '--out', str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and 'agentrl: interrupted' in err
+    assert ((out / 'model.pt').read_bytes(), (out / 'trajectories.parquet').read_bytes()) == before

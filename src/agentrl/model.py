@@ -396,7 +396,11 @@ def load_checkpoint(path: str) -> TinyAgent:
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f'checkpoint {path!r} not found; pass the model.pt written by `agentrl train`')
-    state = torch.load(path, map_location='cpu', weights_only=True)
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:   # not a torch file at all (text, truncated, another pickle)
+        raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (torch.load failed: '
+                         f'{type(e).__name__}); pass model.pt from `agentrl train` or `agentrl rollout`') from None
     if not isinstance(state, dict) or 'config' not in state or 'state_dict' not in state:
         raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (expected keys config, state_dict)')
     model = TinyAgent(**state['config'])

@@ -48,7 +48,7 @@ class Episode:
         self.observations, self.actions = [env.reset(task)], []
         self.done, self.reward, self.info = False, 0.0, None
         self.add([tok.bos_id], 'template', -1)
-        self.add(tok.encode(self.observations[0]), 'prompt', -1)
+        self.add(tok.encode(self.observations[0], specials=False), 'prompt', -1)
         if len(self.ids) + MAX_CALL_TOKENS > max_len:
             raise ValueError(f'the prompt ({len(self.ids)} tokens) plus one call ({MAX_CALL_TOKENS}) does not '
                              f'fit max_len={max_len}; use a model with a larger max_len')
@@ -74,7 +74,7 @@ class Episode:
         self.add(call_ids, 'policy', k, call_logp)
         self.actions.append(self.tok.decode(call_ids))
         obs, self.reward, self.done, self.info = self.env.step(self.actions[-1])
-        obs_ids = self.tok.encode(obs)
+        obs_ids = self.tok.encode(obs, specials=False)
         no_room = len(self.ids) + 2 + len(obs_ids) + MAX_CALL_TOKENS > self.max_len
         if not self.done and (k + 1 >= self.max_turns or no_room):
             self.done, self.reward = True, 0.0

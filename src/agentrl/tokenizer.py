@@ -13,6 +13,7 @@ __all__ = ['SPECIALS', 'Tokenizer', 'build_tokenizer']
 
 #: Special tokens with fixed ids 0..7. Source: book chapter 5.5.
 SPECIALS = ['<pad>', '<bos>', '<unk>', '<obs>', '</obs>', '<call>', '</call>', '<nl>']
+_SPECIAL_SET = frozenset(SPECIALS)
 
 
 class Tokenizer:
@@ -41,12 +42,25 @@ class Tokenizer:
     def __len__(self) -> int:
         return len(self.itos)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, specials: bool = True) -> list[int]:
         """Text -> ids; unknown words map to ``<unk>`` (id 2).
+
+        Args:
+            text: whitespace-separated words; a newline becomes ``<nl>``.
+            specials: when False (text from a tool or a user), a word spelled like a special
+                token (``</obs>``, ``<call>``, ``<bos>`` ...) encodes as ``<unk>``, so tool output
+                can never forge a control token; newlines still become ``<nl>``.
 
         Example: ``tok.encode('<call> edit swap_minmax </call>') == [5, 224, 300, 6]``.
         """
-        return [self.stoi.get(w, self.unk_id) for w in text.replace('\n', ' <nl> ').split()]
+        if specials:
+            return [self.stoi.get(w, self.unk_id) for w in text.replace('\n', ' <nl> ').split()]
+        ids = []
+        for k, line in enumerate(text.split('\n')):
+            if k:
+                ids.append(self.nl_id)
+            ids += [self.unk_id if w in _SPECIAL_SET else self.stoi.get(w, self.unk_id) for w in line.split()]
+        return ids
 
     def decode(self, ids) -> str:
         """Ids -> text (words joined by one space, ``<nl>`` back to a newline).

@@ -4,8 +4,10 @@ Prints the record count, refusals by kind (with the first few messages), truncat
 length statistics and, when a model checkpoint is given, replay ratio statistics under each
 record's declared sampler. Exits 1 when any record is refused, or when a replay shows that a
 record's declared sampler is not the one it was drawn from (log-prob-mode or support mismatch).
-A policy change (another model) is reported but is not a defect of the record, unless
-``--max-ratio-dev`` is given.
+Any replay ratio further than ``--max-ratio-dev`` (default 1e-3) from 1 also fails the check:
+replaying with the model that sampled the records is the step-0 check, where every ratio is 1
+(pass ``--max-ratio-dev inf`` to only report the ratios of another model). An empty file or
+folder fails too (nothing was checked).
 
 Source: issue 4 (record integrity), item 7.
 """
@@ -32,7 +34,8 @@ class CheckOptions:
         pad_id: padding id (None: agentrl's word-level tokenizer's when the records use it).
         eot_ids: end-of-turn ids (empty: the word-level ``</call>`` when the records use it).
         tol: replay agreement tolerance in nats.
-        max_ratio_dev: also fail when any replay ratio is further than this from 1 (None: off).
+        max_ratio_dev: fail when any replay ratio is further than this from 1 (default 1e-3;
+            ``inf``: report only, e.g. when replaying with another checkpoint).
         examples: how many refusal messages to print.
         batch_size: records read per batch (streaming).
     """
@@ -43,7 +46,7 @@ class CheckOptions:
     pad_id: int | None = None
     eot_ids: list = field(default_factory=list)
     tol: float = 1e-4
-    max_ratio_dev: float | None = None
+    max_ratio_dev: float | None = 1e-3
     examples: int = 5
     batch_size: int = 256
 
@@ -63,8 +66,9 @@ def register(sub) -> None:
     p.add_argument('--eot-id', type=int, action='append', default=[], dest='eot_ids',
                    help='end-of-turn id, repeatable (default: the word-level </call>)')
     p.add_argument('--tol', type=float, default=d.tol, help='replay agreement tolerance, nats (default: 1e-4)')
-    p.add_argument('--max-ratio-dev', type=float, default=None,
-                   help='fail if any replay ratio differs from 1 by more than this (default: report only)')
+    p.add_argument('--max-ratio-dev', type=float, default=d.max_ratio_dev,
+                   help='fail if any replay ratio differs from 1 by more than this (default: 1e-3, the step-0 '
+                        'check; inf: only report, e.g. when replaying with another checkpoint)')
     p.add_argument('--examples', type=int, default=d.examples, help='refusal messages to print (default: 5)')
     p.add_argument('--batch-size', type=int, default=d.batch_size, help='records per read batch (default: 256)')
     p.set_defaults(func=run)
@@ -190,6 +194,12 @@ def check(opts: CheckOptions, out=print) -> int:
     else:
         out('refusals by kind: none')
     code = 1 if refused else 0
+    reasons = [f'{refused} of {n} records refused'] if refused else []
+    if n == 0:
+        out(f'no records in {opts.path}; pass a trajectories .parquet file or its shard folder '
+            '(OUT/trajectories.parquet or OUT/trajectories/)')
+        code = 1
+        reasons.append('no records')
     if net is not None:
         report = checks.ReplayReport.of(replays)
         out(f'replay under the declared sampler (model {opts.model}, {len(replays)} records):')
@@ -205,10 +215,13 @@ def check(opts: CheckOptions, out=print) -> int:
                 'reproduce the stored log-probs')
         if bad:
             code = 1
+            reasons.append(f'{len(bad)} records not reproduced by their declared sampler')
         if opts.max_ratio_dev is not None and report.overall.n and report.overall.max_abs_dev > opts.max_ratio_dev:
-            out(f'  max |ratio - 1| = {report.overall.max_abs_dev:.2e} exceeds --max-ratio-dev {opts.max_ratio_dev}')
+            out(f'  max |ratio - 1| = {report.overall.max_abs_dev:.2e} exceeds --max-ratio-dev {opts.max_ratio_dev}'
+                ' (stored sample_logp is not what this model gives; pass --max-ratio-dev inf to only report)')
             code = 1
-    out('result: ' + ('OK' if code == 0 else f'FAILED ({refused} of {n} records refused)'))
+            reasons.append(f'replay ratio off by {report.overall.max_abs_dev:.2e}')
+    out('result: ' + ('OK' if code == 0 else f"FAILED ({'; '.join(reasons)})"))
     return code
 
 

@@ -29,6 +29,17 @@ class UserError(Exception):
     """An error caused by the user's input; printed as one line, without a traceback."""
 
 
+def _one_line(e: BaseException) -> str:
+    """The error as one line; OS errors name the file and say what to do."""
+    if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.filename:
+        hint = {FileExistsError: 'remove it or choose another path',
+                IsADirectoryError: 'pass a file, not a folder',
+                NotADirectoryError: 'a path component is a file; choose another path',
+                PermissionError: 'choose a path you can write'}.get(type(e), 'check the path')
+        return f'{e.strerror}: {e.filename!r}; {hint}'
+    return ' '.join(str(e).split()) or type(e).__name__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog='agentrl', description='Token-exact trajectories for agent RL: rollouts, checks, templates, pictures.')
@@ -50,10 +61,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print('agentrl: interrupted', file=sys.stderr)
         return 130
-    except (UserError, ValueError, FileNotFoundError, ImportError) as e:
+    except BrokenPipeError:                 # `agentrl ... | head`: the reader left, not an error of ours
+        sys.stderr.close()
+        return 0
+    except (UserError, ValueError, OSError, ImportError) as e:
         if args.debug:
             raise
-        print(f'agentrl: error: {e}', file=sys.stderr)
+        print(f'agentrl: error: {_one_line(e)}', file=sys.stderr)
         return 2
 
 

@@ -22,10 +22,17 @@ class ReportOptions:
     fold: int = 40
 
     def trajectories(self) -> str:
-        return os.path.join(self.run_dir, 'trajectories.parquet')
+        """``RUN_DIR/trajectories.parquet``, or the shard folder ``RUN_DIR/trajectories/`` of a
+        ``--workers`` / ``--resume`` run."""
+        single = os.path.join(self.run_dir, 'trajectories.parquet')
+        shards = os.path.join(self.run_dir, 'trajectories')
+        return shards if not os.path.exists(single) and os.path.isdir(shards) else single
 
     def validate(self) -> None:
         from .main import UserError
+        if os.path.isfile(self.run_dir):
+            raise UserError(f'{self.run_dir!r} is a file; pass the run folder that holds it (RUN_DIR of '
+                            '`agentrl rollout --out RUN_DIR`)')
         if not os.path.isdir(self.run_dir):
             raise UserError(f'run folder {self.run_dir!r} does not exist; create it with '
                             f'`agentrl rollout --out {self.run_dir}`')

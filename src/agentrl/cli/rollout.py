@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -74,6 +75,8 @@ class RolloutOptions:
             raise UserError(f'--repeats must be >= 1, got {self.repeats}')
         if self.max_turns < 1:
             raise UserError(f'--max-turns must be >= 1, got {self.max_turns}')
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise UserError(f'--temperature must be a finite number >= 0 (0 = greedy), got {self.temperature}')
         if self.reward_tests not in ('hidden', 'public'):
             raise UserError(f'--reward-tests {self.reward_tests!r}: choose hidden or public')
         if self.checkpoint and not os.path.exists(self.checkpoint):
@@ -130,7 +133,7 @@ def register(sub) -> None:
     p.add_argument('--out', default=d.out, help='output folder (default: runs/rollout)')
     p.add_argument('--checkpoint', default=None,
                    help='TinyAgent checkpoint (model.pt from `agentrl train`); default: untrained')
-    p.add_argument('--temperature', type=float, default=d.temperature, help='model sampling temperature (default: 1.0)')
+    p.add_argument('--temperature', type=float, default=d.temperature, help='model sampling temperature; 0 = greedy, whose stored log-prob is the argmax at temperature 1 (default: 1.0)')
     p.add_argument('--max-turns', type=int, default=d.max_turns, help='turn budget per episode (default: 6)')
     p.add_argument('--reward-tests', default=d.reward_tests, choices=['hidden', 'public'],
                    help='reward on hidden+public tests (default) or public only (hackable)')
@@ -180,7 +183,7 @@ def run(args) -> int:
     return 0
 
 
-def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar):
+def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar, to_save: dict):
     """Roll out one policy on every task ``repeats`` times -> list of Trajectory."""
     import torch
 
@@ -206,7 +209,7 @@ def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar):
         torch.manual_seed(opts.seed)
         net = model_mod.TinyAgent(tok.vocab_size).eval()
         model_id = os.path.abspath(os.path.join(opts.out, 'model.pt'))
-        model_mod.save_checkpoint(net, model_id)     # so `agentrl check --model` can replay the records
+        to_save[model_id] = net      # saved with the records, so `agentrl check --model` replays them
     gen = torch.Generator().manual_seed(opts.seed)
     if opts.batch:
         out = []
@@ -239,11 +242,11 @@ def run_rollouts(opts: RolloutOptions) -> dict:
     tok = tokenizer.build_tokenizer(gym.make_tasks('all'))
     os.makedirs(opts.out, exist_ok=True)
     t0 = time.time()
-    per_policy, records = {}, []
+    per_policy, records, to_save = {}, [], {}
     with Progress(transient=True) as progress:
         for policy in opts.policy:
             bar = progress.add_task(f'{policy:<7}', total=len(tasks) * opts.repeats)
-            trajs = _episodes(policy, opts, tasks, tok, progress, bar)
+            trajs = _episodes(policy, opts, tasks, tok, progress, bar, to_save)
             for i, t in enumerate(trajs):
                 task = tasks[i // opts.repeats]
                 t.provenance.group_id = f'{opts.seed}/{policy}/{task.name}'
@@ -253,6 +256,9 @@ def run_rollouts(opts: RolloutOptions) -> dict:
             records += trajs
     path = os.path.join(opts.out, 'trajectories.parquet')
     store.write_trajectories(path, records)
+    from ..model import save_checkpoint
+    for model_path, net in to_save.items():      # only now: an interrupted run leaves the old pair intact
+        save_checkpoint(net, model_path)
     summary = {'options': asdict(opts), 'tasks': len(tasks), 'episodes': len(records),
                'seconds': round(time.time() - t0, 3), 'trajectories': path,
                'tokenizer': tok.fingerprint(), 'vocab_size': tok.vocab_size, 'policies': per_policy}

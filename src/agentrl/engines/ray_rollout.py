@@ -23,6 +23,14 @@ uninterrupted run's).
 
 Ray is an extra (``pip install 'agentrl[ray]'``) imported only when a run starts.
 
+Networking: without ``--address`` the job starts a local instance bound to 127.0.0.1 only (no
+dashboard) and stops it at the end. Ray normally rewrites ``127.0.0.1``/``localhost`` to the
+machine's routable IP; for a local instance or a loopback ``--address`` this module keeps the
+loopback address (it sets ``ray._private.ray_constants.ENABLE_RAY_CLUSTER = False`` in the driver,
+which only changes how localhost is resolved). Ray 2.5x turns on token authentication for the
+local clusters it starts (and writes ``~/.ray/auth_token``); set ``RAY_AUTH_MODE`` and
+``RAY_AUTH_TOKEN`` to choose otherwise. Every node of a cluster needs agentrl and torch installed.
+
 Source: issue 9 (scale out on Ray); issue 4 (record integrity: retries, resends, shards).
 """
 from __future__ import annotations
@@ -329,11 +337,57 @@ class EpisodeRunner:
         return recs
 
 
+_TOKEN_FIELDS = ('ids', 'owner', 'turn', 'action_mask', 'sample_logp')
+
+
+def _pack(recs) -> dict:
+    """Records -> a few flat numpy arrays (what an actor sends back; exact, cheap to serialise).
+
+    Pickling each torch tensor costs about 0.1 ms in Ray; one array per field per chunk does not.
+    """
+    import numpy as np
+    out = {'meta': [(float(t.reward), t.info, None if t.provenance is None else t.provenance.to_dict(),
+                     t.turn_contexts) for t in recs]}
+    for name in _TOKEN_FIELDS:
+        vals = [getattr(t, name) for t in recs]
+        if not vals or any(v is None for v in vals):
+            out[name] = [None if v is None else v.detach().cpu().numpy() for v in vals]
+        else:
+            arrs = [v.detach().cpu().numpy() for v in vals]
+            out[name] = (np.concatenate(arrs), np.array([len(a) for a in arrs], dtype=np.int64))
+    return out
+
+
+def _unpack(packed: dict) -> list:
+    """Inverse of :func:`_pack`: the same records, tensors equal bit for bit."""
+    import numpy as np
+    import torch
+
+    from ..record import Provenance, Trajectory
+    n = len(packed['meta'])
+    cols = {}
+    for name in _TOKEN_FIELDS:
+        v = packed[name]
+        if isinstance(v, tuple):
+            flat = torch.from_numpy(np.array(v[0], copy=True))    # the object store's copy is read-only
+            cols[name] = list(torch.split(flat, v[1].tolist()))
+        else:
+            cols[name] = [None if a is None else torch.from_numpy(np.array(a, copy=True)) for a in v]
+    return [Trajectory(ids=cols['ids'][i], action_mask=cols['action_mask'][i], sample_logp=cols['sample_logp'][i],
+                       reward=reward, info=info, owner=cols['owner'][i], turn=cols['turn'][i],
+                       provenance=Provenance.from_dict(prov), turn_contexts=tc)
+            for i, (reward, info, prov, tc) in zip(range(n), packed['meta'])]
+
+
 class _RayWorker(EpisodeRunner):
     """The Ray actor: an :class:`EpisodeRunner` that also says where it runs."""
 
     def __init__(self, spec: RunSpec, weights: dict | None):
         super().__init__(spec, weights, set_threads=True)
+
+    def run_packed(self, jobs: Sequence[EpisodeJob]) -> dict:
+        """:meth:`EpisodeRunner.run`, packed for the trip back to the driver (:func:`_unpack`)."""
+        return _pack(self.run(jobs))
 
     def where(self) -> dict:
         import socket
@@ -579,7 +633,7 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
                 for i, w in enumerate(state.workers):
                     while w.alive and queue and sum(1 for v in inflight.values() if v[0] == i) < inflight_per_worker:
                         chunk = queue.popleft()
-                        inflight[handles[i].run.remote(chunk)] = (i, chunk)
+                        inflight[handles[i].run_packed.remote(chunk)] = (i, chunk)
                 _track(state, inflight)
                 if not inflight:
                     raise RuntimeError(f'every Ray worker died and no replacement is left ({len(queue)} chunks '
@@ -588,7 +642,7 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
                 [ref], _ = ray.wait(list(inflight), num_returns=1)
                 i, chunk = inflight.pop(ref)
                 try:
-                    recs = ray.get(ref)
+                    recs = _unpack(ray.get(ref))
                 except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
                         ray.exceptions.ObjectLostError) as e:
                     retry = [replace(j, attempt=j.attempt + 1) for j in chunk]   # checks.new_attempt's rule

@@ -195,10 +195,10 @@ def run_sft(model, demos, tok, steps: int, lr: float, batch_size: int = 0, seed:
 
 
 class _Log:
-    """Append-only metrics.jsonl, flushed after every record."""
+    """metrics.jsonl of this run (a new run replaces an old file), flushed after every record."""
 
     def __init__(self, path):
-        self.f = open(path, 'a')
+        self.f = open(path, 'w')
 
     def write(self, record: dict):
         self.f.write(json.dumps(record, sort_keys=True) + '\n')
