@@ -97,3 +97,8 @@ def test_interrupted_rollout_keeps_records_and_model_together(tmp_path):
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and 'agentrl: interrupted' in err
     assert ((out / 'model.pt').read_bytes(), (out / 'trajectories.parquet').read_bytes()) == before
+
+
+def test_debug_flag_after_the_subcommand_shows_the_traceback(tmp_path):
+    p = run('rollout', '--checkpoint', '/nonexistent/model.pt', '--out', str(tmp_path / 'x'), '--debug', check=False)
+    assert p.returncode != 0 and 'Traceback' in p.stderr and "UserError: --checkpoint '/nonexistent/model.pt'" in p.stderr

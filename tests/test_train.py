@@ -223,3 +223,11 @@ def test_cli_train_rejects_bad_flags(tmp_path):
     from agentrl.cli.main import main
     assert main(['train', '--group', '0', '--out', str(tmp_path)]) == 2
     assert not os.listdir(tmp_path)
+
+
+def test_cli_train_rejects_meaningless_groups(tmp_path, capsys):
+    from agentrl.cli.main import main
+    assert main(['train', '--group', '1', '--out', str(tmp_path)]) == 2
+    assert capsys.readouterr().err.startswith('agentrl: error: --group must be >= 2 for GRPO')
+    assert main(['train', '--tasks-per-step', '30', '--out', str(tmp_path)]) == 2
+    assert '--tasks-per-step and --hacker-demos must be <= 24' in capsys.readouterr().err

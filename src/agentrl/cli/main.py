@@ -53,9 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = '--debug' in argv          # accepted before or after the subcommand
+    argv = [a for a in argv if a != '--debug']
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.debug = debug
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -51,6 +51,12 @@ class TrainOptions(TrainConfig):
         for name in ('group', 'tasks_per_step', 'updates', 'max_turns', 'eval_every', 'eval_repeats'):
             if getattr(self, name) < 1:
                 raise UserError(f'--{name.replace("_", "-")} must be >= 1, got {getattr(self, name)}')
+        if self.grpo_steps and self.group < 2:
+            raise UserError(f'--group must be >= 2 for GRPO (a group of one has advantage 0 on every episode), '
+                            f'got {self.group}')
+        if self.tasks_per_step > 24 or self.hacker_demos > 24:
+            raise UserError('--tasks-per-step and --hacker-demos must be <= 24 (the number of train tasks), got '
+                            f'{self.tasks_per_step} and {self.hacker_demos}')
         for name in ('sft_lr', 'grpo_lr', 'temperature', 'clip_eps', 'ratio_tol'):
             if not getattr(self, name) > 0:
                 raise UserError(f'--{name.replace("_", "-")} must be > 0, got {getattr(self, name)}')
