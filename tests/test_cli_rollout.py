@@ -102,3 +102,11 @@ def test_interrupted_rollout_keeps_records_and_model_together(tmp_path):
 def test_debug_flag_after_the_subcommand_shows_the_traceback(tmp_path):
     p = run('rollout', '--checkpoint', '/nonexistent/model.pt', '--out', str(tmp_path / 'x'), '--debug', check=False)
     assert p.returncode != 0 and 'Traceback' in p.stderr and "UserError: --checkpoint '/nonexistent/model.pt'" in p.stderr
+
+
+def test_show_refuses_image_output(tmp_path):
+    out = tmp_path / 'run'
+    run('rollout', '--policy', 'oracle', '--split', 'heldout', '--repeats', '1', '--out', str(out))
+    p = run('show', str(out / 'trajectories.parquet'), '-o', str(tmp_path / 'x.png'), check=False)
+    assert p.returncode == 2 and 'agentrl show writes html, svg or terminal text, not png' in p.stderr
+    assert not (tmp_path / 'x.png').exists()

@@ -46,6 +46,9 @@ class ShowOptions:
                 raise UserError(f'--format {self.format!r} is not known; choose term, html or svg')
             return self.format
         ext = os.path.splitext(self.out or '')[1].lower().lstrip('.')
+        if ext in ('png', 'jpg', 'jpeg', 'pdf'):
+            raise UserError(f'--out {self.out!r}: agentrl show writes html, svg or terminal text, not {ext}; '
+                            'use a .html or .svg name (and screenshot the html in a browser)')
         return ext if ext in ('html', 'svg') else 'term'
 
     def validate(self) -> None:
