@@ -172,10 +172,14 @@ def test_resume_errors_name_the_fix(tmp_path):
     assert p.returncode == 2 and 'add --workers N' in p.stderr
 
 
-def test_missing_ray_names_the_extra(monkeypatch):
+def test_missing_ray_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, 'ray', None)
     with pytest.raises(ImportError, match=r"pip install 'agentrl\[ray\]'"):
         rr.require_ray()
+    from agentrl.cli.rollout import RolloutOptions
+    with pytest.raises(ImportError, match=r"pip install 'agentrl\[ray\]'"):
+        rr.rollout_job(RolloutOptions(policy=['oracle'], workers=2, out=str(tmp_path / 'run')), progress=False)
+    assert not (tmp_path / 'run').exists()          # nothing written before the error
 
 
 # ----------------------------------------------------------------------------- a real Ray cluster

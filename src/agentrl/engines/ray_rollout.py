@@ -760,6 +760,8 @@ def rollout_job(opts, *, on_chunk: Callable[[RunState], None] | None = None, pro
     manifest = None
     if opts.resume:
         opts, manifest = _resume_options(opts)
+    if opts.workers > 0:
+        require_ray()            # before anything is written into OUT
     out = Path(opts.out)
     out.mkdir(parents=True, exist_ok=True)
     chunk_size = int(manifest['chunk_size']) if manifest else int(getattr(opts, 'chunk_size', 32) or 32)
