@@ -60,10 +60,12 @@ class SamplingSpec:
             raise ValueError(f'SamplingSpec.logp_mode must be one of {LOGP_MODES}, got {self.logp_mode!r}')
 
     def to_dict(self) -> dict:
+        """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`."""
         return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict | None) -> 'SamplingSpec | None':
+        """Rebuild from :meth:`to_dict` output; None gives None."""
         return None if d is None else cls(**d)
 
 
@@ -103,12 +105,14 @@ class Provenance:
     agentrl_version: str = field(default_factory=_version)
 
     def to_dict(self) -> dict:
+        """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`."""
         d = asdict(self)
         d['sampling'] = None if self.sampling is None else self.sampling.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, d: dict | None) -> 'Provenance | None':
+        """Rebuild from :meth:`to_dict` output; None gives None."""
         if d is None:
             return None
         d = dict(d)
@@ -117,6 +121,7 @@ class Provenance:
         return cls(**{k: v for k, v in d.items() if k in known})
 
     def to_json(self) -> str:
+        """Sorted-key JSON of :meth:`to_dict` (stored in Parquet)."""
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
@@ -262,12 +267,15 @@ class Batch:
         return name in _BATCH_FIELDS
 
     def keys(self):
+        """Field names in batch order: ids, attention_mask, action_mask, sample_logp, turn_ids, rewards."""
         return list(_BATCH_FIELDS)
 
     def values(self):
+        """Field tensors in :meth:`keys` order."""
         return [getattr(self, k) for k in _BATCH_FIELDS]
 
     def items(self):
+        """``(name, tensor)`` pairs in :meth:`keys` order, like the book's dict."""
         return [(k, getattr(self, k)) for k in _BATCH_FIELDS]
 
     def to(self, device) -> 'Batch':

@@ -52,6 +52,7 @@ class CheckOptions:
 
 
 def register(sub) -> None:
+    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     d = CheckOptions()
     p = sub.add_parser('check', help='validate trajectory records (masks, log-probs, provenance, replay)',
                        description='Validate every record of a trajectory file or folder; print refusals by '
@@ -75,6 +76,7 @@ def register(sub) -> None:
 
 
 def options_from_args(args) -> CheckOptions:
+    """Build the options dataclass from the parsed ``args``."""
     return CheckOptions(path=args.path, model=args.model, expect_tokenizer=args.expect_tokenizer,
                         expect_template=args.expect_template, pad_id=args.pad_id, eot_ids=list(args.eot_ids),
                         tol=args.tol, max_ratio_dev=args.max_ratio_dev, examples=args.examples,
@@ -226,4 +228,5 @@ def check(opts: CheckOptions, out=print) -> int:
 
 
 def run(args) -> int:
+    """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     return check(options_from_args(args))

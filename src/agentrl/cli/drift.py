@@ -38,6 +38,7 @@ class DriftOptions:
     prompt: str | None = None
 
     def validate(self) -> None:
+        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
         from .main import UserError
         if not self.model and not self.records:
             raise UserError('pass --model DIR (sample and measure) or --records PATH (measure a rollout file)')
@@ -62,6 +63,7 @@ class DriftOptions:
 
 
 def register(sub) -> None:
+    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     d = DriftOptions()
     p = sub.add_parser('drift', help='retokenization drift: sample-decode-re-encode, or the rate over a rollout file',
                        description='Sample continuations with --model, decode and re-encode them, and report the '
@@ -106,6 +108,7 @@ def _tokenizer_for_records(opts: DriftOptions, records):
 
 
 def run(args) -> int:
+    """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     opts = DriftOptions(model=args.model, records=args.records, tokenizer=args.tokenizer, samples=args.samples,
                         tokens=args.tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                         min_p=args.min_p, seed=args.seed, prompt=args.prompt)

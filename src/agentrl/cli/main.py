@@ -41,6 +41,7 @@ def _one_line(e: BaseException) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``agentrl`` argument parser with every subcommand module of ``agentrl.cli`` registered."""
     parser = argparse.ArgumentParser(
         prog='agentrl', description='Token-exact trajectories for agent RL: rollouts, checks, templates, pictures.')
     parser.add_argument('--version', action='version', version=f'agentrl {__version__}')
@@ -53,6 +54,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run ``agentrl`` with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
+
+    0 ok; 1 a check failed; 2 a usage or input error (one line on stderr, the traceback with
+    ``--debug``, accepted before or after the subcommand); 130 interrupted.
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv          # accepted before or after the subcommand
     argv = [a for a in argv if a != '--debug']

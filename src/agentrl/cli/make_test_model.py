@@ -30,6 +30,7 @@ class MakeTestModelOptions:
     end_of_turn_rate: float = 0.05
 
     def validate(self) -> None:
+        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
         from .main import UserError
         if self.tokenizer is not None and not os.path.isfile(os.path.join(self.tokenizer, 'tokenizer_config.json')):
             raise UserError(f'--tokenizer {self.tokenizer!r} has no tokenizer_config.json; pass a tokenizer folder')
@@ -45,6 +46,7 @@ class MakeTestModelOptions:
 
 
 def register(sub) -> None:
+    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     d = MakeTestModelOptions(out='')
     p = sub.add_parser('make-test-model', help='build a small random Qwen3 with a real tokenizer (offline, seconds)',
                        description='Build a small randomly initialised Qwen3 (transformers Qwen3ForCausalLM) paired '
@@ -65,6 +67,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     opts = MakeTestModelOptions(out=args.out, tokenizer=args.tokenizer, layers=args.layers, hidden=args.hidden,
                                 heads=args.heads, kv_heads=args.kv_heads, seed=args.seed,
                                 end_of_turn_rate=args.end_of_turn_rate)

@@ -29,6 +29,7 @@ class ReportOptions:
         return shards if not os.path.exists(single) and os.path.isdir(shards) else single
 
     def validate(self) -> None:
+        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
         from .main import UserError
         if os.path.isfile(self.run_dir):
             raise UserError(f'{self.run_dir!r} is a file; pass the run folder that holds it (RUN_DIR of '
@@ -43,6 +44,7 @@ class ReportOptions:
 
 
 def register(sub) -> None:
+    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     p = sub.add_parser('report', help='write RUN_DIR/report.html: rewards, stops, lengths, context, a strip',
                        description='Summarise a rollout folder in one self-contained HTML page: per-policy '
                                    'reward, stop reasons, truncation rate, episode length and action-token '
@@ -56,6 +58,7 @@ def register(sub) -> None:
 
 
 def options_from_args(args) -> ReportOptions:
+    """Build the options dataclass from the parsed ``args``."""
     return ReportOptions(run_dir=args.run_dir, out=args.out, fold=args.fold)
 
 
@@ -103,6 +106,7 @@ def write_report(opts: ReportOptions, progress=None) -> dict:
 
 
 def run(args) -> int:
+    """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 

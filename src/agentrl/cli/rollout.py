@@ -65,6 +65,7 @@ class RolloutOptions:
     max_new_tokens: int = 256
 
     def validate(self) -> None:
+        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
         from .main import UserError
         bad = [p for p in self.policy if p not in POLICIES]
         if bad or not self.policy:
@@ -118,6 +119,7 @@ class RolloutOptions:
 
 
 def register(sub) -> None:
+    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     d = RolloutOptions()
     p = sub.add_parser('rollout', help='roll out policies on BugFix tasks and store token-exact records',
                        description='Roll out scripted policies and TinyAgent on BugFix tasks; write '
@@ -164,6 +166,7 @@ def register(sub) -> None:
 
 
 def options_from_args(args) -> RolloutOptions:
+    """Build the options dataclass from the parsed ``args``."""
     policy = args.policy if args.policy is not None else ('model' if args.engine == 'hf' else ','.join(POLICIES))
     return RolloutOptions(policy=[x.strip() for x in policy.split(',') if x.strip()], split=args.split,
                           repeats=args.repeats, seed=args.seed, out=args.out, checkpoint=args.checkpoint,
@@ -176,6 +179,7 @@ def options_from_args(args) -> RolloutOptions:
 
 
 def run(args) -> int:
+    """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     opts = options_from_args(args)
     opts.validate()
     summary = run_rollouts(opts)

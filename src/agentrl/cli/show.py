@@ -40,6 +40,7 @@ class ShowOptions:
     tokenizer: str | None = None
 
     def resolve_format(self) -> str:
+        """The output format: ``--format``, else from the ``--out`` suffix (html, svg), else term."""
         from .main import UserError
         if self.format:
             if self.format not in FORMATS:
@@ -52,6 +53,7 @@ class ShowOptions:
         return ext if ext in ('html', 'svg') else 'term'
 
     def validate(self) -> None:
+        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
         from .main import UserError
         if not os.path.exists(self.path):
             raise UserError(f'{self.path!r} does not exist; pass a trajectories.parquet written by '
@@ -66,6 +68,7 @@ class ShowOptions:
 
 
 def register(sub) -> None:
+    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     p = sub.add_parser('show', help='draw one record: token cells by owner, action mask beneath',
                        description='Draw one record as a strip of token cells coloured and outlined by owner '
                                    '(template, prompt, policy, tool), with the stored action mask as a rule '
@@ -89,6 +92,7 @@ def register(sub) -> None:
 
 
 def options_from_args(args) -> ShowOptions:
+    """Build the options dataclass from the parsed ``args``."""
     return ShowOptions(path=args.path, episode=args.episode, format=args.format, out=args.out, policy=args.policy,
                        fold=args.fold, width=args.width, tokenizer=args.tokenizer)
 
@@ -164,11 +168,13 @@ def refusal_marks(traj) -> dict:
 
 
 def default_out(opts: ShowOptions, fmt: str) -> str:
+    """Default output path for html/svg: ``<input stem>-ep<N>.<format>`` in the current folder."""
     stem = os.path.splitext(os.path.basename(os.path.normpath(opts.path)))[0] or 'record'
     return f'{stem}-ep{opts.episode}.{fmt}'
 
 
 def run(args) -> int:
+    """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     from rich.console import Console
     from rich.markup import escape
 

@@ -30,6 +30,7 @@ class TemplateAuditOptions:
     thinking: bool = True
 
     def validate(self) -> None:
+        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
         from .main import UserError
         for flag, path in (('--messages', self.messages), ('--tools', self.tools)):
             if path is not None and not os.path.isfile(path):
@@ -60,6 +61,7 @@ def chapter_messages() -> list:
 
 
 def register(sub) -> None:
+    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     p = sub.add_parser('template',
                        help='audit a Hugging Face chat template (owners, prefix stability, thinking, bridges)',
                        description='Audit what a real chat template does to an agent episode.')
@@ -116,6 +118,7 @@ def load_inputs(opts: TemplateAuditOptions) -> tuple:
 
 
 def run(args) -> int:
+    """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     opts = TemplateAuditOptions(tokenizer=args.tokenizer, messages=args.messages, tools=args.tools,
                                 thinking=args.thinking)
     opts.validate()

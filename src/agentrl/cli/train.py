@@ -70,6 +70,7 @@ class TrainOptions(TrainConfig):
 
 
 def register(sub) -> None:
+    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     d = TrainOptions()
     p = sub.add_parser('train', help='SFT warm start, then GRPO on BugFix tasks (TinyAgent, CPU, minutes)',
                        description='Imitate oracle demonstrations (SFT), then run GRPO on the 24 train tasks, '
@@ -89,10 +90,12 @@ def register(sub) -> None:
 
 
 def options_from_args(args) -> TrainOptions:
+    """Build the options dataclass from the parsed ``args``."""
     return TrainOptions(**{f.name: getattr(args, f.name) for f in fields(TrainOptions)})
 
 
 def run(args) -> int:
+    """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     opts = options_from_args(args)
     opts.validate()
     summary = run_training(opts)

@@ -245,6 +245,7 @@ class SpanDrift:
     other_ids: list
 
     def describe(self) -> str:
+        """One line naming the span, its position and the first differing tokens."""
         return (f'turn {self.turn} tokens [{self.start}, {self.end}) {self.kind}: at +{self.at} sampled '
                 f'{self.sampled} -> {self.other} ({len(self.sampled_ids)} vs {len(self.other_ids)} tokens)')
 
@@ -262,6 +263,7 @@ class DriftReport:
 
     @property
     def ok(self) -> bool:
+        """True when no policy span drifts."""
         return not self.drifts
 
     def turns(self, kind: str | None = None) -> list:
