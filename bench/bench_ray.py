@@ -53,9 +53,8 @@ def measure(episodes: int = 1024, chunk_size: int = 32, ray_workers=(1, 2)) -> d
         ray_workers: worker counts to time on Ray (empty: no Ray).
 
     Returns:
-        dict ``{'episodes', 'chunk_size', 'batch', 'inprocess', 'ray_start', 'ray': {workers: s},
-        'batched'}`` (seconds; ``batched`` False when ``rollout_batch`` has no per-row generators
-        yet and model episodes run one by one).
+        dict ``{'episodes', 'chunk_size', 'batch', 'inprocess', 'ray_start', 'ray': {workers: s}}``
+        (seconds).
 
     Raises:
         ImportError: ``ray_workers`` given but Ray is not installed (``pip install 'agentrl[ray]'``).
@@ -69,7 +68,6 @@ def measure(episodes: int = 1024, chunk_size: int = 32, ray_workers=(1, 2)) -> d
     root = Path(tempfile.mkdtemp(prefix='agentrl-bench-ray-'))
     try:
         runner = rr.EpisodeRunner(spec, weights)
-        out['batched'] = runner.batched
         t0 = time.perf_counter()
         n = sum(len(runner.run(c)) for c in rr.plan_chunks(jobs, chunk_size))
         out['batch'] = time.perf_counter() - t0
@@ -101,12 +99,10 @@ def run(quick: bool) -> list[dict]:
 
     ``quick`` times 128 episodes in this process only (a Ray start alone takes about 10 s).
     """
-    from agentrl.engines import ray_rollout as rr
     has_ray = importlib.util.find_spec('ray') is not None
-    small = 128 if rr._has_generators() else 32        # one-by-one rollouts are ~10x slower
-    m = measure(small if quick else 1024, ray_workers=() if quick or not has_ray else (1, 2))
+    m = measure(128 if quick else 1024, ray_workers=() if quick or not has_ray else (1, 2))
     n = m['episodes']
-    mode = 'rollout_batch, per-row generators' if m['batched'] else 'rollout() per episode (no generators= yet)'
+    mode = 'rollout_batch, per-row generators'
     rows = [{'name': f'in-process rollout_batch, {n} episodes', 'value': round(n / m['batch'], 1),
              'unit': 'episodes/s', 'notes': f'chunks of {m["chunk_size"]}, nothing stored; {mode}'},
             {'name': 'in-process engine (workers=0)', 'value': round(n / m['inprocess'], 1), 'unit': 'episodes/s',
@@ -141,7 +137,7 @@ def main(argv=None) -> int:
         m = measure(args.episodes, args.chunk_size)
         n = m['episodes']
         print(f'{n} model episodes, chunks of {m["chunk_size"]}, torch threads 1, '
-              f'{"batched with per-row generators" if m["batched"] else "one by one (rollout_batch has no generators= yet)"}')
+              'batched with per-row generators')
         print(f'Ray local start {m["ray_start"]:.2f} s; actor start ' +
               ', '.join(f'{w} worker(s) {s:.2f} s' for w, s in m['actor_start'].items()))
         print(f'{"way":<36} {"seconds":>8} {"episodes/s":>11}')

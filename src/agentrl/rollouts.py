@@ -230,23 +230,16 @@ def rollout(model, env, task, tok, max_turns: int = 6, temperature: float = 1.0,
         provenance with the sampler). ``T <= model.max_len`` (default 256).
     """
     episode = Episode(env, task, tok, max_turns, getattr(model, 'max_len', 256))
-    kv = None
-    if cache and supports_kv_cache(model):
-        kv = model.new_cache(1)
-        kv.tokens = []
+    kv = model.new_cache(1) if cache and supports_kv_cache(model) else False   # one cache per episode
     while not episode.done:
-        episode.act(*generate_call(model, episode.ids, tok, temperature, generator,
-                                   cache=kv if kv is not None else False))
+        episode.act(*generate_call(model, episode.ids, tok, temperature, generator, cache=kv))
     return make_trajectory(episode, model_provenance(model, tok, temperature))
 
 
 def pad_right(rows: list[list[int]], value: int) -> torch.Tensor:
     """Right-pad lists of ints -> ``[B, max_len]`` int64."""
     T = max(len(r) for r in rows)
-    out = torch.full((len(rows), T), value, dtype=torch.long)
-    for i, r in enumerate(rows):
-        out[i, :len(r)] = torch.tensor(r, dtype=torch.long)
-    return out
+    return torch.tensor([r + [value] * (T - len(r)) for r in rows], dtype=torch.long)
 
 
 def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: float = 1.0,
@@ -360,6 +353,17 @@ class _Schedule:
         self.trajs[b] = make_trajectory(self.episodes.pop(b), replace(self.prov))
 
 
+def _add_token(calls, b, i, lp, end_id):
+    """Append a sampled token to episode ``b``'s open call; return ``(ids, logp)`` once it is complete."""
+    call_ids, call_logp = calls[b]
+    call_ids.append(i)
+    call_logp.append(lp)
+    if i == end_id or len(call_ids) == MAX_CALL_TOKENS:
+        calls[b] = ([], [])
+        return call_ids, call_logp
+    return None
+
+
 def _drive_kv_free(model, sched, tok, temperature, generator) -> None:
     """The book's lockstep loop: recompute every live prefix each token step."""
     episodes, end_id = sched.episodes, tok.call_end_id
@@ -372,14 +376,10 @@ def _drive_kv_free(model, sched, tok, temperature, generator) -> None:
         next_ids, logps = _draw(logits, temperature, generator, active)
         live = []
         for b, i, lp in zip(active, next_ids.tolist(), logps.tolist()):
-            call_ids, call_logp = calls[b]
-            call_ids.append(i)
-            call_logp.append(lp)
-            if i == end_id or len(call_ids) == MAX_CALL_TOKENS:
-                calls[b] = ([], [])
-                if episodes[b].act(call_ids, call_logp):
-                    sched.finish(b)
-                    continue
+            call = _add_token(calls, b, i, lp, end_id)
+            if call is not None and episodes[b].act(*call):
+                sched.finish(b)
+                continue
             live.append(b)
         joined = sched.join(len(live))
         calls.update((b, ([], [])) for b in joined)
@@ -406,20 +406,17 @@ def _drive_cached(model, sched, tok, temperature, generator) -> None:
         if t == 1 and next_ids is not None and len(pending) == len(next_ids):
             ids, n_new = next_ids[:, None], None              # pure decode step: the sampled ids
         else:
-            ids = torch.tensor([p + [pad] * (t - len(p)) for p in pending])
+            ids = pad_right(pending, pad)
             n_new = torch.tensor([len(p) for p in pending])
         logits = model.extend(kv, ids, n_new)                 # [A, V] after each row's last token
         next_ids, logps = _draw(logits, temperature, generator, active)
         keep, live, pending = [], [], []
         for r, (b, i, lp) in enumerate(zip(active, next_ids.tolist(), logps.tolist())):
-            call_ids, call_logp = calls[b]
-            call_ids.append(i)
-            call_logp.append(lp)
-            if i == end_id or len(call_ids) == MAX_CALL_TOKENS:
+            call = _add_token(calls, b, i, lp, end_id)
+            if call is not None:
                 episode = episodes[b]
-                start = len(episode.ids) + len(call_ids) - 1      # tokens the cache holds
-                calls[b] = ([], [])
-                if episode.act(call_ids, call_logp):
+                start = len(episode.ids) + len(call[0]) - 1       # tokens the cache holds
+                if episode.act(*call):
                     sched.finish(b)
                     continue
                 pending.append(episode.ids[start:])

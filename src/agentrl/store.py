@@ -529,7 +529,7 @@ class ShardWriter:
         if not kept:
             self.n_resent += n_resent
             return None
-        table = to_table(kept)
+        table = to_table(kept, digests=list(new.values()))   # dedupe stored each kept record's digest in `new`
         while True:
             final = self.directory / f'part-{self._next:06d}.parquet'
             tmp = _temp_name(final)

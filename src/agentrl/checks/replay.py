@@ -27,6 +27,7 @@ import torch
 
 from ..record import LOGP_MODES, SamplingSpec, Trajectory
 from .errors import LogpConversionError, MissingProvenanceError, ReplayUnsupportedError, ScriptedRecordError
+from .identity import record_key
 
 __all__ = ['TOKEN_KINDS', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled', 'classify_tokens',
            'RatioStats', 'RecordReplay', 'ReplayReport', 'replay_record', 'replay_check']
@@ -339,10 +340,7 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
     log_ratio, kinds = classify_tokens(logits[rows], targets, torch.as_tensor(record.sample_logp)[rows], spec, tol)
     counts = {TOKEN_KINDS[k]: int((kinds == k).sum()) for k in range(len(TOKEN_KINDS)) if bool((kinds == k).any())}
     worst = TOKEN_KINDS[int(kinds.max())] if len(kinds) else 'match'
-    if key is None:
-        p = record.provenance
-        key = f'{p.group_id}/{p.rollout_id}#{p.attempt}'
-    return RecordReplay(key=key, kind=worst, stats=RatioStats.of(log_ratio), token_kinds=counts, rows=rows.cpu(),
+    return RecordReplay(key=record_key(record) if key is None else key, kind=worst, stats=RatioStats.of(log_ratio), token_kinds=counts, rows=rows.cpu(),
                         log_ratio=log_ratio.cpu(), kinds=kinds.cpu())
 
 

@@ -99,7 +99,7 @@ def load_model(path: str):
     if not os.path.exists(path):
         raise UserError(f'--model {path!r} does not exist; pass a TinyAgent checkpoint (model.pt)')
     state = torch.load(path, map_location='cpu', weights_only=True)
-    if isinstance(state, dict) and 'config' in state and hasattr(model_mod, 'load_checkpoint'):
+    if isinstance(state, dict) and 'config' in state:
         return model_mod.load_checkpoint(path)
     if isinstance(state, dict) and 'state_dict' in state and 'vocab_size' in state:
         net = model_mod.TinyAgent(int(state['vocab_size']), int(state.get('max_len', 256)))
@@ -134,7 +134,6 @@ def check(opts: CheckOptions, out=print) -> int:
     net = load_model(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
                            eot_ids=tuple(opts.eot_ids))
-    wordlevel = 'unset'
     n = refused = truncated = scripted = 0
     kinds: Counter = Counter()
     examples: list[str] = []
@@ -146,8 +145,7 @@ def check(opts: CheckOptions, out=print) -> int:
             prov = rec.provenance
             exp = base
             if prov is not None and prov.tokenizer and (base.pad_id is None or not base.eot_ids):
-                if wordlevel == 'unset':
-                    wordlevel = _wordlevel_defaults()
+                wordlevel = _wordlevel_defaults()   # cached
                 if wordlevel is not None and prov.tokenizer == wordlevel[0]:
                     exp = replace(base, pad_id=wordlevel[1] if base.pad_id is None else base.pad_id,
                                   eot_ids=base.eot_ids or (wordlevel[2],))

@@ -87,7 +87,7 @@ def register(sub) -> None:
 def _tokenizer_for_records(opts: DriftOptions, records):
     from .main import UserError
     from ..engines.hf import require_transformers
-    from ..templates import load_tokenizer
+    from ..templates import load_tokenizer, tokenizer_fingerprint
     require_transformers('agentrl drift --records')
     path = opts.tokenizer or opts.model
     if path is None:
@@ -98,7 +98,6 @@ def _tokenizer_for_records(opts: DriftOptions, records):
                             f'{sorted(models) or "unset"}); pass --tokenizer DIR')
         path = found[0]
     tok = load_tokenizer(path)
-    from ..templates import tokenizer_fingerprint
     fp = tokenizer_fingerprint(tok)
     other = {r.provenance.tokenizer for r in records if r.provenance is not None and r.provenance.tokenizer} - {fp}
     if other:

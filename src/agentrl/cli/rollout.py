@@ -241,6 +241,7 @@ def run_rollouts(opts: RolloutOptions) -> dict:
     from rich.progress import Progress
 
     from .. import gym, store, tokenizer
+    from ..engines.ray_rollout import plan_episodes
     from ..stats import policy_summary
     tasks = gym.make_tasks(opts.split)
     tok = tokenizer.build_tokenizer(gym.make_tasks('all'))
@@ -251,10 +252,9 @@ def run_rollouts(opts: RolloutOptions) -> dict:
         for policy in opts.policy:
             bar = progress.add_task(f'{policy:<7}', total=len(tasks) * opts.repeats)
             trajs = _episodes(policy, opts, tasks, tok, progress, bar, to_save)
-            for i, t in enumerate(trajs):
-                task = tasks[i // opts.repeats]
-                t.provenance.group_id = f'{opts.seed}/{policy}/{task.name}'
-                t.provenance.rollout_id = f'{opts.seed}/{policy}/{task.name}/{i % opts.repeats}'
+            # identities as the Ray job names them (one convention, engines.ray_rollout.plan_episodes)
+            for t, job in zip(trajs, plan_episodes([policy], [task.name for task in tasks], opts.repeats, opts.seed)):
+                t.provenance.group_id, t.provenance.rollout_id = job.group_id, job.rollout_id
             hf_model = policy == 'model' and opts.engine == 'hf'     # its tokenizer is not the word-level one
             per_policy[policy] = policy_summary(trajs, unk_id=None if hf_model else tok.unk_id)
             records += trajs

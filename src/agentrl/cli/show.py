@@ -138,32 +138,24 @@ def load_record(opts: ShowOptions):
 
 
 def refusal_marks(traj) -> dict:
-    """Positions refused by the integrity checks (``agentrl.checks``), when it offers a validator.
+    """The position of the first refusal of :func:`agentrl.checks.validate`, to mark in the strip.
 
     A refusal's ``position`` indexes its ``field``; fields aligned to ``ids[1:]`` are shifted to
-    the token they describe. Returns position -> ``'refused: <Kind>'``; empty when the checks
-    module has no validator or the record passes.
+    the token they describe. Returns position -> ``'refused: <Kind>'``; empty when the record
+    passes or its refusal names no position.
     """
-    try:
-        from .. import checks
-    except ImportError:
-        return {}
+    from ..checks import validate
     marks = {}
-    for name in ('check_record', 'validate_record', 'validate'):
-        fn = getattr(checks, name, None)
-        if not callable(fn):
-            continue
-        try:
-            fn(traj)
-        except ValueError as e:
-            pos = getattr(e, 'position', None)
-            field = str(getattr(e, 'field', ''))
-            if isinstance(pos, int):
-                shift = 1 if field.split('.')[0] in ('action_mask', 'sample_logp', 'turn_ids') else 0
-                marks[pos + shift] = f'refused: {type(e).__name__}'
-        except Exception:  # noqa: BLE001 - a validator with another signature: no marks
-            pass
-        break
+    try:
+        validate(traj)
+    except ValueError as e:           # a RecordError: field, position, fix
+        pos = getattr(e, 'position', None)
+        field = str(getattr(e, 'field', ''))
+        if isinstance(pos, int):
+            shift = 1 if field.split('.')[0] in ('action_mask', 'sample_logp', 'turn_ids') else 0
+            marks[pos + shift] = f'refused: {type(e).__name__}'
+    except Exception:  # noqa: BLE001 - marks are decoration; a record the checks cannot read draws unmarked
+        pass
     return marks
 
 

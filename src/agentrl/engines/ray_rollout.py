@@ -36,12 +36,12 @@ Source: issue 9 (scale out on Ray); issue 4 (record integrity: retries, resends,
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import logging
 import os
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
@@ -238,11 +238,6 @@ class RunSpec:
     threads: int = 1
 
 
-def _has_generators() -> bool:
-    from .. import rollouts
-    return 'generators' in inspect.signature(rollouts.rollout_batch).parameters
-
-
 class EpisodeRunner:
     """Runs chunks of episodes in one process (a Ray actor, or the driver with ``workers=0``).
 
@@ -272,7 +267,6 @@ class EpisodeRunner:
             self.model = model_mod.TinyAgent(**weights['config'])
             self.model.load_state_dict(weights['state_dict'])
             self.model.eval()
-        self.batched = _has_generators()
 
     def _env(self):
         from .. import gym
@@ -320,12 +314,8 @@ class EpisodeRunner:
                 raise ValueError('EpisodeRunner.run: a model episode but no weights; pass the weights '
                                  'of the model policy')
             gens = [torch.Generator().manual_seed(j.seed) for j in jobs]
-            if self.batched:
-                recs = rollouts.rollout_batch(self.model, [self._env() for _ in jobs], tasks, self.tok,
-                                              temperature=self.spec.temperature, generators=gens, **kw)
-            else:   # rollout_batch without per-row generators: one episode at a time, same seeds
-                recs = [rollouts.rollout(self.model, self._env(), t, self.tok, temperature=self.spec.temperature,
-                                         generator=g, **kw) for t, g in zip(tasks, gens)]
+            recs = rollouts.rollout_batch(self.model, [self._env() for _ in jobs], tasks, self.tok,
+                                          temperature=self.spec.temperature, generators=gens, **kw)
         else:
             recs = [rollouts.scripted_rollout(gym.scripted_policy(policy, seed=j.seed), self._env(), t,
                                               self.tok, **kw) for j, t in zip(jobs, tasks)]
@@ -579,8 +569,8 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
     if already and not resume:
         raise ValueError(f'{str(directory)!r} already holds {len(already)} of the {len(planned)} planned episodes; '
                          'pass --resume to run only the missing ones, or choose a new --out')
-    queue = deque([j for j in chunk if j.key not in already] for chunk in plan_chunks(jobs, chunk_size))
-    queue = deque(c for c in queue if c)
+    queue = deque(c for c in ([j for j in chunk if j.key not in already] for chunk in plan_chunks(jobs, chunk_size))
+                  if c)
     state = RunState(done=len(already), total=len(planned))
     writer = store.ShardWriter(directory)
     label = f'ray x{workers}' if workers else 'in-process'
@@ -588,7 +578,7 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
         runner = EpisodeRunner(spec, weights)
         startup = time.perf_counter() - t_start
         bar = _progress(progress, state.total, state.done, label)
-        with bar if bar is not None else _Null():
+        with bar if bar is not None else nullcontext():
             while queue:
                 _write_chunk(writer, runner.run(queue.popleft()), state, bar)
                 if on_chunk is not None:
@@ -628,7 +618,7 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
         startup = time.perf_counter() - t_start
         inflight: dict = {}                                 # ref -> (worker index, chunk)
         bar = _progress(progress, state.total, state.done, label)
-        with bar if bar is not None else _Null():
+        with bar if bar is not None else nullcontext():
             while queue or inflight:
                 for i, w in enumerate(state.workers):
                     while w.alive and queue and sum(1 for v in inflight.values() if v[0] == i) < inflight_per_worker:
@@ -686,14 +676,6 @@ def _track(state: RunState, inflight: dict) -> None:
     state.inflight = {}
     for i, chunk in inflight.values():
         state.inflight.setdefault(i, []).extend(j.key for j in chunk)
-
-
-class _Null:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 # ----------------------------------------------------------------------------- agentrl rollout
@@ -780,7 +762,7 @@ def rollout_job(opts, *, on_chunk: Callable[[RunState], None] | None = None, pro
                 torch.manual_seed(opts.seed)
                 net = model_mod.TinyAgent(tok.vocab_size).eval()
                 model_mod.save_checkpoint(net, model_id)   # so `agentrl check --model` can replay the records
-        weights = {'config': net.config(), 'state_dict': {k: v.detach().clone() for k, v in net.state_dict().items()}}
+        weights = {'config': net.config(), 'state_dict': net.state_dict()}   # detached; loaded by copy
     jobs = plan_episodes(opts.policy, [t.name for t in tasks], opts.repeats, opts.seed)
     if manifest is None and (out / TRAJECTORY_DIR).is_dir() and store.data_files(out / TRAJECTORY_DIR):
         raise ValueError(f'{str(out / TRAJECTORY_DIR)!r} already holds records; pass --resume {str(out)} to finish '

@@ -95,6 +95,7 @@ class BugFixEnv:
         self.done = True
         self._stop = None
         self._solved = False
+        self._public = None          # (source, passes every public test), see _public_pass
 
     def reset(self, task) -> str:
         """Start an episode on ``task``.
@@ -113,6 +114,7 @@ class BugFixEnv:
         self.done = False
         self._stop = None
         self._solved = False
+        self._public = None
         return task.issue
 
     def _graded_tests(self):
@@ -120,9 +122,16 @@ class BugFixEnv:
             return tuple(self.task.public_tests)
         return tuple(self.task.public_tests) + tuple(self.task.hidden_tests)
 
-    def _passes(self, tests) -> bool:
-        results = run_tests(self.source, tests, self.task.fn_name)
+    def _passes(self, tests, results=None) -> bool:
+        if results is None:
+            results = run_tests(self.source, tests, self.task.fn_name)
         return len(results) == len(tests) and all(r.passed for r in results)
+
+    def _public_pass(self) -> bool:
+        """Whether the current source passes every public test (run once per source)."""
+        if self._public is None or self._public[0] != self.source:
+            self._public = (self.source, self._passes(tuple(self.task.public_tests)))
+        return self._public[1]
 
     def _edit(self, op_name: str) -> str:
         op = EDIT_OPS.get(op_name)
@@ -149,7 +158,9 @@ class BugFixEnv:
             return compact_source(self.source), 0.0
         if tool == 'test':
             tests = self.task.public_tests
-            return format_results(run_tests(self.source, tests, self.task.fn_name), tests), 0.0
+            results = run_tests(self.source, tests, self.task.fn_name)
+            self._public = (self.source, self._passes(tests, results))     # reused by final_info
+            return format_results(results, tests), 0.0
         if tool == 'edit':
             return self._edit(args[0]), 0.0
         # submit
@@ -203,7 +214,7 @@ class BugFixEnv:
         public_pass = False
         if task is not None:
             try:
-                public_pass = self._passes(tuple(task.public_tests))
+                public_pass = self._public_pass()
             except Exception:  # noqa: BLE001
                 public_pass = False
         return {'stop': self._stop, 'n_turns': self.turn, 'n_invalid': self.n_invalid,

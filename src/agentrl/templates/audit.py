@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from ..record import OWNER
 from .chat import ChatTemplate, as_template, check_messages, common_prefix, tokenizer_digest
-from .labels import label_owners
+from .labels import label_owners, owner_runs
 
 __all__ = ['MessageStability', 'PrefixReport', 'audit_prefix_stability', 'ThinkingReport', 'audit_thinking',
            'SpanDrift', 'DriftReport', 'audit_drift', 'policy_spans', 'template_fingerprint',
@@ -285,17 +285,7 @@ def policy_spans(traj) -> list:
     """
     owner = traj.owner.tolist()
     turn = traj.turn.tolist() if traj.turn is not None else [0] * len(owner)
-    out, i, n, pol = [], 0, len(owner), OWNER['policy']
-    while i < n:
-        if owner[i] != pol:
-            i += 1
-            continue
-        j = i
-        while j < n and owner[j] == pol and turn[j] == turn[i]:
-            j += 1
-        out.append((turn[i], i, j))
-        i = j
-    return out
+    return owner_runs(owner, turn, OWNER['policy'])
 
 
 def _first_diff(a: list, b: list) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..record import OWNER, OWNER_NAMES
 from .chat import ChatTemplate, as_template, check_messages, diff_span, owner_of_role
 
-__all__ = ['Region', 'OwnerLabels', 'label_owners', 'locate_messages', 'owners_from_regions']
+__all__ = ['Region', 'OwnerLabels', 'label_owners', 'locate_messages', 'owners_from_regions', 'owner_runs']
 
 
 @dataclass(frozen=True)
@@ -65,18 +65,27 @@ class OwnerLabels:
 
     def spans(self, owner: str = 'policy') -> list:
         """Maximal runs of ``owner`` tokens as ``(message, start, end)`` token index ranges."""
-        code = OWNER[owner]
-        out, i, n = [], 0, len(self.ids)
-        while i < n:
-            if self.owner[i] != code:
-                i += 1
-                continue
-            j = i
-            while j < n and self.owner[j] == code and self.message[j] == self.message[i]:
-                j += 1
-            out.append((self.message[i], i, j))
-            i = j
-        return out
+        return owner_runs(self.owner, self.message, OWNER[owner])
+
+
+def owner_runs(owner: list, group: list, code: int) -> list:
+    """Maximal runs of tokens with owner ``code`` and the same ``group`` value, as ``(group, start, end)``.
+
+    Args:
+        owner: ``[T]`` owner codes. group: ``[T]`` message or turn index of each token.
+        code: the :data:`agentrl.record.OWNER` code to collect.
+    """
+    out, i, n = [], 0, len(owner)
+    while i < n:
+        if owner[i] != code:
+            i += 1
+            continue
+        j = i
+        while j < n and owner[j] == code and group[j] == group[i]:
+            j += 1
+        out.append((group[i], i, j))
+        i = j
+    return out
 
 
 def _find_prefix_of(g: str, window: str) -> tuple[int, int]:

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .grpo import grpo_step
+from .grpo import episode_metrics, grpo_step
 from .plot import reward_plot_svg
 from .sft import oracle_demos, scripted_demos, sft_step
 
@@ -151,13 +151,12 @@ def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.
     trajs = rollout_batch(model, _envs(len(jobs), max_turns, 'hidden'), jobs, tok, max_turns=max_turns,
                           temperature=temperature, generator=gen)
     n = len(trajs)
-    out = {'reward': sum(t.reward for t in trajs) / n,
-           'public_pass': sum(float(bool(t.info.get('public_pass', False)) and t.info.get('stop') == 'submitted')
-                              for t in trajs) / n,
-           **call_stats(trajs),
-           'truncation_rate': sum(t.info.get('stop') == 'truncated' for t in trajs) / n,
-           'length': sum(len(t.ids) for t in trajs) / n, 'episodes': n}
-    return out
+    ep = episode_metrics(trajs)
+    return {'reward': ep['reward'],
+            'public_pass': sum(float(bool(t.info.get('public_pass', False)) and t.info.get('stop') == 'submitted')
+                               for t in trajs) / n,
+            **call_stats(trajs),
+            'truncation_rate': ep['truncation_rate'], 'length': ep['length'], 'episodes': n}
 
 
 def run_sft(model, demos, tok, steps: int, lr: float, batch_size: int = 0, seed: int = 0, on_step=None) -> dict:
@@ -215,8 +214,8 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
         cfg: the run's :class:`TrainConfig`.
         on_event: optional ``callable(record: dict)`` called with every metrics record (the
             CLI's progress bar); records have ``phase`` in ``sft``, ``grpo``, ``eval``
-            (``metrics.jsonl`` also gets one ``start`` record with the config: the file is
-            appended to, so several runs into one folder stay apart).
+            (``metrics.jsonl`` also starts with one ``start`` record with the config; a new run
+            replaces the file of an earlier run in the same folder).
 
     Returns:
         the summary dict also written to ``OUT/summary.json``: after-SFT and final evaluation
@@ -334,7 +333,7 @@ def _train(cfg: TrainConfig, on_event=None) -> dict:
                  'hardcode_rate_first': grpo_rows[0]['hardcode_rate'] if grpo_rows else None,
                  'hardcode_rate_last': grpo_rows[-1]['hardcode_rate'] if grpo_rows else None},
         'seconds': round(time.time() - t_start, 3),
-        'files': {'sft_checkpoint': sft_path, 'checkpoint': os.path.join(cfg.out, 'model.pt'),
+        'files': {'sft_checkpoint': sft_path, 'checkpoint': model_path,
                   'metrics': os.path.join(cfg.out, 'metrics.jsonl'), 'plot': plot_path},
     }
     tmp = os.path.join(cfg.out, f'.summary.json.tmp-{os.getpid()}')

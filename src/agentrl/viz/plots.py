@@ -7,16 +7,13 @@ from __future__ import annotations
 import math
 from html import escape
 
+from .svg import _f
+
 __all__ = ['PALETTE', 'hbars', 'stacked_bars', 'histograms', 'lines']
 
 #: Categorical colours (colour-blind safe order, Okabe-Ito-like).
 PALETTE = ['#0072b2', '#e69f00', '#009e73', '#cc79a7', '#56b4e9', '#d55e00', '#f0e442', '#999999']
 _FONT = 'font-family="DejaVu Sans,Helvetica,Arial,sans-serif"'
-
-
-def _f(x: float) -> str:
-    s = f'{x:.1f}'
-    return s[:-2] if s.endswith('.0') else s
 
 
 def _num(v: float) -> str:

@@ -12,16 +12,15 @@ import torch
 
 from ...record import SamplingSpec
 from ...templates import ChatTemplate, audit_drift
+from ...templates.audit import _first_diff
+from ...templates.chat import as_template
+from .episodes import episode_seed
 from .sampler import HFSampler
 
 __all__ = ['DRIFT_PROMPT', 'DriftSample', 'DriftExperiment', 'drift_experiment', 'DriftRate', 'drift_rate']
 
 #: The chapter's prompt for the drift experiment. Source: book chapter 5.4.
 DRIFT_PROMPT = 'Write a python function clamp(x, lo, hi).'
-
-
-def _first_diff(a: list, b: list) -> int:
-    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
 @dataclass
@@ -124,7 +123,7 @@ def drift_experiment(model, tokenizer, *, samples: int = 8, tokens: int = 128, s
     out = []
     for start in range(0, samples, batch_size):
         idx = list(range(start, min(samples, start + batch_size)))
-        gens = [torch.Generator().manual_seed(int(seed) * (1 << 20) + i) for i in idx]
+        gens = [torch.Generator().manual_seed(episode_seed(seed, i)) for i in idx]
         for i, t in zip(idx, sampler.sample([prompt_ids] * len(idx), gens)):
             again = template.encode(template.decode(t.ids))
             s = DriftSample(index=i, ids=list(t.ids), reencoded=again, drifted=again != t.ids)
@@ -195,7 +194,7 @@ def drift_rate(records, tokenizer, *, max_examples: int = 10) -> DriftRate:
 
     Source: book chapter 5.4 ("drift is rare per token, but an RL batch contains millions of tokens").
     """
-    template = tokenizer if isinstance(tokenizer, ChatTemplate) else ChatTemplate(tokenizer)
+    template = as_template(tokenizer)
     n_rec = spans = pol = drifting = affected = 0
     examples = []
     for n_rec, rec in enumerate(records, start=1):

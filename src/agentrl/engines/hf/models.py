@@ -14,6 +14,8 @@ from pathlib import Path
 
 import torch
 
+from ...templates.chat import load_tokenizer, require_hf
+
 __all__ = ['require_transformers', 'load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id',
            'forward_kwargs', 'TOKENIZER_FILES']
 
@@ -27,6 +29,8 @@ _TEST_MODEL_NOTE = 'agentrl_test_model.json'
 def require_transformers(what: str = 'agentrl.engines.hf'):
     """Import transformers (and check jinja2), or raise an ImportError that names the extra.
 
+    Same check as :func:`agentrl.templates.chat.require_hf`, under the engine's default name.
+
     Args:
         what: the feature that needs it (named in the error).
 
@@ -38,13 +42,7 @@ def require_transformers(what: str = 'agentrl.engines.hf'):
 
     Source: design notes (engines are L4 and import transformers lazily, naming the extra).
     """
-    try:
-        import jinja2  # noqa: F401
-        import transformers
-    except ImportError as e:  # pragma: no cover - exercised only without the extra
-        raise ImportError(f'{what} needs transformers and jinja2 ({e}); install them with '
-                          '`pip install agentrl[hf]`') from e
-    return transformers
+    return require_hf(what)
 
 
 def _dtype_kwarg(transformers) -> str:
@@ -104,8 +102,8 @@ def load_model(model_dir, *, dtype: torch.dtype = torch.float32, device: str | t
                              f'({type(e).__name__}: {e}); pass a folder written by save_pretrained') from e
         tdir = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
         try:
-            tok = transformers.AutoTokenizer.from_pretrained(str(tdir))
-        except (OSError, ValueError) as e:
+            tok = load_tokenizer(str(tdir))
+        except ValueError as e:
             raise ValueError(f'no tokenizer could be loaded from {str(tdir)!r} ({type(e).__name__}: {e}); '
                              'save the tokenizer next to the model or pass tokenizer_dir') from e
     finally:
@@ -228,7 +226,7 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
     tdir = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir('qwen3')
     if not (tdir / 'tokenizer_config.json').is_file():
         raise FileNotFoundError(f'--tokenizer {str(tdir)!r} has no tokenizer_config.json; pass a tokenizer folder')
-    tok = transformers.AutoTokenizer.from_pretrained(str(tdir))
+    tok = load_tokenizer(str(tdir))
     if tok.eos_token is None:
         raise ValueError(f'the tokenizer in {str(tdir)!r} has no eos_token (end-of-turn token)')
     eot = tok.convert_tokens_to_ids(tok.eos_token)
