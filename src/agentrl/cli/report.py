@@ -117,6 +117,7 @@ def run(args) -> int:
     with Progress(TextColumn('{task.description}'), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as progress:
         res = write_report(opts, progress)
-    Console().print(f"wrote {res['out']}: {res['episodes']} episodes, {res['policies']} policies, "
+    policies = f"{res['policies']} polic{'y' if res['policies'] == 1 else 'ies'}"
+    Console().print(f"wrote {res['out']}: {res['episodes']} episodes, {policies}, "
               f"{res['bytes'] / 1024:.0f} KB in {time.time() - t0:.1f} s", highlight=False, markup=False, soft_wrap=True)
     return 0
