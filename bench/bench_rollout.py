@@ -115,12 +115,16 @@ class _Recorder:
     def new_cache(self, batch):
         self.log.append(('new', batch))
         cache = self.model.new_cache(batch)
-        keep = cache.keep
+        keep, drop = cache.keep, cache.drop
 
         def logged_keep(rows, extra=0):
             self.log.append(('keep', list(rows), extra))
             keep(rows, extra)
-        cache.keep = logged_keep
+
+        def logged_drop(rows):
+            self.log.append(('drop', list(rows)))
+            return drop(rows)
+        cache.keep, cache.drop = logged_keep, logged_drop
         return cache
 
     def extend(self, cache, ids, n_new=None):
@@ -137,6 +141,8 @@ def _replay(model, log) -> tuple[float, int]:
                 cache = model.new_cache(op[1])
             elif op[0] == 'keep':
                 cache.keep(op[1], op[2])
+            elif op[0] == 'drop':
+                cache.drop(op[1])
             else:
                 _, ids, n_new = op
                 t0 = _clock()
@@ -168,6 +174,7 @@ def _breakdown(arl, model, tok, ts) -> dict:
     saved = [(R, 'sample_next', clocked(R, 'sample_next', 'sampling')),
              (R, 'make_trajectory', clocked(R, 'make_trajectory', 'records')),
              (KVCache, 'keep', clocked(KVCache, 'keep', 'cache_rows')),
+             (KVCache, 'drop', clocked(KVCache, 'drop', 'cache_rows')),
              (env_cls, 'step', clocked(env_cls, 'step', 'env')),
              (R.Episode, 'act', clocked(R.Episode, 'act', 'act'))]
     model.extend = lambda *a, _f=type(model).extend, **k: _timed(spent, 'forward', _f, model, *a, **k)
@@ -389,7 +396,7 @@ def bench_rollouts(quick: bool, repeats: int) -> list[dict]:
     rows += [_row('rollout_256_breakdown_forward_share', round(parts['forward'] / parts['total'], 2), '',
                   'one instrumented cached rollout: ' + ', '.join(f'{k} {parts[k]:.3f} s' for k in order) +
                   f" (total {parts['total']:.3f} s; sampling = sample_next, env = BugFixEnv.step, episode = "
-                  'Episode.act minus env, records = make_trajectory, cache_rows = KVCache.keep)'),
+                  'Episode.act minus env, records = make_trajectory, cache_rows = KVCache.keep and drop)'),
              _row('forward_alone_256_s', round(fwd, 3), 's',
                   f'{n_ext} recorded extend calls replayed, {fed} tokens fed; '
                   f'rollout {total:.3f} s in the same rounds'),

@@ -574,3 +574,45 @@ def test_public_api_has_docstrings():
         assert 'Returns' in getattr(BugFixEnv, name).__doc__
     for op in EDIT_OPS.values():
         assert op.__doc__, op
+
+
+def test_compiled_sources_are_cached_and_still_run_fresh():
+    """A source is checked and compiled once; each run executes it in a fresh namespace."""
+    from agentrl.gym import sandbox
+    src = 'def f(x):\n    return x + 1\n'
+    sandbox._compile.cache_clear()
+    assert [r.got for r in run_tests(src, [((1,), 2), ((5,), 6)], 'f')] == [2, 6]
+    assert [r.passed for r in run_tests(src, [((1,), 3)], 'f')] == [False]
+    info = sandbox._compile.cache_info()
+    assert (info.hits, info.misses) == (1, 1)
+    refused = 'def f(x):\n    return x.real\n'
+    for _ in range(2):                                   # refusals are cached too, same message
+        assert run_tests(refused, [((1,), 1)], 'f')[0].error == 'refused: Attribute is not allowed'
+    assert sandbox._compile.cache_info().misses == 2
+
+
+def test_public_verdicts_are_memoised_except_time_outs(monkeypatch):
+    """final_info's public-test verdict is shared across envs by (source, function, tests)."""
+    from agentrl.gym import env as env_mod
+    memo = env_mod._Verdicts(size=2)
+    monkeypatch.setattr(env_mod, '_VERDICTS', memo)
+    calls = []
+    real = env_mod.run_tests
+    monkeypatch.setattr(env_mod, 'run_tests', lambda *a: calls.append(a[0]) or real(*a))
+    for task in (TASKS[0], TASKS[0], TASKS[1]):
+        e = BugFixEnv()
+        e.reset(task)
+        assert e.final_info(False)['public_pass'] is False           # the buggy sources fail
+    assert calls == [TASKS[0].source, TASKS[1].source] and len(memo.memo) == 2
+    e = BugFixEnv()
+    e.reset(TASKS[2])
+    e.final_info(False)
+    assert len(memo.memo) == 2 and (TASKS[0].source, TASKS[0].fn_name, repr(tuple(TASKS[0].public_tests))) \
+        not in memo.memo                                              # the oldest left
+    slow = Task(name='slow', issue='issue : slow', source='def f(x):\n    return x\n', fn_name='f',
+                public_tests=[((1,), 1)], hidden_tests=[], fix='none', split='train')
+    monkeypatch.setattr(env_mod, 'run_tests', lambda *a: [TestResult(False, None, 'SandboxLimit: time limit exceeded')])
+    e = BugFixEnv()
+    e.reset(slow)
+    assert e.final_info(False)['public_pass'] is False
+    assert all(k[0] != slow.source for k in memo.memo)               # a time-out is not a verdict

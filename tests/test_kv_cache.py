@@ -231,3 +231,26 @@ def test_collate_odd_inputs_take_the_reference_path(tasks, tok):
     flat = arl.Trajectory(t.ids[None], t.action_mask, t.sample_logp, 1.0, {}, t.owner, t.turn)
     with pytest.raises(ValueError, match='collate: trajectory 0'):
         collate([flat], tok.pad_id)
+
+
+def test_drop_moves_rows_into_holes_and_keeps_their_cache():
+    torch.manual_seed(7)
+    m = arl.TinyAgent(30, max_len=32).eval()
+    seqs = [[1, 2, 3], [4, 5], [6, 7, 8, 9], [10], [11, 12, 13]]
+    with torch.no_grad():
+        kv = m.new_cache(len(seqs), chunk=4)
+        ids = torch.tensor([s + [0] * (4 - len(s)) for s in seqs])
+        m.extend(kv, ids, torch.tensor([len(s) for s in seqs]))
+        cap = kv.capacity
+        order = kv.drop([3, 1])
+        assert order == [0, 4, 2] and kv.batch_size == 3 and kv.lengths.tolist() == [3, 3, 4]
+        assert kv.capacity == cap                                  # drop never trims
+        out = m.extend(kv, torch.tensor([[20], [21], [22]]))
+        for r, o in enumerate(order):
+            ref = m(torch.tensor([seqs[o] + [20 + r]]))[0, -1]
+            assert torch.allclose(out[r], ref, atol=1e-5)
+        with pytest.raises(ValueError, match=r'KVCache.drop: repeated row indices in \[1, 1\]'):
+            kv.drop([1, 1])
+        with pytest.raises(IndexError, match=r'KVCache.drop: row index out of range \[0, 3\) in \[3\]'):
+            kv.drop([3])
+        assert kv.drop([0, 1, 2]) == [] and kv.batch_size == 0 and kv.nbytes() == 0

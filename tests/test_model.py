@@ -67,3 +67,45 @@ def test_checkpoint_round_trip(tmp_path):
     assert m2.max_len == 32 and torch.equal(m(ids), m2(ids))
     with pytest.raises(FileNotFoundError, match='not found'):
         load_checkpoint(str(tmp_path / 'missing.pt'))
+
+
+def test_sample_next_inverse_cdf_matches_the_distribution():
+    """One uniform per row, located in the row's CDF: frequencies match, zero-prob never drawn."""
+    probs = torch.tensor([0.5, 0.0, 0.3, 0.2, 0.0])
+    logits = probs.log().expand(20000, 5).contiguous()          # log 0 = -inf: never sampled
+    g = torch.Generator().manual_seed(1)
+    ids, lp = arl.sample_next(logits, generator=g)
+    freq = torch.bincount(ids, minlength=5).float() / len(ids)
+    assert freq[1] == 0 and freq[4] == 0
+    assert (freq - probs).abs().max() < 0.015                   # 20k draws: standard error <= 0.0036
+    assert torch.allclose(lp, probs.log()[ids])
+    # the generator decides the draws: same seed, same ids; one uniform per row is consumed
+    again, _ = arl.sample_next(logits, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(ids, again)
+    g2 = torch.Generator().manual_seed(1)
+    arl.sample_next(logits[:3], generator=g2)
+    ref = torch.Generator().manual_seed(1)
+    torch.rand(3, 1, generator=ref, dtype=torch.float64)
+    assert torch.equal(g2.get_state(), ref.get_state())
+
+
+def test_locate_inverts_the_cdf_in_float64():
+    """Exact intervals, zero weights skipped, a 1e-9 token after a 0.999 mass keeps its interval."""
+    from agentrl.model import locate
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.999, 1e-9, 0.0, 0.001 - 1e-9]])
+    cdf = probs.double().cumsum(-1)
+    u = torch.tensor([[0.0], [float(cdf[1, 0] + 0.5e-9) / float(cdf[1, -1])]], dtype=torch.float64)
+    assert locate(probs, u).tolist() == [0, 1]                  # in float32 its interval is empty
+    u = torch.tensor([[0.5], [0.9999999]], dtype=torch.float64)
+    assert locate(probs, u).tolist() == [2, 3]                  # [0.5, 0.8) -> 2; the tail -> 3
+    u = torch.tensor([[1.0 - 2 ** -53], [1.0]], dtype=torch.float64)   # rounding up to the total
+    assert locate(probs, u).tolist() == [3, 3]                  # never past the last positive token
+
+
+def test_fill_holes_moves_only_the_tail():
+    from agentrl.model import fill_holes
+    assert fill_holes(6, [1, 4]) == [0, 5, 2, 3]
+    assert fill_holes(6, [4, 5]) == [0, 1, 2, 3]               # nothing moves
+    assert fill_holes(5, [0, 1, 2]) == [3, 4]
+    assert fill_holes(3, [0, 1, 2]) == []
+    assert fill_holes(4, []) == [0, 1, 2, 3]

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ['TinyAgent', 'KVCache', 'sequence_log_probs', 'sample_next', 'save_checkpoint', 'load_checkpoint']
+__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'sequence_log_probs', 'sample_next', 'save_checkpoint', 'load_checkpoint']
 
 
 class _Block(nn.Module):
@@ -50,24 +50,36 @@ class _Block(nn.Module):
         """Attention of packed new tokens against a ragged cache, writing their keys in place.
 
         x ``[N, D]``: the last new token of each of the B rows, then the other new tokens;
-        K, V ``[B, H, S, Dh]`` this block's cache; ``plan`` from :meth:`TinyAgent.extend`.
-        Returns ``[N, D]``.
+        K, V ``[B, H, S, Dh]`` this block's cache (contiguous); ``plan`` from :meth:`TinyAgent.extend`.
+        Returns ``[N, D]``. Functional calls on the block's own weights (the same arithmetic as :meth:`attend`, without nn.Module call
+        overhead: a decode step is a few dozen tiny ops).
         """
         N, D = x.shape
-        H, B = self.n_heads, K.shape[0]
-        q, k, v = self.qkv(self.ln1(x)).view(N, 3, H, D // H).unbind(1)       # [N, H, Dh] each
-        K[plan.crow, :, plan.pos] = k
-        V[plan.crow, :, plan.pos] = v
-        # one query per row (the last new token): explicit matmuls beat SDPA's CPU kernel here
-        scores = torch.matmul(q[:B, :, None], K.transpose(-1, -2)).mul_(self.scale).add_(plan.mask)
-        y = torch.matmul(torch.softmax(scores, dim=-1), V).view(B, D)
+        H, B, S, Dh = self.n_heads, K.shape[0], K.shape[2], D // self.n_heads
+        h = F.layer_norm(x, (D,), self.ln1.weight, self.ln1.bias, self.ln1.eps)
+        q, k, v = F.linear(h, self.qkv.weight, self.qkv.bias).view(N, 3, H, Dh).unbind(1)   # [N, H, Dh]
+        K.view(-1, Dh).index_copy_(0, plan.slot, k.reshape(N * H, Dh))    # one row copy per head
+        V.view(-1, Dh).index_copy_(0, plan.slot, v.reshape(N * H, Dh))
+        # one query per row (the last new token): scale, mask and scores in one baddbmm
+        scores = torch.baddbmm(plan.mask, q[:B].reshape(B * H, 1, Dh), K.view(B * H, S, Dh).transpose(1, 2),
+                               alpha=self.scale)                                  # [B*H, 1, S]
+        y = torch.bmm(torch.softmax(scores, dim=-1), V.view(B * H, S, Dh)).view(B, D)
         if N > B:             # the other new tokens of rows that got several: padded causal block
             Ks, Vs = (K, V) if plan.sel is None else (K.index_select(0, plan.sel), V.index_select(0, plan.sel))
-            qp = q.new_zeros(Ks.shape[0], plan.te, H, D // H)
+            Q, te = Ks.shape[0], plan.te
+            qp = q.new_zeros(Q, te, H, Dh)
             qp[plan.qr, plan.qj] = q[B:]
-            ye = F.scaled_dot_product_attention(qp.transpose(1, 2), Ks, Vs, attn_mask=plan.emask)
+            scores = torch.baddbmm(plan.emask, qp.transpose(1, 2).reshape(Q * H, te, Dh),
+                                   Ks.view(Q * H, S, Dh).transpose(1, 2), alpha=self.scale)   # [Q*H, te, S]
+            ye = torch.bmm(torch.softmax(scores, dim=-1), Vs.view(Q * H, S, Dh)).view(Q, H, te, Dh)
             y = torch.cat([y, ye.transpose(1, 2)[plan.qr, plan.qj].reshape(N - B, D)])
-        return self.proj(y)
+        return F.linear(y, self.proj.weight, self.proj.bias)
+
+    def mlp_cached(self, x):
+        """``ln2`` then the MLP of ``x [N, D]`` with functional calls (same arithmetic as ``self.mlp``)."""
+        fc1, fc2 = self.mlp[0], self.mlp[2]
+        h = F.layer_norm(x, (x.shape[-1],), self.ln2.weight, self.ln2.bias, self.ln2.eps)
+        return F.linear(F.gelu(F.linear(h, fc1.weight, fc1.bias)), fc2.weight, fc2.bias)
 
 
 class KVCache:
@@ -134,7 +146,10 @@ class KVCache:
         new = min(self.max_len, -(-max(need, cap + cap // 4) // self.chunk) * self.chunk)
         for kv in (self.k, self.v):             # one tensor at a time: peak = cache + one tensor
             for i, t in enumerate(kv):
-                kv[i] = torch.cat([t, t.new_zeros(t.shape[0], t.shape[1], new - cap, t.shape[3])], dim=2)
+                grown = t.new_empty(t.shape[0], t.shape[1], new, t.shape[3])
+                grown[:, :, :cap].copy_(t)
+                grown[:, :, cap:].zero_()       # never-written slots must be finite (masked, weight 0)
+                kv[i] = grown
 
     def keep(self, rows, extra: int = 0) -> None:
         """Keep only ``rows`` (in the given order), then append ``extra`` empty rows; trim capacity.
@@ -156,26 +171,82 @@ class KVCache:
         cap = min(self.capacity, -(-longest // self.chunk) * self.chunk)
 
         def pick(t):
+            kept = t[:, :, :cap][rows]                  # one copy, contiguous
             if not extra:
-                return t[rows, :, :cap]
-            out = t.new_zeros(len(rows) + extra, t.shape[1], cap, t.shape[3])
-            out[:len(rows)] = t[rows, :, :cap]
+                return kept
+            out = t.new_zeros(len(rows) + extra, *kept.shape[1:])
+            out[:len(rows)] = kept
             return out
         for kv in (self.k, self.v):             # one tensor at a time: peak = cache + one tensor
             for i, t in enumerate(kv):
                 kv[i] = pick(t)
         self.lengths = torch.cat([lengths, lengths.new_zeros(extra)]) if extra else lengths
 
+    def drop(self, dead) -> list[int]:
+        """Drop the ``dead`` rows (ended episodes) in place, copying only the rows that move.
+
+        The last kept rows move into the holes (:func:`fill_holes`) and the row axis is narrowed
+        (a view: the memory is reused, and released at the next :meth:`reserve` or :meth:`keep`);
+        unlike :meth:`keep`, no copy of the whole cache and the capacity is not trimmed.
+
+        Args:
+            dead: row indices in ``[0, B)`` (any order, no repeats).
+
+        Returns:
+            ``order``: new row ``r`` holds what old row ``order[r]`` held.
+
+        Raises:
+            IndexError: a row index outside ``[0, B)``. ValueError: a repeated index.
+        """
+        dead = list(dead)
+        B = self.batch_size
+        if len(set(dead)) != len(dead):
+            raise ValueError(f'KVCache.drop: repeated row indices in {dead}')
+        if any(not 0 <= d < B for d in dead):
+            raise IndexError(f'KVCache.drop: row index out of range [0, {B}) in {dead}')
+        order = fill_holes(B, dead)
+        n = len(order)
+        moves = [(r, o) for r, o in enumerate(order) if r != o]
+        if moves:
+            dst = torch.tensor([m[0] for m in moves], device=self.lengths.device)
+            src = torch.tensor([m[1] for m in moves], device=self.lengths.device)
+            for kv in (self.k, self.v):
+                for t in kv:
+                    t.index_copy_(0, dst, t.index_select(0, src))
+            self.lengths[dst] = self.lengths[src]
+        for kv in (self.k, self.v):
+            for i, t in enumerate(kv):
+                kv[i] = t[:n]
+        self.lengths = self.lengths[:n]
+        return order
+
+
+def fill_holes(n: int, dead) -> list[int]:
+    """Row order after dropping ``dead`` rows of ``n`` by moving the last kept rows into the holes.
+
+    Returns ``order``: new row ``r`` is old row ``order[r]``; rows before the first hole keep their
+    place, so only ``len(dead)`` rows move (what :meth:`KVCache.drop` copies). Rollout drivers
+    reorder their live episodes with the same rule, so every path samples rows in one order.
+    """
+    dead = set(dead)
+    n_keep = n - len(dead)
+    order = list(range(n_keep))
+    tail = [r for r in range(n_keep, n) if r not in dead]
+    for hole, r in zip((d for d in sorted(dead) if d < n_keep), tail):
+        order[hole] = r
+    return order
+
 
 class _Plan:
     """Index plan of one :meth:`TinyAgent.extend` call, shared by every block.
 
-    crow, pos: cache row and position of each packed new token; mask: additive ``[B, 1, 1, S]``
-    mask of the last-token queries; for the other new tokens: sel (the rows that have them, or
-    None for every row), qr, qj (each token's query row and offset), te (padded count), emask
-    (boolean ``[Q, 1, te, S]`` causal mask).
+    pos: position of each packed new token; slot: ``[N * H]`` rows of the flattened
+    ``[B * H * S, Dh]`` cache its keys and values go to; mask: additive ``[B * H, 1, S]`` mask of the last-token
+    queries; for the other new tokens: sel (the rows that have them, or None for every row), qr,
+    qj (each token's query row and offset), te (padded count), emask (additive ``[Q * H, te, S]``
+    causal mask).
     """
-    __slots__ = ('crow', 'pos', 'mask', 'sel', 'qr', 'qj', 'te', 'emask')
+    __slots__ = ('pos', 'slot', 'mask', 'sel', 'qr', 'qj', 'te', 'emask')
 
 
 class TinyAgent(nn.Module):
@@ -294,9 +365,9 @@ class TinyAgent(nn.Module):
         t, dev = ids.shape[1], ids.device
         lengths = cache.lengths
         if n_new is not None and t > 1:
-            if int(n_new.min()) < 1 or int(n_new.max()) > t:
-                raise ValueError(f'TinyAgent.extend: n_new must be in [1, {t}] for every row, '
-                                 f'got {n_new.min().item()}..{n_new.max().item()}')
+            lo, hi = (int(v) for v in torch.aminmax(n_new)) if B else (1, t)
+            if lo < 1 or hi > t:
+                raise ValueError(f'TinyAgent.extend: n_new must be in [1, {t}] for every row, got {lo}..{hi}')
         else:
             n_new = None
         ends = lengths + (t if n_new is None else n_new)
@@ -305,14 +376,15 @@ class TinyAgent(nn.Module):
             raise ValueError(f'sequence length {need} exceeds TinyAgent.max_len={self.max_len}; '
                              'build the model with a larger max_len or cap the episode length')
         cache.reserve(need)
-        keys = torch.arange(cache.capacity, device=dev)
+        S, H, dtype = cache.capacity, self.blocks[0].n_heads, self.head.weight.dtype
+        keys = torch.arange(S, device=dev)
         plan = _Plan()
-        plan.mask = torch.zeros(B, 1, 1, len(keys), dtype=self.head.weight.dtype, device=dev).masked_fill_(
-            (keys >= ends[:, None])[:, None, None], float('-inf'))
+        inf = torch.tensor(float('-inf'), dtype=dtype, device=dev)
+        plan.mask = torch.where(keys >= ends[:, None, None, None], inf, 0.0).expand(B, H, 1, S).reshape(B * H, 1, S)
         rows = torch.arange(B, device=dev)
         last_ids = ids[:, t - 1] if n_new is None else ids[rows, n_new - 1]
         if t == 1:
-            plan.crow, plan.pos, tok_ids = rows, lengths, last_ids
+            crow, plan.pos, tok_ids = rows, lengths, last_ids
         else:
             n = torch.full((B,), t, device=dev) if n_new is None else n_new
             extra = torch.arange(t - 1, device=dev) < (n - 1)[:, None]                # [B, t-1]
@@ -325,14 +397,17 @@ class TinyAgent(nn.Module):
                 plan.qr, qlen = (has.long().cumsum(0) - 1)[er], lengths[plan.sel]
             plan.qj, plan.te = ej, t - 1
             qpos = qlen[:, None] + torch.arange(t - 1, device=dev)                  # [Q, te]
-            plan.emask = (keys <= qpos[:, :, None])[:, None]                      # [Q, 1, te, S]
-            plan.crow = torch.cat([rows, er])
+            Q = len(qpos)
+            plan.emask = torch.where(keys > qpos[:, None, :, None], inf, 0.0).expand(Q, H, t - 1, S).reshape(
+                Q * H, t - 1, S)                                                # [Q*H, te, S]
+            crow = torch.cat([rows, er])
             plan.pos = torch.cat([ends - 1, lengths[er] + ej])
             tok_ids = torch.cat([last_ids, ids[er, ej]])
+        plan.slot = ((crow[:, None] * H + torch.arange(H, device=dev)) * S + plan.pos[:, None]).view(-1)
         x = self.tok_emb(tok_ids) + self.pos_emb(plan.pos)                          # [N, D]
         for i, block in enumerate(self.blocks):
             x = x + block.attend_cached(x, cache.k[i], cache.v[i], plan)
-            x = x + block.mlp(block.ln2(x))
+            x = x + block.mlp_cached(x)
         cache.lengths = ends
         return self.head(self.ln_f(x[:B]))
 
@@ -362,8 +437,15 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
         generator: optional ``torch.Generator`` for reproducible draws.
 
     Returns:
-        ``(ids [B] int64, logp [B] float32)`` with ``logp = log_softmax(logits / T)[ids]``, the
-        log-prob a trainer recomputes with :func:`sequence_log_probs` at T = 1.
+        ``(ids [B] int64, logp [B] float32)`` with ``logp = log(softmax(logits / T)[ids])`` (equal
+        to ``log_softmax`` to about 1e-7), the log-prob a trainer recomputes with
+        :func:`sequence_log_probs` at T = 1.
+
+    Sampling is by inversion: one uniform draw per row (``torch.rand(B)`` from ``generator``)
+    located in the row's cumulative distribution. It samples the same categorical distribution
+    as ``torch.multinomial`` (which draws one exponential per vocabulary entry, V times as many
+    random numbers: 80% of the sampling time of a 256-row TinyAgent step); a token of
+    probability 0 is never drawn.
 
     Raises:
         ValueError: logits not 2-D.
@@ -374,10 +456,36 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
     if temperature <= 0:
         logp_all = torch.log_softmax(logits, dim=-1)
         ids = logp_all.argmax(dim=-1)
-    else:
-        logp_all = torch.log_softmax(logits if temperature == 1 else logits / temperature, dim=-1)  # x/1 == x
-        ids = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(-1)
-    return ids, logp_all.gather(-1, ids[:, None]).squeeze(-1)
+        return ids, logp_all.gather(-1, ids[:, None]).squeeze(-1)
+    probs = torch.softmax(logits if temperature == 1 else logits / temperature, dim=-1)  # x/1 == x
+    ids = _inverse_cdf(probs, generator)
+    return ids, probs.gather(-1, ids[:, None]).squeeze(-1).log()
+
+
+def _inverse_cdf(probs: torch.Tensor, generator) -> torch.Tensor:
+    """One draw per row of ``probs [B, V]`` (non-negative, rows need not sum to 1) -> ``[B]`` int64."""
+    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
+    return locate(probs, u)
+
+
+def locate(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Invert each row's CDF at ``u``: the token ``i`` with ``cdf[i-1] <= u * total < cdf[i]``.
+
+    Args:
+        probs: ``[B, V]`` non-negative weights (rows need not sum to 1; at least one > 0).
+        u: ``[B, 1]`` float64 uniforms in ``[0, 1)``.
+
+    Returns:
+        ``[B]`` int64 ids; a token of weight 0 is never returned. The CDF is accumulated in
+        float64, so a token of weight 1e-9 after a mass of 0.999 keeps its own interval (in
+        float32 it would round away).
+    """
+    cdf = probs.double().cumsum_(dim=-1)
+    total = cdf[:, -1:].contiguous()
+    ids = torch.searchsorted(cdf, u * total, right=True)
+    # u * total can round up to total: fall back to the last token of positive weight
+    last = torch.searchsorted(cdf, total, right=False)
+    return torch.minimum(ids, last).squeeze(-1)
 
 
 def save_checkpoint(model: TinyAgent, path: str) -> None:

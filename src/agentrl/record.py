@@ -10,6 +10,7 @@ Peer names: ``action_mask`` ~ verl ``response_mask`` ~ TRL ``completion_mask * t
 from __future__ import annotations
 
 import json
+from array import array
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterator
 
@@ -125,6 +126,16 @@ class Provenance:
         return json.dumps(self.to_dict(), sort_keys=True)
 
 
+def _fresh(values, code: str, dtype: torch.dtype) -> torch.Tensor:
+    """A new 1-D tensor (own memory) from a list or tensor; lists go through ``array`` (3x faster)."""
+    if not torch.is_tensor(values) and len(values):
+        try:
+            return torch.frombuffer(array(code, values), dtype=dtype)
+        except (TypeError, OverflowError):             # e.g. floats in an id list: let torch convert
+            pass
+    return torch.as_tensor(values, dtype=dtype).clone()
+
+
 @dataclass
 class Trajectory:
     """One episode as the trainer sees it.
@@ -181,8 +192,11 @@ class Trajectory:
             ValueError: when the per-token fields disagree in length, are empty, or the first
                 token is policy-owned (nothing precedes it, so it cannot be scored).
         """
-        owner = [OWNER[o] if isinstance(o, str) else int(o) for o in
-                 (owner.tolist() if torch.is_tensor(owner) else owner)]
+        owner = owner.tolist() if torch.is_tensor(owner) else owner
+        try:
+            owner = array('q', owner)                  # ints (the rollouts' case): one C loop
+        except TypeError:                              # owner names, or a mix
+            owner = array('q', [OWNER[o] if isinstance(o, str) else int(o) for o in owner])
         n = {'ids': len(ids), 'owner': len(owner), 'turn': len(turn), 'logp': len(logp)}
         if len(set(n.values())) != 1:
             raise ValueError(f'per-token fields disagree in length {n}: ids, owner, turn and logp '
@@ -192,12 +206,12 @@ class Trajectory:
         if owner[0] == OWNER['policy']:
             raise ValueError('owner[0] is policy: the first token has no preceding position to score '
                              'it; start the sequence with a template or prompt token')
-        owner_t = torch.as_tensor(owner, dtype=torch.long)
-        return cls(ids=torch.as_tensor(ids, dtype=torch.long).clone(),
+        owner_t = torch.frombuffer(owner, dtype=torch.long)
+        return cls(ids=_fresh(ids, 'q', torch.long),
                    action_mask=(owner_t[1:] == OWNER['policy']).float(),
-                   sample_logp=torch.as_tensor(logp, dtype=torch.float32)[1:].clone(),
+                   sample_logp=_fresh(logp[1:], 'f', torch.float32),
                    reward=float(reward), info=dict(info), owner=owner_t,
-                   turn=torch.as_tensor(turn, dtype=torch.long).clone(),
+                   turn=_fresh(turn, 'q', torch.long),
                    provenance=provenance, turn_contexts=turn_contexts)
 
     def __len__(self) -> int:

@@ -7,11 +7,11 @@ appended between ``<obs>`` and ``</obs>`` template tokens. Records are frozen th
 """
 from __future__ import annotations
 
-from dataclasses import replace
+import copy
 
 import torch
 
-from .model import sample_next
+from .model import fill_holes, sample_next
 from .record import OWNER, Provenance, SamplingSpec, Trajectory
 
 __all__ = ['MAX_CALL_TOKENS', 'Episode', 'make_trajectory', 'scripted_rollout', 'generate_call',
@@ -19,6 +19,7 @@ __all__ = ['MAX_CALL_TOKENS', 'Episode', 'make_trajectory', 'scripted_rollout', 
 
 #: A call longer than this many tokens is cut off and parsed as it is. Source: book chapter 5.6.
 MAX_CALL_TOKENS = 6
+_TEMPLATE, _TOOL = OWNER['template'], OWNER['tool']
 
 
 class Episode:
@@ -79,11 +80,13 @@ class Episode:
         if not self.done and (k + 1 >= self.max_turns or no_room):
             self.done, self.reward = True, 0.0
             self.info = dict(self.env.final_info(False), stop='truncated')
-        if not self.done:
+        if not self.done:                   # <obs> observation </obs>: template, tool, template
             self.observations.append(obs)
-            self.add([self.tok.obs_id], 'template', k)
-            self.add(obs_ids, 'tool', k)
-            self.add([self.tok.obs_end_id], 'template', k)
+            n = len(obs_ids)
+            self.ids += [self.tok.obs_id, *obs_ids, self.tok.obs_end_id]
+            self.owner += [_TEMPLATE, *[_TOOL] * n, _TEMPLATE]
+            self.turn += [k] * (n + 2)
+            self.logp += [0.0] * (n + 2)
         return self.done
 
 
@@ -350,7 +353,7 @@ class _Schedule:
 
     def finish(self, b: int) -> None:
         """Freeze episode ``b`` into its trajectory and drop the episode."""
-        self.trajs[b] = make_trajectory(self.episodes.pop(b), replace(self.prov))
+        self.trajs[b] = make_trajectory(self.episodes.pop(b), copy.copy(self.prov))
 
 
 def _add_token(calls, b, i, lp, end_id):
@@ -365,7 +368,12 @@ def _add_token(calls, b, i, lp, end_id):
 
 
 def _drive_kv_free(model, sched, tok, temperature, generator) -> None:
-    """The book's lockstep loop: recompute every live prefix each token step."""
+    """The book's lockstep loop: recompute every live prefix each token step.
+
+    Rows of ended episodes are removed with :func:`~agentrl.model.fill_holes` (the last live rows
+    move into the holes), the row order :func:`_drive_cached` keeps its cache in, so both paths
+    draw for the same episodes in the same order.
+    """
     episodes, end_id = sched.episodes, tok.call_end_id
     active = sched.join(0)
     calls = {b: ([], []) for b in active}
@@ -374,61 +382,81 @@ def _drive_kv_free(model, sched, tok, temperature, generator) -> None:
         last = torch.tensor([len(r) - 1 for r in rows])
         logits = model(pad_right(rows, tok.pad_id))[torch.arange(len(rows)), last]
         next_ids, logps = _draw(logits, temperature, generator, active)
-        live = []
-        for b, i, lp in zip(active, next_ids.tolist(), logps.tolist()):
+        dead = []
+        for r, (b, i, lp) in enumerate(zip(active, next_ids.tolist(), logps.tolist())):
             call = _add_token(calls, b, i, lp, end_id)
             if call is not None and episodes[b].act(*call):
                 sched.finish(b)
-                continue
-            live.append(b)
-        joined = sched.join(len(live))
+                dead.append(r)
+        if dead:
+            active = [active[o] for o in fill_holes(len(active), dead)]
+        joined = sched.join(len(active))
         calls.update((b, ([], [])) for b in joined)
-        active = live + joined
+        active = active + joined
 
 
 def _drive_cached(model, sched, tok, temperature, generator) -> None:
     """Lockstep loop over a ragged KV cache: the same sampling as :func:`_drive_kv_free`.
 
-    Cache row r belongs to episode ``active[r]``; ``pending[r]`` are the tokens of that episode
-    not yet in the cache (its whole prompt at first, then the last sampled token, or after a call
-    the call's last token plus the observation). Each step feeds them in one ragged
-    :meth:`~agentrl.model.TinyAgent.extend` call, samples once for all rows, drops the rows whose
-    episodes ended and appends the rows of episodes that join.
+    Cache row r belongs to episode ``active[r]``. A row whose open call goes on is fed its last
+    sampled token (``next_ids[r]``); ``pending[r]`` holds the tokens of a row that needs more
+    (its whole prompt at first, or after a call the call's last token plus the observation).
+    Each step feeds them in one ragged :meth:`~agentrl.model.TinyAgent.extend` call and samples
+    once for all rows; the open calls live in ``[A, MAX_CALL_TOKENS]`` tensors, so Python touches
+    only the rows whose call ended. Rows of ended episodes are dropped
+    (:meth:`~agentrl.model.KVCache.drop`: the last rows move into the holes) and the rows of
+    episodes that join are appended.
     """
     episodes, end_id, pad = sched.episodes, tok.call_end_id, tok.pad_id
     active = sched.join(0)
     kv = model.new_cache(len(active))
-    pending = [list(episodes[b].ids) for b in active]
-    calls = {b: ([], []) for b in active}
-    next_ids = None
+    pending = {r: episodes[b].ids for r, b in enumerate(active)}
+    call_ids = torch.zeros(len(active), MAX_CALL_TOKENS, dtype=torch.long)
+    call_lp = torch.zeros(len(active), MAX_CALL_TOKENS)
+    call_len = torch.zeros(len(active), dtype=torch.long)
+    next_ids = torch.full((len(active),), pad, dtype=torch.long)
     while active:
-        t = max(len(p) for p in pending)
-        if t == 1 and next_ids is not None and len(pending) == len(next_ids):
-            ids, n_new = next_ids[:, None], None              # pure decode step: the sampled ids
+        if pending:
+            rows = torch.tensor(list(pending))
+            fed = pad_right(list(pending.values()), pad)                  # [P, t]
+            ids = next_ids[:, None].repeat(1, fed.shape[1])
+            ids[rows] = fed
+            n_new = torch.ones(len(active), dtype=torch.long)
+            n_new[rows] = torch.tensor([len(p) for p in pending.values()])
         else:
-            ids = pad_right(pending, pad)
-            n_new = torch.tensor([len(p) for p in pending])
-        logits = model.extend(kv, ids, n_new)                 # [A, V] after each row's last token
+            ids, n_new = next_ids[:, None], None                  # pure decode step: the sampled ids
+        logits = model.extend(kv, ids, n_new)                     # [A, V] after each row's last token
         next_ids, logps = _draw(logits, temperature, generator, active)
-        keep, live, pending = [], [], []
-        for r, (b, i, lp) in enumerate(zip(active, next_ids.tolist(), logps.tolist())):
-            call = _add_token(calls, b, i, lp, end_id)
-            if call is not None:
+        call_ids.scatter_(1, call_len[:, None], next_ids[:, None])
+        call_lp.scatter_(1, call_len[:, None], logps[:, None])
+        call_len += 1
+        ended = ((next_ids == end_id) | (call_len == MAX_CALL_TOKENS)).nonzero().squeeze(1)
+        pending, dead = {}, []
+        if len(ended):
+            lens = call_len[ended].tolist()
+            for r, n, ci, cl in zip(ended.tolist(), lens, call_ids[ended].tolist(), call_lp[ended].tolist()):
+                b = active[r]
                 episode = episodes[b]
-                start = len(episode.ids) + len(call[0]) - 1       # tokens the cache holds
-                if episode.act(*call):
+                start = len(episode.ids) + n - 1                   # tokens the cache holds
+                if episode.act(ci[:n], cl[:n]):
                     sched.finish(b)
-                    continue
-                pending.append(episode.ids[start:])
-            else:
-                pending.append([i])
-            keep.append(r)
-            live.append(b)
-        joined = sched.join(len(live))
-        if joined or len(keep) < len(active):
-            kv.keep(keep, extra=len(joined))
-            next_ids = next_ids[keep] if keep else None
-            for b in joined:
-                calls[b] = ([], [])
-                pending.append(list(episodes[b].ids))
-        active = live + joined
+                    dead.append(r)
+                else:
+                    pending[r] = episode.ids[start:]
+            call_len[ended] = 0
+        if dead:
+            order = kv.drop(dead)
+            active = [active[o] for o in order]
+            pending = {r: pending[o] for r, o in enumerate(order) if o in pending}
+            idx = torch.tensor(order, dtype=torch.long)
+            next_ids, call_ids, call_lp, call_len = next_ids[idx], call_ids[idx], call_lp[idx], call_len[idx]
+        joined = sched.join(len(active))
+        if joined:
+            kv.keep(range(len(active)), extra=len(joined))
+            n = len(joined)
+            pending.update((len(active) + k, episodes[b].ids) for k, b in enumerate(joined))
+            next_ids = torch.cat([next_ids, next_ids.new_full((n,), pad)])
+            call_ids = torch.cat([call_ids, call_ids.new_zeros(n, MAX_CALL_TOKENS)])
+            call_lp = torch.cat([call_lp, call_lp.new_zeros(n, MAX_CALL_TOKENS)])
+            call_len = torch.cat([call_len, call_len.new_zeros(n)])
+            active = active + joined

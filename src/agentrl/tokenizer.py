@@ -69,11 +69,11 @@ class Tokenizer:
             ValueError: an id outside ``[0, vocab_size)``.
         """
         ids = ids.tolist() if hasattr(ids, 'tolist') else list(ids)
-        bad = [i for i in ids if not 0 <= int(i) < len(self.itos)]
-        if bad:
+        if ids and (min(ids) < 0 or max(ids) >= len(self.itos)):
+            bad = [i for i in ids if not 0 <= int(i) < len(self.itos)]
             raise ValueError(f'decode: ids {bad[:5]} are outside the vocabulary [0, {len(self.itos)}); '
                              'were they produced by another tokenizer?')
-        return ' '.join(self.itos[int(i)] for i in ids).replace(' <nl> ', '\n')
+        return ' '.join([self.itos[int(i)] for i in ids]).replace(' <nl> ', '\n')
 
     def fingerprint(self) -> str:
         """sha256 (first 16 hex digits) of the class, vocabulary and special ids."""

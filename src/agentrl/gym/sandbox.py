@@ -23,6 +23,7 @@ Every failure becomes an error result; ``run_tests`` never raises and never hang
 from __future__ import annotations
 
 import ast
+import functools
 import operator
 import sys
 import time
@@ -280,18 +281,33 @@ def _describe(exc: BaseException) -> str:
     return f'{type(exc).__name__}: {message}' if message else type(exc).__name__
 
 
+@functools.lru_cache(maxsize=4096)
+def _compile(source: str):
+    """Check and compile ``source`` once: ``(code, None)`` or ``(None, reason)``.
+
+    Cached by source text (code objects are immutable; every run still executes the module body
+    in a fresh namespace): a rollout re-grades the same few task sources many times.
+    """
+    problem = check_source(source)
+    if problem is not None:
+        return None, problem
+    try:
+        tree = _Guard().visit(ast.parse(source, filename=_FILENAME))
+        return compile(ast.fix_missing_locations(tree), _FILENAME, 'exec'), None
+    except Exception as exc:  # noqa: BLE001 - e.g. RecursionError on a deeply nested source
+        return None, _describe(exc)
+
+
 def _load(source, fn_name, deadline):
     """Validate, compile and execute ``source``; return (function, None) or (None, error)."""
     if not isinstance(source, str):
         return None, f'TypeError: source must be a str, not {type(source).__name__}'
     if not isinstance(fn_name, str):
         return None, f'TypeError: fn_name must be a str, not {type(fn_name).__name__}'
-    problem = check_source(source)
+    code, problem = _compile(source)
     if problem is not None:
         return None, problem
     try:
-        tree = _Guard().visit(ast.parse(source, filename=_FILENAME))
-        code = compile(ast.fix_missing_locations(tree), _FILENAME, 'exec')
         namespace = {'__builtins__': _builtins(), _GUARD: _binop}
         _limited(deadline, exec, code, namespace)
     except Exception as exc:  # noqa: BLE001 - any failure of the module body is an error result
