@@ -550,7 +550,7 @@ def run(quick: bool = False) -> list[dict]:
         the issue sets a target.
     """
     threads = torch.get_num_threads()
-    repeats = 2 if quick else 3
+    repeats = 2 if quick else 5
     rows = bench_rollouts(quick, repeats)
     rows += bench_collate(1 if quick else repeats)
     rows += bench_memory([(32, True, False)] if quick else

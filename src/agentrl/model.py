@@ -60,18 +60,16 @@ class _Block(nn.Module):
         q, k, v = F.linear(h, self.qkv.weight, self.qkv.bias).view(N, 3, H, Dh).unbind(1)   # [N, H, Dh]
         K.view(-1, Dh).index_copy_(0, plan.slot, k.reshape(N * H, Dh))    # one row copy per head
         V.view(-1, Dh).index_copy_(0, plan.slot, v.reshape(N * H, Dh))
-        # one query per row (the last new token): scale, mask and scores in one baddbmm
-        scores = torch.baddbmm(plan.mask, q[:B].reshape(B * H, 1, Dh), K.view(B * H, S, Dh).transpose(1, 2),
-                               alpha=self.scale)                                  # [B*H, 1, S]
-        y = torch.bmm(torch.softmax(scores, dim=-1), V.view(B * H, S, Dh)).view(B, D)
+        # one query per row (the last new token): a batched matrix-vector product over the cache
+        scores = torch.matmul((q[:B] * self.scale)[:, :, None], K.transpose(-1, -2)).add_(plan.mask)  # [B, H, 1, S]
+        y = torch.matmul(torch.softmax(scores, dim=-1), V).view(B, D)
         if N > B:             # the other new tokens of rows that got several: padded causal block
             Ks, Vs = (K, V) if plan.sel is None else (K.index_select(0, plan.sel), V.index_select(0, plan.sel))
             Q, te = Ks.shape[0], plan.te
             qp = q.new_zeros(Q, te, H, Dh)
-            qp[plan.qr, plan.qj] = q[B:]
-            scores = torch.baddbmm(plan.emask, qp.transpose(1, 2).reshape(Q * H, te, Dh),
-                                   Ks.view(Q * H, S, Dh).transpose(1, 2), alpha=self.scale)   # [Q*H, te, S]
-            ye = torch.bmm(torch.softmax(scores, dim=-1), Vs.view(Q * H, S, Dh)).view(Q, H, te, Dh)
+            qp[plan.qr, plan.qj] = q[B:] * self.scale
+            scores = torch.matmul(qp.transpose(1, 2), Ks.transpose(-1, -2)).add_(plan.emask)   # [Q, H, te, S]
+            ye = torch.matmul(torch.softmax(scores, dim=-1), Vs)                                # [Q, H, te, Dh]
             y = torch.cat([y, ye.transpose(1, 2)[plan.qr, plan.qj].reshape(N - B, D)])
         return F.linear(y, self.proj.weight, self.proj.bias)
 
@@ -241,9 +239,9 @@ class _Plan:
     """Index plan of one :meth:`TinyAgent.extend` call, shared by every block.
 
     pos: position of each packed new token; slot: ``[N * H]`` rows of the flattened
-    ``[B * H * S, Dh]`` cache its keys and values go to; mask: additive ``[B * H, 1, S]`` mask of the last-token
+    ``[B * H * S, Dh]`` cache its keys and values go to; mask: additive ``[B, 1, 1, S]`` mask of the last-token
     queries; for the other new tokens: sel (the rows that have them, or None for every row), qr,
-    qj (each token's query row and offset), te (padded count), emask (additive ``[Q * H, te, S]``
+    qj (each token's query row and offset), te (padded count), emask (additive ``[Q, 1, te, S]``
     causal mask).
     """
     __slots__ = ('pos', 'slot', 'mask', 'sel', 'qr', 'qj', 'te', 'emask')
@@ -380,7 +378,7 @@ class TinyAgent(nn.Module):
         keys = torch.arange(S, device=dev)
         plan = _Plan()
         inf = torch.tensor(float('-inf'), dtype=dtype, device=dev)
-        plan.mask = torch.where(keys >= ends[:, None, None, None], inf, 0.0).expand(B, H, 1, S).reshape(B * H, 1, S)
+        plan.mask = torch.where(keys >= ends[:, None, None, None], inf, 0.0)              # [B, 1, 1, S]
         rows = torch.arange(B, device=dev)
         last_ids = ids[:, t - 1] if n_new is None else ids[rows, n_new - 1]
         if t == 1:
@@ -397,9 +395,7 @@ class TinyAgent(nn.Module):
                 plan.qr, qlen = (has.long().cumsum(0) - 1)[er], lengths[plan.sel]
             plan.qj, plan.te = ej, t - 1
             qpos = qlen[:, None] + torch.arange(t - 1, device=dev)                  # [Q, te]
-            Q = len(qpos)
-            plan.emask = torch.where(keys > qpos[:, None, :, None], inf, 0.0).expand(Q, H, t - 1, S).reshape(
-                Q * H, t - 1, S)                                                # [Q*H, te, S]
+            plan.emask = torch.where(keys > qpos[:, None, :, None], inf, 0.0)       # [Q, 1, te, S]
             crow = torch.cat([rows, er])
             plan.pos = torch.cat([ends - 1, lengths[er] + ej])
             tok_ids = torch.cat([last_ids, ids[er, ej]])
