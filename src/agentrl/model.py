@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'sequence_log_probs', 'sample_next', 'save_checkpoint', 'load_checkpoint']
+__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'locate', 'sequence_log_probs', 'sample_next', 'save_checkpoint', 'load_checkpoint']
 
 
 class _Block(nn.Module):
@@ -84,8 +84,8 @@ class KVCache:
     """Incremental key/value cache of a :class:`TinyAgent` for a batch of ragged rows.
 
     Row ``b`` holds the keys and values of its first ``lengths[b]`` tokens; rows may differ in
-    length (episodes at different points) and rows can be dropped (:meth:`keep`) when their
-    episodes end. Memory grows with the longest row: the position axis is extended as rows grow
+    length (episodes at different points) and rows can be dropped (:meth:`drop` in place,
+    :meth:`keep` with a compacting copy) when their episodes end. Memory grows with the longest row: the position axis is extended as rows grow
     (:meth:`reserve`: by at least 1.25x, in multiples of ``chunk`` positions; never preallocated at
     ``max_len``) and trimmed by :meth:`keep`. About ``n_layers * 2 * d_model * 4`` bytes per
     position and row (1 KB for the default TinyAgent). Build one with :meth:`TinyAgent.new_cache`;
@@ -440,8 +440,8 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
     Sampling is by inversion: one uniform draw per row (``torch.rand(B)`` from ``generator``)
     located in the row's cumulative distribution. It samples the same categorical distribution
     as ``torch.multinomial`` (which draws one exponential per vocabulary entry, V times as many
-    random numbers: 80% of the sampling time of a 256-row TinyAgent step); a token of
-    probability 0 is never drawn.
+    random numbers: at ``[256, 316]`` it took 1.9 ms against 0.25 ms here); a token of
+    probability 0 is never drawn (see :func:`locate`).
 
     Raises:
         ValueError: logits not 2-D.
