@@ -201,8 +201,9 @@ class Trajectory:
             ValueError: when the per-token fields disagree in length, are empty, or the first
                 token is policy-owned (nothing precedes it, so it cannot be scored).
         """
-        owner = [OWNER[o] if isinstance(o, str) else int(o) for o in
-                 (owner.tolist() if torch.is_tensor(owner) else owner)]
+        owner = owner.tolist() if torch.is_tensor(owner) else owner
+        if not set(map(type, owner)) <= {int}:                  # names (or numpy ints): to codes
+            owner = [OWNER[o] if isinstance(o, str) else int(o) for o in owner]
         n = {'ids': len(ids), 'owner': len(owner), 'turn': len(turn), 'logp': len(logp)}
         if len(set(n.values())) != 1:
             raise ValueError(f'per-token fields disagree in length {n}: ids, owner, turn and logp '
