@@ -108,7 +108,7 @@ class KVCache:
     """
 
     def __init__(self, n_layers: int, batch: int, n_heads: int, head_dim: int, max_len: int,
-                 dtype=torch.float32, device=None, chunk: int = 32):
+                 dtype=torch.float32, device=None, chunk: int = 16):
         if batch < 0 or chunk < 1:
             raise ValueError(f'KVCache needs batch >= 0 and chunk >= 1, got {batch}, {chunk}')
         self.max_len, self.chunk = max_len, chunk
@@ -317,7 +317,7 @@ class TinyAgent(nn.Module):
         logits = self.head(self.ln_f(x))
         return logits if past is None else (logits, new_past)
 
-    def new_cache(self, batch: int, chunk: int = 32) -> KVCache:
+    def new_cache(self, batch: int, chunk: int = 16) -> KVCache:
         """An empty :class:`KVCache` for ``batch`` rows (part of the cache interface of rollouts).
 
         Args:
@@ -400,12 +400,14 @@ class TinyAgent(nn.Module):
             plan.pos = torch.cat([ends - 1, lengths[er] + ej])
             tok_ids = torch.cat([last_ids, ids[er, ej]])
         plan.slot = ((crow[:, None] * H + torch.arange(H, device=dev)) * S + plan.pos[:, None]).view(-1)
-        x = self.tok_emb(tok_ids) + self.pos_emb(plan.pos)                          # [N, D]
+        x = F.embedding(tok_ids, self.tok_emb.weight) + F.embedding(plan.pos, self.pos_emb.weight)   # [N, D]
         for i, block in enumerate(self.blocks):
             x = x + block.attend_cached(x, cache.k[i], cache.v[i], plan)
             x = x + block.mlp_cached(x)
         cache.lengths = ends
-        return self.head(self.ln_f(x[:B]))
+        ln = self.ln_f
+        return F.linear(F.layer_norm(x[:B], (self.d_model,), ln.weight, ln.bias, ln.eps), self.head.weight,
+                        self.head.bias)
 
 
 def sequence_log_probs(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
