@@ -310,7 +310,8 @@ LIVE_MALLOC = {'MALLOC_MMAP_THRESHOLD_': '131072', 'MALLOC_TRIM_THRESHOLD_': '13
 def _memory(n: int, max_active: int | None, live: bool, warm: bool, cache: bool = True) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), '--memory-child', str(n), str(max_active or 0),
            str(int(cache)), str(int(warm)), '--threads', str(torch.get_num_threads())]
-    env = dict(os.environ, **(LIVE_MALLOC if live else {}))
+    env = {k: v for k, v in os.environ.items() if not k.startswith('MALLOC_')}   # "malloc": glibc as is
+    env.update(LIVE_MALLOC if live else {})
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     if out.returncode != 0:
         raise RuntimeError(f'memory child failed: {out.stderr[-2000:]}')
