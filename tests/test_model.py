@@ -109,3 +109,9 @@ def test_fill_holes_moves_only_the_tail():
     assert fill_holes(5, [0, 1, 2]) == [3, 4]
     assert fill_holes(3, [0, 1, 2]) == []
     assert fill_holes(4, []) == [0, 1, 2, 3]
+
+
+def test_sample_next_refuses_rows_without_a_distribution():
+    logits = torch.tensor([[0.0, 1.0], [float('nan'), 0.0], [float('-inf'), float('-inf')]])
+    with pytest.raises(ValueError, match=r'sample_next: rows \[1, 2\] have no distribution to sample from'):
+        arl.sample_next(logits, generator=torch.Generator().manual_seed(0))

@@ -11,7 +11,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'locate', 'sequence_log_probs', 'sample_next', 'save_checkpoint', 'load_checkpoint']
+__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'locate', 'sequence_log_probs', 'sample_next', 'save_checkpoint',
+           'load_checkpoint']
 
 
 class _Block(nn.Module):
@@ -50,9 +51,10 @@ class _Block(nn.Module):
         """Attention of packed new tokens against a ragged cache, writing their keys in place.
 
         x ``[N, D]``: the last new token of each of the B rows, then the other new tokens;
-        K, V ``[B, H, S, Dh]`` this block's cache (contiguous); ``plan`` from :meth:`TinyAgent.extend`.
-        Returns ``[N, D]``. Functional calls on the block's own weights (the same arithmetic as :meth:`attend`, without nn.Module call
-        overhead: a decode step is a few dozen tiny ops).
+        K, V ``[B, H, S, Dh]`` this block's cache (contiguous); ``plan`` from
+        :meth:`TinyAgent.extend`. Returns ``[N, D]``. Functional calls on the block's own weights
+        (the same arithmetic as :meth:`attend`, without nn.Module call overhead: a decode step is
+        a few dozen tiny ops).
         """
         N, D = x.shape
         H, B, S, Dh = self.n_heads, K.shape[0], K.shape[2], D // self.n_heads
@@ -85,9 +87,10 @@ class KVCache:
 
     Row ``b`` holds the keys and values of its first ``lengths[b]`` tokens; rows may differ in
     length (episodes at different points) and rows can be dropped (:meth:`drop` in place,
-    :meth:`keep` with a compacting copy) when their episodes end. Memory grows with the longest row: the position axis is extended as rows grow
-    (:meth:`reserve`: by at least 1.25x, in multiples of ``chunk`` positions; never preallocated at
-    ``max_len``) and trimmed by :meth:`keep`. About ``n_layers * 2 * d_model * 4`` bytes per
+    :meth:`keep` with a compacting copy) when their episodes end. Memory grows with the longest
+    row: the position axis is extended as rows grow (:meth:`reserve`: by at least 1.25x, in
+    multiples of ``chunk`` positions; never preallocated at ``max_len``, since attention reads
+    every allocated position) and trimmed by :meth:`keep`. About ``n_layers * 2 * d_model * 4`` bytes per
     position and row (1 KB for the default TinyAgent). Build one with :meth:`TinyAgent.new_cache`;
     fill it with :meth:`TinyAgent.extend`.
 
@@ -239,8 +242,8 @@ class _Plan:
     """Index plan of one :meth:`TinyAgent.extend` call, shared by every block.
 
     pos: position of each packed new token; slot: ``[N * H]`` rows of the flattened
-    ``[B * H * S, Dh]`` cache its keys and values go to; mask: additive ``[B, 1, 1, S]`` mask of the last-token
-    queries; for the other new tokens: sel (the rows that have them, or None for every row), qr,
+    ``[B * H * S, Dh]`` cache its keys and values go to; mask: additive ``[B, 1, 1, S]`` mask of
+    the last-token queries; for the other new tokens: sel (the rows that have them, or None for every row), qr,
     qj (each token's query row and offset), te (padded count), emask (additive ``[Q, 1, te, S]``
     causal mask).
     """
@@ -476,10 +479,19 @@ def locate(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     Returns:
         ``[B]`` int64 ids; a token of weight 0 is never returned. The CDF is accumulated in
         float64, so a token of weight 1e-9 after a mass of 0.999 keeps its own interval (in
-        float32 it would round away).
+        float32 it would round away). Source: inverse transform sampling.
+
+    Raises:
+        ValueError: a row whose weights do not sum to a finite positive number (NaN or inf
+            logits, or every logit -inf): there is no distribution to sample from.
     """
     cdf = probs.double().cumsum_(dim=-1)
     total = cdf[:, -1:].contiguous()
+    bad = ~((total > 0) & (total < float('inf')))
+    if bool(bad.any()):
+        rows = bad.squeeze(1).nonzero().squeeze(1).tolist()
+        raise ValueError(f'sample_next: rows {rows[:5]} have no distribution to sample from (NaN or inf '
+                         'logits, or all -inf); check the model output before sampling')
     ids = torch.searchsorted(cdf, u * total, right=True)
     # u * total can round up to total: fall back to the last token of positive weight
     last = torch.searchsorted(cdf, total, right=False)

@@ -294,6 +294,8 @@ def _compile(source: str):
     try:
         tree = _Guard().visit(ast.parse(source, filename=_FILENAME))
         return compile(ast.fix_missing_locations(tree), _FILENAME, 'exec'), None
+    except MemoryError:       # transient: not a property of the source, so not cached (the caller reports it)
+        raise
     except Exception as exc:  # noqa: BLE001 - e.g. RecursionError on a deeply nested source
         return None, _describe(exc)
 
@@ -304,7 +306,10 @@ def _load(source, fn_name, deadline):
         return None, f'TypeError: source must be a str, not {type(source).__name__}'
     if not isinstance(fn_name, str):
         return None, f'TypeError: fn_name must be a str, not {type(fn_name).__name__}'
-    code, problem = _compile(source)
+    try:
+        code, problem = _compile(source)
+    except MemoryError as exc:
+        return None, _describe(exc)
     if problem is not None:
         return None, problem
     try:
