@@ -487,9 +487,8 @@ def locate(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
     """
     cdf = probs.double().cumsum_(dim=-1)
     total = cdf[:, -1:].contiguous()
-    bad = ~((total > 0) & (total < float('inf')))
-    if bool(bad.any()):
-        rows = bad.squeeze(1).nonzero().squeeze(1).tolist()
+    if not bool(torch.isfinite(total.log()).all()):            # log: 0 -> -inf, NaN and inf stay
+        rows = (~((total > 0) & (total < float('inf')))).squeeze(1).nonzero().squeeze(1).tolist()
         raise ValueError(f'sample_next: rows {rows[:5]} have no distribution to sample from (NaN or inf '
                          'logits, or all -inf); check the model output before sampling')
     ids = torch.searchsorted(cdf, u * total, right=True)
