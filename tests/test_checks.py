@@ -486,6 +486,13 @@ def test_cli_check(tmp_path, capsys):
     assert 'exceeds --max-ratio-dev' in capsys.readouterr().out
     assert main(['check', str(tmp_path / 'missing.parquet')]) == 2
     assert 'no trajectory file or folder' in capsys.readouterr().err
+    (tmp_path / 'notes.txt').write_text('not a checkpoint, not a parquet file\n')
+    assert main(['check', str(tmp_path / 'ok.parquet'), '--model', str(tmp_path / 'notes.txt')]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and "is not a TinyAgent checkpoint (torch.load failed: UnpicklingError)" in err
+    assert main(['check', str(tmp_path / 'notes.txt')]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and 'notes.txt' in err and 'is not a Parquet file' in err
 
 
 def test_rollout_output_passes_check(tmp_path, tok, capsys):

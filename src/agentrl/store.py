@@ -289,6 +289,17 @@ def data_files(path: str | os.PathLike) -> list[str]:
     raise FileNotFoundError(f'no trajectory file or folder at {str(p)!r}')
 
 
+def _parquet(f) -> pq.ParquetFile:
+    """Open ``f`` as Parquet, or raise ValueError naming the file and the fix."""
+    try:
+        return pq.ParquetFile(f)
+    except (pa.ArrowInvalid, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f'{str(f)!r} is not a Parquet file ({str(e).splitlines()[0][:120]}); pass the '
+                         'trajectories.parquet written by `agentrl rollout` or a folder of its shards') from None
+
+
 def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
     """Read every record of a trajectory file or dataset folder.
 
@@ -307,7 +318,7 @@ def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
     """
     out: list[Trajectory] = []
     for f in data_files(path):
-        table = pq.read_table(f)
+        table = _parquet(f).read()
         _check_schema(table.schema, f)
         out.extend(from_table(table))
     return out
@@ -332,7 +343,7 @@ def iter_batches(path: str | os.PathLike, batch_size: int = 64) -> Iterator[list
         raise ValueError(f'iter_batches: batch_size must be >= 1, got {batch_size}')
     buf: list[Trajectory] = []
     for f in data_files(path):
-        pf = pq.ParquetFile(f)
+        pf = _parquet(f)
         _check_schema(pf.schema_arrow, f)
         for rb in pf.iter_batches(batch_size=batch_size):
             buf.extend(from_table(rb))
@@ -501,7 +512,7 @@ class ShardWriter:
                 f.unlink(missing_ok=True)
 
     def _remember(self, f: Path) -> None:
-        pf = pq.ParquetFile(f)
+        pf = _parquet(f)
         _check_schema(pf.schema_arrow, str(f))
         cols = [c for c in ('group_id', 'rollout_id', 'attempt', 'digest') if c in pf.schema_arrow.names]
         t = pf.read(columns=cols).to_pydict()

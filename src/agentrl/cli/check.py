@@ -98,7 +98,11 @@ def load_model(path: str):
     from .main import UserError
     if not os.path.exists(path):
         raise UserError(f'--model {path!r} does not exist; pass a TinyAgent checkpoint (model.pt)')
-    state = torch.load(path, map_location='cpu', weights_only=True)
+    try:
+        state = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as e:   # not a torch file at all (text, truncated, another pickle)
+        raise UserError(f'--model {path!r} is not a TinyAgent checkpoint (torch.load failed: {type(e).__name__}); '
+                        'pass model.pt from `agentrl train` or `agentrl rollout`') from None
     if isinstance(state, dict) and 'config' in state:
         return model_mod.load_checkpoint(path)
     if isinstance(state, dict) and 'state_dict' in state and 'vocab_size' in state:

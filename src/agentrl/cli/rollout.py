@@ -245,6 +245,9 @@ def run_rollouts(opts: RolloutOptions) -> dict:
     from ..stats import policy_summary
     tasks = gym.make_tasks(opts.split)
     tok = tokenizer.build_tokenizer(gym.make_tasks('all'))
+    if 'model' in opts.policy and opts.engine != 'hf' and opts.checkpoint:
+        from .. import model as model_mod
+        model_mod.load_checkpoint(opts.checkpoint)      # a bad file fails here, before the progress display
     os.makedirs(opts.out, exist_ok=True)
     t0 = time.time()
     per_policy, records, to_save = {}, [], {}
