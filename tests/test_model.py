@@ -115,3 +115,18 @@ def test_sample_next_refuses_rows_without_a_distribution():
     logits = torch.tensor([[0.0, 1.0], [float('nan'), 0.0], [float('-inf'), float('-inf')]])
     with pytest.raises(ValueError, match=r'sample_next: rows \[1, 2\] have no distribution to sample from'):
         arl.sample_next(logits, generator=torch.Generator().manual_seed(0))
+
+
+def test_sample_next_with_one_generator_per_row_matches_row_by_row():
+    torch.manual_seed(3)
+    logits = torch.randn(5, 40)
+    gens = [torch.Generator().manual_seed(10 + b) for b in range(5)]
+    ids, lp = arl.sample_next(logits, 0.8, generators=gens)
+    for b in range(5):
+        one_id, one_lp = arl.sample_next(logits[b:b + 1], 0.8, generator=torch.Generator().manual_seed(10 + b))
+        assert int(ids[b]) == int(one_id) and float(lp[b]) == pytest.approx(float(one_lp), abs=1e-7)
+        ref = torch.Generator().manual_seed(10 + b)
+        torch.rand(1, 1, generator=ref, dtype=torch.float64)
+        assert torch.equal(gens[b].get_state(), ref.get_state())          # one uniform consumed per row
+    with pytest.raises(ValueError, match=r'sample_next: pass generator or one generator per row \(5\)'):
+        arl.sample_next(logits, generators=gens[:4])

@@ -428,7 +428,8 @@ def sequence_log_probs(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None):
+def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None,
+                generators=None):
     """Sample one token per row and return its log-probability under the sampled distribution.
 
     Args:
@@ -436,6 +437,9 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
         temperature: softmax temperature > 0; ``<= 0`` means greedy (argmax), whose returned
             log-prob is that of the argmax at temperature 1.
         generator: optional ``torch.Generator`` for reproducible draws.
+        generators: instead of ``generator``, one ``torch.Generator`` per row: row ``b`` draws its
+            uniform from ``generators[b]``, exactly as ``sample_next(logits[b:b+1], T, generators[b])``
+            would (one batched sampling for rows that keep their own random streams).
 
     Returns:
         ``(ids [B] int64, logp [B] float32)`` with ``logp = log(softmax(logits / T)[ids])`` (equal
@@ -449,24 +453,26 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
     probability 0 is never drawn (see :func:`locate`).
 
     Raises:
-        ValueError: logits not 2-D.
+        ValueError: logits not 2-D; both ``generator`` and ``generators``, or ``generators`` not
+            one per row.
     """
     if logits.dim() != 2:
         raise ValueError(f'sample_next expects logits [B, V], got shape {tuple(logits.shape)}')
+    if generators is not None and (generator is not None or len(generators) != logits.shape[0]):
+        raise ValueError(f'sample_next: pass generator or one generator per row ({logits.shape[0]}), '
+                         f'got generator={generator!r} and {len(generators)} generators')
     logits = logits.float()
     if temperature <= 0:
         logp_all = torch.log_softmax(logits, dim=-1)
         ids = logp_all.argmax(dim=-1)
         return ids, logp_all.gather(-1, ids[:, None]).squeeze(-1)
     probs = torch.softmax(logits if temperature == 1 else logits / temperature, dim=-1)  # x/1 == x
-    ids = _inverse_cdf(probs, generator)
+    if generators is None:
+        u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
+    else:
+        u = torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64, device=probs.device) for g in generators])
+    ids = locate(probs, u)
     return ids, probs.gather(-1, ids[:, None]).squeeze(-1).log()
-
-
-def _inverse_cdf(probs: torch.Tensor, generator) -> torch.Tensor:
-    """One draw per row of ``probs [B, V]`` (non-negative, rows need not sum to 1) -> ``[B]`` int64."""
-    u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
-    return locate(probs, u)
 
 
 def locate(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

@@ -273,11 +273,12 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
             of each live row for TinyAgent) at some cost in throughput. None (default): all
             episodes are reset up front and live from the first step (the book's behaviour).
         generators: optional list with one ``torch.Generator`` per episode (instead of
-            ``generator``): each row then draws from its own stream, one ``sample_next`` call per
-            row and token, so an episode's draws do not depend on which other episodes share its
-            batch (the same episode as ``rollout(..., generator=generators[b])``, up to fp32
-            rounding of batched logits). Scale-out uses it for results identical at any number of
-            workers. Slower than one shared generator (one small op per row and token).
+            ``generator``): each row then draws its uniform from its own stream
+            (``sample_next(..., generators=...)``), so an episode's draws do not depend on which
+            other episodes share its batch (the same episode as ``rollout(...,
+            generator=generators[b])``, up to fp32 rounding of batched logits). Scale-out uses it
+            for results identical at any number of workers. A little slower than one shared
+            generator (one small draw per row and token).
 
     Returns:
         list of Trajectory in task order.
@@ -317,12 +318,10 @@ class _PerRow:
 
 
 def _draw(logits, temperature, generator, active):
-    """``sample_next`` over the live rows: one call with a shared generator, or one per row."""
+    """``sample_next`` over the live rows: one shared generator, or each episode's own."""
     if not isinstance(generator, _PerRow):
         return sample_next(logits, temperature, generator=generator)
-    draws = [sample_next(logits[r:r + 1], temperature, generator=generator.generators[b])
-             for r, b in enumerate(active)]
-    return torch.cat([d[0] for d in draws]), torch.cat([d[1] for d in draws])
+    return sample_next(logits, temperature, generators=[generator.generators[b] for b in active])
 
 
 class _Schedule:
