@@ -489,7 +489,7 @@ def test_cli_check(tmp_path, capsys):
     (tmp_path / 'notes.txt').write_text('not a checkpoint, not a parquet file\n')
     assert main(['check', str(tmp_path / 'ok.parquet'), '--model', str(tmp_path / 'notes.txt')]) == 2
     err = capsys.readouterr().err
-    assert err.count('\n') == 1 and "is not a TinyAgent checkpoint (torch.load failed: UnpicklingError)" in err
+    assert err.count("\n") == 1 and "is not an agentrl TinyAgent checkpoint (torch.load failed: UnpicklingError)" in err
     assert main(['check', str(tmp_path / 'notes.txt')]) == 2
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and 'notes.txt' in err and 'is not a Parquet file' in err

@@ -511,7 +511,8 @@ def save_checkpoint(model: TinyAgent, path: str) -> None:
 
 
 def load_checkpoint(path: str) -> TinyAgent:
-    """Load a TinyAgent saved by :func:`save_checkpoint`.
+    """Load a TinyAgent saved by :func:`save_checkpoint`, or a plain dict of ``state_dict``,
+    ``vocab_size`` and (optional, default 256) ``max_len``.
 
     Raises:
         FileNotFoundError: no file at ``path``.
@@ -524,8 +525,12 @@ def load_checkpoint(path: str) -> TinyAgent:
     except Exception as e:   # not a torch file at all (text, truncated, another pickle)
         raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (torch.load failed: '
                          f'{type(e).__name__}); pass model.pt from `agentrl train` or `agentrl rollout`') from None
-    if not isinstance(state, dict) or 'config' not in state or 'state_dict' not in state:
-        raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (expected keys config, state_dict)')
-    model = TinyAgent(**state['config'])
+    if isinstance(state, dict) and 'config' in state and 'state_dict' in state:
+        model = TinyAgent(**state['config'])
+    elif isinstance(state, dict) and 'state_dict' in state and 'vocab_size' in state:
+        model = TinyAgent(int(state['vocab_size']), int(state.get('max_len', 256)))
+    else:
+        raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (expected keys config and state_dict, '
+                         'or state_dict, vocab_size and max_len)')
     model.load_state_dict(state['state_dict'])
     return model.eval()

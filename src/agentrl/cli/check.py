@@ -84,7 +84,7 @@ def options_from_args(args) -> CheckOptions:
 
 
 def load_model(path: str):
-    """Load a TinyAgent checkpoint for replay.
+    """Load a TinyAgent checkpoint for replay (:func:`agentrl.model.load_checkpoint`).
 
     Accepts :func:`agentrl.model.save_checkpoint` files (``{'config', 'state_dict'}``) and plain
     ``{'state_dict', 'vocab_size', 'max_len'}`` dicts.
@@ -92,25 +92,14 @@ def load_model(path: str):
     Raises:
         UserError: no file at ``path``, or not a TinyAgent checkpoint (fix: pass model.pt).
     """
-    import torch
-
     from .. import model as model_mod
     from .main import UserError
     if not os.path.exists(path):
         raise UserError(f'--model {path!r} does not exist; pass a TinyAgent checkpoint (model.pt)')
     try:
-        state = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:   # not a torch file at all (text, truncated, another pickle)
-        raise UserError(f'--model {path!r} is not a TinyAgent checkpoint (torch.load failed: {type(e).__name__}); '
-                        'pass model.pt from `agentrl train` or `agentrl rollout`') from None
-    if isinstance(state, dict) and 'config' in state:
         return model_mod.load_checkpoint(path)
-    if isinstance(state, dict) and 'state_dict' in state and 'vocab_size' in state:
-        net = model_mod.TinyAgent(int(state['vocab_size']), int(state.get('max_len', 256)))
-        net.load_state_dict(state['state_dict'])
-        return net.eval()
-    raise UserError(f'--model {path!r} is not a TinyAgent checkpoint (expected a dict with state_dict and '
-                    'config, or state_dict, vocab_size and max_len)')
+    except ValueError as e:
+        raise UserError(f'--model {e}') from None
 
 
 @lru_cache(maxsize=1)
