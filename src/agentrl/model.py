@@ -172,11 +172,12 @@ class KVCache:
         cap = min(self.capacity, -(-longest // self.chunk) * self.chunk)
 
         def pick(t):
-            kept = t[:, :, :cap][rows]                  # one copy, contiguous
+            used = t[:, :, :cap]
             if not extra:
-                return kept
-            out = t.new_zeros(len(rows) + extra, *kept.shape[1:])
-            out[:len(rows)] = kept
+                return used.index_select(0, rows)
+            out = t.new_empty(len(rows) + extra, *used.shape[1:])
+            torch.index_select(used, 0, rows, out=out[:len(rows)])     # one copy, straight into place
+            out[len(rows):].zero_()
             return out
         for kv in (self.k, self.v):             # one tensor at a time: peak = cache + one tensor
             for i, t in enumerate(kv):

@@ -443,15 +443,18 @@ def _drive_cached(model, sched, tok, temperature, generator) -> None:
                 else:
                     pending[r] = episode.ids[start:]
             call_len[ended] = 0
-        if dead:
+        joined = sched.join(len(active) - len(dead))
+        if joined:                          # one compacting copy: survivors in fill_holes order + new rows
+            order = fill_holes(len(active), dead)
+            kv.keep(order, extra=len(joined))
+        elif dead:                          # in place: only the rows that move are copied
             order = kv.drop(dead)
+        if dead:
             active = [active[o] for o in order]
             pending = {r: pending[o] for r, o in enumerate(order) if o in pending}
             idx = torch.tensor(order, dtype=torch.long)
             next_ids, call_ids, call_lp, call_len = next_ids[idx], call_ids[idx], call_lp[idx], call_len[idx]
-        joined = sched.join(len(active))
         if joined:
-            kv.keep(range(len(active)), extra=len(joined))
             n = len(joined)
             pending.update((len(active) + k, episodes[b].ids) for k, b in enumerate(joined))
             next_ids = torch.cat([next_ids, next_ids.new_full((n,), pad)])

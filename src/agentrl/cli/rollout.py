@@ -187,8 +187,11 @@ def run(args) -> int:
     return 0
 
 
-def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar, to_save: dict):
-    """Roll out one policy on every task ``repeats`` times -> list of Trajectory."""
+def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar, to_save: dict, net=None):
+    """Roll out one policy on every task ``repeats`` times -> list of Trajectory.
+
+    ``net``: the TinyAgent loaded from ``opts.checkpoint`` (loaded once, by the caller).
+    """
     import torch
 
     from .. import gym, model as model_mod, rollouts
@@ -207,7 +210,6 @@ def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar, to_s
                           max_turns=opts.max_turns, reward_tests=opts.reward_tests, seed=opts.seed,
                           on_done=lambda i: progress.advance(bar))
     if opts.checkpoint:
-        net = model_mod.load_checkpoint(opts.checkpoint)
         model_id = os.path.abspath(opts.checkpoint)
     else:
         torch.manual_seed(opts.seed)
@@ -245,16 +247,17 @@ def run_rollouts(opts: RolloutOptions) -> dict:
     from ..stats import policy_summary
     tasks = gym.make_tasks(opts.split)
     tok = tokenizer.build_tokenizer(gym.make_tasks('all'))
+    net = None
     if 'model' in opts.policy and opts.engine != 'hf' and opts.checkpoint:
         from .. import model as model_mod
-        model_mod.load_checkpoint(opts.checkpoint)      # a bad file fails here, before the progress display
+        net = model_mod.load_checkpoint(opts.checkpoint)   # a bad file fails here, before the progress display
     os.makedirs(opts.out, exist_ok=True)
     t0 = time.time()
     per_policy, records, to_save = {}, [], {}
     with Progress(transient=True) as progress:
         for policy in opts.policy:
             bar = progress.add_task(f'{policy:<7}', total=len(tasks) * opts.repeats)
-            trajs = _episodes(policy, opts, tasks, tok, progress, bar, to_save)
+            trajs = _episodes(policy, opts, tasks, tok, progress, bar, to_save, net)
             # identities as the Ray job names them (one convention, engines.ray_rollout.plan_episodes)
             for t, job in zip(trajs, plan_episodes([policy], [task.name for task in tasks], opts.repeats, opts.seed)):
                 t.provenance.group_id, t.provenance.rollout_id = job.group_id, job.rollout_id

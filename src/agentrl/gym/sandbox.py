@@ -140,20 +140,25 @@ def check_source(source: str) -> str | None:
         ``None`` if the source parses and uses only allowed constructs, else a short reason
         (``'SyntaxError: ...'`` or ``'refused: Attribute is not allowed'``). Never raises.
     """
+    return _parse_checked(source)[1]
+
+
+def _parse_checked(source: str):
+    """``(tree, None)`` for a source that parses and passes the whitelist, else ``(None, reason)``."""
     try:
         tree = ast.parse(source, filename=_FILENAME)
     except BaseException as exc:  # noqa: BLE001 - SyntaxError, ValueError, RecursionError, ...
         if isinstance(exc, (KeyboardInterrupt, SystemExit)):
             raise
-        return _describe(exc)
+        return None, _describe(exc)
     try:
         for node in ast.walk(tree):
             problem = _node_problem(node)
             if problem is not None:
-                return f'refused: {problem}'
+                return None, f'refused: {problem}'
     except RecursionError as exc:
-        return _describe(exc)
-    return None
+        return None, _describe(exc)
+    return tree, None
 
 
 class _Guard(ast.NodeTransformer):
@@ -288,11 +293,11 @@ def _compile(source: str):
     Cached by source text (code objects are immutable; every run still executes the module body
     in a fresh namespace): a rollout re-grades the same few task sources many times.
     """
-    problem = check_source(source)
+    tree, problem = _parse_checked(source)           # parsed once: checked, then guarded in place
     if problem is not None:
         return None, problem
     try:
-        tree = _Guard().visit(ast.parse(source, filename=_FILENAME))
+        tree = _Guard().visit(tree)
         return compile(ast.fix_missing_locations(tree), _FILENAME, 'exec'), None
     except MemoryError:       # transient: not a property of the source, so not cached (the caller reports it)
         raise
