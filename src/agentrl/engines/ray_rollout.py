@@ -35,7 +35,6 @@ Source: issue 9 (scale out on Ray); issue 4 (record integrity: retries, resends,
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -45,6 +44,8 @@ from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
+
+from ..sampling import episode_seed
 
 __all__ = ['RAY_EXTRA', 'MANIFEST', 'TRAJECTORY_DIR', 'EpisodeJob', 'RunSpec', 'WorkerInfo', 'RunState',
            'RunReport', 'require_ray', 'episode_seed', 'plan_episodes', 'plan_chunks', 'stored_rollouts',
@@ -56,7 +57,6 @@ RAY_EXTRA = 'agentrl[ray]'
 MANIFEST = 'run.json'
 #: Folder of shards inside the run folder.
 TRAJECTORY_DIR = 'trajectories'
-_SEED_DOMAIN = b'agentrl/episode-seed/v1'
 _LOOPBACK = ('localhost', '::1')
 log = logging.getLogger(__name__)
 
@@ -79,33 +79,6 @@ def require_ray():
 
 
 # ----------------------------------------------------------------------------- the plan
-
-def episode_seed(run_seed: int, group_id: str, rollout_id: str) -> int:
-    """The sampling seed of one episode, from the run seed and the episode's identity.
-
-    A stable hash (blake2b, 8 bytes, top bit cleared), not Python's ``hash()``: the same on every
-    machine, process and Python version, and independent of which worker runs the episode or
-    which other episodes share its batch. The attempt is not part of it: a retry after a lost
-    worker samples the episode the lost attempt would have sampled.
-
-    Args:
-        run_seed: the run's ``--seed``.
-        group_id: the episode's group (``'{seed}/{policy}/{task}'`` for ``agentrl rollout``).
-        rollout_id: the episode's rollout id.
-
-    Returns:
-        int in ``[0, 2**63)`` (fits the store's int64 ``seed`` column and ``torch.Generator``).
-
-    Example:
-        >>> episode_seed(0, '0/model/clamp', '0/model/clamp/0') == episode_seed(0, '0/model/clamp', '0/model/clamp/0')
-        True
-    """
-    h = hashlib.blake2b(digest_size=8, person=b'agentrl-seed')
-    for part in (_SEED_DOMAIN, str(int(run_seed)).encode(), group_id.encode(), rollout_id.encode()):
-        h.update(len(part).to_bytes(8, 'big'))
-        h.update(part)
-    return int.from_bytes(h.digest(), 'big') >> 1
-
 
 @dataclass(frozen=True)
 class EpisodeJob:
