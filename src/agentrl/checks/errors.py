@@ -16,6 +16,7 @@ __all__ = [
     'MissingLogProbError', 'NaNLogProbError', 'InfiniteLogProbError', 'PositiveLogProbError',
     'FingerprintMismatchError', 'TokenizerMismatchError', 'TemplateMismatchError',
     'ScriptedRecordError', 'LogpConversionError', 'ReplayUnsupportedError', 'IdentityConflictError',
+    'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError',
 ]
 
 
@@ -131,3 +132,16 @@ class ReplayUnsupportedError(RecordError):
 
 class IdentityConflictError(RecordError):
     """Two records share an identity (group, rollout, attempt) but differ in content."""
+
+
+class SamplerMismatchError(RecordError):
+    """A record's sampler is not the one the ratio is computed under (another temperature or spec
+    in the same batch, greedy, ``raw`` log-probs, penalties the trainer does not replay)."""
+
+
+class MissingGroupError(RecordError):
+    """A record without ``provenance.group_id`` where group-relative advantages need it."""
+
+
+class GroupSizeError(RecordError):
+    """A group holds another number of records than the declared group size."""

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 #: replay kinds that mean the record's declared sampler is wrong (a defect of the record)
-_SAMPLER_DEFECTS = ('logp_mode_mismatch', 'support_mismatch')
+_SAMPLER_DEFECTS = ('logp_mode_mismatch', 'support_mismatch', 'sampler_mismatch')
 
 
 @dataclass
