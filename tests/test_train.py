@@ -11,7 +11,10 @@ import torch
 
 import agentrl as arl
 from agentrl.batching import collate
-from agentrl.train import (check_ratio_records, clipped_surrogate, group_advantages, grpo_step, kl_penalty,
+from agentrl import checks
+from agentrl.checks import require_trainable
+from agentrl.record import SamplingSpec
+from agentrl.train import (clipped_surrogate, group_advantages, grpo_step, kl_penalty,
                            masked_nll, max_ratio_deviation, oracle_demos, token_log_probs)
 from agentrl.train.loop import call_stats, evaluate, run_sft, sample_groups
 
@@ -170,16 +173,16 @@ def test_clipped_surrogate_literal():
 
 def test_placeholder_records_refused_in_ratio(demos, groups, tok):
     assert all(t.provenance.logp_placeholder for t in demos)
-    with pytest.raises(ValueError, match='placeholder'):
-        check_ratio_records(groups[:3] + demos[:1])
+    with pytest.raises(checks.ScriptedRecordError, match='placeholder'):
+        require_trainable(groups[:3] + demos[:1])
     model = arl.TinyAgent(tok.vocab_size)
-    with pytest.raises(ValueError, match='placeholder'):
+    with pytest.raises(checks.ScriptedRecordError, match='placeholder'):
         grpo_step(model, torch.optim.Adam(model.parameters()), demos[:4], 2, tok.pad_id)
-    with pytest.raises(ValueError, match='temperature'):
-        check_ratio_records(groups, temperature=0.7)
-    with pytest.raises(ValueError, match='no provenance'):
-        check_ratio_records([replace(groups[0], provenance=None)])
-    check_ratio_records(groups)                                   # sampled records pass
+    with pytest.raises(checks.SamplerMismatchError, match='temperature'):
+        require_trainable(groups, temperature=0.7)
+    with pytest.raises(checks.MissingProvenanceError, match='provenance: is missing'):
+        require_trainable([replace(groups[0], provenance=None)])
+    assert require_trainable(groups) == SamplingSpec()            # sampled records pass
 
 
 # ---------------------------------------------------------------- the warm start works

@@ -288,7 +288,7 @@ def pad_right(rows: list[list[int]], value: int) -> torch.Tensor:
 
 def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: float = 1.0,
                   generator=None, cache: bool = True, max_active: int | None = None,
-                  generators=None, *, spec: SamplingSpec | None = None) -> list[Trajectory]:
+                  generators=None, *, spec: SamplingSpec | None = None, identities=None) -> list[Trajectory]:
     """Sample ``len(tasks)`` episodes in lockstep: one ``sample_next`` call per token step.
 
     With ``cache=True`` (and a model that :func:`supports_kv_cache`) each step feeds only the
@@ -323,6 +323,8 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
         spec: instead of ``temperature``, a full :class:`~agentrl.record.SamplingSpec` (top-k,
             top-p, min-p, ``logp_mode``); every record's provenance carries it. A temperature-only
             spec draws exactly what ``temperature=`` draws.
+        identities: optional ``(group_id, rollout_id)`` per task, written into each record's
+            provenance (the identity GRPO groups are read from, :func:`agentrl.train.group_index`).
 
     Returns:
         list of Trajectory in task order.
@@ -345,8 +347,11 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
         generator = _PerRow(generators)
     if max_active is not None and max_active < 1:
         raise ValueError(f'rollout_batch: max_active must be >= 1 or None, got {max_active}')
+    if identities is not None and len(identities) != len(tasks):
+        raise ValueError(f'rollout_batch: {len(identities)} identities for {len(tasks)} tasks; pass one '
+                         '(group_id, rollout_id) per task')
     sched = _Schedule(envs, tasks, tok, max_turns, getattr(model, 'max_len', 256), max_active,
-                      model_provenance(model, tok, spec))
+                      model_provenance(model, tok, spec), identities)
     with torch.no_grad():
         if cache and supports_kv_cache(model):
             _drive_cached(model, sched, tok, spec, generator)
@@ -375,8 +380,9 @@ class _Schedule:
     Finished episodes are frozen into trajectories at once and their token lists released.
     """
 
-    def __init__(self, envs, tasks, tok, max_turns, max_len, max_active, prov):
+    def __init__(self, envs, tasks, tok, max_turns, max_len, max_active, prov, identities=None):
         self.envs, self.tasks, self.args, self.prov = envs, tasks, (tok, max_turns, max_len), prov
+        self.identities = identities
         self.limit = len(tasks) if max_active is None else max_active
         self.episodes, self.next = {}, 0
         self.trajs = [None] * len(tasks)
@@ -397,7 +403,10 @@ class _Schedule:
 
     def finish(self, b: int) -> None:
         """Freeze episode ``b`` into its trajectory and drop the episode."""
-        self.trajs[b] = make_trajectory(self.episodes.pop(b), copy.copy(self.prov))
+        prov = copy.copy(self.prov)
+        if self.identities is not None:
+            prov.group_id, prov.rollout_id = (str(x) for x in self.identities[b])
+        self.trajs[b] = make_trajectory(self.episodes.pop(b), prov)
 
 
 def _add_token(calls, b, i, lp, end_id):

@@ -10,13 +10,13 @@ Small pure functions, no trainer class. A user of :mod:`agentrl.rollouts` and
 - :mod:`.loop`: the SFT-then-GRPO driver behind ``agentrl train`` (evaluation, checkpoints,
   ``metrics.jsonl``, the reward plot).
 """
-from .grpo import (check_ratio_records, clipped_surrogate, episode_metrics, group_advantages,
-                   grpo_loss, grpo_step, importance_ratio, kl_penalty, max_ratio_deviation,
+from .grpo import (clipped_surrogate, episode_metrics, group_advantages, group_index, grouped_advantages,
+                   grpo_loss, grpo_step, importance_ratio, kl_penalty, max_ratio_deviation, scoring_mode,
                    token_log_probs)
 from .loop import TrainConfig, call_stats, evaluate, run_sft, sample_groups, train
 from .sft import masked_nll, oracle_demos, scripted_demos, sft_loss, sft_step
 
-__all__ = ['check_ratio_records', 'clipped_surrogate', 'episode_metrics', 'group_advantages',
-           'grpo_loss', 'grpo_step', 'importance_ratio', 'kl_penalty', 'max_ratio_deviation',
+__all__ = ['clipped_surrogate', 'episode_metrics', 'group_advantages', 'group_index', 'grouped_advantages',
+           'scoring_mode', 'grpo_loss', 'grpo_step', 'importance_ratio', 'kl_penalty', 'max_ratio_deviation',
            'token_log_probs', 'masked_nll', 'oracle_demos', 'scripted_demos', 'sft_loss', 'sft_step', 'TrainConfig', 'call_stats',
            'evaluate', 'run_sft', 'sample_groups', 'train']
