@@ -207,11 +207,12 @@ def importance_ratio(logp: torch.Tensor, sample_logp: torch.Tensor, action_mask:
 
     Returns:
         ``[B, T-1]`` float32; exactly 1.0 where ``action_mask == 0`` (the difference is masked
-        before the exponential, so padding and tool positions can never overflow).
+        before the exponential, so padding and tool positions can never overflow, and a context
+        token outside a truncated sampler's support, log-prob ``-inf``, cannot make a NaN).
 
     Source: PPO, Schulman et al. 2017 (r_t = pi / pi_old), per token as in GRPO.
     """
-    return torch.exp((logp - sample_logp) * action_mask)
+    return torch.exp(torch.where(action_mask > 0, (logp - sample_logp) * action_mask, 0.0))
 
 
 def max_ratio_deviation(logp: torch.Tensor, sample_logp: torch.Tensor, action_mask: torch.Tensor) -> float:
@@ -289,7 +290,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, action_mask: torch.Te
     Source: the k3 estimator (Schulman 2020, "Approximating KL divergence"), as used by GRPO,
     Shao et al. 2024, eq. 4.
     """
-    d = (ref_logp - logp) * action_mask
+    d = torch.where(action_mask > 0, (ref_logp - logp) * action_mask, 0.0)
     return ((torch.exp(d) - d - 1) * action_mask).sum() / action_mask.sum().clamp(min=1)
 
 
