@@ -39,12 +39,12 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..record import LOGP_MODES, OWNER, SamplingSpec, Trajectory
-from ..sampling import PenaltyContext, processed_logp, stored_logp, support_mask
+from ..sampling import PenaltyContext, apply_penalties, processed_logp, stored_logp, support_mask
 from .errors import (LogpConversionError, MissingProvenanceError, ReplayUnsupportedError, SamplerMismatchError,
                      ScriptedRecordError)
 from .identity import record_key
 
-__all__ = ['TOKEN_KINDS', 'MIN_FIT_TOKENS', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled',
+__all__ = ['TOKEN_KINDS', 'MIN_FIT_TOKENS', 'FIT_BUDGET', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled',
            'require_trainable', 'classify_tokens', 'fit_sampler', 'RatioStats', 'RecordReplay', 'ReplayReport',
            'replay_record', 'Scorer', 'replay_records', 'replay_check']
 
@@ -53,6 +53,9 @@ TOKEN_KINDS = ('match', 'logp_mode_mismatch', 'support_mismatch', 'sampler_misma
 #: Fewest mismatched tokens for a ``sampler_mismatch`` verdict: one parameter fits any single
 #: token, so a fit is evidence only when it explains several.
 MIN_FIT_TOKENS = 3
+#: Failed sampler fits after which one :func:`replay_records` call stops trying (the remaining
+#: unexplained sequences are reported as ``policy_change``).
+FIT_BUDGET = 8
 _KIND = {k: i for i, k in enumerate(TOKEN_KINDS)}
 
 
@@ -273,7 +276,7 @@ def classify_tokens(logits: torch.Tensor, ids: torch.Tensor, stored: torch.Tenso
 
 def _fit_one(f, lo: float, hi: float, stored: torch.Tensor, tol: float):
     """Grid then golden-section search of one parameter: ``(value, max residual)`` or None."""
-    grid = torch.linspace(lo, hi, 41, dtype=torch.float64).tolist()
+    grid = torch.linspace(lo, hi, 17, dtype=torch.float64).tolist()
     errs = []
     for v in grid:
         r = f(v)
@@ -284,7 +287,9 @@ def _fit_one(f, lo: float, hi: float, stored: torch.Tensor, tol: float):
     c, d = b - g * (b - a), a + g * (b - a)
     err = lambda v: float((f(v) - stored).abs().max())  # noqa: E731
     fc, fd = err(c), err(d)
-    for _ in range(48):
+    for _ in range(36):
+        if min(fc, fd) <= tol / 16:
+            break
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - g * (b - a)
@@ -298,64 +303,118 @@ def _fit_one(f, lo: float, hi: float, stored: torch.Tensor, tol: float):
     return (v, e) if e <= tol else None
 
 
-def fit_sampler(logits: torch.Tensor, ids: torch.Tensor, stored: torch.Tensor, spec: SamplingSpec,
-                tol: float = 1e-4, context: PenaltyContext | None = None) -> str | None:
-    """Find one other sampler parameter that reproduces every given stored log-prob, if any.
-
-    Tries, one at a time with the other fields as declared: the temperature (0.05 .. 5), the
-    repetition penalty (0.2 .. 5; needs ``contexts``), the presence and frequency penalties
-    (-2 .. 2, vLLM semantics). Used on the tokens that matched nothing else, so that log-probs
-    relabelled with another sampler read as a sampler mismatch, not a policy change.
-
-    Args:
-        logits: ``[N, V]`` rows predicting ``ids``; ids, stored: ``[N]``.
-        spec: the declared sampler. tol: max residual in nats.
-        context: the :class:`~agentrl.sampling.PenaltyContext` of the rows (required for the
-            penalty fits; without it only the temperature is tried).
-
-    Returns:
-        ``'temperature=0.7'``-style text naming the fitted value, or None when nothing fits or
-        fewer than :data:`MIN_FIT_TOKENS` tokens are given.
-    """
-    n = len(ids)
-    if n < MIN_FIT_TOKENS or not bool(torch.isfinite(stored).all()):
+def _sub_context(context: PenaltyContext | None, rows: torch.Tensor, n: int) -> PenaltyContext | None:
+    """The entries of ``context`` for ``rows`` (of ``n``), renumbered 0 .. len(rows) - 1."""
+    if context is None:
         return None
-    if n > 64:                                  # enough evidence; the check below uses all of them
-        pick = torch.linspace(0, n - 1, 64).round().long()
+    keep = torch.isin(context.row, rows)
+    remap = torch.full((n,), -1, dtype=torch.long)
+    remap[rows] = torch.arange(len(rows))
+    return PenaltyContext(remap[context.row[keep]], context.token[keep], context.count[keep], context.in_context[keep])
+
+
+def _search_fn(x, ids, spec, context, name, make):
+    """``v -> [n] log-probs of ids`` under ``make(v)``, cheap enough for a one-parameter search.
+
+    Without truncation a penalty moves only the logits of seen tokens, so the log-normaliser of
+    the unseen ones is computed once and each evaluation touches only the seen entries; a
+    temperature search runs the softmax in float32 (the verification afterwards is float64).
+    With truncation every evaluation is the full :func:`replay_logp`.
+    """
+    if spec.truncated:
+        return lambda v: replay_logp(x, ids, make(v), context)
+    if name == 'temperature':
+        base = apply_penalties(x, spec, context).float() if spec.penalized else x.float()
+        return lambda v: torch.log_softmax(base / v, dim=-1).gather(-1, ids[:, None]).squeeze(-1).double()
+    T = spec.temperature if spec.temperature > 0 else 1.0
+    xs = x.double()
+    parts = []
+    for n in range(len(ids)):
+        sel = context.row == n
+        tok, cnt, inctx = context.token[sel], context.count[sel], context.in_context[sel]
+        unseen = torch.ones(xs.shape[1], dtype=torch.bool)
+        unseen[tok] = False
+        lse_unseen = torch.logsumexp(xs[n, unseen] / T, dim=0)
+        hit = (tok == ids[n]).nonzero().flatten()
+        parts.append((xs[n, tok], cnt, inctx, lse_unseen, int(hit[0]) if len(hit) else -1, xs[n, ids[n]] / T))
+
+    def f(v):
+        sp = make(v)
+        out = []
+        for raw, cnt, inctx, lse_unseen, hit, z_tok in parts:
+            z = raw
+            if sp.repetition_penalty != 1.0:
+                seen = inctx | (cnt > 0)
+                z = torch.where(seen, torch.where(z > 0, z / sp.repetition_penalty, z * sp.repetition_penalty), z)
+            z = (z - sp.frequency_penalty * cnt.double() - sp.presence_penalty * (cnt > 0).double()) / T
+            lse = torch.logaddexp(lse_unseen, torch.logsumexp(z, dim=0)) if len(z) else lse_unseen
+            out.append((z[hit] if hit >= 0 else z_tok) - lse)
+        return torch.stack(out)
+    return f
+
+
+def _fit(x, ids, stored, spec, tol, context, fit_rows, check_rows) -> str:
+    """:func:`fit_sampler` on ``fit_rows``, verified on ``fit_rows`` and ``check_rows``; '' when nothing fits."""
+    n = len(ids)
+    if len(fit_rows) < MIN_FIT_TOKENS or not bool(torch.isfinite(stored[fit_rows]).all()):
+        return ''
+    # search on the 4 rows the declared sampler misses most (few rows keep it cheap, the most-missed
+    # rows keep it informative), then verify on every row in float64
+    if len(fit_rows) > 4:
+        miss = (replay_logp(x[fit_rows], ids[fit_rows], spec, _sub_context(context, fit_rows, n) if spec.penalized
+                            else None) - stored[fit_rows]).abs()
+        pick = fit_rows[miss.nan_to_num(0.0).topk(4).indices]
     else:
-        pick = torch.arange(n)
-    x = logits.double()
-    sub_ctx = None
-    if context is not None:
-        keep = torch.isin(context.row, pick)
-        remap = torch.full((n,), -1, dtype=torch.long)
-        remap[pick] = torch.arange(len(pick))
-        sub_ctx = PenaltyContext(remap[context.row[keep]], context.token[keep], context.count[keep],
-                                 context.in_context[keep])
+        pick = fit_rows
+    every = torch.cat([fit_rows, check_rows])
     tries = [('temperature', 0.05, 5.0)]
     if context is not None:
-        tries += [('repetition_penalty', 0.2, 5.0)]
-        tries += [('presence_penalty', -2.0, 2.0), ('frequency_penalty', -2.0, 2.0)]
+        tries += [('repetition_penalty', 0.2, 5.0), ('presence_penalty', -2.0, 2.0), ('frequency_penalty', -2.0, 2.0)]
     base = spec if spec.temperature > 0 else replace(spec, temperature=1.0)
+    sub, full = _sub_context(context, pick, n), _sub_context(context, every, n)
     for name, lo, hi in tries:
         def make(v, name=name):
             kw = {name: v}
             if name in ('presence_penalty', 'frequency_penalty'):
                 kw['penalty_semantics'] = 'vllm'
             return replace(base, **kw)
-
-        f = lambda v: replay_logp(x[pick], ids[pick], make(v), sub_ctx)  # noqa: E731
         try:
-            got = _fit_one(f, lo, hi, stored[pick].double(), tol)
+            got = _fit_one(_search_fn(x[pick], ids[pick], base, sub, name, make), lo, hi, stored[pick], tol)
+            if got is None:
+                continue
+            if bool(((replay_logp(x[every], ids[every], make(got[0]), full) - stored[every]).abs() <= tol).all()):
+                return f'{name}={got[0]:.4g}'
         except ValueError:
             continue
-        if got is None:
-            continue
-        v = got[0]
-        full = replay_logp(x, ids, make(v), context)
-        if bool(((full - stored.double()).abs() <= tol).all()):
-            return f'{name}={v:.4g}'
-    return None
+    return ''
+
+
+def fit_sampler(logits: torch.Tensor, ids: torch.Tensor, stored: torch.Tensor, spec: SamplingSpec,
+                tol: float = 1e-4, context: PenaltyContext | None = None) -> str | None:
+    """Find one other sampler parameter that reproduces every given stored log-prob, if any.
+
+    Tries, one at a time with the other fields as declared: the temperature (0.05 .. 5), the
+    repetition penalty (0.2 .. 5), the presence and frequency penalties (-2 .. 2, vLLM
+    semantics); the penalties only with ``context``. :func:`replay_records` uses it on the tokens
+    that matched nothing else, so that log-probs relabelled with another sampler read as a
+    sampler mismatch, not a policy change.
+
+    Args:
+        logits: ``[N, V]`` rows predicting ``ids``; ids, stored: ``[N]``.
+        spec: the declared sampler. tol: max residual in nats, over all N tokens.
+        context: the rows' :class:`~agentrl.sampling.PenaltyContext` (what each token was
+            sampled after), needed for the penalty fits.
+
+    Returns:
+        ``'temperature=0.7'``-style text naming the fitted value, or None when nothing fits or
+        fewer than :data:`MIN_FIT_TOKENS` tokens are given (one parameter fits any one token).
+
+    Example:
+        tokens sampled at temperature 0.7 but declared at 1.0 give ``'temperature=0.7'``.
+    """
+    rows = torch.arange(len(ids))
+    return _fit(logits.double(), torch.as_tensor(ids).long(), torch.as_tensor(stored).double(), spec, tol, context,
+                rows, rows[:0]) or None
 
 
 @dataclass
@@ -456,8 +515,14 @@ class ReplayReport:
         return '\n'.join(lines)
 
 
-def _judge(key, rows, logits, targets, stored, spec, tol, context) -> RecordReplay:
-    """Classify one scored sequence's tokens, fit a sampler to the unexplained ones, summarise."""
+def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None, budget=None) -> RecordReplay:
+    """Classify one scored sequence's tokens, fit a sampler to the unexplained ones, summarise.
+
+    ``history`` (a zero-argument callable) builds the rows' :class:`PenaltyContext` when the
+    declared spec has no penalty, so that a penalty left out of the declaration can be fitted.
+    ``budget`` (``{'fits': n}``) caps the failed fits of one replay: once a few sequences fit no
+    sampler, the rest are a policy change too, and a fit scores the whole vocabulary many times.
+    """
     x = logits.double()
     log_ratio = replay_logp(x, targets, spec, context) - stored.double()
     detail = ''
@@ -465,18 +530,20 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context) -> RecordRepl
         kinds = torch.zeros(len(rows), dtype=torch.long)
     else:
         log_ratio, kinds = classify_tokens(x, targets, stored, spec, tol, context)
-        pc = (kinds == _KIND['policy_change']).nonzero().flatten()
-        if len(pc):
-            sub = None
-            if context is not None:
-                keep = torch.isin(context.row, pc)
-                remap = torch.full((len(rows),), -1, dtype=torch.long)
-                remap[pc] = torch.arange(len(pc))
-                sub = PenaltyContext(remap[context.row[keep]], context.token[keep], context.count[keep],
-                                     context.in_context[keep])
-            detail = fit_sampler(x[pc], targets[pc], stored[pc].double(), spec, tol, sub) or ''
-            if detail:
+        # one sampler parameter that explains every unexplained token outranks per-token support guesses
+        # (with a large vocabulary almost any shift of the normaliser matches *some* sorted prefix)
+        pc = ((kinds == _KIND['policy_change']) | (kinds == _KIND['support_mismatch'])).nonzero().flatten()
+        if len(pc) >= MIN_FIT_TOKENS and (budget is None or budget['fits'] > 0):
+            if context is None and history is not None:
+                context = history()
+            # fit on the unexplained tokens; the fitted sampler must also keep every matched token matched
+            check = (kinds == _KIND['match']).nonzero().flatten()
+            fitted = _fit(x, targets, stored.double(), spec, tol, context, pc, check)
+            if fitted:
+                detail = fitted
                 kinds[pc] = _KIND['sampler_mismatch']
+            elif budget is not None:
+                budget['fits'] -= 1
     counts = {TOKEN_KINDS[k]: int((kinds == k).sum()) for k in range(len(TOKEN_KINDS)) if bool((kinds == k).any())}
     worst = TOKEN_KINDS[int(kinds.max())] if len(kinds) else 'match'
     return RecordReplay(key=key, kind=worst, stats=RatioStats.of(log_ratio), token_kinds=counts, rows=rows.cpu(),
@@ -528,8 +595,12 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
     context = None
     if spec.penalized:
         context = _penalty_context(ids, rows + 1, _turn_starts(record.owner, record.turn, rows + 1))
+    history = lambda: _penalty_context(ids, rows + 1, _turn_starts(record.owner, record.turn, rows + 1))  # noqa: E731
+    if spec.penalized:
+        context = history()
     return _judge(record_key(record) if key is None else key, rows, logits[rows], ids[rows + 1],
-                  torch.as_tensor(record.sample_logp)[rows], spec, tol, context)
+                  torch.as_tensor(record.sample_logp)[rows], spec, tol, context,
+                  history if record.owner is not None and record.turn is not None else None)
 
 
 class Scorer:
@@ -583,7 +654,10 @@ class _Unit:
     out_rows: torch.Tensor     # [n] the record's own prediction rows (reported)
     stored: torch.Tensor       # [n]
     spec: SamplingSpec
-    context: PenaltyContext | None
+    history: object            # () -> PenaltyContext of the rows (None when owner/turn are missing)
+
+    def context(self):
+        return self.history() if self.spec.penalized else None
 
 
 def _units(n: int, rec: Trajectory) -> list:
@@ -595,10 +669,13 @@ def _units(n: int, rec: Trajectory) -> list:
     logp = torch.as_tensor(rec.sample_logp)
     rows = mask.nonzero().flatten()
     if rec.turn_contexts is None:
-        ctx = None
-        if spec.penalized:
-            ctx = _penalty_context(ids, rows + 1, _turn_starts(rec.owner, rec.turn, rows + 1))
-        return [_Unit(key, ids, rows, rows, logp[rows], spec, ctx)]
+        history = None
+        if rec.owner is not None and rec.turn is not None:
+            history = lambda: _penalty_context(ids, rows + 1, _turn_starts(rec.owner, rec.turn, rows + 1))  # noqa: E731
+        elif spec.penalized:
+            raise ReplayUnsupportedError('owner or turn is missing, so the turns the penalties depend on cannot be '
+                                         'found', field='owner', fix='build records with Trajectory.from_tokens')
+        return [_Unit(key, ids, rows, rows, logp[rows], spec, history)]
     if rec.owner is None or rec.turn is None:
         raise ReplayUnsupportedError('is set but owner or turn is missing, so the turns cannot be found',
                                      field='turn_contexts', fix='build records with Trajectory.from_tokens')
@@ -622,9 +699,9 @@ def _units(n: int, rec: Trajectory) -> list:
         end = int(p.max()) + 1 if len(p) else s
         uids = torch.cat([ctx, ids[s:end]])
         urows = len(ctx) + (p - s) - 1
-        pctx = _penalty_context(ids, p, torch.full_like(p, s), [ctx] * len(p)) if spec.penalized else None
+        history = (lambda p=p, s=s, ctx=ctx: _penalty_context(ids, p, torch.full_like(p, s), [ctx] * len(p)))
         k = int(rec.turn[s])
-        out.append(_Unit(f'{key} turn {k}', uids, urows, p - 1, logp[p - 1], spec, pctx))
+        out.append(_Unit(f'{key} turn {k}', uids, urows, p - 1, logp[p - 1], spec, history))
     return out
 
 
@@ -658,7 +735,7 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -
     units = [u for n, rec in enumerate(records) for u in _units(n, rec)]
     max_len = getattr(scorer, 'max_len', None)
     pad = getattr(scorer, 'pad_id', 0)
-    reps = []
+    reps, budget = [], {'fits': FIT_BUDGET}
     for start in range(0, len(units), batch_size):
         chunk = units[start:start + batch_size]
         L = max(len(u.ids) for u in chunk)
@@ -677,7 +754,8 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -
             raise ReplayUnsupportedError(f'cannot be scored by the model ({type(e).__name__}: {e})', field='ids',
                                          fix='replay with the model (and tokenizer) that sampled the record') from e
         for u, lg in zip(chunk, logits):
-            reps.append(_judge(u.key, u.out_rows, lg, u.ids[u.rows + 1], u.stored, u.spec, tol, u.context))
+            reps.append(_judge(u.key, u.out_rows, lg, u.ids[u.rows + 1], u.stored, u.spec, tol, u.context(),
+                               u.history, budget))
     return ReplayReport.of(reps)
 
 
