@@ -235,3 +235,31 @@ def test_hf_another_model_is_a_policy_change(hf_lm, tmp_path):
     other = hf.make_test_model(tmp_path / 'other', tokenizer_path('qwen3'), seed=1)
     kinds = checks.replay_records(trajs, load_scorer(other)).record_kinds
     assert kinds == {'policy_change': 2}, kinds
+
+
+def test_hf_trainer_scores_with_attention_dropout_off(hf_model_dir):
+    """A Hugging Face model whose attention dropout is 0.1: the GRPO step-0 ratio is still 1."""
+    from agentrl.engines import hf
+    from agentrl.templates import ChatRecorder, ChatTemplate
+    from agentrl.train import grpo_step, token_log_probs
+    model, tok = hf.load_model(hf_model_dir)
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.1
+    model.config.attention_dropout = 0.1
+    template = ChatTemplate(tok)
+    sampler = hf.HFSampler(model, template.stop_ids, SamplingSpec(), max_new_tokens=8)
+    recs = [ChatRecorder(template, [{'role': 'user', 'content': 'Hi?'}]) for _ in range(2)]
+    trajs = hf.run_chat_episodes(sampler, recs, lambda i, turn, text: hf.Reply(messages=[], action=text, done=True,
+                                                                              reward=float(i)),
+                                 seeds=range(2), max_turns=1)
+    trajs = [dataclasses.replace(t, provenance=dataclasses.replace(t.provenance, group_id='g', rollout_id=f'g/{i}'))
+             for i, t in enumerate(trajs)]
+    assert [t.reward for t in trajs] == [0.0, 1.0]
+    batch = arl.collate(trajs, 0)
+    model.train()                                             # the old trainer's mode: dropout moves the ratio
+    with torch.no_grad():
+        logp, _ = token_log_probs(model, batch.ids)
+    dev = float(((logp - batch.sample_logp).exp() - 1).abs().mul(batch.action_mask).max())
+    assert dev > 1e-3
+    m = grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.0), trajs, 2, 0, ratio_tol=1e-5)
+    assert m['ratio_dev0'] <= 1e-5 and m['dropout_disabled'] == 1.0 and m['updates'] == 1
