@@ -147,7 +147,7 @@ def test_scripted_records_never_enter_a_ratio():
     rep = replay_check([rec], fixed_model([[2.0, 1.0, 0.0]] * 2))
     assert rep.ok and [r.key for r in rep.records] == ['g/r#1 turn 0'] and rep.overall.n == 1
     rec.turn_contexts = [(0, torch.tensor([2]))]
-    with pytest.raises(checks.ReplayUnsupportedError, match=r'turn_contexts: \[0\] starts at 0 but the turn starts at token 1'):
+    with pytest.raises(checks.ReplayUnsupportedError, match=r'turn_contexts: is inconsistent with the record \(traj.turn_contexts\[0\] starts at 0 but turn 0 starts at token 1\)'):
         replay_check([rec], fixed_model([[2.0, 1.0, 0.0]] * 2))
 
 

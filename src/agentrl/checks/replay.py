@@ -38,7 +38,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..record import LOGP_MODES, OWNER, SamplingSpec, Trajectory
+from ..record import LOGP_MODES, SamplingSpec, Trajectory, turn_records, turn_spans
 from ..sampling import PenaltyContext, apply_penalties, processed_logp, stored_logp, support_mask
 from .errors import (LogpConversionError, MissingProvenanceError, ReplayUnsupportedError, SamplerMismatchError,
                      ScriptedRecordError)
@@ -550,13 +550,11 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None,
                         log_ratio=log_ratio.cpu(), kinds=kinds.cpu(), detail=detail)
 
 
-def _turn_starts(owner: torch.Tensor, turn: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """For each token position, the first position of its turn's policy tokens (the turn's start)."""
-    pol = owner == OWNER['policy']
-    first = {}
-    for p, k in zip(pol.nonzero().flatten().tolist(), turn[pol].tolist()):
-        first.setdefault(k, p)
-    return torch.tensor([first[int(turn[p])] for p in positions.tolist()], dtype=torch.long)
+def _turn_starts(record: Trajectory, positions: torch.Tensor) -> torch.Tensor:
+    """For each token position, the first policy position of its turn (:func:`agentrl.record.turn_spans`)."""
+    start = {k: s for k, s, _ in turn_spans(record)}
+    turn = record.turn
+    return torch.tensor([start[int(turn[p])] for p in positions.tolist()], dtype=torch.long)
 
 
 def _penalty_context(ids: torch.Tensor, positions: torch.Tensor, starts: torch.Tensor, prompts=None):
@@ -595,7 +593,7 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
     context = None
     if spec.penalized:
         context = _penalty_context(ids, rows + 1, _turn_starts(record.owner, record.turn, rows + 1))
-    history = lambda: _penalty_context(ids, rows + 1, _turn_starts(record.owner, record.turn, rows + 1))  # noqa: E731
+    history = lambda: _penalty_context(ids, rows + 1, _turn_starts(record, rows + 1))  # noqa: E731
     if spec.penalized:
         context = history()
     return _judge(record_key(record) if key is None else key, rows, logits[rows], ids[rows + 1],
@@ -661,47 +659,35 @@ class _Unit:
 
 
 def _units(n: int, rec: Trajectory) -> list:
+    """The scored sequences of one record: itself, or one per turn with ``turn_contexts``."""
     spec = require_sampled(rec)
     key = record_key(rec) if rec.provenance is not None and (rec.provenance.group_id or rec.provenance.rollout_id) \
         else str(n)
     ids = torch.as_tensor(rec.ids, dtype=torch.long)
-    mask = torch.as_tensor(rec.action_mask) > 0
-    logp = torch.as_tensor(rec.sample_logp)
-    rows = mask.nonzero().flatten()
-    if rec.turn_contexts is None:
-        history = None
-        if rec.owner is not None and rec.turn is not None:
-            history = lambda: _penalty_context(ids, rows + 1, _turn_starts(rec.owner, rec.turn, rows + 1))  # noqa: E731
-        elif spec.penalized:
-            raise ReplayUnsupportedError('owner or turn is missing, so the turns the penalties depend on cannot be '
-                                         'found', field='owner', fix='build records with Trajectory.from_tokens')
-        return [_Unit(key, ids, rows, rows, logp[rows], spec, history)]
+    rows = (torch.as_tensor(rec.action_mask) > 0).nonzero().flatten()
     if rec.owner is None or rec.turn is None:
-        raise ReplayUnsupportedError('is set but owner or turn is missing, so the turns cannot be found',
-                                     field='turn_contexts', fix='build records with Trajectory.from_tokens')
-    pos = rows + 1
-    starts = _turn_starts(rec.owner, rec.turn, pos)
-    turn_starts = sorted(set(_turn_starts(rec.owner, rec.turn, (rec.owner == OWNER['policy']).nonzero().flatten())
-                             .tolist()))
-    ctxs = rec.turn_contexts
-    if len(ctxs) != len(turn_starts):
-        raise ReplayUnsupportedError(f'has {len(ctxs)} entries but the record has {len(turn_starts)} turns with '
-                                     'policy tokens', field='turn_contexts',
-                                     fix='give one (start, context_ids) per turn')
+        if spec.penalized or rec.turn_contexts is not None:
+            raise ReplayUnsupportedError('is missing, so the turns (their contexts, the ids penalties depend on) '
+                                         'cannot be found', field='owner' if rec.owner is None else 'turn',
+                                         fix='build records with Trajectory.from_tokens or TokenLog')
+        return [_Unit(key, ids, rows, rows, torch.as_tensor(rec.sample_logp)[rows], spec, None)]
+    if rec.turn_contexts is None:
+        history = lambda: _penalty_context(ids, rows + 1, _turn_starts(rec, rows + 1))  # noqa: E731
+        return [_Unit(key, ids, rows, rows, torch.as_tensor(rec.sample_logp)[rows], spec, history)]
+    try:
+        parts = turn_records(rec)
+    except ValueError as e:
+        raise ReplayUnsupportedError(f'is inconsistent with the record ({e})', field='turn_contexts',
+                                     fix='store one (start, context_ids) per turn, start = the turn\'s first '
+                                         'policy token') from None
     out = []
-    for t, (s, (start, ctx)) in enumerate(zip(turn_starts, ctxs)):
-        if int(start) != s:
-            raise ReplayUnsupportedError(f'[{t}] starts at {start} but the turn starts at token {s}',
-                                         field='turn_contexts', fix='store each turn\'s own start')
-        sel = starts == s
-        p = pos[sel]
-        ctx = torch.as_tensor(ctx, dtype=torch.long)
-        end = int(p.max()) + 1 if len(p) else s
-        uids = torch.cat([ctx, ids[s:end]])
-        urows = len(ctx) + (p - s) - 1
-        history = (lambda p=p, s=s, ctx=ctx: _penalty_context(ids, p, torch.full_like(p, s), [ctx] * len(p)))
-        k = int(rec.turn[s])
-        out.append(_Unit(f'{key} turn {k}', uids, urows, p - 1, logp[p - 1], spec, history))
+    for part, (k, s, e) in zip(parts, turn_spans(rec)):
+        ctx_len = len(part.ids) - (e - s)
+        prows = (part.action_mask > 0).nonzero().flatten()
+        history = (lambda part=part, prows=prows, c=ctx_len:
+                   _penalty_context(part.ids, prows + 1, torch.full_like(prows, c)))
+        out.append(_Unit(f'{key} turn {k}', part.ids, prows, prows + s - ctx_len, part.sample_logp[prows], spec,
+                         history))
     return out
 
 
