@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..record import OWNER, owner_runs
-from .chat import ChatTemplate, as_template, check_messages, common_prefix, tokenizer_digest
+from .chat import ChatTemplate, as_template, check_messages, common_prefix, tokenizer_fingerprint
 from .labels import label_owners
 
 __all__ = ['MessageStability', 'PrefixReport', 'audit_prefix_stability', 'ThinkingReport', 'audit_thinking',
@@ -343,21 +343,6 @@ def template_fingerprint(tokenizer, *, tools=None, **options) -> str:
     return as_template(tokenizer, tools=tools, **options).fingerprint
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 (16 hex) of the tokenizer's class, vocabulary, added tokens and special ids.
-
-    Stored as ``Provenance.tokenizer`` by :meth:`ChatRecorder.finish`; cached per tokenizer object.
-
-    Raises:
-        AttributeError: ``tokenizer`` is not a Hugging Face tokenizer (no ``get_vocab``).
-
-    Source: book chapter 5.8 (pin the tokenizer version).
-    """
-    if isinstance(tokenizer, ChatTemplate):
-        tokenizer = tokenizer.tokenizer
-    return tokenizer_digest(tokenizer)
-
-
 # ---------------------------------------------------------------------------- everything at once
 @dataclass
 class TemplateAudit:
@@ -459,7 +444,7 @@ def audit_template(tokenizer, messages, *, tools=None, thinking: bool = True, **
             bridges[role] = str(e)
     return TemplateAudit(owner_counts=counts, prefix=prefix, thinking=audit_thinking(template, plain[:1]),
                          bridge_after_tool=bridges['tool'], bridge_after_user=bridges['user'],
-                         fingerprint=template.fingerprint, tokenizer_fingerprint=tokenizer_digest(template.tokenizer),
+                         fingerprint=template.fingerprint, tokenizer_fingerprint=tokenizer_fingerprint(template.tokenizer),
                          problems=problems)
 
 

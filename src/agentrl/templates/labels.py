@@ -8,6 +8,7 @@ message accounts for is template. No role header, delimiter or model name is har
 """
 from __future__ import annotations
 
+import warnings
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
@@ -15,7 +16,29 @@ from ..record import OWNER, OWNER_NAMES, owner_runs
 from .chat import ChatTemplate, as_template, check_messages, diff_span, owner_of_role
 
 __all__ = ['Region', 'OwnerLabels', 'label_owners', 'locate_messages', 'owners_from_regions',
-           'sampling_contexts']
+           'sampling_contexts', 'GENERATION_MASK_MODES', 'AssistantMaskMismatch', 'AssistantMaskError']
+
+#: What :func:`label_owners` does when a template's ``{% generation %}`` mask disagrees with the
+#: ownership rule: ``'warn'`` (:class:`AssistantMaskMismatch`), ``'error'`` (:class:`AssistantMaskError`).
+GENERATION_MASK_MODES = ('warn', 'error')
+
+
+class AssistantMaskMismatch(UserWarning):
+    """A template's ``{% generation %}`` mask disagrees with agentrl's ownership rule (labels keep the rule)."""
+
+
+class AssistantMaskError(ValueError):
+    """As :class:`AssistantMaskMismatch`, raised with ``generation_mask='error'``."""
+
+
+def _mask_message(diff: list, ids: list, template) -> str:
+    k = diff[0]
+    tok = template.tokens(ids[k:k + 1])
+    return (f'the template\'s {{% generation %}} mask disagrees with the ownership rule (what the engine samples '
+            f'after the generation prompt, through the end-of-turn token) on {len(diff)} tokens, first at token '
+            f'{k} {tok}: agentrl labels by the rule (a ChatRecorder episode with this template records the same); '
+            'fix the template\'s generation block, or pass generation_mask=\'error\' to stop on it')
+
 
 
 @dataclass(frozen=True)
@@ -201,7 +224,7 @@ def owners_from_regions(offsets: list, regions: list, n_chars: int) -> tuple[lis
 
 
 def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, tools=None,
-                 **options) -> OwnerLabels:
+                 generation_mask: str = 'warn', **options) -> OwnerLabels:
     """Label every token of a finished conversation's rendering with its owner.
 
     Args:
@@ -209,8 +232,11 @@ def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, to
         messages: the conversation as message dicts (e.g. SFT data).
         add_generation_prompt: also render (template-owned) the generation prompt.
         tools: tool schemas for the template (``tools=``); only with a tokenizer.
+        generation_mask: for templates with ``{% generation %}`` blocks, what to do when
+            transformers' ``assistant_masks`` disagrees with the ownership rule (one of
+            :data:`GENERATION_MASK_MODES`); the labels always follow the rule.
         **options: :class:`ChatTemplate` options (``enable_thinking=False``, ``chat_template``,
-            ``stop_tokens``); only with a tokenizer.
+            ``stop_tokens``, ``content_text``); only with a tokenizer.
 
     Returns:
         :class:`OwnerLabels` with ``ids [T]`` equal to ``apply_chat_template(...,
@@ -218,14 +244,22 @@ def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, to
         calls and the end-of-turn token -> policy; system and user content -> prompt; tool
         results -> tool; role headers, delimiters, the tool-schema preamble, the generation
         prompt and the empty think block a template inserts before a non-thinking turn ->
-        template. A token spanning two owners takes the owner of its first character. Where
-        the template has ``{% generation %}`` blocks, policy tokens are exactly
-        transformers' ``assistant_masks``.
+        template. A token spanning two owners takes the owner of its first character.
+        One ownership rule for SFT labels and RL records (:class:`ChatRecorder` gives the same
+        policy positions): policy is what the engine samples after the generation prompt,
+        through the end-of-turn token; never the generation prompt, a think block the template
+        inserts, or the newline after the end-of-turn. Control-token text inside system, user
+        and tool content is encoded as ordinary text (``content_text='plain'``) or refused.
+        List-of-parts content is rendered as its text.
 
     Raises:
         ValueError: a message the template drops (for example ``tool_calls`` on Llama 3.0 or on
             DeepSeek-V3 under transformers 5, whose template needs ``content=None``), ``tools=``
-            on a template that ignores them, or malformed messages; each names the field.
+            on a template that ignores them, a non-text content part, or malformed messages;
+            each names the field.
+        ControlTextError: control-token text in non-policy content with ``content_text='refuse'``.
+        AssistantMaskError: with ``generation_mask='error'``, a ``{% generation %}`` mask that
+            disagrees with the rule (with ``'warn'`` an :class:`AssistantMaskMismatch` warning).
         ImportError: without ``pip install agentrl[hf]``.
 
     Example:
@@ -238,26 +272,36 @@ def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, to
 
     Source: book chapter 5.2 (owners of Qwen3's rendering) and 5.3 (thinking mode).
     """
+    if generation_mask not in GENERATION_MASK_MODES:
+        raise ValueError(f'generation_mask={generation_mask!r}; use one of {GENERATION_MASK_MODES}')
     template = as_template(tokenizer, tools=tools, **options)
     messages = check_messages(messages)
     text, regions = locate_messages(template, messages, add_generation_prompt)
-    ids, offsets = template.encode_offsets(text)
+    ids, offsets = template.encode_offsets(text, [r for r in regions if r.owner != 'policy'])
     owner, message = owners_from_regions(offsets, regions, len(text))
     if template.has_generation_blocks:
-        owner = _apply_generation_mask(template, messages, add_generation_prompt, ids, owner)
+        _check_generation_mask(template, messages, add_generation_prompt, ids, owner, generation_mask)
     return OwnerLabels(text=text, ids=ids, owner=owner, offsets=offsets, message=message, regions=regions)
 
 
-def _apply_generation_mask(template, messages, gen, ids, owner):
+def _check_generation_mask(template, messages, gen, ids, owner, mode) -> None:
+    """Compare transformers' ``assistant_masks`` with the rule's policy tokens; warn or raise on a difference."""
     out = template.tokenizer.apply_chat_template(
         messages, tools=template.tools, chat_template=template.chat_template, tokenize=True,
         return_dict=True, return_assistant_tokens_mask=True, add_generation_prompt=gen,
         **template.template_kwargs)
     if list(out['input_ids']) != list(ids):
+        if template.encode(template.render(messages, gen)) != list(ids):
+            return      # control text in content was encoded as ordinary text: no like-for-like mask
         raise ValueError('return_assistant_tokens_mask tokenized the rendering differently from '
                          'tokenizer(text, add_special_tokens=False); cannot align {% generation %} spans')
-    pol, tmpl = OWNER['policy'], OWNER['template']
-    return [pol if m else (tmpl if o == pol else o) for m, o in zip(out['assistant_masks'], owner)]
+    pol = OWNER['policy']
+    diff = [k for k, (m, o) in enumerate(zip(out['assistant_masks'], owner)) if bool(m) != (o == pol)]
+    if diff:
+        msg = _mask_message(diff, ids, template)
+        if mode == 'error':
+            raise AssistantMaskError(msg)
+        warnings.warn(msg, AssistantMaskMismatch, stacklevel=3)
 
 
 def sampling_contexts(tokenizer, messages, *, tools=None, **options) -> list:
@@ -282,5 +326,6 @@ def sampling_contexts(tokenizer, messages, *, tools=None, **options) -> list:
     """
     template = as_template(tokenizer, tools=tools, **options)
     messages = check_messages(messages)
-    return [(i, template.encode(template.render(messages[:i], True)))
+    plain = [m.get('content') for m in messages if m['role'] != 'assistant']
+    return [(i, template.encode_plain(template.render(messages[:i], True), plain))
             for i, m in enumerate(messages) if m['role'] == 'assistant' and i > 0]

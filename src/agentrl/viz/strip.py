@@ -232,7 +232,7 @@ def _hf_by_digest(fp: str) -> Decoder | None:
     if not (fp and root and os.path.isdir(root)):
         return None
     try:
-        from ..templates.chat import tokenizer_digest
+        from ..templates.chat import tokenizer_fingerprint
     except ImportError:
         return None
     folders = [str(sub) for sub in sorted(Path(root).iterdir()) if (sub / 'tokenizer.json').exists()]
@@ -240,7 +240,7 @@ def _hf_by_digest(fp: str) -> Decoder | None:
     for name in loaded + [f for f in folders if f not in _LOADED]:     # already loaded ones first
         tok = _load_hf(name)
         try:
-            if tok is not None and tokenizer_digest(tok) == fp:
+            if tok is not None and tokenizer_fingerprint(tok) == fp:
                 return hf_decoder(tok)
         except Exception:  # noqa: BLE001 - a tokenizer that cannot be digested is not the one
             continue
@@ -262,7 +262,7 @@ def decoder_for(traj: Trajectory, tokenizer=None) -> Decoder:
     that tokenizer's, or when the record has no tokenizer fingerprint and every id fits its
     vocabulary; the HF tokenizer named by ``provenance.model`` (or ``info['tokenizer']``) when it
     loads offline; the tokenizer under ``$AGENTRL_TOKENIZERS`` whose digest
-    (:func:`agentrl.templates.chat.tokenizer_digest`) equals the record's fingerprint; else ids
+    (:func:`agentrl.templates.chat.tokenizer_fingerprint`) equals the record's fingerprint; else ids
     (``#<id>``).
 
     Returns:
