@@ -164,21 +164,19 @@ def word_decoder(tok=None) -> Decoder:
     return decode
 
 
-#: Model id prefixes -> folder under ``$AGENTRL_TOKENIZERS`` (the project's shared tokenizers).
-_SHARED = {'qwen/qwen3': 'qwen3', 'deepseek-ai/deepseek-v3': 'deepseek-v3', 'meta-llama/meta-llama-3': 'llama3',
-           'qwen3': 'qwen3', 'deepseek-v3': 'deepseek-v3', 'llama3': 'llama3'}
-
-
 def _hf_candidates(name: str) -> list:
+    """A local folder, the family folder :func:`~agentrl.templates.chat.find_tokenizer_dir` finds
+    for a model id (``Qwen/Qwen3-*`` -> ``qwen3/``; no download), then the name itself (HF cache)."""
+    from ..templates.chat import find_tokenizer_dir, tokenizer_family
     out = []
     if name and os.path.isdir(name):
         out.append(name)
-    roots = [os.environ.get('AGENTRL_TOKENIZERS', '')]
-    roots = [r for r in roots if r and os.path.isdir(r)]
-    low = name.lower()
-    for prefix, folder in _SHARED.items():
-        if low.startswith(prefix):
-            out += [str(Path(r) / folder) for r in roots if (Path(r) / folder).is_dir()]
+    fam = tokenizer_family(name)
+    if fam is not None:
+        try:
+            out.append(str(find_tokenizer_dir(fam, hub=False)))
+        except FileNotFoundError:
+            pass
     out.append(name)
     return list(dict.fromkeys(out))
 
