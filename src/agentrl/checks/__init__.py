@@ -21,7 +21,8 @@ from .errors import (DigestMismatchError, DuplicateRecordError, EndOfTurnNotTrai
                      MissingFieldError, MissingLogProbError, MissingProvenanceError, NaNLogProbError,
                      NonFiniteRewardError, NotReplayableError, PaddingMaskedError, PolicyFirstTokenError,
                      PositiveLogProbError, RecordError, ReplayUnsupportedError, ScriptedRecordError,
-                     TemplateMismatchError, TokenIdError, TokenizerMismatchError, UnknownOwnerError)
+                     TemplateMismatchError, TokenIdError, TokenizerMismatchError, UnknownOwnerError,
+                     UnclosedTurnError, ControlTokenInContentError)
 from .identity import dedupe, has_identity, identity, is_resend, new_attempt, record_digest, record_key
 from .replay import (TOKEN_KINDS, RatioStats, RecordReplay, ReplayReport, classify_tokens, convert_logp,
                      replay_check, replay_logp, replay_record, require_sampled, support_mask)
@@ -37,7 +38,7 @@ __all__ = [
     'InfiniteLogProbError', 'PositiveLogProbError', 'FingerprintMismatchError', 'TokenizerMismatchError',
     'TemplateMismatchError', 'ScriptedRecordError', 'LogpConversionError', 'ReplayUnsupportedError',
     'IdentityConflictError', 'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError',
-    'MalformedRowError', 'NotReplayableError',
+    'MalformedRowError', 'NotReplayableError', 'UnclosedTurnError', 'ControlTokenInContentError',
     # identity
     'identity', 'has_identity', 'record_key', 'record_digest', 'new_attempt', 'is_resend', 'dedupe',
     # replay

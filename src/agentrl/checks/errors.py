@@ -16,6 +16,7 @@ __all__ = [
     'MissingLogProbError', 'NaNLogProbError', 'InfiniteLogProbError', 'PositiveLogProbError',
     'FingerprintMismatchError', 'TokenizerMismatchError', 'TemplateMismatchError',
     'ScriptedRecordError', 'LogpConversionError', 'ReplayUnsupportedError', 'IdentityConflictError',
+    'UnclosedTurnError', 'ControlTokenInContentError',
     'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError', 'MalformedRowError',
     'NotReplayableError',
 ]
@@ -157,3 +158,15 @@ class MalformedRowError(RecordError):
 
 class NotReplayableError(RecordError):
     """A sampled record cannot be replayed under the given model (ids outside its vocabulary, too long, ...)."""
+
+
+class UnclosedTurnError(RecordError):
+    """A chat policy turn is followed by neither the template's end-of-turn id nor the end of the record.
+
+    The engine stopped at another stop id (e.g. Qwen3's second EOS ``<|endoftext|>``) and the writer
+    dropped the end-of-turn the template writes after every assistant turn.
+    """
+
+
+class ControlTokenInContentError(RecordError):
+    """A control (added-token) id is owned by a tool, user or system message: its text became a control token."""
