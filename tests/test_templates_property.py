@@ -14,6 +14,7 @@ from _tokenizers import load
 
 import agentrl.templates as tt
 from agentrl.record import OWNER, OWNER_NAMES
+from agentrl.templates.labels import _locate_fast, locate_messages
 
 # words that occur in none of the three templates nor in the tool schema below
 WORDS = ['apple', 'river', 'stone', 'cloud', 'maple', 'tiger', 'lemon', 'piano', 'x1', '42', 'fix', 'bug', 'zeta']
@@ -102,6 +103,11 @@ def _check_labels(tok, messages, options):
     assert lab.text == full and lab.ids == ids
     assert len(lab.owner) == len(lab.ids) and set(lab.owner) <= set(OWNER.values())   # one owner per token
     assert lab.owner_names() == ref
+    t = tt.ChatTemplate(tok, **options)
+    gen = messages[-1]['role'] != 'assistant'
+    slow = locate_messages(t, tt.labels.check_messages(messages), gen, fast=False)[1]
+    fast = _locate_fast(t, tt.labels.check_messages(messages), gen, full)
+    assert fast is None or fast == slow                                   # the one-render path is exact
 
 
 def _check_recorder(tok, messages, options, history, cache):

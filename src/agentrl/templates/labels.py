@@ -107,7 +107,7 @@ def _find_prefix_of(g: str, window: str) -> tuple[int, int]:
 
 
 def locate_messages(template: ChatTemplate, messages: list, add_generation_prompt: bool = False,
-                    text: str | None = None) -> tuple[str, list]:
+                    text: str | None = None, fast: bool = True) -> tuple[str, list]:
     """Find the character span of every message in the template's rendering.
 
     Args:
@@ -115,6 +115,9 @@ def locate_messages(template: ChatTemplate, messages: list, add_generation_promp
         messages: the conversation.
         add_generation_prompt: render with the generation prompt.
         text: the rendering, when already computed.
+        fast: first try one rendering with every content swapped for a sentinel (two renderings in
+            all, whatever the length; used when putting the contents back gives the rendering
+            exactly); False locates every message by its own diff rendering (one rendering per message).
 
     Returns:
         ``(text, regions)``: the rendering and a list of :class:`Region`, sorted by start.
@@ -132,6 +135,9 @@ def locate_messages(template: ChatTemplate, messages: list, add_generation_promp
     """
     gen = add_generation_prompt
     R = template.render(messages, gen) if text is None else text
+    found = _locate_fast(template, messages, gen, R) if fast else None
+    if found is not None:
+        return R, _check_overlaps(found)
     raw = []  # (i, start, end, sentinel_part) per message
     for i, m in enumerate(messages):
         z = template.sentinel(i, avoid=R)
@@ -182,13 +188,110 @@ def locate_messages(template: ChatTemplate, messages: list, add_generation_promp
                                  'calls as structured messages: write the call into "content" as the model '
                                  'emits it, or use a template with tool-call support')
         regions.append(Region(start, end, 'policy', i))
+    return R, _check_overlaps(regions)
+
+
+def _check_overlaps(regions: list) -> list:
     regions.sort(key=lambda r: (r.start, r.end))
     for r0, r1 in zip(regions, regions[1:]):
         if r1.start < r0.end:
             raise ValueError(f'messages[{r0.message}] and messages[{r1.message}] overlap in the rendering '
                              f'(chars {r0.start}-{r0.end} and {r1.start}-{r1.end}): the template renders them '
                              'together or changes one when the other changes, so their tokens have no single owner')
-    return R, regions
+    return regions
+
+
+def _coarse(m: dict) -> tuple:
+    """A message's structure: role, whether it has content, and its other non-empty fields (no values)."""
+    return (m.get('role'), bool(m.get('content')),
+            tuple(sorted(k for k, v in m.items() if k not in ('role', 'content') and v not in (None, '', [], {}))))
+
+
+def _window_prompt(template, messages: list, i: int, cache: dict) -> str:
+    """The generation prompt before message ``i``, rendered on a window with the same structure.
+
+    The window is the opening through the first user message plus the messages since the last
+    assistant turn before ``i``; the prompt is cached per window structure.
+    """
+    first_user = next((k for k, m in enumerate(messages) if m['role'] == 'user'), 0)
+    last = max([k for k in range(first_user + 1, i) if messages[k]['role'] == 'assistant'], default=first_user + 1)
+    window = messages[:first_user + 1] + messages[max(last, first_user + 1):i]
+    key = tuple(_coarse(m) for m in window)
+    if key not in cache:
+        cache[key] = template.generation_prompt(window)
+    return cache[key]
+
+
+def _locate_fast(template, messages: list, gen: bool, R: str) -> list | None:
+    """Regions from one rendering with every content swapped for a sentinel (O(total length)).
+
+    Used when putting the contents back into that rendering gives exactly ``R`` (the template inserts
+    contents verbatim and its structure does not depend on them); None otherwise (then every
+    message is located by its own diff rendering).
+    """
+    if len(messages) < 8:
+        return None                      # short conversations: the per-message diff is cheap and exact
+    probe, slots = [], []
+    for i, m in enumerate(messages):
+        c = m.get('content')
+        if isinstance(c, str) and c:
+            z = template.sentinel(i, avoid=R)
+            probe.append(dict(m, content=z))
+            slots.append((i, z, c))
+        else:
+            probe.append(m)
+    try:
+        S = template.render(probe, gen)
+    except ValueError:
+        return None
+    found = []
+    for i, z, c in slots:
+        k = S.find(z)
+        if k < 0 or S.find(z, k + 1) >= 0:
+            return None
+        found.append((k, i, z, c))
+    found.sort()
+    pieces, pos, shift, span = [], 0, 0, {}
+    for k, i, z, c in found:
+        pieces += [S[pos:k], c]
+        span[i] = (k + shift, k + shift + len(c))
+        shift += len(c) - len(z)
+        pos = k + len(z)
+    pieces.append(S[pos:])
+    if ''.join(pieces) != R:
+        return None
+    regions, prev_end, cache = [], 0, {}
+    for i, m in enumerate(messages):
+        if m['role'] != 'assistant':
+            if i in span:
+                regions.append(Region(*span[i], owner_of_role(m['role']), i))
+                prev_end = span[i][1]
+            continue
+        nxt = min([a for j, (a, _b) in span.items() if j > i] + [len(R)])
+        g = _window_prompt(template, messages, i, cache) if i > 0 else ''
+        bound = span[i][0] if i in span else nxt
+        k, p = _find_prefix_of(g, R[prev_end:bound])
+        if g and k < len(g):
+            g = template.generation_prompt(messages[:i])      # the window guessed wrong: render it exactly
+            k, p = _find_prefix_of(g, R[prev_end:bound])
+        start = prev_end + p + k if k else (span[i][0] if i in span else prev_end)
+        after = span[i][1] if i in span else start
+        hits = [(R.find(t, after), t) for t in template.stop_texts if R.find(t, after) >= 0]
+        if not hits:
+            return None
+        end = min(hits)[0] + len(min(hits)[1])
+        if end > nxt:
+            return None
+        piece = R[start:end]
+        for call in m.get('tool_calls') or ():
+            name = (call.get('function') or call).get('name') if isinstance(call, dict) else None
+            if name and name not in piece:
+                return None                     # the slow path names the call the template drops
+        if (m.get('content') or m.get('tool_calls')) and end <= start:
+            return None
+        regions.append(Region(start, end, 'policy', i))
+        prev_end = end
+    return regions
 
 
 def _first(offset) -> int:
