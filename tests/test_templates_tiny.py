@@ -63,3 +63,26 @@ def test_hf_engine_episodes_on_the_tiny_tokenizer(tmp_path):
         assert x.info['template']['chat_tokens']['end_of_turn'] == [581] and x.turn_contexts is not None
         assert int(x.action_mask.sum()) == (x.owner == OWNER['policy']).sum() > 0
         checks.validate(x)
+
+
+@pytest.mark.parametrize('user_every', [None, 7])
+def test_long_audit_on_its_structural_summary_equals_the_exact_audit(user_every):
+    from agentrl.templates.audit import _audit_exact
+    t = tt.ChatTemplate(load('tiny'))
+    msgs = [{'role': 'system', 'content': 'You fix bugs.'}, {'role': 'user', 'content': 'Fix clamp.'}]
+    k = 0
+    while len(msgs) < 64:
+        msgs += [{'role': 'assistant', 'content': f'read {k}', 'reasoning_content': f'Think {k}.'},
+                 {'role': 'tool', 'content': f'def f{k}(x): return x'}]
+        if user_every and k % user_every == user_every - 1:
+            msgs.append({'role': 'user', 'content': f'Go on {k}.'})
+        k += 1
+    fast, exact = tt.audit_prefix_stability(t, msgs), _audit_exact(t, msgs)
+    assert fast.audited < len(msgs) and exact.audited is None
+    assert (fast.stable, fast.breaking, fast.reasoning_total, fast.reasoning_rendered) == \
+        (exact.stable, exact.breaking, exact.reasoning_total, exact.reasoning_rendered)
+    assert [m.broken for m in fast.messages] == [m.broken for m in exact.messages]
+    assert [bool(m.reason) for m in fast.messages] == [bool(m.reason) for m in exact.messages]
+    lab = tt.label_owners(t, msgs)
+    from agentrl.templates.labels import locate_messages
+    assert lab.regions == locate_messages(t, tt.labels.check_messages(msgs), fast=False)[1]

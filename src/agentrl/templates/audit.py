@@ -128,7 +128,7 @@ _KEEP_ROUNDS = 2
 
 
 def _summary(messages: list) -> tuple:
-    """(kept message indices, {dropped index: its representative's index}) of the structural summary."""
+    """(kept message indices, {dropped index: (its representative's index, its run's first index)})."""
     from .labels import _coarse
     first = next((i for i, m in enumerate(messages) if m['role'] == 'assistant'), len(messages))
     rounds, i = [], first
@@ -151,7 +151,7 @@ def _summary(messages: list) -> tuple:
             for r in run[:_KEEP_ROUNDS] + run[-1:]:
                 kept += r
             for r in run[_KEEP_ROUNDS:-1]:
-                rep.update({k: model[n] for n, k in enumerate(r)})
+                rep.update({k: (model[n], run[0][0]) for n, k in enumerate(r)})
         else:
             for r in run:
                 kept += r
@@ -163,17 +163,21 @@ def _expand(sub: 'PrefixReport', messages: list, kept: list, rep: dict, template
     """The summary's report on the full conversation's indices."""
     import re
     members: dict = {}
-    for j, r in rep.items():
+    for j, (r, _start) in rep.items():
         members.setdefault(r, []).append(j)
     comp = {c: j for c, j in enumerate(kept)}
 
-    def turns(broken: list, before: int) -> list:
+    def kept_turns(broken: list, before: int) -> list:
         out = set()
         for c in broken:
             t = comp[c]
             out.add(t)
             out.update(members.get(t, ()))
         return sorted(t for t in out if t <= before)
+
+    def shifted_turns(broken: list, j: int) -> list:       # a dropped message: its representative's, moved
+        r, start = rep[j]
+        return sorted({comp[c] + (j - r) if comp[c] >= start else comp[c] for c in broken})
 
     def text(reason: str) -> str:
         reason = re.sub(r'\b(message|turn) (\d+)', lambda m: f'{m.group(1)} {comp[int(m.group(2))]}', reason)
@@ -183,12 +187,14 @@ def _expand(sub: 'PrefixReport', messages: list, kept: list, rep: dict, template
     by_orig = {comp[c]: ms for c, ms in enumerate(sub.messages)}
     out = []
     for j, m in enumerate(messages):
-        src = by_orig[j] if j in by_orig else by_orig[rep[j]]
-        reason = text(src.reason)
-        if j not in by_orig and reason:
-            reason = f'as message {rep[j]} (same structure): {reason}'
-        out.append(MessageStability(index=j, role=m['role'], stable=src.stable, broken=turns(src.broken, j),
-                                    reason=reason))
+        if j in by_orig:
+            src = by_orig[j]
+            broken, reason = kept_turns(src.broken, j), text(src.reason)
+        else:
+            src = by_orig[rep[j][0]]
+            broken = shifted_turns(src.broken, j)
+            reason = f'as message {rep[j][0]} (same structure): {text(src.reason)}' if src.reason else ''
+        out.append(MessageStability(index=j, role=m['role'], stable=src.stable, broken=broken, reason=reason))
     final = template.render(messages, messages[-1]['role'] != 'assistant')
     with_r = [m for m in messages if m['role'] == 'assistant' and _reasoning(m)]
     return PrefixReport(stable=sub.stable, token_stable=sub.token_stable, messages=out,

@@ -197,8 +197,9 @@ def load_tokenizer(name_or_path: str):
     """Load a Hugging Face tokenizer from a local folder or a hub id.
 
     Args:
-        name_or_path: a folder with ``tokenizer.json`` / ``tokenizer_config.json``, or a hub id.
-            With ``HF_HUB_OFFLINE=1`` nothing is downloaded.
+        name_or_path: a folder with ``tokenizer.json`` / ``tokenizer_config.json``, a family name
+            of :data:`TOKENIZER_FAMILIES` (``'qwen3'``: found by :func:`find_tokenizer_dir`), or a hub
+            id. With ``HF_HUB_OFFLINE=1`` nothing is downloaded.
 
     Returns:
         The ``AutoTokenizer`` instance (transformers' logging is left unchanged).
@@ -211,6 +212,11 @@ def load_tokenizer(name_or_path: str):
     Source: Hugging Face ``AutoTokenizer.from_pretrained``.
     """
     transformers = require_hf('load_tokenizer')
+    if name_or_path in TOKENIZER_FAMILIES and not os.path.isdir(name_or_path):
+        try:                                 # a family name: the one lookup (env, ../shared, hub)
+            name_or_path = str(find_tokenizer_dir(name_or_path))
+        except FileNotFoundError as e:
+            raise ValueError(str(e)) from e
     try:
         return transformers.AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
@@ -561,6 +567,8 @@ class ChatTemplate:
         """
         be = self._backend()
         if be is not None:
+            if len(text) > _CHUNK_CHARS:
+                return self._encode_offsets(text)[0]
             return be.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
 
@@ -644,10 +652,40 @@ class ChatTemplate:
     def _encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         be = self._backend()
         if be is not None:
-            enc = be.encode(text, add_special_tokens=False)
-            return enc.ids, enc.offsets
+            cuts = self._chunk_cuts(text) if len(text) > _CHUNK_CHARS else []
+            if not cuts:
+                enc = be.encode(text, add_special_tokens=False)
+                return enc.ids, enc.offsets
+            bounds = [0] + cuts + [len(text)]
+            ids, offs = [], []
+            for a, enc in zip(bounds, be.encode_batch([text[a:b] for a, b in zip(bounds, bounds[1:])],
+                                                       add_special_tokens=False)):
+                ids += enc.ids
+                offs += [(x + a, y + a) for x, y in enc.offsets]
+            return ids, offs
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc['input_ids']), [tuple(o) for o in enc['offset_mapping']]
+
+    def _chunk_cuts(self, text: str) -> list[int]:
+        """Positions, about every ``_CHUNK_CHARS``, where a control token starts (the tokenizer splits
+        there anyway, so encoding the pieces apart gives the same ids); tokens that strip the space
+        before them are never cut at."""
+        if self._control_re is None:
+            return []
+        cuts, nxt = [], _CHUNK_CHARS
+        for m in self._control_re.finditer(text, _CHUNK_CHARS):
+            if m.start() >= nxt and m.group(0) in self._cut_ok:
+                cuts.append(m.start())
+                nxt = m.start() + _CHUNK_CHARS
+        return cuts
+
+    @property
+    def _cut_ok(self) -> frozenset:
+        if 'cut_ok' not in self._cache:
+            dec = getattr(self.tokenizer, 'added_tokens_decoder', None) or {}
+            self._cache['cut_ok'] = frozenset(getattr(t, 'content', str(t)) for t in dec.values()
+                                              if not getattr(t, 'lstrip', False))
+        return self._cache['cut_ok']
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text, special tokens kept, no clean-up (the exact inverse where one exists)."""
@@ -713,6 +751,8 @@ class ChatTemplate:
 
 _DIGESTS: dict = {}
 _CONTROLS: dict = {}
+#: Texts longer than this are encoded in pieces cut at control tokens (same ids, linear time).
+_CHUNK_CHARS = 1 << 15
 
 
 class _Span:

@@ -207,14 +207,13 @@ def _coarse(m: dict) -> tuple:
             tuple(sorted(k for k, v in m.items() if k not in ('role', 'content') and v not in (None, '', [], {}))))
 
 
-def _window_prompt(template, messages: list, i: int, cache: dict) -> str:
+def _window_prompt(template, messages: list, i: int, last: int, cache: dict) -> str:
     """The generation prompt before message ``i``, rendered on a window with the same structure.
 
-    The window is the opening through the first user message plus the messages since the last
-    assistant turn before ``i``; the prompt is cached per window structure.
+    The window is the opening through the first user message plus the messages since ``last``
+    (the last assistant turn before ``i``, or -1); the prompt is cached per window structure.
     """
     first_user = next((k for k, m in enumerate(messages) if m['role'] == 'user'), 0)
-    last = max([k for k in range(first_user + 1, i) if messages[k]['role'] == 'assistant'], default=first_user + 1)
     window = messages[:first_user + 1] + messages[max(last, first_user + 1):i]
     key = tuple(_coarse(m) for m in window)
     if key not in cache:
@@ -231,26 +230,32 @@ def _locate_fast(template, messages: list, gen: bool, R: str) -> list | None:
     """
     if len(messages) < 8:
         return None                      # short conversations: the per-message diff is cheap and exact
-    probe, slots = [], []
+    import re
+    nonce = 0
+    while f'AgentrlSlotN{nonce}Q' in R:                    # a base not in R, so no 'base<i>Z' is either
+        nonce += 1
+    base = f'AgentrlSlotN{nonce}Q'
+    probe, slots = [], {}
     for i, m in enumerate(messages):
         c = m.get('content')
         if isinstance(c, str) and c:
-            z = template.sentinel(i, avoid=R)
-            probe.append(dict(m, content=z))
-            slots.append((i, z, c))
+            probe.append(dict(m, content=f'{base}{i}Z'))
+            slots[i] = c
         else:
             probe.append(m)
     try:
         S = template.render(probe, gen)
     except ValueError:
         return None
-    found = []
-    for i, z, c in slots:
-        k = S.find(z)
-        if k < 0 or S.find(z, k + 1) >= 0:
+    found, seen = [], set()
+    for hit in re.finditer(re.escape(base) + r'(\d+)Z', S):
+        i = int(hit.group(1))
+        if i not in slots or i in seen:
             return None
-        found.append((k, i, z, c))
-    found.sort()
+        seen.add(i)
+        found.append((hit.start(), i, hit.group(0), slots[i]))
+    if len(seen) != len(slots):
+        return None
     pieces, pos, shift, span = [], 0, 0, {}
     for k, i, z, c in found:
         pieces += [S[pos:k], c]
@@ -260,15 +265,22 @@ def _locate_fast(template, messages: list, gen: bool, R: str) -> list | None:
     pieces.append(S[pos:])
     if ''.join(pieces) != R:
         return None
-    regions, prev_end, cache = [], 0, {}
+    regions, prev_end, cache, last = [], 0, {}, -1
+    starts = [span[i][0] if i in span else None for i in range(len(messages))]
+    following, nxt_start = [len(R)] * len(messages), len(R)
+    for i in range(len(messages) - 1, -1, -1):              # start of the next message with a content span
+        following[i] = nxt_start
+        if starts[i] is not None:
+            nxt_start = starts[i]
     for i, m in enumerate(messages):
         if m['role'] != 'assistant':
             if i in span:
                 regions.append(Region(*span[i], owner_of_role(m['role']), i))
                 prev_end = span[i][1]
             continue
-        nxt = min([a for j, (a, _b) in span.items() if j > i] + [len(R)])
-        g = _window_prompt(template, messages, i, cache) if i > 0 else ''
+        nxt = following[i]
+        g = _window_prompt(template, messages, i, last, cache) if i > 0 else ''
+        last = i
         bound = span[i][0] if i in span else nxt
         k, p = _find_prefix_of(g, R[prev_end:bound])
         if g and k < len(g):
@@ -276,7 +288,7 @@ def _locate_fast(template, messages: list, gen: bool, R: str) -> list | None:
             k, p = _find_prefix_of(g, R[prev_end:bound])
         start = prev_end + p + k if k else (span[i][0] if i in span else prev_end)
         after = span[i][1] if i in span else start
-        hits = [(R.find(t, after), t) for t in template.stop_texts if R.find(t, after) >= 0]
+        hits = [(R.find(t, after, nxt), t) for t in template.stop_texts if R.find(t, after, nxt) >= 0]
         if not hits:
             return None
         end = min(hits)[0] + len(min(hits)[1])
