@@ -16,6 +16,7 @@ __all__ = [
     'MissingLogProbError', 'NaNLogProbError', 'InfiniteLogProbError', 'PositiveLogProbError',
     'FingerprintMismatchError', 'TokenizerMismatchError', 'TemplateMismatchError',
     'ScriptedRecordError', 'LogpConversionError', 'ReplayUnsupportedError', 'IdentityConflictError',
+    'UnclosedTurnError', 'ControlTokenInContentError',
     'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError', 'MalformedRowError',
     'NotReplayableError',
     'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError',
@@ -171,3 +172,13 @@ class MissingGroupError(RecordError):
 
 class GroupSizeError(RecordError):
     """A group holds another number of records than the declared group size."""
+class UnclosedTurnError(RecordError):
+    """A chat policy turn is followed by neither the template's end-of-turn id nor the end of the record.
+
+    The engine stopped at another stop id (e.g. Qwen3's second EOS ``<|endoftext|>``) and the writer
+    dropped the end-of-turn the template writes after every assistant turn.
+    """
+
+
+class ControlTokenInContentError(RecordError):
+    """A control (added-token) id is owned by a tool, user or system message: its text became a control token."""
