@@ -421,3 +421,22 @@ def test_fuzz_damaged_bytes_are_one_line(run_dir, tmp_path, capsys):
             assert err.count('\n') == 1 and err.startswith('agentrl: error: '), err
         if code == 0:            # the flips missed every digested byte (footer statistics, info text ...)
             assert [checks.record_digest(r) for r in store.read_trajectories(path)] == digests
+
+
+def test_check_progress_on_a_pipe(run_dir, monkeypatch, capsys):
+    import io
+
+    from agentrl.cli import check as cli_check
+    buf = io.StringIO()
+    bar = cli_check.Progress(1000, buf, every_s=0.0)
+    bar(250)
+    bar(1000)
+    bar.close()
+    lines = buf.getvalue().splitlines()
+    assert [re.sub(r', \d+ s$', '', x) for x in lines] == ['check: 250 of 1000 records read (25%)',
+                                                            'check: 1000 of 1000 records read (100%)']
+    monkeypatch.setattr(cli_check, 'PROGRESS_MIN_ROWS', 1)
+    monkeypatch.setattr(cli_check, 'PROGRESS_EVERY_S', 0.0)
+    monkeypatch.setattr(cli_check.Progress.__init__, '__defaults__', (None, 0.0))
+    code, out, err = check(capsys, run_dir / 'trajectories.parquet', '--batch-size', '2')
+    assert code == 0 and re.findall(r'check: (\d+) of 6 records read', err) == ['2', '4', '6'], err
