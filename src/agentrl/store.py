@@ -226,7 +226,13 @@ def _compatible(got: pa.DataType, want: pa.DataType) -> bool:
 
 
 def _lists(col: pa.Array):
-    """``(offsets, values, row valid, item valid or None)`` of a list column, as numpy arrays."""
+    """``(offsets, values, row valid, item valid or None)`` of a list column, as numpy arrays.
+
+    A column of Arrow type null (every row null) reads as a list column whose rows are all null.
+    """
+    if pa.types.is_null(col.type):
+        n = len(col)
+        return np.zeros(n + 1, dtype=np.int64), np.zeros(0), np.zeros(n, dtype=bool), None
     values = col.values
     item_valid = values.is_valid().to_numpy(zero_copy_only=False) if values.null_count else None
     return (col.offsets.to_numpy(), values.to_numpy(zero_copy_only=False),
