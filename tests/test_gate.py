@@ -196,8 +196,10 @@ def test_check_fails_non_finite_ratios_and_thresholds(run_dir, tmp_path, capsys)
     code, out, err = check(capsys, run_dir / 'trajectories.parquet', '--model', run_dir / 'model.pt',
                            '--max-ratio-dev', 'nan')
     assert code == 2 and out == '' and err.count('\n') == 1
-    assert err.startswith('agentrl: error: --max-ratio-dev must be a number >= 0 (inf: only report the ratios), '
-                          'got nan')
+    assert err.startswith('agentrl: error: --max-ratio-dev must be a ') and 'got nan' in err
+    with pytest.raises(ValueError, match=r'--max-ratio-dev must be a number >= 0 .*got nan; a NaN threshold'):
+        from agentrl.jobs.check import CheckOptions, run_check
+        run_check(CheckOptions(path=str(run_dir / 'trajectories.parquet'), max_ratio_dev=float('nan')))
     code, _, err = check(capsys, run_dir / 'trajectories.parquet', '--tol', 'inf')
     assert code == 2 and err.startswith('agentrl: error: --tol must be a finite number >= 0 (nats), got inf')
 
