@@ -471,15 +471,20 @@ class StoredRow:
     """One stored row as read: where it is, the record or why it could not be read.
 
     Attributes:
-        source: ``"'FILE' row N"`` (N counts from 0 within the file).
+        file: the Parquet file (str). row: the row number within it (from 0).
         record: the :class:`~agentrl.record.Trajectory`, or None when the row is malformed.
         problem: the :class:`~agentrl.checks.RecordError` (MalformedRowError,
             DigestMismatchError) when the row could not be trusted, else None.
     """
-    __slots__ = ('source', 'record', 'problem')
+    __slots__ = ('file', 'row', 'record', 'problem')
 
-    def __init__(self, source: str, record, problem):
-        self.source, self.record, self.problem = source, record, problem
+    def __init__(self, file: str, row: int, record, problem):
+        self.file, self.row, self.record, self.problem = file, row, record, problem
+
+    @property
+    def source(self) -> str:
+        """``"'FILE' row N"``, as error messages name the row."""
+        return f'{self.file!r} row {self.row}'
 
 
 def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True) -> Iterator[list[StoredRow]]:
@@ -510,7 +515,7 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
             out = []
             for n, rec in _rows(rb, repr(f), row, verify):
                 bad = isinstance(rec, RecordError)
-                out.append(StoredRow(f'{f!r} row {n}', None if bad else rec, rec if bad else None))
+                out.append(StoredRow(f, n, None if bad else rec, rec if bad else None))
             row += rb.num_rows
             yield out
 

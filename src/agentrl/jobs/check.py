@@ -312,7 +312,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
                            eot_ids=tuple(opts.eot_ids), vocab_size=opts.vocab_size)
     rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples)
-    seen: dict = {}          # identity (or digest) -> (digest, where first seen)
+    seen: dict = {}          # hash of the identity (or digest) -> (digest, file, row) where first seen
     for rows in store.scan(opts.path, opts.batch_size):
         for row in rows:
             rep.n += 1
@@ -324,19 +324,19 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             key = checks.record_key(rec) if prov is not None else row.source
             problems = checks.find_problems(rec, _expected(opts, base, prov, model_vocab))
             digest = checks.record_digest(rec)
-            ident = ('id', *checks.identity(rec)) if checks.has_identity(rec) else ('digest', digest)
+            ident = hash(checks.identity(rec) if checks.has_identity(rec) else digest)
             first = seen.get(ident)
             if first is None:
-                seen[ident] = (digest, row.source)
+                seen[ident] = (digest, row.file, row.row)
             elif first[0] == digest:
                 problems.append(checks.DuplicateRecordError(
-                    f'repeats {first[1]} (same identity and content: a resend stored twice); a reader would '
-                    'train on it twice', field='provenance', fix='store each record once (ShardWriter drops '
-                    'resends): rewrite the data without the repeated rows'))
+                    f'repeats {first[1]!r} row {first[2]} (same identity and content: a resend stored twice); a '
+                    'reader would train on it twice', field='provenance', fix='store each record once '
+                    '(ShardWriter drops resends): rewrite the data without the repeated rows'))
             else:
                 problems.append(checks.IdentityConflictError(
-                    f'identity {key} is already taken by {first[1]} with different content; a retry that samples '
-                    'again must not reuse an attempt number', field='provenance.attempt',
+                    f'identity {key} is already taken by {first[1]!r} row {first[2]} with different content; a '
+                    'retry that samples again must not reuse an attempt number', field='provenance.attempt',
                     fix='give the retry a new attempt with agentrl.checks.new_attempt(record)'))
             rep.lengths.append(len(rec.ids))
             if rec.action_mask is not None:
