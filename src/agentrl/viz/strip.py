@@ -112,10 +112,15 @@ class Strip:
 
 # ----------------------------------------------------------------------------- token text
 
+#: Unicode bidirectional formatting characters (UAX #9): they reorder how a line is displayed.
+_BIDI = frozenset('\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069')
+
+
 def display_text(text: str) -> str:
     """Make a token's text printable on one line with no blanks.
 
-    Newlines become ``⏎``, tabs ``⇥``, spaces ``·``, other control characters ``\\xNN``; an
+    Newlines become ``⏎``, tabs ``⇥``, spaces ``·``, other control characters (C0, DEL, C1)
+    ``\\xNN`` and bidirectional overrides ``\\uNNNN``; an
     empty token becomes ``∅``. Word-tokenizer specials stay as they are, except ``<nl>`` -> ``⏎``.
 
     Example: ``display_text(' clamp')`` is ``'·clamp'``; ``display_text('\\n')`` is ``'⏎'``.
@@ -132,8 +137,10 @@ def display_text(text: str) -> str:
             out.append('⇥')
         elif ch == ' ':
             out.append('·')
-        elif ord(ch) < 32 or ord(ch) == 127:
+        elif ord(ch) < 32 or 127 <= ord(ch) < 160:      # C0, DEL and C1 controls (C1 0x9b starts an escape)
             out.append(f'\\x{ord(ch):02x}')
+        elif ch in _BIDI:
+            out.append(f'\\u{ord(ch):04x}')
         else:
             out.append(ch)
     return ''.join(out)
