@@ -71,7 +71,7 @@ class SamplingSpec:
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
     return __version__
 
 

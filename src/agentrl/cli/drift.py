@@ -39,7 +39,7 @@ class DriftOptions:
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        from .options import UserError
         if not self.model and not self.records:
             raise UserError('pass --model DIR (sample and measure) or --records PATH (measure a rollout file)')
         if self.model and not os.path.isfile(os.path.join(self.model, 'config.json')):
@@ -85,7 +85,7 @@ def register(sub) -> None:
 
 
 def _tokenizer_for_records(opts: DriftOptions, records):
-    from .main import UserError
+    from .options import UserError
     from ..engines.hf import require_transformers
     from ..templates import load_tokenizer, tokenizer_fingerprint
     require_transformers('agentrl drift --records')
@@ -117,7 +117,7 @@ def run(args) -> int:
         from ..store import read_trajectories
         records = read_trajectories(opts.records)
         if not records:
-            from .main import UserError
+            from .options import UserError
             raise UserError(f'--records {opts.records!r} holds no records')
         tok, path = _tokenizer_for_records(opts, records)
         rate = hf.drift_rate(records, tok)

@@ -12,7 +12,8 @@ import pkgutil
 import sys
 from importlib import import_module
 
-from .. import __version__
+from .._version import __version__
+from .options import UserError
 
 #: preferred help order of the subcommand modules; others follow alphabetically
 ORDER = ['rollout', 'check', 'show', 'report', 'train', 'template', 'drift', 'make_test_model']
@@ -21,12 +22,9 @@ ORDER = ['rollout', 'check', 'show', 'report', 'train', 'template', 'drift', 'ma
 def commands() -> list[str]:
     """Names of the subcommand modules in ``agentrl.cli``, in help order."""
     from . import __path__ as cli_path
-    found = {m.name for m in pkgutil.iter_modules(cli_path) if m.name != 'main' and not m.name.startswith('_')}
+    found = {m.name for m in pkgutil.iter_modules(cli_path) if m.name not in ('main', 'options')
+             and not m.name.startswith('_')}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
-
-
-class UserError(Exception):
-    """An error caused by the user's input; printed as one line, without a traceback."""
 
 
 def _one_line(e: BaseException) -> str:

@@ -31,7 +31,7 @@ class MakeTestModelOptions:
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        from .options import UserError
         if self.tokenizer is not None and not os.path.isfile(os.path.join(self.tokenizer, 'tokenizer_config.json')):
             raise UserError(f'--tokenizer {self.tokenizer!r} has no tokenizer_config.json; pass a tokenizer folder')
         for flag, v in (('--layers', self.layers), ('--hidden', self.hidden), ('--heads', self.heads),

@@ -30,7 +30,7 @@ class ReportOptions:
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        from .options import UserError
         if os.path.isfile(self.run_dir):
             raise UserError(f'{self.run_dir!r} is a file; pass the run folder that holds it (RUN_DIR of '
                             '`agentrl rollout --out RUN_DIR`)')
@@ -65,7 +65,7 @@ def options_from_args(args) -> ReportOptions:
 def write_report(opts: ReportOptions, progress=None) -> dict:
     """Read the run, render the page, write it atomically; return counts for the summary line."""
     from .. import store, viz
-    from .main import UserError
+    from .options import UserError
     path = opts.trajectories()
     n_rows = None
     try:

@@ -41,7 +41,7 @@ class ShowOptions:
 
     def resolve_format(self) -> str:
         """The output format: ``--format``, else from the ``--out`` suffix (html, svg), else term."""
-        from .main import UserError
+        from .options import UserError
         if self.format:
             if self.format not in FORMATS:
                 raise UserError(f'--format {self.format!r} is not known; choose term, html or svg')
@@ -54,7 +54,7 @@ class ShowOptions:
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        from .options import UserError
         if not os.path.exists(self.path):
             raise UserError(f'{self.path!r} does not exist; pass a trajectories.parquet written by '
                             '`agentrl rollout --out DIR` (or a template audit .json)')
@@ -103,7 +103,7 @@ def _policy(t) -> str:
 
 def load_record(opts: ShowOptions):
     """Return ``(record, count)``: the chosen record and how many records matched."""
-    from .main import UserError
+    from .options import UserError
     if opts.path.lower().endswith('.json'):
         from ..viz import load_audit
         records = load_audit(opts.path)
