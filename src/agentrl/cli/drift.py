@@ -84,6 +84,28 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _tokenizer_dirs_with(fingerprint: str) -> list:
+    """Tokenizer folders under ``$AGENTRL_TOKENIZERS`` (or the shared tokenizers) with this fingerprint."""
+    from pathlib import Path
+
+    from ..engines.hf import default_tokenizer_dir
+    from ..templates import load_tokenizer, tokenizer_fingerprint
+    roots = [os.environ.get('AGENTRL_TOKENIZERS', '')]
+    try:
+        roots.append(str(default_tokenizer_dir().parent))
+    except (FileNotFoundError, OSError):
+        pass
+    for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
+        for sub in sorted(Path(root).iterdir()):
+            if (sub / 'tokenizer_config.json').is_file():
+                try:
+                    if tokenizer_fingerprint(load_tokenizer(str(sub))) == fingerprint:
+                        return [str(sub)]
+                except Exception:  # noqa: BLE001 - a folder that does not load is not the one
+                    continue
+    return []
+
+
 def _tokenizer_for_records(opts: DriftOptions, records):
     from .options import UserError
     from ..engines.hf import require_transformers
@@ -93,6 +115,9 @@ def _tokenizer_for_records(opts: DriftOptions, records):
     if path is None:
         models = {r.provenance.model for r in records if r.provenance is not None and r.provenance.model}
         found = [m for m in models if os.path.isfile(os.path.join(m, 'tokenizer_config.json'))]
+        fps = {r.provenance.tokenizer for r in records if r.provenance is not None and r.provenance.tokenizer}
+        if not found and len(fps) == 1:       # records name a model, not a folder: find the tokenizer by fingerprint
+            found = _tokenizer_dirs_with(fps.pop())
         if not found:
             raise UserError("--records: no tokenizer folder in the records' provenance (model "
                             f'{sorted(models) or "unset"}); pass --tokenizer DIR')

@@ -197,11 +197,11 @@ def run(args) -> int:
         if out == '-':
             sys.stdout.write(text)
             return 0
+        if os.path.isdir(out):
+            raise UserError(f'--out {out!r} is a folder; pass a file name such as {os.path.join(out, "show." + fmt)!r}')
+        from ..io import atomic_write
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        tmp = f'{out}.tmp-{os.getpid()}'
-        with open(tmp, 'w', encoding='utf-8') as f:
-            f.write(text)
-        os.replace(tmp, out)
+        atomic_write(out, text)
     out = opts.out if fmt == 'term' else out
     folded = sum(s.folded for s in strip.segments)
     Console().print(f'wrote {out}: {label}, {len(strip.cells)} tokens, {strip.n_policy} policy, mask sum '

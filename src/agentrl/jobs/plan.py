@@ -108,10 +108,13 @@ class RolloutOptions:
     engine: str = _opt('tinyagent', 'model policy: tinyagent, or hf: a Hugging Face causal LM from --model '
                                     'through real function calling (needs agentrl[hf])', choices=ENGINES)
     model: str | None = _opt(None, 'save_pretrained folder for --engine hf (`agentrl make-test-model OUT` '
-                                   'builds one)', metavar='DIR', engines=('hf',))
+                                   'builds one)', metavar='DIR', engines=('hf',),
+                             wrong_engine='--model is the Hugging Face model of --engine hf; add --engine hf (or use '
+                                          '--checkpoint for a TinyAgent)')
+    # top_k/top_p/min_p ranges are SamplingSpec's own (checked by hf_spec, which names the field)
     top_k: int = _opt(0, 'hf sampler top-k, 0 = off', min=0, max=2 ** 31 - 1, engines=('hf',))
-    top_p: float = _opt(1.0, 'hf sampler nucleus mass in (0, 1], 1 = off', gt=0.0, max=1.0, engines=('hf',))
-    min_p: float = _opt(0.0, 'hf sampler min-p in [0, 1), 0 = off', min=0.0, max=1.0, engines=('hf',))
+    top_p: float = _opt(1.0, 'hf sampler nucleus mass in (0, 1], 1 = off', engines=('hf',))
+    min_p: float = _opt(0.0, 'hf sampler min-p in [0, 1), 0 = off', engines=('hf',))
     max_new_tokens: int = _opt(256, 'token budget of one hf turn; a turn cut there is truncated', min=1,
                                max=1 << 20, engines=('hf',))
 
@@ -191,8 +194,8 @@ def check_fields(obj, engine: str | None = None) -> None:
                 hi_s = f'<= {hi}' if hi is not None else ''
                 raise ValueError(f'{flag} must be {" and ".join(s for s in (lo_s, hi_s) if s)}, got {v}')
         if engine is not None and 'engines' in m and engine not in m['engines'] and v != _default(f):
-            raise ValueError(f'{flag} applies to --engine {"/".join(m["engines"])}, not --engine {engine}; '
-                             f'drop {flag} or choose --engine {m["engines"][0]}')
+            raise ValueError(m.get('wrong_engine') or f'{flag} applies to --engine {"/".join(m["engines"])}, not '
+                             f'--engine {engine}; drop {flag} or choose --engine {m["engines"][0]}')
 
 
 def _default(f):

@@ -214,7 +214,7 @@ def run_lock(folder: str | os.PathLike):
 def model_fingerprint(path: str | os.PathLike) -> str:
     """A short content fingerprint of a checkpoint file or a model folder: 12 hex digits of sha256.
 
-    A folder's fingerprint covers ``config.json`` and its weight files (``*.safetensors``,
+    A file's is the sha256 of its bytes. A folder's fingerprint covers ``config.json`` and its weight files (``*.safetensors``,
     ``*.bin``, ``*.pt``), by name and content, so a copy on another machine has the same one.
 
     Raises:
@@ -227,7 +227,8 @@ def model_fingerprint(path: str | os.PathLike) -> str:
     if not p.exists():
         raise FileNotFoundError(f'no model at {str(p)!r}')
     for f in files:
-        h.update(f.name.encode() + b'\0')
+        if p.is_dir():
+            h.update(f.name.encode() + b'\0')
         with open(f, 'rb') as fh:
             for block in iter(lambda: fh.read(1 << 20), b''):
                 h.update(block)
