@@ -29,6 +29,10 @@ def commands() -> list[str]:
 
 def _one_line(e: BaseException) -> str:
     """The error as one line; OS errors name the file and say what to do."""
+    import errno
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        where = f': {e.filename!r}' if e.filename else ''
+        return f'No space left on device{where}; free some space or write elsewhere (no partial file was kept)'
     if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.filename:
         hint = {FileExistsError: 'remove it or choose another path',
                 IsADirectoryError: 'pass a file, not a folder',
@@ -36,6 +40,13 @@ def _one_line(e: BaseException) -> str:
                 PermissionError: 'choose a path you can write'}.get(type(e), 'check the path')
         return f'{e.strerror}: {e.filename!r}; {hint}'
     return ' '.join(str(e).split()) or type(e).__name__
+
+
+def _refuse_nan(args) -> None:
+    """No flag of any command takes NaN (a NaN threshold switches a comparison off)."""
+    for name, v in vars(args).items():
+        if isinstance(v, float) and v != v:
+            raise UserError(f'--{name.replace("_", "-")} must be a finite number, got nan')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.debug = debug
     try:
+        _refuse_nan(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print('agentrl: interrupted', file=sys.stderr)

@@ -11,6 +11,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from .options import UserError
+
 FORMATS = ('term', 'html', 'svg')
 
 

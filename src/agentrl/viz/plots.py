@@ -215,10 +215,10 @@ def reward_curves(evals: list, grpo_rows: list, title: str = '') -> str:
         for r in rows:
             ys[at[r['step']]] = r[key]
         return ys
-    series = [('held-out reward', '#d55e00', col(evals, 'heldout_reward')),
-              ('train reward', '#0072b2', col(evals, 'train_reward')),
-              ('GRPO sample reward', '#56b4e9', col(grpo_rows, 'reward'), '4 3'),
-              ('hardcode rate', '#555555', col(grpo_rows, 'hardcode_rate'), '1 3')]
+    series = [('held-out reward', col(evals, 'heldout_reward'), '#d55e00'),
+              ('train reward', col(evals, 'train_reward'), '#0072b2'),
+              ('GRPO sample reward', col(grpo_rows, 'reward'), '#56b4e9', '4 3'),
+              ('hardcode rate', col(grpo_rows, 'hardcode_rate'), '#555555', '1 3')]
     return lines(series, steps, 'reward over GRPO steps', 'reward', 640, 360, xlabel='GRPO step (0 = after SFT)',
                  ymax=1.0, connect=True, title=title, tick_every=max(1, len(steps) // 8),
                  legend_width=160)
