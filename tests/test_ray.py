@@ -303,6 +303,21 @@ def test_workers_1_and_2_give_identical_records(cluster, ray_env, one_worker, tm
 
 
 @needs_ray
+def test_workers_0_gives_the_records_of_workers_1(one_worker, tmp_path):
+    """In this process (no Ray) the same plan gives the same records, bit for bit: one seed rule, one job."""
+    out = tmp_path / 'w0'
+    p = agentrl('rollout', *PLAN, '--workers', '0', '--out', str(out))
+    assert 'wrote 48 episodes to' in p.stdout
+    a, b = by_id(one_worker / 'trajectories'), by_id(out / 'trajectories')
+    assert len(a) == len(b) == 48 and a.keys() == b.keys()
+    for k in a:
+        assert_same(a[k], b[k])
+    s0, s1 = (json.loads((d / 'summary.json').read_text()) for d in (out, one_worker))
+    assert s0['policies'] == s1['policies'] and s0['model'] == s1['model']
+    assert (out / 'model.pt').read_bytes() == (one_worker / 'model.pt').read_bytes()
+
+
+@needs_ray
 def test_killed_worker_loses_nothing(cluster, ray_env, tmp_path, weights, monkeypatch):
     """SIGKILL one actor's process mid-run: 200 episodes, each once; its unfinished ones are attempt 2."""
     for k in ('RAY_AUTH_MODE', 'RAY_AUTH_TOKEN', 'RAY_USAGE_STATS_ENABLED'):

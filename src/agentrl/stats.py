@@ -6,28 +6,14 @@ key spellings: ``mean_reward``, ``length_mean``, ``action_tokens_mean``, ``trunc
 """
 from __future__ import annotations
 
-import enum
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
+from .gym.calls import StopReason
 from .record import OWNER, Trajectory
 
 __all__ = ['StopReason', 'context_lengths', 'PolicySummary', 'SummaryBuilder', 'policy_summary',
            'episode_metrics']
-
-
-class StopReason(str, enum.Enum):
-    """Why an episode ended (``info['stop']``); str-valued, so stored records keep their strings.
-
-    Source: book chapter 4 (the gym's stops) and 5.8 (truncation gives reward 0 and is recorded).
-    """
-    SUBMITTED = 'submitted'     #: the policy called ``submit``
-    BUDGET = 'budget'           #: the turn budget ran out
-    TRUNCATED = 'truncated'     #: a turn or the context was cut at its token limit
-    UNKNOWN = 'unknown'         #: the record does not say
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def context_lengths(traj: Trajectory) -> list[int]:

@@ -185,9 +185,16 @@ def run(args) -> int:
     label = f'episode {opts.episode}' + (f' of {opts.policy}' if opts.policy else '') + f' ({count} in file)'
     if fmt == 'term':
         if opts.out and opts.out != '-':
-            with open(opts.out, 'w') as f:
-                console = Console(file=f, force_terminal=True, width=opts.width or 80)
-                viz.print_strip(strip, console, width=opts.width or 80, header=f'{label}: {strip.title}')
+            import io
+
+            from ..io import atomic_write
+            if os.path.isdir(opts.out):
+                raise UserError(f'--out {opts.out!r} is a folder; pass a file name such as '
+                                f'{os.path.join(opts.out, "show.txt")!r}')
+            buf = io.StringIO()
+            console = Console(file=buf, force_terminal=True, width=opts.width or 80)
+            viz.print_strip(strip, console, width=opts.width or 80, header=f'{label}: {strip.title}')
+            atomic_write(opts.out, buf.getvalue())
         else:
             console = Console()
             viz.print_strip(strip, console, width=opts.width or min(console.width, 120),

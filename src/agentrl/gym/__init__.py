@@ -9,7 +9,7 @@ Modules: ``text`` (compact_source, format_results), ``sandbox`` (run_tests), ``o
 (BugFixEnv), ``policies`` (scripted_policy), ``schemas`` (TOOL_SCHEMAS, CODING_TOOLS, clamp
 texts).
 """
-from .calls import ALL_CALLS, MESSAGES
+from .calls import ALL_CALLS, MESSAGES, StopReason
 from .env import BugFixEnv
 from .ops import EDIT_OPS
 from .policies import scripted_policy
@@ -21,4 +21,4 @@ from .vocab import bugfix_tokenizer
 
 __all__ = ['Task', 'make_tasks', 'BugFixEnv', 'TOOL_SCHEMAS', 'CODING_TOOLS', 'CLAMP_ISSUE',
            'CLAMP_BUGGY', 'compact_source', 'run_tests', 'format_results', 'TestResult',
-           'EDIT_OPS', 'MESSAGES', 'ALL_CALLS', 'scripted_policy', 'bugfix_tokenizer']
+           'EDIT_OPS', 'MESSAGES', 'ALL_CALLS', 'scripted_policy', 'bugfix_tokenizer', 'StopReason']

@@ -352,7 +352,7 @@ def resume_options(opts: RolloutOptions) -> tuple[RolloutOptions, dict]:
     if manifest is None:
         raise ValueError(f'--resume {opts.resume!r}: no {MANIFEST} there; pass the --out folder of an '
                          '`agentrl rollout` run')
-    default = RolloutOptions(engine=manifest['plan'].get('engine', 'tinyagent'))
+    default = RolloutOptions()
     plan = {k: manifest['plan'][k] for k in PLAN_FIELDS if k in manifest['plan']}
     for k, v in plan.items():
         mine = getattr(opts, k)

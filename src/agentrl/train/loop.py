@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from ..gym.calls import StopReason
 from ..stats import episode_metrics
 from .config import TrainConfig
 from .grpo import grpo_step
@@ -98,7 +99,7 @@ def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.
     n = len(trajs)
     ep = episode_metrics(trajs)
     return {'reward': ep['reward'],
-            'public_pass': sum(float(bool(t.info.get('public_pass', False)) and t.info.get('stop') == 'submitted')
+            'public_pass': sum(float(bool(t.info.get('public_pass', False)) and t.info.get('stop') == StopReason.SUBMITTED)
                                for t in trajs) / n,
             **call_stats(trajs),
             'truncation_rate': ep['truncation_rate'], 'length': ep['length'], 'episodes': n}
