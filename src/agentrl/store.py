@@ -354,10 +354,15 @@ def iter_batches(path: str | os.PathLike, batch_size: int = 64) -> Iterator[list
         yield buf
 
 
+def _write_temp(table: pa.Table, tmp: Path, fsync: bool) -> None:
+    """Write the Parquet bytes of ``table`` to the temporary path ``tmp`` (flushed by the caller)."""
+    pq.write_table(table, tmp, compression='zstd')
+
+
 def _write_table(table: pa.Table, final: Path, fsync: bool, overwrite: bool) -> None:
     """Write ``table`` to ``final`` through :func:`agentrl.io.atomic_path` (hidden temp file, then rename)."""
     with atomic_path(final, fsync=fsync, overwrite=overwrite) as tmp:
-        pq.write_table(table, tmp, compression='zstd')
+        _write_temp(table, tmp, fsync)
 
 
 def write_trajectories(path: str | os.PathLike, trajs: Iterable[Trajectory], *, fsync: bool = True) -> Path:
