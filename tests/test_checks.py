@@ -511,7 +511,7 @@ def test_rollout_output_passes_check(tmp_path, tok, capsys):
     assert main(['rollout', '--policy', 'model,oracle', '--split', 'heldout', '--repeats', '2', '--out', out,
                  '--checkpoint', ckpt]) == 0
     capsys.readouterr()
-    path = str(tmp_path / 'run' / 'trajectories.parquet')
+    path = str(tmp_path / 'run' / 'trajectories')
     assert main(['check', path, '--model', ckpt, '--expect-tokenizer', tok.fingerprint(),
                  '--max-ratio-dev', '1e-5']) == 0
     report = capsys.readouterr().out

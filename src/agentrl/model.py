@@ -481,10 +481,14 @@ def locate(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
 
 
 def save_checkpoint(model: TinyAgent, path: str) -> None:
-    """Save weights and config to ``path`` (temp file, then rename: never a half-written file)."""
-    tmp = f'{path}.tmp-{os.getpid()}'
-    torch.save({'config': model.config(), 'state_dict': model.state_dict()}, tmp)
-    os.replace(tmp, path)
+    """Save weights and config to ``path`` through :func:`agentrl.io.atomic_path` (never a half-written file).
+
+    Raises:
+        OSError: the write failed (full disk, read-only folder); no temporary file is left.
+    """
+    from .io import atomic_path
+    with atomic_path(path) as tmp:
+        torch.save({'config': model.config(), 'state_dict': model.state_dict()}, tmp)
 
 
 #: Bounds on a checkpoint's config, checked before anything is allocated (TinyAgent is a toy:
