@@ -131,3 +131,32 @@ class ReplayUnsupportedError(RecordError):
 
 class IdentityConflictError(RecordError):
     """Two records share an identity (group, rollout, attempt) but differ in content."""
+
+
+# Refusals of the interop exporters and importers (agentrl.interop). Appended as one block.
+__all__ += ['MaskAlignmentError', 'LogProbLengthError', 'GroupOrderError', 'SupportMismatchError',
+            'MissingTokenIdsError']
+
+
+class MaskAlignmentError(LengthMismatchError):
+    """A mask of length ``T-1`` (aligned to ``ids[1:]``) handed where a full-length ``[T]`` mask at
+    own index is expected, or the reverse: every label would silently move by one token."""
+
+
+class LogProbLengthError(LengthMismatchError):
+    """Per-token log-probs and the token ids they belong to differ in length."""
+
+
+class GroupOrderError(RecordError):
+    """The rows of a group are not contiguous (or groups differ in size) for a trainer that groups
+    rows by position (TRL ``num_generations``, slime / OpenRLHF ``n_samples_per_prompt``)."""
+
+
+class SupportMismatchError(RecordError):
+    """Log-probs drawn under top-k / top-p / min-p (or raw at temperature != 1) exported to a trainer
+    that recomputes ``log_softmax(logits / T)`` over the full vocabulary: the step-0 ratio is not 1."""
+
+
+class MissingTokenIdsError(RecordError):
+    """An imported server response carries no token ids (re-encoding its text is the drift agentrl
+    exists to catch)."""
