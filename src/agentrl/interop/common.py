@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import errors as E
-from ..checks.validate import find_problems
+from ..checks.acceptance import find_problems
 from ..record import OWNER, Provenance, SamplingSpec, Trajectory
 
 __all__ = ['Split', 'split', 'check_exportable', 'check_support', 'expected_step0_ratio', 'check_groups',
