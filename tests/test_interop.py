@@ -307,3 +307,45 @@ def test_cli_export_refusal_is_one_line(tmp_path, recs, capsys):
     err = capsys.readouterr().err
     assert err.startswith('agentrl: error: provenance.group_id') and '--sort-groups' in err
     assert cli('export', tmp_path / 'run', '--to', 'trl', '--out', tmp_path / 't', '--sort-groups') == 0
+
+
+# ---------------------------------------------------------------------------- chat responses, real template
+def test_vllm_chat_import_rebuilds_owners_from_the_template():
+    pytest.importorskip('transformers')
+    from _tokenizers import load
+    from agentrl.templates import ChatRecorder
+    tok = load('qwen3')
+    im_end = tok.convert_tokens_to_ids('<|im_end|>')
+    msgs = [{'role': 'user', 'content': 'Fix clamp.'}]
+    ref = ChatRecorder(tok, msgs, history='sampled')
+    p0 = ref.prompt_ids
+    s0 = tok.encode('I will read it.', add_special_tokens=False) + [im_end]
+    ref.add_turn(s0, [-0.5] * len(s0))
+    p1 = ref.add_messages([{'role': 'user', 'content': 'Go on.'}])
+    s1 = tok.encode('Done.', add_special_tokens=False) + [im_end]
+    ref.add_turn(s1, [-0.25] * len(s1))
+    want = ref.finish(reward=1.0)
+
+    def resp(prompt, ids, lp):
+        return {'prompt_token_ids': prompt, 'choices': [{'message': {'role': 'assistant', 'content': ''},
+                'token_ids': ids, 'finish_reason': 'stop',
+                'logprobs': {'content': [{'token': '', 'logprob': x} for x in lp]}}]}
+    msgs1 = msgs + [{'role': 'assistant', 'content': 'I will read it.'}, {'role': 'user', 'content': 'Go on.'}]
+    ep = {'exchanges': [{'request': {'messages': msgs, 'temperature': 1.0, 'model': 'q'},
+                         'response': resp(p0, s0, [-0.5] * len(s0))},
+                        {'request': {'messages': msgs1, 'temperature': 1.0},
+                         'response': resp(p1, s1, [-0.25] * len(s1))}], 'reward': 1.0, 'group_id': 'g'}
+    [r] = interop.from_openai([ep], tok)
+    assert torch.equal(r.ids, want.ids) and torch.equal(r.owner, want.owner)
+    assert torch.equal(r.sample_logp, want.sample_logp) and int(r.action_mask.sum()) == len(s0) + len(s1)
+    assert r.info['import']['context_drift'] == [] and r.turn_contexts is None
+    assert r.provenance.sampling.logp_mode == 'raw' and r.provenance.tokenizer
+    # a server that re-tokenized history: its context for turn 1 is kept as that turn's context
+    drifted = p1[:-3] + [p1[-1]]
+    ep['exchanges'][1]['response'] = resp(drifted, s1, [-0.25] * len(s1))
+    [r] = interop.from_openai([ep], tok)
+    assert r.info['import']['context_drift'] == [1]
+    assert r.turn_contexts[1][1].tolist() == drifted and r.turn_contexts[0][1].tolist() == p0
+    ep['exchanges'][1]['response']['choices'][0].pop('token_ids')
+    with pytest.raises(E.MissingTokenIdsError, match='exchange 1 response has no output token ids'):
+        interop.from_openai([ep], tok)
