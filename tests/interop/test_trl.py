@@ -13,6 +13,8 @@ from agentrl.record import OWNER  # noqa: E402
 @pytest.fixture(scope='module')
 def trainer(lm, records, tmp_path_factory):
     from trl import GRPOConfig, GRPOTrainer
+    monkeypatch_env = pytest.MonkeyPatch()
+    monkeypatch_env.setenv('TRL_EXPERIMENTAL_SILENCE', '1')       # rollout_func is experimental in TRL 1.16
     path, model, tok = lm
     cfg = GRPOConfig(output_dir=str(tmp_path_factory.mktemp('grpo')), per_device_train_batch_size=4, num_generations=2,
                      max_steps=1, learning_rate=1e-3, beta=0.0, temperature=1.0, use_cpu=True, report_to=[],
