@@ -6,7 +6,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.agentrl-installed
 EXTRAS ?= hf,ray,dev
 
-# the interop tests run the real TRL and verl in their own venv (verl pins transformers < 5.11)
+# the interop tests run the real TRL, verl and OpenRLHF in their own venv (verl pins transformers < 5.11)
 IVENV  ?= .venv-interop
 IPY    := $(IVENV)/bin/python
 ISTAMP := $(IVENV)/.agentrl-installed
@@ -37,7 +37,7 @@ $(ISTAMP): pyproject.toml
 	test -x $(IPY) || python3 -m venv $(IVENV)
 	$(IPY) -m pip install -q torch==2.13.0
 	$(IPY) -m pip install -q -e '.[hf,dev,interop]'
-	$(IPY) -m pip install -q --no-deps verl==0.9.1
+	$(IPY) -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
 	touch $(ISTAMP)
 
 test-interop: $(ISTAMP)
