@@ -287,6 +287,8 @@ def test_cli_export_import_check(tmp_path, recs, capsys):
     assert_round_trip(recs, back, trim=False)
     assert json.loads((tmp_path / 'back' / 'summary.json').read_text())['episodes'] == 6
     assert cli('check', tmp_path / 'back' / 'trajectories.parquet', '--eot-id', EOT) == 0
+    assert cli('show', tmp_path / 'back' / 'trajectories.parquet', '--format', 'svg', '--out', tmp_path / 's.svg') == 0
+    assert cli('report', tmp_path / 'back') == 0 and (tmp_path / 'back' / 'report.html').exists()
     # the silent shift: a response_mask built from action_mask[P:] instead of action_mask[P-1:]
     d = interop.load_export(tmp_path / 'v', 'verl')
     d['batch']['response_mask'] = torch.roll(d['batch']['response_mask'], -1, dims=1)

@@ -59,3 +59,14 @@ def test_verl_logprob_and_policy_loss_step0_ratio(records, lm):
     assert abs(metrics['actor/ppo_kl']) < 1e-5 and metrics['actor/pg_clipfrac'] == 0.0
     want = -(adv * td['response_mask']).sum() / td['response_mask'].sum()
     assert float(loss) == pytest.approx(float(want), abs=1e-5)
+
+
+def test_export_writes_the_skip_rollout_cache_file(records, lm, tmp_path):
+    from verl.protocol import DataProto
+    m = interop.export(records, 'verl', tmp_path, pad_id=lm[2].pad_token_id, trim=False)
+    assert m['files'] == ['verl_batch.pt', 'gen_batch.dp']
+    dp = DataProto.load_from_disk(str(tmp_path / 'gen_batch.dp'))         # what verl's skip.rollout loads
+    dp.check_consistency()
+    for a, b in zip(records, interop.import_records(tmp_path / 'gen_batch.dp', 'verl')):
+        assert torch.equal(a.ids, b.ids) and torch.equal(a.action_mask, b.action_mask)
+        assert torch.equal(a.sample_logp.view(torch.int32), b.sample_logp.view(torch.int32))

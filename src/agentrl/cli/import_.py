@@ -94,8 +94,13 @@ def run(args) -> int:
     records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(), **kwargs)
     os.makedirs(opts.out, exist_ok=True)
     path = store.write_trajectories(os.path.join(opts.out, 'trajectories.parquet'), records)
+    policies: dict = {}
+    for r in records:
+        name = r.provenance.policy if r.provenance is not None else '(none)'
+        policies[name] = policies.get(name, 0) + 1
     summary = {'episodes': len(records), 'source': opts.source, 'imported_from': os.path.abspath(opts.path),
-               'trajectories': str(path), 'policies': sorted({r.provenance.policy for r in records if r.provenance})}
+               'trajectories': str(path), 'policies': {k: {'episodes': n} for k, n in policies.items()},
+               'options': {'from': opts.source, 'tokenizer': opts.tokenizer, 'temperature': opts.temperature}}
     atomic_write(os.path.join(opts.out, 'summary.json'), json.dumps(summary, indent=2, sort_keys=True) + '\n')
     print(f'imported {len(records)} records from {opts.source} into {path}')
     return 0
