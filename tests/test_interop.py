@@ -351,3 +351,27 @@ def test_vllm_chat_import_rebuilds_owners_from_the_template():
     ep['exchanges'][1]['response']['choices'][0].pop('token_ids')
     with pytest.raises(E.MissingTokenIdsError, match='exchange 1 response has no output token ids'):
         interop.from_openai([ep], tok)
+
+
+def test_per_turn_contexts_refused_or_split():
+    r = episode(2, turns=2, trailing=0)
+    pol = (r.owner == OWNER['policy']).nonzero().flatten().tolist()
+    starts = [j for j in pol if j - 1 not in pol]
+    r.turn_contexts = [(s, r.ids[:s]) for s in starts]
+    r.turn_contexts[1] = (starts[1], torch.cat([r.ids[:3], r.ids[starts[1] - 4:starts[1]]]))
+    with pytest.raises(E.TurnContextError, match='turn_contexts: record 0 has per-turn contexts'):
+        interop.to_slime([r])
+    rows = interop.split_turns([r])
+    assert len(rows) == 2 and rows[1].ids[:7].tolist() == r.turn_contexts[1][1].tolist()
+    assert sum(int(x.action_mask.sum()) for x in rows) == int(r.action_mask.sum())
+    assert len(interop.to_slime(rows)) == 2
+    with pytest.raises(ValueError, match='one trajectory per prompt'):
+        interop.export([r], 'trl', '/nonexistent', split_turns=True)
+
+
+def test_trl_truncated_rows_measured_by_pad_id():
+    d = interop.to_trl([episode(1), episode(2)], pad_id=PAD)
+    d['completion_mask'][0] = 0                    # mask_truncated_completions zeroes the row
+    del d['agentrl_provenance'], d['agentrl_info']
+    back = interop.from_trl(d, pad_id=PAD)
+    assert torch.equal(back[0].ids, trimmed(episode(1))[0])

@@ -161,7 +161,7 @@ class NotReplayableError(RecordError):
 
 # Refusals of the interop exporters and importers (agentrl.interop). Appended as one block.
 __all__ += ['MaskAlignmentError', 'LogProbLengthError', 'GroupOrderError', 'SupportMismatchError',
-            'MissingTokenIdsError']
+            'MissingTokenIdsError', 'TurnContextError']
 
 
 class MaskAlignmentError(LengthMismatchError):
@@ -186,3 +186,8 @@ class SupportMismatchError(RecordError):
 class MissingTokenIdsError(RecordError):
     """An imported server response carries no token ids (re-encoding its text is the drift agentrl
     exists to catch)."""
+
+
+class TurnContextError(RecordError):
+    """A record with per-turn contexts (a template that is not prefix-stable) exported as one sequence: the
+    trainer would score each turn in a context it was not sampled in."""

@@ -21,6 +21,7 @@ class ExportOptions:
         allow_support_mismatch: export top-k/top-p log-probs with a warning instead of refusing.
         sort_groups: reorder records so each group's rows are contiguous.
         prompt_length, response_length: verl's fixed widths (None: the longest).
+        split_turns: one row per turn for records with per-turn contexts (not verl, TRL).
     """
     run: str
     to: str
@@ -31,6 +32,7 @@ class ExportOptions:
     sort_groups: bool = False
     prompt_length: int | None = None
     response_length: int | None = None
+    split_turns: bool = False
 
     def source(self) -> str:
         """The trajectory file or shard folder inside ``run``."""
@@ -69,6 +71,9 @@ def register(sub) -> None:
                    help='export top-k/top-p log-probs to a full-vocabulary trainer with a warning (default: refuse)')
     p.add_argument('--sort-groups', action='store_true', help='make each group\'s rows contiguous (stable)')
     p.add_argument('--prompt-length', type=int, default=None, help='verl rollout.prompt_length (default: longest)')
+    p.add_argument('--split-turns', action='store_true',
+                   help='one row per turn for records whose template rewrites history (slime, SkyRL, prime-rl, '
+                        'OpenRLHF, SFT)')
     p.add_argument('--response-length', type=int, default=None, help='verl rollout.response_length (default: longest)')
     p.set_defaults(func=run)
 
@@ -77,12 +82,14 @@ def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise, one line)."""
     opts = ExportOptions(run=args.run, to=args.to, out=args.out, pad_id=args.pad_id, trim=args.trim,
                          allow_support_mismatch=args.allow_support_mismatch, sort_groups=args.sort_groups,
-                         prompt_length=args.prompt_length, response_length=args.response_length)
+                         prompt_length=args.prompt_length, response_length=args.response_length,
+                         split_turns=args.split_turns)
     opts.validate()
     from .. import interop, store
     records = store.read_trajectories(opts.source())
     m = interop.export(records, opts.to, opts.out, pad_id=opts.pad_id, trim=opts.trim,
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,
-                       prompt_length=opts.prompt_length, response_length=opts.response_length)
+                       prompt_length=opts.prompt_length, response_length=opts.response_length,
+                       split_turns=opts.split_turns)
     print(f"wrote {m['records']} records for {opts.to} to {opts.out}: {', '.join(m['files'])}, manifest.json")
     return 0

@@ -23,7 +23,7 @@ from ..checks import errors as E
 from ..checks.acceptance import find_problems
 from ..record import OWNER, Provenance, SamplingSpec, Trajectory
 
-__all__ = ['Split', 'split', 'check_exportable', 'check_support', 'expected_step0_ratio', 'check_groups',
+__all__ = ['Split', 'split', 'split_turns', 'check_exportable', 'check_support', 'expected_step0_ratio', 'check_groups',
            'group_key', 'sort_by_group', 'record_from_response', 'provenance_for_import', 'as_list']
 
 _POLICY = OWNER['policy']
@@ -68,13 +68,23 @@ def split(rec: Trajectory, row: int = 0) -> Split:
     return Split(int(pol[0]), int(pol[-1]) + 1, len(rec.ids))
 
 
+def split_turns(records) -> list:
+    """Records with ``turn_contexts`` replaced by one record per turn (:func:`agentrl.record.turn_records`);
+    others unchanged. Each turn row keeps the episode's provenance (so its group) and reward."""
+    from ..record import turn_records
+    out = []
+    for r in records:
+        out.extend(turn_records(r) if r.turn_contexts is not None else [r])
+    return out
+
+
 def as_list(x) -> list:
     """A tensor, numpy array or sequence as a plain Python list."""
     return x.tolist() if hasattr(x, 'tolist') else list(x)
 
 
 def check_exportable(records, *, need_logp: bool = True) -> None:
-    """Refuse records that no exporter may hand on: the acceptance check, plus placeholder log-probs.
+    """Refuse records that no exporter may hand on: the acceptance check, placeholder log-probs, per-turn contexts.
 
     Args:
         records: the records to export.
@@ -83,9 +93,18 @@ def check_exportable(records, *, need_logp: bool = True) -> None:
 
     Raises:
         agentrl.checks.errors.RecordError: the first refusal of :func:`agentrl.checks.find_problems`
-            (prefixed with the row), or ``ScriptedRecordError`` for placeholder log-probs.
+            (prefixed with the row), ``ScriptedRecordError`` for placeholder log-probs, or
+            ``TurnContextError`` for a record with ``turn_contexts`` (one sequence cannot hold them).
     """
     for i, rec in enumerate(records):
+        if rec.turn_contexts is not None:
+            raise E.TurnContextError(
+                f'record {i} has per-turn contexts (its template rewrites history, so turn k was sampled after '
+                'another prefix than ids[:start_k]); as one sequence, the trainer would score its turns in the '
+                'wrong context', field='turn_contexts',
+                fix='split it into one row per turn with agentrl.record.turn_records (export(..., split_turns=True), '
+                    '--split-turns) for slime, SkyRL, prime-rl, OpenRLHF or SFT; verl and TRL take one trajectory '
+                    'per prompt, so sample with history="sampled" for them')
         problems = find_problems(rec, require_provenance=False)
         if problems:
             p = problems[0]

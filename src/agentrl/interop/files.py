@@ -55,7 +55,7 @@ def _save_parquet(rows: list, path: Path) -> None:
 
 def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None = None,
            allow_support_mismatch: bool = False, sort_groups: bool = False, prompt_length: int | None = None,
-           response_length: int | None = None) -> dict:
+           response_length: int | None = None, split_turns: bool = False) -> dict:
     """Export ``records`` for ``framework`` into folder ``out``; return the manifest (also ``out/manifest.json``).
 
     Args:
@@ -67,9 +67,11 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
         allow_support_mismatch: warn instead of refusing top-k/top-p log-probs.
         sort_groups: reorder records so each group is contiguous (stable) before export.
         prompt_length, response_length: verl's fixed widths (None: the longest).
+        split_turns: replace records with per-turn contexts by one row per turn (not for verl and TRL,
+            which take one trajectory per prompt).
 
     Raises:
-        ValueError: an unknown framework, or a refusal of the exporter (a RecordError names the
+        ValueError: an unknown framework, ``split_turns`` for verl or TRL, or a refusal of the exporter (a RecordError names the
             record, the field and the fix).
     """
     from . import openrlhf, prime_rl, sft, skyrl, slime, trl, verl
@@ -77,6 +79,12 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
     if framework not in EXPORTS:
         raise ValueError(f'unknown framework {framework!r}; export to one of {", ".join(EXPORTS)}')
     records = list(records)
+    if split_turns:
+        if framework in ('verl', 'trl'):
+            raise ValueError(f'split_turns: {framework} takes one trajectory per prompt, so per-turn rows would count '
+                             'as separate group members; sample with history="sampled" for it instead')
+        from .common import split_turns as _split_turns
+        records = _split_turns(records)
     if sort_groups:
         records = sort_by_group(records)
     out = Path(out)
@@ -123,6 +131,7 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
         files.append('sft.parquet')
     manifest = {'framework': framework, 'files': files, 'records': len(records), 'pad_id': pad_id,
                 'trim': trim, 'allow_support_mismatch': allow_support_mismatch, 'sort_groups': sort_groups,
+                'split_turns': split_turns,
                 'agentrl_version': __version__}
     atomic_write(out / 'manifest.json', json.dumps(manifest, indent=2, sort_keys=True) + '\n')
     return manifest

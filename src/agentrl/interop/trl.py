@@ -114,7 +114,7 @@ def to_trl(records, *, pad_id: int, trim: bool = True, allow_support_mismatch: b
 
 
 def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: str = '',
-             rewards=None) -> list[Trajectory]:
+             rewards=None, pad_id: int | None = None) -> list[Trajectory]:
     """Import TRL GRPO rows (either form of the module docstring) as agentrl records.
 
     Per row: ``ids = prompt_ids[prompt_mask == 1] ++ completion_ids[:n]`` where ``n`` counts the
@@ -123,8 +123,7 @@ def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: s
     policy when absent); log-probs ``sampling_per_token_logps``/``logprobs`` at own index.
 
     ``completion_mask`` is all-zero on rows TRL masked as truncated (``mask_truncated_completions``);
-    such rows are measured by the pad id instead, so pass ``pad_id`` through a dict key ``pad_token_id``
-    or use the list form.
+    such rows are measured by ``pad_id`` instead (without it: the full width), or use the list form.
 
     Args:
         data: the dict of :func:`to_trl_rollout` or :func:`to_trl` (or TRL's own).
@@ -132,6 +131,7 @@ def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: s
         tokenizer: a Hugging Face tokenizer to fingerprint into the provenance.
         model: model id.
         rewards: ``[B]`` rewards when the rows carry none (TRL computes rewards outside the batch).
+        pad_id: the pad id, to measure rows whose ``completion_mask`` TRL zeroed.
 
     Returns:
         list of B records.
@@ -158,9 +158,8 @@ def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: s
             cm = data.get('completion_mask')
             n = int(cm[b].sum()) if cm is not None and int(cm[b].sum()) > 0 else None
             if n is None:
-                pad = data.get('pad_token_id')
                 row = data['completion_ids'][b]
-                n = int((row != pad).sum()) if pad is not None else row.shape[0]
+                n = int((row != pad_id).sum()) if pad_id is not None else row.shape[0]
             c = data['completion_ids'][b][:n]
             m = data[mask_key][b][:n] if mask_key in data else torch.ones(n, dtype=torch.long)
             lp = data[logp_key][b][:n] if logp_key in data else None
