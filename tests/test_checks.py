@@ -313,7 +313,7 @@ CORRUPTIONS = ['LengthMismatchError', 'MissingFieldError', 'UnknownOwnerError', 
                'PositiveLogProbError', 'MissingProvenanceError', 'TokenizerMismatchError', 'TemplateMismatchError']
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(t=valid_record())
 def test_valid_records_pass(t):
     validate(t, EXPECTED)
@@ -321,7 +321,7 @@ def test_valid_records_pass(t):
 
 
 @pytest.mark.parametrize('kind', CORRUPTIONS)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(t=valid_record(), data=st.data())
 def test_each_corruption_refused_with_its_type(kind, t, data):
     bad = corrupt(kind, t, data)
@@ -340,7 +340,7 @@ junk_tensor = st.one_of(
         lambda v: torch.tensor(v, dtype=torch.float32)))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(ids=junk_tensor, owner=junk_tensor, turn=junk_tensor, mask=junk_tensor, logp=junk_tensor,
        prov=st.sampled_from([None, Provenance(), Provenance(tokenizer='tokA', template='tplA', logp_placeholder=True)]))
 def test_nothing_else_raises(ids, owner, turn, mask, logp, prov):
@@ -511,7 +511,7 @@ def test_rollout_output_passes_check(tmp_path, tok, capsys):
     assert main(['rollout', '--policy', 'model,oracle', '--split', 'heldout', '--repeats', '2', '--out', out,
                  '--checkpoint', ckpt]) == 0
     capsys.readouterr()
-    path = str(tmp_path / 'run' / 'trajectories.parquet')
+    path = str(tmp_path / 'run' / 'trajectories')
     assert main(['check', path, '--model', ckpt, '--expect-tokenizer', tok.fingerprint(),
                  '--max-ratio-dev', '1e-5']) == 0
     report = capsys.readouterr().out

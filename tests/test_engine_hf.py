@@ -394,14 +394,18 @@ def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys, mon
                '--out', out) == 0
     assert 'wrote 6 episodes to' in capsys.readouterr().out
     summary = json.loads((out / 'summary.json').read_text())
-    assert list(summary['policies']) == ['model'] and summary['hf']['model'] == str(model_dir.resolve())
+    from agentrl.jobs.rollout import model_fingerprint
+    name = f'{model_dir.name}@{model_fingerprint(model_dir)}'       # a name and a fingerprint, never a local path
+    assert list(summary['policies']) == ['model'] and summary['hf']['model'] == name
+    assert str(tmp_path) not in (out / 'summary.json').read_text()
     assert summary['hf']['sampling'] == T07.to_dict()
-    trajs = arl.read_trajectories(out / 'trajectories.parquet')
+    trajs = arl.read_trajectories(out / 'trajectories')
     assert len(trajs) == 6 and all(t.provenance.policy == 'hf' for t in trajs)
+    assert {t.provenance.model for t in trajs} == {name}
     assert {t.provenance.group_id for t in trajs} == {f'0/model/{t.name}' for t in arl.make_tasks('heldout')}
     assert checks.replay_records(trajs, hf_scorer(model)).ok                        # step 0 holds after the Parquet round trip
 
-    assert cli('drift', '--records', out / 'trajectories.parquet') == 0
+    assert cli('drift', '--records', out / 'trajectories') == 0
     text = capsys.readouterr().out
     assert '6 records, ' in text and 'per 1,000 policy tokens' in text
     assert cli('drift', '--model', model_dir, '--samples', '3', '--tokens', '16') == 0

@@ -144,7 +144,7 @@ _PENALTY_FIELDS = tuple(_PENALTY_DEFAULTS)
 
 
 def _version() -> str:
-    from . import __version__
+    from ._version import __version__
     return __version__
 
 

@@ -11,6 +11,7 @@ import copy
 
 import torch
 
+from .gym.calls import StopReason
 from .model import fill_holes
 from .record import Provenance, SamplingSpec, TokenLog, Trajectory
 from .sampling import sample
@@ -83,7 +84,7 @@ class Episode:
         no_room = len(self.ids) + 2 + len(obs_ids) + MAX_CALL_TOKENS > self.max_len
         if not self.done and (k + 1 >= self.max_turns or no_room):
             self.done, self.reward = True, 0.0
-            self.info = dict(self.env.final_info(False), stop='truncated')
+            self.info = dict(self.env.final_info(False), stop=StopReason.TRUNCATED)
         if not self.done:                   # <obs> observation </obs>: template, tool, template
             self.observations.append(obs)
             self.add([self.tok.obs_id], 'template', k)

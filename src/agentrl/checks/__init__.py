@@ -24,7 +24,8 @@ from .errors import (DigestMismatchError, DuplicateRecordError, EndOfTurnNotTrai
                      NonFiniteRewardError, NotReplayableError, PaddingMaskedError, PolicyFirstTokenError,
                      PositiveLogProbError, RecordError, ReplayUnsupportedError, ScriptedRecordError,
                      TemplateMismatchError, TokenIdError, TokenizerMismatchError, UnknownOwnerError,
-                     SamplerMismatchError, MissingGroupError, GroupSizeError)
+                     SamplerMismatchError, MissingGroupError, GroupSizeError,
+                     UnclosedTurnError, ControlTokenInContentError)
 from .identity import dedupe, has_identity, identity, is_resend, new_attempt, record_digest, record_key
 from .replay import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, RatioStats, RecordReplay, ReplayReport, Scorer,
                      classify_tokens, convert_logp, fit_sampler, replay_check, replay_logp, replay_record,
@@ -42,6 +43,7 @@ __all__ = [
     'TemplateMismatchError', 'ScriptedRecordError', 'LogpConversionError', 'ReplayUnsupportedError',
     'IdentityConflictError', 'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError',
     'MalformedRowError', 'NotReplayableError', 'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError',
+    'UnclosedTurnError', 'ControlTokenInContentError',
     # identity
     'identity', 'has_identity', 'record_key', 'record_digest', 'new_attempt', 'is_resend', 'dedupe',
     # replay

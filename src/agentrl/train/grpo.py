@@ -28,6 +28,7 @@ from ..checks.errors import GroupSizeError, MissingGroupError
 from ..checks.replay import require_trainable
 from ..record import Batch, SamplingSpec, Trajectory
 from ..sampling import token_logp
+from ..stats import episode_metrics
 
 __all__ = ['group_advantages', 'group_index', 'grouped_advantages', 'token_log_probs', 'importance_ratio',
            'max_ratio_deviation', 'clipped_surrogate', 'kl_penalty', 'grpo_loss', 'episode_metrics',
@@ -327,26 +328,6 @@ def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0
     with torch.no_grad():
         ent = float((entropy * mask).sum() / mask.sum().clamp(min=1))
     return loss, dict(stats, pg_loss=float(pg.detach()), kl=float(kl.detach()), entropy=ent)
-
-
-def episode_metrics(trajs: list[Trajectory]) -> dict:
-    """Per-step episode metrics of sampled records.
-
-    Returns:
-        dict of floats: ``reward`` (mean), ``truncation_rate`` (fraction with
-        ``info['stop'] == 'truncated'``), ``length`` (mean tokens per episode),
-        ``action_tokens`` (mean policy tokens per episode).
-
-    Raises:
-        ValueError: no records.
-    """
-    if not trajs:
-        raise ValueError('episode_metrics: no records')
-    n = len(trajs)
-    return {'reward': sum(float(t.reward) for t in trajs) / n,
-            'truncation_rate': sum(t.info.get('stop') == 'truncated' for t in trajs) / n,
-            'length': sum(len(t.ids) for t in trajs) / n,
-            'action_tokens': sum(float(t.action_mask.sum()) for t in trajs) / n}
 
 
 def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id: int, *, updates: int = 1,

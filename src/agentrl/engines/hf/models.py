@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ...templates.chat import load_tokenizer, require_hf
+from ...templates.chat import find_tokenizer_dir, load_tokenizer, require_hf
 
 __all__ = ['require_transformers', 'load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id', 'score_rows',
            'forward_kwargs', 'TOKENIZER_FILES']
@@ -26,23 +26,8 @@ TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'mer
 _TEST_MODEL_NOTE = 'agentrl_test_model.json'
 
 
-def require_transformers(what: str = 'agentrl.engines.hf'):
-    """Import transformers (and check jinja2), or raise an ImportError that names the extra.
-
-    Same check as :func:`agentrl.templates.chat.require_hf`, under the engine's default name.
-
-    Args:
-        what: the feature that needs it (named in the error).
-
-    Returns:
-        The ``transformers`` module.
-
-    Raises:
-        ImportError: transformers or jinja2 is missing; fix with ``pip install agentrl[hf]``.
-
-    Source: design notes (engines are L4 and import transformers lazily, naming the extra).
-    """
-    return require_hf(what)
+#: The one transformers import check (``pip install agentrl[hf]`` named in its error).
+require_transformers = require_hf
 
 
 def _dtype_kwarg(transformers) -> str:
@@ -142,34 +127,9 @@ def forward_kwargs(model) -> dict:
     return {'cache': cache, 'keep': keep}
 
 
-def default_tokenizer_dir(family: str = 'qwen3') -> Path:
-    """The folder of a real tokenizer shipped next to the project.
-
-    Tried in order: ``$AGENTRL_TOKENIZERS/<family>``, ``$AGENTRL_SHARED/tokenizers/<family>``,
-    ``./../shared/tokenizers/<family>`` (from the working directory), and
-    ``<repository>/../shared/tokenizers/<family>`` for an editable install.
-
-    Returns:
-        The first folder that holds ``tokenizer_config.json``.
-
-    Raises:
-        FileNotFoundError: none does; pass ``--tokenizer DIR`` (or set ``AGENTRL_TOKENIZERS``).
-
-    Source: tests/_tokenizers.py (the project's convention for offline tokenizers).
-    """
-    tried = []
-    if os.environ.get('AGENTRL_TOKENIZERS'):
-        tried.append(Path(os.environ['AGENTRL_TOKENIZERS']) / family)
-    if os.environ.get('AGENTRL_SHARED'):
-        tried.append(Path(os.environ['AGENTRL_SHARED']) / 'tokenizers' / family)
-    tried.append(Path.cwd().parent / 'shared' / 'tokenizers' / family)
-    repo = Path(__file__).resolve().parents[4]          # src/agentrl/engines/hf/models.py -> repository
-    tried.append(repo.parent / 'shared' / 'tokenizers' / family)
-    for d in tried:
-        if (d / 'tokenizer_config.json').is_file():
-            return d
-    raise FileNotFoundError(f'no {family} tokenizer found (tried {", ".join(map(str, tried))}); pass --tokenizer DIR '
-                            'or set AGENTRL_TOKENIZERS to the folder holding qwen3/')
+#: The one lookup of a real tokenizer family folder (``$AGENTRL_TOKENIZERS``, ``../shared/tokenizers``,
+#: the hub for ungated repos): :func:`agentrl.templates.chat.find_tokenizer_dir`.
+default_tokenizer_dir = find_tokenizer_dir
 
 
 def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int = 64, heads: int = 4,
