@@ -175,7 +175,7 @@ def test_hf_engine_records_replay_through_load_scorer(hf_model_dir, tmp_path, mo
     out = tmp_path / 'run'
     assert main(['rollout', '--engine', 'hf', '--model', str(hf_model_dir), '--split', 'heldout', '--repeats', '1',
                  '--max-new-tokens', '8', '--max-turns', '2', '--out', str(out), *flags]) == 0
-    trajs = arl.read_trajectories(out / 'trajectories.parquet')
+    trajs = arl.read_trajectories(out / 'trajectories')
     assert all(t.provenance.sampling == spec for t in trajs)
     scorer = load_scorer(hf_model_dir)
     assert scorer.name == hf_model_dir.name
@@ -263,3 +263,16 @@ def test_hf_trainer_scores_with_attention_dropout_off(hf_model_dir):
     assert dev > 1e-3
     m = grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.0), trajs, 2, 0, ratio_tol=1e-5)
     assert m['ratio_dev0'] <= 1e-5 and m['dropout_disabled'] == 1.0 and m['updates'] == 1
+
+
+def test_replay_scores_in_eval_mode(peaked):
+    """A model left in train mode with dropout still replays to 1: scorers switch dropout off."""
+    trajs = records(peaked, SamplingSpec(), n=2)
+    peaked.blocks[0].mlp.append(torch.nn.Dropout(0.5))
+    try:
+        peaked.train()
+        rep = checks.replay_check(trajs, peaked)
+        assert rep.ok and rep.overall.max_abs_dev <= 1e-5 and peaked.training
+    finally:
+        del peaked.blocks[0].mlp[3]
+        peaked.eval()

@@ -625,16 +625,25 @@ class Scorer:
     @classmethod
     def of_model(cls, model, name: str = '', pad_id: int = 0) -> 'Scorer':
         """Wrap ``model(ids [B, T]) -> logits [B, T, V]`` (or an object with ``.logits``), run
-        without gradients on the model's device. Right padding is harmless under causal
-        attention, so the mask is not passed."""
+        without gradients on the model's device, in eval mode (dropout off, as at sampling; a
+        module's mode is restored after). Right padding is harmless under causal attention, so
+        the mask is not passed."""
         device = None
-        if isinstance(model, torch.nn.Module):
-            p = next(model.parameters(), None)
+        module = model if isinstance(model, torch.nn.Module) else None
+        if module is not None:
+            p = next(module.parameters(), None)
             device = None if p is None else p.device
 
         @torch.no_grad()
         def fn(ids, attention_mask, rows):
-            out = model(ids.to(device) if device is not None else ids)
+            was = module is not None and module.training
+            if was:
+                module.eval()
+            try:
+                out = model(ids.to(device) if device is not None else ids)
+            finally:
+                if was:
+                    module.train()
             out = getattr(out, 'logits', out)
             if isinstance(out, (tuple, list)):
                 out = out[0]

@@ -23,7 +23,8 @@ __all__ = ['load_scorer', 'hf_scorer', 'tiny_scorer']
 def tiny_scorer(model, name: str = '') -> Scorer:
     """A :class:`~agentrl.checks.replay.Scorer` over a TinyAgent (or any ``ids -> logits`` module).
 
-    Scoring runs in eval mode (dropout off, as at sampling) and restores the module's mode.
+    Scoring runs in eval mode (dropout off, as at sampling) and restores the module's mode
+    (:meth:`~agentrl.checks.replay.Scorer.of_model`).
 
     Args:
         model: ids ``[B, T]`` -> logits ``[B, T, V]``.
@@ -32,19 +33,7 @@ def tiny_scorer(model, name: str = '') -> Scorer:
     Returns:
         :class:`~agentrl.checks.replay.Scorer` with ``max_len`` the model's context length.
     """
-    inner = Scorer.of_model(model, name=name)
-
-    def fn(ids, attention_mask, rows):
-        was = getattr(model, 'training', False)
-        if was:
-            model.eval()
-        try:
-            return inner(ids, attention_mask, rows)
-        finally:
-            if was:
-                model.train()
-
-    return Scorer(fn, inner.name, 0, getattr(model, 'max_len', None))
+    return Scorer.of_model(model, name=name)
 
 
 def hf_scorer(model, name: str = '') -> Scorer:
