@@ -11,7 +11,6 @@ whose stored mask disagrees with its owner is flagged ``mask_mismatch``.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -112,10 +111,15 @@ class Strip:
 
 # ----------------------------------------------------------------------------- token text
 
+#: Unicode bidirectional formatting characters (UAX #9): they reorder how a line is displayed.
+_BIDI = frozenset('\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069')
+
+
 def display_text(text: str) -> str:
     """Make a token's text printable on one line with no blanks.
 
-    Newlines become ``⏎``, tabs ``⇥``, spaces ``·``, other control characters ``\\xNN``; an
+    Newlines become ``⏎``, tabs ``⇥``, spaces ``·``, other control characters (C0, DEL, C1)
+    ``\\xNN`` and bidirectional overrides ``\\uNNNN``; an
     empty token becomes ``∅``. Word-tokenizer specials stay as they are, except ``<nl>`` -> ``⏎``.
 
     Example: ``display_text(' clamp')`` is ``'·clamp'``; ``display_text('\\n')`` is ``'⏎'``.
@@ -132,8 +136,10 @@ def display_text(text: str) -> str:
             out.append('⇥')
         elif ch == ' ':
             out.append('·')
-        elif ord(ch) < 32 or ord(ch) == 127:
+        elif ord(ch) < 32 or 127 <= ord(ch) < 160:      # C0, DEL and C1 controls (C1 0x9b starts an escape)
             out.append(f'\\x{ord(ch):02x}')
+        elif ch in _BIDI:
+            out.append(f'\\u{ord(ch):04x}')
         else:
             out.append(ch)
     return ''.join(out)
@@ -144,14 +150,13 @@ def id_decoder(ids: Sequence[int]) -> list:
     return [f'#{int(i)}' for i in ids]
 
 
-@functools.lru_cache(maxsize=1)
 def _word_tokenizer():
-    from .. import gym, tokenizer
-    return tokenizer.build_tokenizer(gym.make_tasks('all'))
+    from ..gym import bugfix_tokenizer
+    return bugfix_tokenizer()
 
 
 def word_decoder(tok=None) -> Decoder:
-    """Decoder of TinyAgent's word-level tokenizer (``build_tokenizer(make_tasks('all'))`` by default).
+    """Decoder of TinyAgent's word-level tokenizer (:func:`agentrl.gym.bugfix_tokenizer` by default).
 
     Ids outside the vocabulary show as ``#<id>``.
     """
@@ -220,8 +225,19 @@ def hf_decoder(name_or_tokenizer) -> Decoder | None:
 
     def decode(ids):
         return [tok.decode([int(i)]) if 0 <= int(i) < size else f'#{int(i)}' for i in ids]
-    decode.name = f'hf: {getattr(tok, "name_or_path", "") or type(tok).__name__}'
+    decode.name = f'hf: {_tokenizer_label(tok)}'
     return decode
+
+
+def _tokenizer_label(tok) -> str:
+    """A tokenizer's name for pictures: its folder's (or model id's) last part plus its fingerprint, never a path."""
+    name = str(getattr(tok, 'name_or_path', '') or type(tok).__name__).rstrip('/\\')
+    name = Path(name).name if os.path.isabs(name) or os.path.isdir(name) else name
+    try:
+        from ..templates.chat import tokenizer_digest
+        return f'{name}@{str(tokenizer_digest(tok))[:12]}'
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot be digested keeps its name only
+        return name
 
 
 def _hf_by_digest(fp: str) -> Decoder | None:

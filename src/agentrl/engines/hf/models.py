@@ -16,7 +16,7 @@ import torch
 
 from ...templates.chat import find_tokenizer_dir, load_tokenizer, require_hf
 
-__all__ = ['require_transformers', 'load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id',
+__all__ = ['require_transformers', 'load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id', 'score_rows',
            'forward_kwargs', 'TOKENIZER_FILES']
 
 #: Files copied from a tokenizer folder into a test model's folder (when present).
@@ -258,3 +258,56 @@ def _bias_tokens(model, rates: dict, seed: int, channel_value: float = 0.5) -> d
         emb[tid, 0] = channel_value + math.log(rate / (1.0 - total) * (V - n)) / h0
     probs = model(input_ids=probe).logits.float().softmax(-1)
     return {tid: round(float(probs[..., tid].mean()), 4) for tid in rates}
+
+
+def _head(model):
+    """``(decoder, output head, softcap)`` for scoring only the needed rows, or None."""
+    get_dec = getattr(model, 'get_decoder', None)
+    get_out = getattr(model, 'get_output_embeddings', None)
+    if get_dec is None or get_out is None:
+        return None
+    try:
+        dec, head = get_dec(), get_out()
+    except (AttributeError, NotImplementedError):
+        return None
+    if dec is None or head is None or dec is model:
+        return None
+    return dec, head, getattr(getattr(model, 'config', None), 'final_logit_softcapping', None)
+
+
+@torch.no_grad()
+def score_rows(model, ids: torch.Tensor, attention_mask: torch.Tensor, rows: list) -> list:
+    """Logits at chosen prediction rows of a right-padded batch, from one plain forward pass.
+
+    Args:
+        model: a transformers causal LM.
+        ids: ``[B, T]`` int64, right-padded.
+        attention_mask: ``[B, T]`` (1 on real tokens).
+        rows: B int64 tensors; ``rows[b]`` are positions j whose logits predict ``ids[b, j+1]``.
+
+    Returns:
+        B float32 tensors ``[len(rows[b]), V]``.
+
+    Notes:
+        Only the requested rows go through the output head (a 150k vocabulary makes full
+        ``[B, T, V]`` logits hundreds of MB per record); the decoder runs with default
+        positions, which are right for right padding. Models with a final logit soft-cap
+        (Gemma 2) get it applied.
+
+    Source: book chapter 3.7 / 5.7 (one causal forward pass over the padded batch).
+    """
+    dev = next(model.parameters()).device
+    ids, attention_mask = ids.to(dev), attention_mask.to(dev).long()
+    parts = _head(model)
+    if parts is None:
+        logits = model(input_ids=ids, attention_mask=attention_mask).logits
+        return [logits[b, r.to(dev)].float().cpu() for b, r in enumerate(rows)]
+    dec, head, cap = parts
+    hidden = dec(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+    out = []
+    for b, r in enumerate(rows):
+        lg = head(hidden[b, r.to(dev)]).float()
+        if cap:
+            lg = torch.tanh(lg / cap) * cap
+        out.append(lg.cpu())
+    return out
