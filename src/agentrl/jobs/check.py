@@ -17,6 +17,8 @@ with :attr:`CheckReport.code`. Nothing a trainer must never see passes:
 
 An empty input fails too (nothing was checked). Replaying with the model that sampled the
 records is the step-0 check, where every ratio is 1.
+
+Source: docs/design.md#integrity (identity, resends, digests) and docs/design.md#replay.
 """
 from __future__ import annotations
 
