@@ -11,6 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .record import SamplingSpec
+from .sampling import draw, sample, token_logp
+
 __all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'locate', 'sequence_log_probs', 'sample_next', 'save_checkpoint',
            'load_checkpoint']
 
@@ -415,7 +418,7 @@ class TinyAgent(nn.Module):
 
 
 def sequence_log_probs(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each predicted token ``ids[:, 1:]`` given its prefix.
+    """Log-probability of each predicted token ``ids[:, 1:]`` given its prefix (temperature 1).
 
     Args:
         model: maps ids ``[B, T]`` to logits ``[B, T, V]``.
@@ -423,15 +426,15 @@ def sequence_log_probs(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
     Returns:
         ``[B, T-1]`` float32 nats; column j scores token j+1 (the convention of ``action_mask``
-        and ``sample_logp``). Works with and without gradients. Source: book chapter 3.4.
+        and ``sample_logp``). Works with and without gradients. Source: book chapter 3.4; the
+        gather is :func:`agentrl.sampling.token_logp`.
     """
-    logits = model(ids)[:, :-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return token_logp(model, ids)
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None,
                 generators=None):
-    """Sample one token per row and return its log-probability under the sampled distribution.
+    """Sample one token per row at a temperature (the book's name for :func:`agentrl.sampling.sample`).
 
     Args:
         logits: ``[B, V]`` float logits of the last position.
@@ -448,67 +451,44 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
         :func:`sequence_log_probs` at T = 1.
 
     Sampling is by inversion: one uniform draw per row (``torch.rand(B)`` from ``generator``)
-    located in the row's cumulative distribution. It samples the same categorical distribution
-    as ``torch.multinomial`` (which draws one exponential per vocabulary entry, V times as many
-    random numbers: at ``[256, 316]`` it took 1.9 ms against 0.25 ms here); a token of
-    probability 0 is never drawn (see :func:`locate`).
+    located in the row's cumulative distribution (:func:`agentrl.sampling.draw`). It samples the
+    same categorical distribution as ``torch.multinomial`` (which draws one exponential per
+    vocabulary entry, V times as many random numbers: at ``[256, 316]`` it took 1.9 ms against
+    0.25 ms here); a token of probability 0 is never drawn.
 
     Raises:
         ValueError: logits not 2-D; both ``generator`` and ``generators``, or ``generators`` not
-            one per row.
+            one per row; a row with no distribution (NaN or inf logits, or all -inf).
     """
-    if logits.dim() != 2:
-        raise ValueError(f'sample_next expects logits [B, V], got shape {tuple(logits.shape)}')
-    if generators is not None and (generator is not None or len(generators) != logits.shape[0]):
-        raise ValueError(f'sample_next: pass generator or one generator per row ({logits.shape[0]}), '
-                         f'got generator={generator!r} and {len(generators)} generators')
-    logits = logits.float()
-    if temperature <= 0:
-        logp_all = torch.log_softmax(logits, dim=-1)
-        ids = logp_all.argmax(dim=-1)
-        return ids, logp_all.gather(-1, ids[:, None]).squeeze(-1)
-    probs = torch.softmax(logits if temperature == 1 else logits / temperature, dim=-1)  # x/1 == x
-    if generators is None:
-        u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
-    else:
-        u = torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64, device=probs.device) for g in generators])
-    ids = locate(probs, u)
-    return ids, probs.gather(-1, ids[:, None]).squeeze(-1).log()
+    spec = SamplingSpec(temperature=max(float(temperature), 0.0))
+    return sample(logits, spec, generator=generator, generators=generators, caller='sample_next')
 
 
 def locate(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Invert each row's CDF at ``u``: the token ``i`` with ``cdf[i-1] <= u * total < cdf[i]``.
+    """Invert each row's CDF at ``u`` (the book's name for :func:`agentrl.sampling.draw`).
 
     Args:
         probs: ``[B, V]`` non-negative weights (rows need not sum to 1; at least one > 0).
         u: ``[B, 1]`` float64 uniforms in ``[0, 1)``.
 
     Returns:
-        ``[B]`` int64 ids; a token of weight 0 is never returned. The CDF is accumulated in
-        float64, so a token of weight 1e-9 after a mass of 0.999 keeps its own interval (in
-        float32 it would round away). Source: inverse transform sampling.
+        ``[B]`` int64 ids; a token of weight 0 is never returned (float64 CDF).
 
     Raises:
-        ValueError: a row whose weights do not sum to a finite positive number (NaN or inf
-            logits, or every logit -inf): there is no distribution to sample from.
+        ValueError: a row whose weights do not sum to a finite positive number.
     """
-    cdf = probs.double().cumsum_(dim=-1)
-    total = cdf[:, -1:].contiguous()
-    if not bool(torch.isfinite(total.log()).all()):            # log: 0 -> -inf, NaN and inf stay
-        rows = (~((total > 0) & (total < float('inf')))).squeeze(1).nonzero().squeeze(1).tolist()
-        raise ValueError(f'sample_next: rows {rows[:5]} have no distribution to sample from (NaN or inf '
-                         'logits, or all -inf); check the model output before sampling')
-    ids = torch.searchsorted(cdf, u * total, right=True)
-    # u * total can round up to total: fall back to the last token of positive weight
-    last = torch.searchsorted(cdf, total, right=False)
-    return torch.minimum(ids, last).squeeze(-1)
+    return draw(probs, u, caller='sample_next')
 
 
 def save_checkpoint(model: TinyAgent, path: str) -> None:
-    """Save weights and config to ``path`` (temp file, then rename: never a half-written file)."""
-    tmp = f'{path}.tmp-{os.getpid()}'
-    torch.save({'config': model.config(), 'state_dict': model.state_dict()}, tmp)
-    os.replace(tmp, path)
+    """Save weights and config to ``path`` through :func:`agentrl.io.atomic_path` (never a half-written file).
+
+    Raises:
+        OSError: the write failed (full disk, read-only folder); no temporary file is left.
+    """
+    from .io import atomic_path
+    with atomic_path(path) as tmp:
+        torch.save({'config': model.config(), 'state_dict': model.state_dict()}, tmp)
 
 
 #: Bounds on a checkpoint's config, checked before anything is allocated (TinyAgent is a toy:

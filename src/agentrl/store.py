@@ -45,7 +45,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import uuid
 from collections import ChainMap
 from pathlib import Path
 from typing import Iterable, Iterator
@@ -55,13 +54,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import torch
 
-from . import __version__
+from ._version import __version__
 from .checks.errors import DigestMismatchError, MalformedRowError, RecordError
 from .checks.identity import dedupe, record_digest
+from .io import atomic_path
 from .record import Provenance, SamplingSpec, Trajectory
 
 __all__ = ['SCHEMA_VERSION', 'SCHEMA', 'write_trajectories', 'read_trajectories', 'iter_batches', 'scan',
-           'StoredRow', 'data_files', 'ShardWriter', 'to_table', 'from_table']
+           'StoredRow', 'data_files', 'ShardWriter', 'stored_identities', 'to_table', 'from_table']
 
 #: Version of the row layout below; stored in each file's metadata as ``agentrl.schema_version``.
 SCHEMA_VERSION = 1
@@ -577,55 +577,15 @@ def iter_batches(path: str | os.PathLike, batch_size: int = 64, *, verify: bool 
         yield buf
 
 
-def _temp_name(final: Path) -> Path:
-    return final.with_name(f'.{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}')
-
-
 def _write_temp(table: pa.Table, tmp: Path, fsync: bool) -> None:
-    try:
-        pq.write_table(table, tmp, compression='zstd')
-        if fsync:
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    """Write the Parquet bytes of ``table`` to the temporary path ``tmp`` (flushed by the caller)."""
+    pq.write_table(table, tmp, compression='zstd')
 
 
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def _publish(tmp: Path, final: Path, overwrite: bool) -> None:
-    """Move a complete temporary file to its final name (atomic within one folder).
-
-    With ``overwrite=False`` an existing ``final`` is never replaced (FileExistsError).
-    """
-    if overwrite:
-        os.replace(tmp, final)
-        return
-    try:
-        os.link(tmp, final)
-    except FileExistsError:
-        raise
-    except OSError:  # file systems without hard links: check, then rename
-        if final.exists():
-            raise FileExistsError(str(final)) from None
-        os.replace(tmp, final)
-        return
-    tmp.unlink()
+def _write_table(table: pa.Table, final: Path, fsync: bool, overwrite: bool) -> None:
+    """Write ``table`` to ``final`` through :func:`agentrl.io.atomic_path` (hidden temp file, then rename)."""
+    with atomic_path(final, fsync=fsync, overwrite=overwrite) as tmp:
+        _write_temp(table, tmp, fsync)
 
 
 def write_trajectories(path: str | os.PathLike, trajs: Iterable[Trajectory], *, fsync: bool = True) -> Path:
@@ -653,16 +613,36 @@ def write_trajectories(path: str | os.PathLike, trajs: Iterable[Trajectory], *, 
         raise ValueError(f'write_trajectories: {str(final)!r} is a folder; pass a file path, or use '
                          'ShardWriter to append shards to a folder')
     final.parent.mkdir(parents=True, exist_ok=True)
-    table = to_table(trajs)
-    tmp = _temp_name(final)
-    _write_temp(table, tmp, fsync)
-    try:
-        _publish(tmp, final, overwrite=True)
-    finally:
-        tmp.unlink(missing_ok=True)
-    if fsync:
-        _fsync_dir(final.parent)
+    _write_table(to_table(trajs), final, fsync, overwrite=True)
     return final
+
+
+def stored_identities(directory: str | os.PathLike) -> dict[tuple[str, str], int]:
+    """The episodes a shard folder already holds: ``(group_id, rollout_id) -> highest attempt``.
+
+    Reads only the identity columns. Hidden temporary files (shards a killed writer did not
+    finish) are not read.
+
+    Args:
+        directory: a :class:`ShardWriter` folder; a missing folder holds nothing.
+
+    Returns:
+        dict, empty for a missing or empty folder.
+
+    Raises:
+        ValueError: a file in the folder is not an agentrl trajectory file.
+    """
+    if not Path(directory).is_dir():
+        return {}
+    out: dict[tuple[str, str], int] = {}
+    for f in data_files(directory):
+        pf = _parquet(f)
+        _check_schema(pf.schema_arrow, f)
+        t = pf.read(columns=['group_id', 'rollout_id', 'attempt']).to_pydict()
+        for g, r, a in zip(t['group_id'], t['rollout_id'], t['attempt']):
+            key = (g or '', r or '')
+            out[key] = max(out.get(key, 0), int(a or 0))
+    return out
 
 
 def _pid_alive(pid: int) -> bool:
@@ -766,18 +746,12 @@ class ShardWriter:
         table = to_table(kept, digests=list(new.values()))   # dedupe stored each kept record's digest in `new`
         while True:
             final = self.directory / f'part-{self._next:06d}.parquet'
-            tmp = _temp_name(final)
-            _write_temp(table, tmp, self.fsync)
             try:
-                _publish(tmp, final, overwrite=False)
+                _write_table(table, final, self.fsync, overwrite=False)
             except FileExistsError:  # another writer took this number: take the next one
                 self._next += 1
                 continue
-            finally:
-                tmp.unlink(missing_ok=True)
             break
-        if self.fsync:
-            _fsync_dir(self.directory)
         self._next += 1
         self._seen.update(new)
         self.shards.append(final)

@@ -12,7 +12,8 @@ import pkgutil
 import sys
 from importlib import import_module
 
-from .. import __version__
+from .._version import __version__
+from .options import UserError
 
 #: preferred help order of the subcommand modules; others follow alphabetically
 ORDER = ['rollout', 'check', 'show', 'report', 'train', 'template', 'drift', 'make_test_model']
@@ -21,16 +22,17 @@ ORDER = ['rollout', 'check', 'show', 'report', 'train', 'template', 'drift', 'ma
 def commands() -> list[str]:
     """Names of the subcommand modules in ``agentrl.cli``, in help order."""
     from . import __path__ as cli_path
-    found = {m.name for m in pkgutil.iter_modules(cli_path) if m.name != 'main' and not m.name.startswith('_')}
+    found = {m.name for m in pkgutil.iter_modules(cli_path) if m.name not in ('main', 'options')
+             and not m.name.startswith('_')}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
-
-
-class UserError(Exception):
-    """An error caused by the user's input; printed as one line, without a traceback."""
 
 
 def _one_line(e: BaseException) -> str:
     """The error as one line; OS errors name the file and say what to do."""
+    import errno
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        where = f': {e.filename!r}' if e.filename else ''
+        return f'No space left on device{where}; free some space or write elsewhere (no partial file was kept)'
     if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.filename:
         hint = {FileExistsError: 'remove it or choose another path',
                 IsADirectoryError: 'pass a file, not a folder',
@@ -62,6 +64,11 @@ def _error_line(e: BaseException) -> str:
     else:
         line = f'{type(e).__name__}: {_one_line(e)} (an internal error; rerun with --debug for the traceback)'
     return printable(line)
+def _refuse_nan(args) -> None:
+    """No flag of any command takes NaN (a NaN threshold switches a comparison off)."""
+    for name, v in vars(args).items():
+        if isinstance(v, float) and v != v:
+            raise UserError(f'--{name.replace("_", "-")} must be a finite number, got nan')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.debug = debug
     try:
+        _refuse_nan(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print('agentrl: interrupted', file=sys.stderr)

@@ -34,7 +34,7 @@ from ..io import printable
 __all__ = ['CheckOptions', 'CheckReport', 'run_check', 'load_model', 'count_rows']
 
 #: replay kinds that mean the record's declared sampler is wrong (a defect of the record)
-SAMPLER_DEFECTS = ('logp_mode_mismatch', 'support_mismatch')
+SAMPLER_DEFECTS = ('logp_mode_mismatch', 'support_mismatch', 'sampler_mismatch')
 
 
 @dataclass
