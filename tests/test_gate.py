@@ -445,3 +445,49 @@ def test_check_progress_on_a_pipe(run_dir, monkeypatch, capsys):
     monkeypatch.setattr(cli_check.Progress.__init__, '__defaults__', (None, 0.0))
     code, out, err = check(capsys, run_dir / 'trajectories.parquet', '--batch-size', '2')
     assert code == 0 and re.findall(r'check: (\d+) of 6 records read', err) == ['2', '4', '6'], err
+
+
+# ------------------------------------------------------------------------------ check --model on HF-engine records
+
+@pytest.fixture(scope='module')
+def hf_model_dir(tmp_path_factory):
+    pytest.importorskip('transformers')
+    from _tokenizers import tokenizer_path
+    from agentrl.engines import hf
+    path = tokenizer_path('qwen3')
+    if not (path / 'tokenizer_config.json').is_file():
+        pytest.skip(f'no qwen3 tokenizer at {path} (set AGENTRL_TOKENIZERS to the tokenizers folder)')
+    return hf.make_test_model(tmp_path_factory.mktemp('gate-hf'), path, token_rates={'</think>': 0.05})
+
+
+def _max_dev(out: str) -> float:
+    return float(re.search(r'^  all +\d+ +\S+ +\S+ +\S+ +(\S+)$', out, re.M).group(1))
+
+
+@pytest.mark.parametrize('flags', [[], ['--temperature', '0.7', '--top-p', '0.9']], ids=['T1', 'T0.7-top_p0.9'])
+def test_check_replays_hf_engine_records_under_a_model_folder(hf_model_dir, tmp_path, monkeypatch, capsys, flags):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    out = tmp_path / 'run'
+    assert main(['rollout', '--engine', 'hf', '--model', str(hf_model_dir), '--split', 'heldout', '--repeats', '1',
+                 '--max-new-tokens', '8', '--max-turns', '2', '--out', str(out), *flags]) == 0
+    capsys.readouterr()
+    code, text, _ = check(capsys, out / 'trajectories.parquet', '--model', hf_model_dir, '--max-ratio-dev', '1e-5')
+    assert code == 0 and text.rstrip().endswith('result: OK') and 'records: match' in text, text
+    assert _max_dev(text) <= 1e-5
+
+
+def test_check_replays_per_turn_context_records(hf_model_dir, tmp_path, capsys):
+    from agentrl.engines import hf
+    from agentrl.templates import ChatRecorder, ChatTemplate
+    model, tok = hf.load_model(hf_model_dir)
+    template = ChatTemplate(tok)
+    sampler = hf.HFSampler(model, template.stop_ids, SamplingSpec(0.7, top_p=0.9), max_new_tokens=24)
+    recs = [ChatRecorder(template, [{'role': 'user', 'content': f'Question {i}?'}]) for i in range(4)]
+    trajs = hf.run_chat_episodes(
+        sampler, recs, lambda i, turn, text: hf.Reply(messages=[{'role': 'user', 'content': 'And then?'}], action=text),
+        seeds=range(4), max_turns=3)
+    assert any(t.turn_contexts is not None for t in trajs)     # thinking stripped from history: turns have contexts
+    store.write_trajectories(tmp_path / 'turns.parquet', trajs)
+    code, text, _ = check(capsys, tmp_path / 'turns.parquet', '--model', hf_model_dir, '--max-ratio-dev', '1e-5')
+    assert code == 0 and text.rstrip().endswith('result: OK') and 'not replayed' not in text, text
+    assert _max_dev(text) <= 1e-5

@@ -32,9 +32,9 @@ def register(sub) -> None:
                                    'kind, truncation rate, length stats and (with --model) replay ratio stats. '
                                    'Exit 1 if any record is refused.')
     p.add_argument('path', help='trajectory .parquet file or folder of shards')
-    p.add_argument('--model', default=None, metavar='CKPT',
-                   help='TinyAgent checkpoint (model.pt) to replay sampled records under their declared sampler; '
-                        'a record it cannot replay fails the check')
+    p.add_argument('--model', default=None, metavar='M',
+                   help='TinyAgent checkpoint (model.pt) or Hugging Face model folder to replay sampled records under '
+                        'their declared sampler (per-turn contexts included); a record it cannot replay fails the check')
     p.add_argument('--expect-tokenizer', default=None, metavar='FP', help='expected tokenizer fingerprint')
     p.add_argument('--expect-template', default=None, metavar='FP', help='expected template fingerprint')
     p.add_argument('--pad-id', type=int, default=None, help='padding id (default: from the word-level tokenizer)')
