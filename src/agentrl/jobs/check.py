@@ -50,24 +50,38 @@ class CheckOptions:
         pad_id: padding id (None: agentrl's word-level tokenizer's when the records use it).
         eot_ids: end-of-turn ids (empty: the word-level ``</call>`` when the records use it).
         vocab_size: number of token ids; ids outside ``[0, vocab_size)`` are refused (None: the
-            word-level tokenizer's when the records use it, else the model's, else only ids < 0).
+            word-level tokenizer's when the records use it, else only ids < 0; with a model, an id
+            it cannot score fails its replay).
         tol: replay agreement tolerance in nats (finite, >= 0).
         max_ratio_dev: fail when any replay ratio is further than this from 1 (>= 0, default
             1e-3; ``inf``: report only, e.g. when replaying with another checkpoint; NaN refused).
         examples: how many refusal messages to print (>= 0).
         batch_size: records read per batch (>= 1).
     """
-    path: str = ''
-    model: str | None = None
-    expect_tokenizer: str | None = None
-    expect_template: str | None = None
-    pad_id: int | None = None
-    eot_ids: list = field(default_factory=list)
-    vocab_size: int | None = None
-    tol: float = 1e-4
-    max_ratio_dev: float = 1e-3
-    examples: int = 5
-    batch_size: int = 256
+    path: str = field(metadata={'positional': True, 'help': 'trajectory .parquet file or folder of shards'})
+    model: str | None = field(default=None, metadata={
+        'metavar': 'M', 'help': 'TinyAgent checkpoint (model.pt) or Hugging Face model folder to replay sampled '
+                                'records under their declared sampler (per-turn contexts included); a record it '
+                                'cannot replay fails the check'})
+    expect_tokenizer: str | None = field(default=None, metadata={'metavar': 'FP',
+                                                                 'help': 'expected tokenizer fingerprint'})
+    expect_template: str | None = field(default=None, metadata={'metavar': 'FP',
+                                                                'help': 'expected template fingerprint'})
+    pad_id: int | None = field(default=None, metadata={'min': 0, 'help': 'padding id (default: from the word-level '
+                                                                         'tokenizer when the records use it)'})
+    eot_ids: list = field(default_factory=list, metadata={
+        'flag': '--eot-id', 'metavar': 'ID', 'help': 'end-of-turn id, repeatable (default: the word-level </call>)'})
+    vocab_size: int | None = field(default=None, metadata={
+        'min': 1, 'metavar': 'V', 'help': "refuse ids outside [0, V) (default: the word-level tokenizer's when "
+                                          "the records use it; without it only negative ids are refused and the "
+                                          "model's replay catches the rest)"})
+    tol: float = field(default=1e-4, metadata={'min': 0, 'help': 'replay agreement tolerance, nats'})
+    max_ratio_dev: float = field(default=1e-3, metadata={
+        'min': 0, 'allow_inf': True, 'help': 'fail if any replay ratio differs from 1 by more than this (the '
+                                             'step-0 check; inf: only report, e.g. when replaying with another '
+                                             'checkpoint; NaN is refused)'})
+    examples: int = field(default=5, metadata={'min': 0, 'help': 'refusal messages to print'})
+    batch_size: int = field(default=256, metadata={'min': 1, 'help': 'records per read batch'})
 
     def validate(self) -> None:
         """Raise ValueError naming the flag when an option is out of range (nothing has run yet).
