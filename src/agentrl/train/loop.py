@@ -198,6 +198,10 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
             if found:
                 raise ValueError(f'--out {cfg.out!r} already holds a training run ({", ".join(found)}); choose a '
                                  'new --out')
+            for old in out.glob('.train-tmp-*'):         # left by a killed run (its process is gone)
+                pid = old.name.split('-')[2]
+                if pid.isdigit() and not _alive(int(pid)):
+                    shutil.rmtree(old, ignore_errors=True)
             stage.mkdir()
             if cfg.threads > 0:
                 torch.set_num_threads(cfg.threads)
@@ -216,6 +220,16 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
         raise
     finally:
         torch.set_num_threads(threads_before)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 #: The files of a training run, in commit order (``summary.json`` last).
