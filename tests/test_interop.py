@@ -375,3 +375,13 @@ def test_trl_truncated_rows_measured_by_pad_id():
     del d['agentrl_provenance'], d['agentrl_info']
     back = interop.from_trl(d, pad_id=PAD)
     assert torch.equal(back[0].ids, trimmed(episode(1))[0])
+
+
+class _Obj:
+    pass
+
+
+def test_pt_files_load_without_running_code(tmp_path):
+    torch.save({'samples': [_Obj()]}, tmp_path / '0.pt')
+    with pytest.raises(ValueError, match="holds objects beyond tensors, lists and dicts .* weights_only=True"):
+        interop.import_records(tmp_path / '0.pt', 'slime')
