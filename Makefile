@@ -22,8 +22,9 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
+	rm -rf runs/demo
 	$(VENV)/bin/agentrl rollout --out runs/demo
-	$(VENV)/bin/agentrl check runs/demo/trajectories.parquet --model runs/demo/model.pt
+	$(VENV)/bin/agentrl check runs/demo/trajectories --model runs/demo/model.pt
 	$(VENV)/bin/agentrl train --sft-steps 150 --grpo-steps 20 --group 8 --out runs/demo/train
 	$(VENV)/bin/agentrl rollout --policy model --checkpoint runs/demo/train/model.pt --out runs/demo/trained
 	$(VENV)/bin/agentrl report runs/demo
