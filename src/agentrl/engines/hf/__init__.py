@@ -5,7 +5,8 @@
   declared :class:`~agentrl.record.SamplingSpec` (``processed`` mode); stops at the template's
   end-of-turn token (kept) or at ``max_new_tokens`` (the turn is marked truncated).
 - :func:`run_chat_episodes`, :func:`bugfix_rollouts`: multi-turn episodes recorded with
-  :class:`~agentrl.templates.ChatRecorder`; the BugFix gym through real function calling.
+  :class:`~agentrl.templates.ChatRecorder`; the BugFix gym through real function calling; each
+  episode keeps its KV cache row across turns (continuous batching); ``profile=`` gives the time split.
 - :func:`replay_records`: the step-0 proof (a plain forward pass over the final records
   reproduces ``sample_logp``; per-turn contexts where the template is not prefix-stable).
 - :func:`drift_experiment`, :func:`drift_rate`: retokenization drift (chapter 5.4).
@@ -17,14 +18,14 @@ naming the extra.
 Source: issue 5; book chapter 5.2-5.4 and 5.8.
 """
 from .drift import DRIFT_PROMPT, DriftExperiment, DriftRate, DriftSample, drift_experiment, drift_rate
-from .episodes import (Reply, bugfix_job, bugfix_opening, bugfix_rollouts, episode_seed, gym_call,
-                       parse_tool_calls, run_chat_episodes)
+from .episodes import (PROFILE_KEYS, Reply, bugfix_job, bugfix_opening, bugfix_rollouts, episode_seed, format_profile,
+                       gym_call, parse_tool_calls, run_chat_episodes)
 from .models import default_tokenizer_dir, load_model, make_test_model, model_id, require_transformers
 from .replay import expand_turns, replay_records, score_rows
 from .sampler import HFSampler, SampledTurn, draw, processed_log_probs
 
 __all__ = ['HFSampler', 'SampledTurn', 'processed_log_probs', 'draw',
-           'Reply', 'run_chat_episodes', 'bugfix_rollouts', 'bugfix_job', 'bugfix_opening', 'parse_tool_calls',
+           'Reply', 'run_chat_episodes', 'format_profile', 'PROFILE_KEYS', 'bugfix_rollouts', 'bugfix_job', 'bugfix_opening', 'parse_tool_calls',
            'gym_call',
            'episode_seed', 'replay_records', 'score_rows', 'expand_turns',
            'drift_experiment', 'DriftExperiment', 'DriftSample', 'drift_rate', 'DriftRate', 'DRIFT_PROMPT',
