@@ -173,8 +173,9 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
         reuse_cache: keep each episode's KV cache across turns (see above).
         profile: optional dict, filled with the time split: ``path`` (``'cross_turn_cache'`` or
             ``'per_turn'``), ``wall_s``, ``episodes``, ``turns`` (one dict per turn index with
-            :data:`PROFILE_KEYS`: prompt tokens fed and their forward seconds, tokens fed again
-            because the template rewrote history, decode tokens (one per live row and step) and
+            :data:`PROFILE_KEYS`: prompt tokens fed in prompt forward passes and their seconds,
+            cached positions dropped and fed again because the template rewrote history, decode
+            tokens (one per live row and step) and
             their share of the decode forward seconds, sampling seconds, recorder (template and
             bridges) seconds, ``respond`` (gym) seconds) and ``totals`` (the same summed, plus
             ``forward_s``, ``other_s``, ``decode_steps``, ``forward_calls``, ``record_tokens``).
@@ -316,7 +317,7 @@ def _drive_rows(sampler, recorders, gens, after_turn, end, prof, max_context, ma
         have = held[r]
         c = min(_common_prefix(have, prompt), len(prompt) - 1)
         if c < len(have):                                  # the template rewrote history: refill from c
-            prof.add(k, 'rebuilt_tokens', min(len(have), len(prompt)) - c)
+            prof.add(k, 'rebuilt_tokens', len(have) - c)
         cache.lengths[r] = c
         todo = prompt[c:-1]                                 # the last prompt id goes in the next decode step
         if todo:
@@ -470,7 +471,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
                     max_turns: int = 6, reward_tests: str = 'hidden', seed: int = 0, batch_size: int = 32,
                     cache: bool = True, max_context: int | None = None, enable_thinking: bool | None = None,
                     template: ChatTemplate | None = None, model_name: str | None = None, seeds=None,
-                    sampler: HFSampler | None = None, on_done: Callable | None = None) -> list:
+                    sampler: HFSampler | None = None, on_done: Callable | None = None, reuse_cache: bool = True,
+                    profile: dict | None = None) -> list:
     """Roll out BugFix episodes with a Hugging Face model through real function calling.
 
     The gym's ``TOOL_SCHEMAS`` become the template's tools; each turn is sampled from the
@@ -500,6 +502,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
             building one from ``model``, ``spec``, ``max_new_tokens`` and ``cache``; its spec
             is the one recorded.
         on_done: progress callback ``on_done(i)``.
+        reuse_cache, profile: as :func:`run_chat_episodes` (keep each episode's KV cache across
+            turns; fill ``profile`` with the per-turn time split).
 
     Returns:
         One :class:`~agentrl.record.Trajectory` per task, in order, with provenance (policy
@@ -542,7 +546,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
     name = model_name or _model_id(model)
     prov = lambda i: Provenance(policy='hf', sampling=spec, model=name, seed=seeds[i])  # noqa: E731
     trajs = run_chat_episodes(sampler, recorders, respond, seeds=seeds, max_turns=max_turns,
-                              max_context=max_context, batch_size=batch_size, provenance=prov, on_done=on_done)
+                              max_context=max_context, batch_size=batch_size, provenance=prov, on_done=on_done,
+                              reuse_cache=reuse_cache, profile=profile)
     for i, (t, env) in enumerate(zip(trajs, envs)):
         t.info['tool_calls'] = parsed[i]
         if t.info.get('stop') == 'truncated' and 'task' not in t.info:
@@ -561,13 +566,13 @@ def _pad_id(tokenizer, model) -> int:
 
 def bugfix_job(model_dir, tasks, *, spec: SamplingSpec | None = None, max_new_tokens: int = 256, max_turns: int = 6,
                reward_tests: str = 'hidden', seed: int = 0, batch_size: int = 32, device=None,
-               on_done: Callable | None = None) -> list:
+               on_done: Callable | None = None, profile: dict | None = None) -> list:
     """Load a model folder and roll out BugFix episodes with it (what ``agentrl rollout --engine hf`` runs).
 
     Args:
         model_dir: a ``save_pretrained`` folder with its tokenizer (``agentrl make-test-model OUT``).
         tasks: one task per episode, in order.
-        spec, max_new_tokens, max_turns, reward_tests, seed, batch_size, on_done: as
+        spec, max_new_tokens, max_turns, reward_tests, seed, batch_size, on_done, profile: as
             :func:`bugfix_rollouts`.
         device: where to run (default: ``cuda`` when available, else CPU); parameters in fp32.
 
@@ -585,4 +590,5 @@ def bugfix_job(model_dir, tasks, *, spec: SamplingSpec | None = None, max_new_to
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     model, tok = load_model(model_dir, device=device)
     return bugfix_rollouts(model, tok, tasks, spec=spec, max_new_tokens=max_new_tokens, max_turns=max_turns,
-                           reward_tests=reward_tests, seed=seed, batch_size=batch_size, on_done=on_done)
+                           reward_tests=reward_tests, seed=seed, batch_size=batch_size, on_done=on_done,
+                           profile=profile)
