@@ -209,3 +209,23 @@ def test_row_cache_matches_plain_forward(tmp_path_factory):
     assert float((s.decode_rows(cache, [3])[0] - plain(seqs[2] + [3])).abs().max()) < 1e-10
     with pytest.raises(ValueError, match='ids is empty'):
         s.prefill_row(cache, 0, [])
+
+
+def test_cli_rollout_profile(tmp_path, capsys, tmp_path_factory, monkeypatch):
+    """``agentrl rollout --engine hf --profile`` prints the split and stores it in summary.json."""
+    import json
+
+    from agentrl.cli.main import main
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    model_dir = hf.make_test_model(tmp_path / 'm', tokenizer_path('qwen3'))
+    out = tmp_path / 'run'
+    argv = ['rollout', '--engine', 'hf', '--model', str(model_dir), '--split', 'heldout', '--repeats', '1',
+            '--max-new-tokens', '6', '--max-turns', '2', '--profile', '--out', str(out)]
+    assert main(argv) == 0
+    text = capsys.readouterr().out
+    assert 'hf engine profile (cross_turn_cache): 6 episodes' in text and '\n  all ' in text
+    prof = json.loads((out / 'summary.json').read_text())['hf']['profile']
+    assert prof['path'] == 'cross_turn_cache' and prof['episodes'] == 6 and len(prof['turns']) == 2
+    assert prof['totals']['record_tokens'] == sum(len(t.ids) for t in arl.read_trajectories(out / 'trajectories.parquet'))
+    assert main(['rollout', '--profile', '--out', str(tmp_path / 'x')]) == 2
+    assert capsys.readouterr().err.startswith('agentrl: error: --profile times the hf engine; add --engine hf')

@@ -40,6 +40,8 @@ class RolloutOptions:
         model: ``save_pretrained`` folder for ``--engine hf`` (``agentrl make-test-model OUT`` builds one).
         top_k, top_p, min_p: truncation of the ``hf`` sampler (0, 1.0, 0.0 = off).
         max_new_tokens: token budget of one ``hf`` turn (a turn cut there is truncated: malformed call).
+        profile: print the ``hf`` engine's per-turn time split (prefill, decode, sampling,
+            template, gym) and store it as ``summary['hf']['profile']``.
     """
     policy: list[str] = field(default_factory=lambda: list(POLICIES))
     split: str = 'all'
@@ -63,6 +65,7 @@ class RolloutOptions:
     top_p: float = 1.0
     min_p: float = 0.0
     max_new_tokens: int = 256
+    profile: bool = False
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
@@ -110,6 +113,8 @@ class RolloutOptions:
                 raise UserError(str(e)) from None
         elif self.model:
             raise UserError('--model is the Hugging Face model of --engine hf; add --engine hf (or use --checkpoint)')
+        if self.profile and self.engine != 'hf':
+            raise UserError('--profile times the hf engine; add --engine hf --model DIR')
 
     def hf_spec(self):
         """The :class:`~agentrl.record.SamplingSpec` of ``--engine hf`` (raises ValueError when out of range)."""
@@ -162,6 +167,8 @@ def register(sub) -> None:
     p.add_argument('--min-p', type=float, default=d.min_p, help='hf sampler min-p, 0 = off (default: 0.0)')
     p.add_argument('--max-new-tokens', type=int, default=d.max_new_tokens,
                    help='token budget of one hf turn; a turn cut there is truncated (default: 256)')
+    p.add_argument('--profile', action='store_true',
+                   help='print the hf engine\'s per-turn time split and store it in summary.json')
     p.set_defaults(func=run)
 
 
@@ -175,7 +182,7 @@ def options_from_args(args) -> RolloutOptions:
                           workers=args.workers, address=args.address, resume=args.resume,
                           chunk_size=args.chunk_size,
                           engine=args.engine, model=args.model, top_k=args.top_k, top_p=args.top_p,
-                          min_p=args.min_p, max_new_tokens=args.max_new_tokens)
+                          min_p=args.min_p, max_new_tokens=args.max_new_tokens, profile=args.profile)
 
 
 def run(args) -> int:
@@ -187,10 +194,12 @@ def run(args) -> int:
     return 0
 
 
-def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar, to_save: dict, net=None):
+def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar, to_save: dict, net=None,
+              profile: dict | None = None):
     """Roll out one policy on every task ``repeats`` times -> list of Trajectory.
 
     ``net``: the TinyAgent loaded from ``opts.checkpoint`` (loaded once, by the caller).
+    ``profile``: filled with the hf engine's time split (``--engine hf --profile``).
     """
     import torch
 
@@ -208,7 +217,7 @@ def _episodes(policy: str, opts: RolloutOptions, tasks, tok, progress, bar, to_s
         from ..engines.hf import bugfix_job
         return bugfix_job(opts.model, [t for t, _ in jobs], spec=opts.hf_spec(), max_new_tokens=opts.max_new_tokens,
                           max_turns=opts.max_turns, reward_tests=opts.reward_tests, seed=opts.seed,
-                          on_done=lambda i: progress.advance(bar))
+                          on_done=lambda i: progress.advance(bar), profile=profile)
     if opts.checkpoint:
         model_id = os.path.abspath(opts.checkpoint)
     else:
@@ -254,10 +263,11 @@ def run_rollouts(opts: RolloutOptions) -> dict:
     os.makedirs(opts.out, exist_ok=True)
     t0 = time.time()
     per_policy, records, to_save = {}, [], {}
+    hf_profile = {} if opts.profile and opts.engine == 'hf' else None
     with Progress(transient=True) as progress:
         for policy in opts.policy:
             bar = progress.add_task(f'{policy:<7}', total=len(tasks) * opts.repeats)
-            trajs = _episodes(policy, opts, tasks, tok, progress, bar, to_save, net)
+            trajs = _episodes(policy, opts, tasks, tok, progress, bar, to_save, net, hf_profile)
             # identities as the Ray job names them (one convention, engines.ray_rollout.plan_episodes)
             for t, job in zip(trajs, plan_episodes([policy], [task.name for task in tasks], opts.repeats, opts.seed)):
                 t.provenance.group_id, t.provenance.rollout_id = job.group_id, job.rollout_id
@@ -276,6 +286,8 @@ def run_rollouts(opts: RolloutOptions) -> dict:
     if hf_prov is not None:       # --engine hf: the model policy's own tokenizer, template and sampler
         summary['hf'] = {'model': hf_prov.model, 'tokenizer': hf_prov.tokenizer, 'template': hf_prov.template,
                          'sampling': hf_prov.sampling.to_dict()}
+        if hf_profile:
+            summary['hf']['profile'] = hf_profile
     tmp = os.path.join(opts.out, f'.summary.json.tmp-{os.getpid()}')
     with open(tmp, 'w') as f:
         json.dump(summary, f, indent=2)
@@ -301,3 +313,6 @@ def print_summary(summary: dict) -> None:
         console = Console(width=140)
     console.print(table)
     console.print(f"wrote {summary['episodes']} episodes to {summary['trajectories']} in {summary['seconds']:.1f} s")
+    if summary.get('hf', {}).get('profile'):
+        from ..engines.hf import format_profile
+        print(format_profile(summary['hf']['profile']))
