@@ -30,7 +30,7 @@ _EXPORTS = {
     # L2 chat templates (Hugging Face tokenizers; transformers loaded lazily)
     'ChatTemplate': 'templates', 'ChatRecorder': 'templates', 'label_owners': 'templates',
     'audit_prefix_stability': 'templates', 'audit_thinking': 'templates', 'audit_drift': 'templates',
-    'audit_template': 'templates', 'template_fingerprint': 'templates', 'turn_records': 'templates',
+    'audit_template': 'templates', 'template_fingerprint': 'templates', 'turn_records': 'record',
     # L3 checks (record integrity)
     'action_targets': 'checks', 'validate': 'checks', 'find_problems': 'checks', 'RecordError': 'checks',
     'replay_logp': 'checks', 'replay_check': 'checks', 'new_attempt': 'checks', 'is_resend': 'checks',

@@ -16,7 +16,8 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ['OWNER', 'OWNER_NAMES', 'SamplingSpec', 'Provenance', 'Trajectory', 'Batch', 'LOGP_MODES']
+__all__ = ['OWNER', 'OWNER_NAMES', 'SamplingSpec', 'Provenance', 'Trajectory', 'Batch', 'LOGP_MODES',
+           'TokenLog', 'owner_runs', 'turn_spans', 'turn_records']
 
 #: Owner code of each token. Source: book chapter 5.1 (template, prompt, policy, tool).
 OWNER = {'template': 0, 'prompt': 1, 'policy': 2, 'tool': 3}
@@ -302,3 +303,194 @@ class Batch:
     def to(self, device) -> 'Batch':
         """Copy every tensor to ``device``."""
         return Batch(**{k: v.to(device) for k, v in self.items()})
+
+
+class TokenLog:
+    """The one token writer: ids, owner, turn and sampling log-prob of an episode, a span at a time.
+
+    Every writer of a record (:class:`agentrl.rollouts.Episode`, :class:`agentrl.templates.ChatRecorder`)
+    appends through :meth:`append`, so the four per-token lists can never disagree in length or be
+    written one without the others; :meth:`freeze` hands them to :meth:`Trajectory.from_tokens`,
+    where the shift to ``ids[1:]`` happens.
+
+    Attributes:
+        ids: ``[T]`` list of int token ids.
+        owner: ``[T]`` list of int :data:`OWNER` codes.
+        turn: ``[T]`` list of int turn indices (-1 for the prompt).
+        logp: ``[T]`` list of float sampling log-probs (nats; 0.0 where not sampled).
+
+    Example:
+        >>> log = TokenLog()
+        >>> log.append([1, 7], 'prompt', -1)
+        >>> log.append([9, 4], 'policy', 0, [-0.5, -0.25])
+        >>> log.owner, log.logp
+        ([1, 1, 2, 2], [0.0, 0.0, -0.5, -0.25])
+
+    Source: book chapter 5.6 ("one helper appends ids and owner together").
+    """
+    __slots__ = ('ids', 'owner', 'turn', 'logp')
+
+    def __init__(self):
+        self.ids: list = []
+        self.owner: list = []
+        self.turn: list = []
+        self.logp: list = []
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def append(self, ids, owner, turn: int, logp=None) -> None:
+        """Append one span: ``ids`` with their owner(s), turn and sampling log-probs, together.
+
+        Args:
+            ids: ``[n]`` token ids (list, tuple or 1-D tensor of int).
+            owner: one owner for the whole span (a name of :data:`OWNER` or its int code), or
+                ``[n]`` codes/names, one per id (a template bridge holding tool content).
+            turn: the span's turn index (-1 for the prompt).
+            logp: ``[n]`` float sampling log-probs (nats); None writes 0.0 (not sampled).
+
+        Raises:
+            ValueError: ``logp`` or a per-id ``owner`` list of another length than ``ids``, or an
+                owner name outside :data:`OWNER`; the message names the field.
+        """
+        ids = ids.tolist() if hasattr(ids, 'tolist') else [int(i) for i in ids]
+        n = len(ids)
+        if isinstance(owner, (str, int)):
+            code = OWNER.get(owner) if isinstance(owner, str) else int(owner)
+            if code is None or code not in OWNER.values():
+                raise ValueError(f'TokenLog.append: owner {owner!r} is not one of {list(OWNER)}')
+            owners = [code] * n
+        else:
+            owners = [OWNER[o] if isinstance(o, str) else int(o) for o in owner]
+            if len(owners) != n:
+                raise ValueError(f'TokenLog.append: {len(owners)} owners for {n} ids; pass one owner per id '
+                                 'or one owner for the span')
+        if logp is None:
+            lp = [0.0] * n
+        else:
+            lp = logp.tolist() if hasattr(logp, 'tolist') else [float(x) for x in logp]
+            if len(lp) != n:
+                raise ValueError(f'TokenLog.append: {len(lp)} log-probs for {n} ids; pass one per id')
+        self.ids += ids
+        self.owner += owners
+        self.turn += [int(turn)] * n
+        self.logp += lp
+
+    def truncate(self, n: int) -> None:
+        """Drop every token from position ``n`` on (undo the spans appended after length ``n``).
+
+        Raises:
+            ValueError: ``n`` outside ``[0, len(self)]``.
+        """
+        if not 0 <= n <= len(self.ids):
+            raise ValueError(f'TokenLog.truncate: n={n} outside [0, {len(self.ids)}]')
+        del self.ids[n:], self.owner[n:], self.turn[n:], self.logp[n:]
+
+    def freeze(self, reward: float, info: dict, provenance: 'Provenance | None' = None,
+               turn_contexts=None) -> Trajectory:
+        """The record: :meth:`Trajectory.from_tokens` over the four lists (the one ``[1:]`` shift).
+
+        Returns:
+            Trajectory with ids/owner/turn ``[T]``, action_mask/sample_logp ``[T-1]``.
+
+        Raises:
+            ValueError: as :meth:`Trajectory.from_tokens` (empty log, policy-owned first token).
+        """
+        return Trajectory.from_tokens(self.ids, self.owner, self.turn, self.logp, reward, info,
+                                      provenance=provenance, turn_contexts=turn_contexts)
+
+
+def owner_runs(owner, group, code: int) -> list:
+    """Maximal runs of tokens with owner ``code`` and one ``group`` value, as ``(group, start, end)``.
+
+    The one "runs of policy tokens" helper: record turn spans, label spans and drift spans use it.
+
+    Args:
+        owner: ``[T]`` int owner codes (list or tensor).
+        group: ``[T]`` int message or turn index of each token (list or tensor).
+        code: the :data:`OWNER` code to collect.
+
+    Returns:
+        ``[(group, start, end)]`` token index ranges ``[start, end)`` in order.
+
+    Example:
+        >>> owner_runs([1, 2, 2, 0, 2], [-1, 0, 0, 0, 1], OWNER['policy'])
+        [(0, 1, 3), (1, 4, 5)]
+    """
+    owner = owner.tolist() if hasattr(owner, 'tolist') else owner
+    group = group.tolist() if hasattr(group, 'tolist') else group
+    out, i, n = [], 0, len(owner)
+    while i < n:
+        if owner[i] != code:
+            i += 1
+            continue
+        j = i
+        g = group[i]
+        while j < n and owner[j] == code and group[j] == g:
+            j += 1
+        out.append((g, i, j))
+        i = j
+    return out
+
+
+def turn_spans(traj: Trajectory) -> list:
+    """``[(turn, start, end)]``: token range of each turn's policy tokens in ``traj.ids``.
+
+    A turn whose policy tokens form several runs spans from its first to its last policy token.
+
+    Raises:
+        ValueError: ``traj.owner`` or ``traj.turn`` is None (build records with ``Trajectory.from_tokens``).
+
+    Source: book chapter 5.6 (``turn`` is -1 for the prompt, k for turn k and its observation).
+    """
+    if traj.owner is None or traj.turn is None:
+        raise ValueError('turn_spans: traj.owner and traj.turn are needed; build records with '
+                         'Trajectory.from_tokens or ChatRecorder')
+    span: dict = {}
+    for k, s, e in owner_runs(traj.owner, traj.turn, OWNER['policy']):
+        s0, _ = span.get(k, (s, e))
+        span[k] = (s0, e)
+    return [(k, s, e) for k, (s, e) in sorted(span.items())]
+
+
+def turn_records(traj: Trajectory) -> list:
+    """Split a record into one record per turn, each scored in the context it was sampled in.
+
+    Record ``k`` is ``context_k + policy ids of turn k``: the context from
+    ``traj.turn_contexts`` (or ``ids[:start_k]`` when it is None), every context token
+    prompt-owned (not scored), the turn's tokens with their owners and sampling log-probs.
+    Summed over turns, the scored tokens are exactly the policy tokens of ``traj``.
+
+    Args:
+        traj: a :class:`Trajectory` with ``owner`` and ``turn``.
+
+    Returns:
+        list of :class:`Trajectory`, one per turn (in turn order), built with
+        ``Trajectory.from_tokens``; ``info['turn']`` is the turn index.
+
+    Raises:
+        ValueError: ``turn_contexts`` has another number of entries than the record has turns,
+            or an entry whose start disagrees with the turn's first policy token.
+
+    Source: book chapter 5.8 ("score turns against the context they were sampled in").
+    """
+    spans = turn_spans(traj)
+    ctxs = traj.turn_contexts
+    if ctxs is not None and len(ctxs) != len(spans):
+        raise ValueError(f'traj.turn_contexts has {len(ctxs)} entries but the record has {len(spans)} turns '
+                         'with policy tokens: give one (start, context_ids) per turn')
+    logp = torch.cat([torch.zeros(1), traj.sample_logp.float()])  # aligned to ids
+    out = []
+    for n, (k, s, e) in enumerate(spans):
+        if ctxs is None:
+            ctx = traj.ids[:s]
+        else:
+            start, ctx = ctxs[n]
+            if int(start) != s:
+                raise ValueError(f'traj.turn_contexts[{n}] starts at {start} but turn {k} starts at token {s}')
+            ctx = torch.as_tensor(ctx, dtype=torch.long)
+        log = TokenLog()
+        log.append(ctx, 'prompt', -1)
+        log.append(traj.ids[s:e], traj.owner[s:e], k, logp[s:e])
+        out.append(log.freeze(traj.reward, {**traj.info, 'turn': k}, provenance=traj.provenance))
+    return out

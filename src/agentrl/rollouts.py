@@ -12,14 +12,13 @@ import copy
 import torch
 
 from .model import fill_holes, sample_next
-from .record import OWNER, Provenance, SamplingSpec, Trajectory
+from .record import Provenance, SamplingSpec, TokenLog, Trajectory
 
 __all__ = ['MAX_CALL_TOKENS', 'Episode', 'make_trajectory', 'scripted_rollout', 'generate_call',
            'rollout', 'rollout_batch', 'model_provenance', 'supports_kv_cache']
 
 #: A call longer than this many tokens is cut off and parsed as it is. Source: book chapter 5.6.
 MAX_CALL_TOKENS = 6
-_TEMPLATE, _TOOL = OWNER['template'], OWNER['tool']
 
 
 class Episode:
@@ -36,7 +35,8 @@ class Episode:
             (``MAX_CALL_TOKENS``) would not fit, the episode stops as ``truncated``, reward 0.
 
     Attributes:
-        ids, owner, turn, logp: per-token lists (logp 0.0 where not sampled).
+        log: the episode's :class:`~agentrl.record.TokenLog` (the one writer of its tokens).
+        ids, owner, turn, logp: its per-token lists, read-only views (logp 0.0 where not sampled).
         observations: observation strings so far (the issue first); actions: decoded calls.
         done, reward, info: episode state after the last call.
 
@@ -45,7 +45,7 @@ class Episode:
 
     def __init__(self, env, task, tok, max_turns: int = 6, max_len: int = 256):
         self.env, self.tok, self.max_turns, self.max_len = env, tok, max_turns, max_len
-        self.ids, self.owner, self.turn, self.logp = [], [], [], []
+        self.log = TokenLog()
         self.observations, self.actions = [env.reset(task)], []
         self.done, self.reward, self.info = False, 0.0, None
         self.add([tok.bos_id], 'template', -1)
@@ -54,15 +54,18 @@ class Episode:
             raise ValueError(f'the prompt ({len(self.ids)} tokens) plus one call ({MAX_CALL_TOKENS}) does not '
                              f'fit max_len={max_len}; use a model with a larger max_len')
 
+    ids = property(lambda self: self.log.ids, doc='``[T]`` token ids so far (the log\'s list).')
+    owner = property(lambda self: self.log.owner, doc='``[T]`` owner codes so far.')
+    turn = property(lambda self: self.log.turn, doc='``[T]`` turn index of each token (-1 for the prompt).')
+    logp = property(lambda self: self.log.logp, doc='``[T]`` sampling log-probs (0.0 where not sampled).')
+
     def add(self, ids, owner: str, turn: int, logp=None) -> None:
-        """Append ``ids`` owned by ``owner`` in ``turn`` (with their sampling log-probs, if any)."""
-        ids = list(ids)
-        if logp is not None and len(logp) != len(ids):
-            raise ValueError(f'Episode.add: {len(logp)} log-probs for {len(ids)} ids; pass one per id')
-        self.ids += ids
-        self.owner += [OWNER[owner]] * len(ids)
-        self.turn += [turn] * len(ids)
-        self.logp += [float(x) for x in logp] if logp is not None else [0.0] * len(ids)
+        """Append ``ids`` owned by ``owner`` in ``turn`` (with their sampling log-probs, if any).
+
+        Raises:
+            ValueError: as :meth:`agentrl.record.TokenLog.append` (a ``logp`` of another length).
+        """
+        self.log.append(ids, owner, turn, logp)
 
     def act(self, call_ids, call_logp=None) -> bool:
         """Append one sampled call, step the env, append its observation; return ``done``.
@@ -82,11 +85,9 @@ class Episode:
             self.info = dict(self.env.final_info(False), stop='truncated')
         if not self.done:                   # <obs> observation </obs>: template, tool, template
             self.observations.append(obs)
-            n = len(obs_ids)
-            self.ids += [self.tok.obs_id, *obs_ids, self.tok.obs_end_id]
-            self.owner += [_TEMPLATE, *[_TOOL] * n, _TEMPLATE]
-            self.turn += [k] * (n + 2)
-            self.logp += [0.0] * (n + 2)
+            self.add([self.tok.obs_id], 'template', k)
+            self.add(obs_ids, 'tool', k)
+            self.add([self.tok.obs_end_id], 'template', k)
         return self.done
 
 
@@ -99,8 +100,7 @@ def make_trajectory(episode: Episode, provenance: Provenance | None = None) -> T
         ``actions`` (the decoded calls).
     """
     info = dict(episode.info or {}, actions=list(episode.actions))
-    return Trajectory.from_tokens(episode.ids, episode.owner, episode.turn, episode.logp,
-                                  episode.reward, info, provenance=provenance)
+    return episode.log.freeze(episode.reward, info, provenance=provenance)
 
 
 def _scripted_provenance(policy, tok) -> Provenance:

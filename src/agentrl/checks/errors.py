@@ -16,6 +16,8 @@ __all__ = [
     'MissingLogProbError', 'NaNLogProbError', 'InfiniteLogProbError', 'PositiveLogProbError',
     'FingerprintMismatchError', 'TokenizerMismatchError', 'TemplateMismatchError',
     'ScriptedRecordError', 'LogpConversionError', 'ReplayUnsupportedError', 'IdentityConflictError',
+    'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError', 'MalformedRowError',
+    'NotReplayableError',
 ]
 
 
@@ -131,3 +133,27 @@ class ReplayUnsupportedError(RecordError):
 
 class IdentityConflictError(RecordError):
     """Two records share an identity (group, rollout, attempt) but differ in content."""
+
+
+class TokenIdError(RecordError):
+    """An id is negative, or outside the expected vocabulary ``[0, V)``."""
+
+
+class NonFiniteRewardError(RecordError):
+    """``reward`` is NaN, +-inf or not a number."""
+
+
+class DigestMismatchError(RecordError):
+    """A stored row's content no longer matches the digest written with it (edited after writing)."""
+
+
+class DuplicateRecordError(RecordError):
+    """A record is stored twice (a resend: same identity and content); a reader would train on it twice."""
+
+
+class MalformedRowError(RecordError):
+    """A stored row cannot be converted to a record (a null, a wrong type, bad JSON); names file and row."""
+
+
+class NotReplayableError(RecordError):
+    """A sampled record cannot be replayed under the given model (ids outside its vocabulary, too long, ...)."""

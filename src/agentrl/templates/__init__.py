@@ -9,22 +9,23 @@ lazily (extra ``pip install agentrl[hf]``).
 - :func:`label_owners`: owner of every token of a finished conversation (SFT data).
 - audits: :func:`audit_prefix_stability`, :func:`audit_thinking`, :func:`audit_drift`,
   :func:`template_fingerprint`, :func:`audit_template`.
-- contexts: :func:`turn_records`, :func:`sampling_contexts`.
+- contexts: :func:`sampling_contexts`; :func:`turn_records` and :func:`turn_spans` live in
+  :mod:`agentrl.record` and are re-exported here.
 
 Source: book chapter 5.1-5.4 and 5.8.
 """
 from .audit import (DriftReport, MessageStability, PrefixReport, SpanDrift, TemplateAudit, ThinkingReport,
                     audit_drift, audit_prefix_stability, audit_template, audit_thinking,
-                    policy_spans, template_fingerprint, tokenizer_fingerprint)
+                    template_fingerprint, tokenizer_fingerprint)
 from .chat import PROMPT_ROLES, TOOL_ROLES, ChatTemplate, function_tools, load_tokenizer
-from .contexts import sampling_contexts, turn_records, turn_spans
-from .labels import OwnerLabels, Region, label_owners
+from ..record import turn_records, turn_spans
+from .labels import OwnerLabels, Region, label_owners, sampling_contexts
 from .recorder import HISTORY_MODES, Bridge, ChatRecorder, probe_stability, template_bridge
 
 __all__ = ['ChatTemplate', 'function_tools', 'load_tokenizer', 'PROMPT_ROLES', 'TOOL_ROLES',
            'ChatRecorder', 'Bridge', 'template_bridge', 'probe_stability', 'HISTORY_MODES',
            'label_owners', 'OwnerLabels', 'Region',
            'audit_prefix_stability', 'PrefixReport', 'MessageStability', 'audit_thinking', 'ThinkingReport',
-           'audit_drift', 'DriftReport', 'SpanDrift', 'policy_spans', 'template_fingerprint',
+           'audit_drift', 'DriftReport', 'SpanDrift', 'template_fingerprint',
            'tokenizer_fingerprint', 'audit_template', 'TemplateAudit',
            'turn_records', 'sampling_contexts', 'turn_spans']

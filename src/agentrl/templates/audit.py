@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..record import OWNER
+from ..record import OWNER, owner_runs
 from .chat import ChatTemplate, as_template, check_messages, common_prefix, tokenizer_digest
-from .labels import label_owners, owner_runs
+from .labels import label_owners
 
 __all__ = ['MessageStability', 'PrefixReport', 'audit_prefix_stability', 'ThinkingReport', 'audit_thinking',
-           'SpanDrift', 'DriftReport', 'audit_drift', 'policy_spans', 'template_fingerprint',
+           'SpanDrift', 'DriftReport', 'audit_drift', 'template_fingerprint',
            'tokenizer_fingerprint', 'TemplateAudit', 'audit_template']
 
 _REASONING_KEYS = ('reasoning_content', 'reasoning', 'thinking')
@@ -271,23 +271,6 @@ class DriftReport:
         return sorted({d.turn for d in self.drifts if kind is None or d.kind == kind})
 
 
-def policy_spans(traj) -> list:
-    """Maximal runs of policy tokens of a record as ``(turn, start, end)`` (token indices into ``ids``).
-
-    Args:
-        traj: a :class:`~agentrl.record.Trajectory` with ``owner [T]`` (and ``turn [T]``; without it
-            every span is turn 0).
-
-    Raises:
-        AttributeError: ``traj.owner`` is None; build the record with ``Trajectory.from_tokens``.
-
-    Source: book chapter 5.6 (policy tokens are the action mask's support).
-    """
-    owner = traj.owner.tolist()
-    turn = traj.turn.tolist() if traj.turn is not None else [0] * len(owner)
-    return owner_runs(owner, turn, OWNER['policy'])
-
-
 def _first_diff(a: list, b: list) -> int:
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
@@ -319,7 +302,8 @@ def audit_drift(tokenizer, traj, messages=None, *, tools=None, **options) -> Dri
     if getattr(traj, 'owner', None) is None:
         raise ValueError('audit_drift: traj.owner is None; record with ChatRecorder or Trajectory.from_tokens')
     ids = traj.ids.tolist()
-    spans = policy_spans(traj)
+    turn = traj.turn if traj.turn is not None else [0] * len(traj.owner)
+    spans = owner_runs(traj.owner, turn, OWNER['policy'])
     drifts = []
     for t, s, e in spans:
         sampled = ids[s:e]

@@ -11,10 +11,11 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-from ..record import OWNER, OWNER_NAMES
+from ..record import OWNER, OWNER_NAMES, owner_runs
 from .chat import ChatTemplate, as_template, check_messages, diff_span, owner_of_role
 
-__all__ = ['Region', 'OwnerLabels', 'label_owners', 'locate_messages', 'owners_from_regions', 'owner_runs']
+__all__ = ['Region', 'OwnerLabels', 'label_owners', 'locate_messages', 'owners_from_regions',
+           'sampling_contexts']
 
 
 @dataclass(frozen=True)
@@ -66,26 +67,6 @@ class OwnerLabels:
     def spans(self, owner: str = 'policy') -> list:
         """Maximal runs of ``owner`` tokens as ``(message, start, end)`` token index ranges."""
         return owner_runs(self.owner, self.message, OWNER[owner])
-
-
-def owner_runs(owner: list, group: list, code: int) -> list:
-    """Maximal runs of tokens with owner ``code`` and the same ``group`` value, as ``(group, start, end)``.
-
-    Args:
-        owner: ``[T]`` owner codes. group: ``[T]`` message or turn index of each token.
-        code: the :data:`agentrl.record.OWNER` code to collect.
-    """
-    out, i, n = [], 0, len(owner)
-    while i < n:
-        if owner[i] != code:
-            i += 1
-            continue
-        j = i
-        while j < n and owner[j] == code and group[j] == group[i]:
-            j += 1
-        out.append((group[i], i, j))
-        i = j
-    return out
 
 
 def _find_prefix_of(g: str, window: str) -> tuple[int, int]:
@@ -277,3 +258,29 @@ def _apply_generation_mask(template, messages, gen, ids, owner):
                          'tokenizer(text, add_special_tokens=False); cannot align {% generation %} spans')
     pol, tmpl = OWNER['policy'], OWNER['template']
     return [pol if m else (tmpl if o == pol else o) for m, o in zip(out['assistant_masks'], owner)]
+
+
+def sampling_contexts(tokenizer, messages, *, tools=None, **options) -> list:
+    """The template's sampling context before each assistant message of a conversation.
+
+    For conversations that were not recorded token-in/token-out (logs, SFT data): context ``i``
+    is ``render(messages[:i], add_generation_prompt=True)`` tokenized, what a chat API would
+    have fed the model before turn ``i``.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer or a :class:`~agentrl.templates.ChatTemplate`.
+        messages: the conversation.
+        tools, **options: template options (only with a tokenizer).
+
+    Returns:
+        ``[(i, ids [L_i] list of int)]`` for every assistant message ``i > 0``.
+
+    Raises:
+        ValueError: malformed messages.
+
+    Source: book chapter 5.3 and 5.8.
+    """
+    template = as_template(tokenizer, tools=tools, **options)
+    messages = check_messages(messages)
+    return [(i, template.encode(template.render(messages[:i], True)))
+            for i, m in enumerate(messages) if m['role'] == 'assistant' and i > 0]

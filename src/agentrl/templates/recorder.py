@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..record import OWNER, Provenance, Trajectory
+from ..record import OWNER, Provenance, TokenLog, Trajectory
 from .chat import ChatTemplate, as_template, check_messages, common_prefix, diff_span, owner_of_role
 from .labels import Region, label_owners, owners_from_regions
 
@@ -227,10 +227,7 @@ class ChatRecorder:
         self._opening = check_messages(messages)
         self._messages = list(self._opening)       # conversation as messages (turns decoded)
         self._turn_index: list[int] = []           # index in _messages of each assistant turn
-        self._ids: list[int] = []
-        self._owner: list[int] = []
-        self._turn: list[int] = []
-        self._logp: list[float] = []
+        self._log = TokenLog()                     # the record's tokens (the one writer)
         self._texts: list[str] = []                # text pieces of the record, in order
         self.bridges: list[Bridge] = []
         self._contexts: list = []                  # per turn: (start, None | list ctx ids)
@@ -245,10 +242,8 @@ class ChatRecorder:
     def _start_opening(self):
         lab = label_owners(self.template, self._opening, add_generation_prompt=True)
         pol, prm = OWNER['policy'], OWNER['prompt']
-        self._ids = list(lab.ids)
-        self._owner = [prm if o == pol else o for o in lab.owner]
-        self._turn = [-1] * len(lab.ids)
-        self._logp = [0.0] * len(lab.ids)
+        self._log = TokenLog()
+        self._log.append(lab.ids, [prm if o == pol else o for o in lab.owner], -1)
         self._texts = [lab.text]
         self._ctx = list(lab.ids)                  # context for the next turn
         self._ctx_pieces = [(lab.text, len(lab.ids))]
@@ -262,7 +257,7 @@ class ChatRecorder:
     @property
     def prompt_ids(self) -> list:
         """``[L]`` ids the engine must continue for the next turn."""
-        return list(self._ids) if self.history == 'sampled' or self._ctx_is_prefix else list(self._ctx)
+        return list(self._log.ids) if self.history == 'sampled' or self._ctx_is_prefix else list(self._ctx)
 
     @property
     def messages(self) -> list:
@@ -309,7 +304,7 @@ class ChatRecorder:
                 raise ValueError(f'add_turn: logp has {len(logp)} entries but ids has {len(ids)}: '
                                  'pass one sampling log-prob per sampled id')
         k = len(self._turn_index)
-        start = len(self._ids)
+        start = len(self._log)
         use_prefix = self.history == 'sampled' or self._ctx_is_prefix
         self._contexts.append((start, None if use_prefix else list(self._ctx)))
         self._pending = []
@@ -319,10 +314,7 @@ class ChatRecorder:
         if stop is None:
             self._unterminated.append(k)
         content = text[:len(text) - len(stop)] if stop and text.endswith(stop) else text
-        self._ids += ids
-        self._owner += [OWNER['policy']] * len(ids)
-        self._turn += [k] * len(ids)
-        self._logp += logp
+        self._log.append(ids, 'policy', k, logp)
         self._texts.append(text)
         self._turn_index.append(len(self._messages))
         self._messages.append(dict(message) if message is not None else {'role': 'assistant', 'content': content})
@@ -362,7 +354,7 @@ class ChatRecorder:
         bridge = self._bridge(self._window(), pending, self.template.stop_text(turn_ids[-1]) is not None)
         if self._bridge_mark is not None:  # replace the bridge of the earlier messages since the turn
             n_ids, n_texts = self._bridge_mark
-            del self._ids[n_ids:], self._owner[n_ids:], self._turn[n_ids:], self._logp[n_ids:]
+            self._log.truncate(n_ids)
             del self._texts[n_texts:]
             del self._messages[len(self._messages) - len(self._pending):]
             self.bridges.pop()
@@ -374,11 +366,8 @@ class ChatRecorder:
                                self._ctx_is_prefix)
         self._pending = pending
         k = len(self._turn_index) - 1
-        self._bridge_mark = (len(self._ids), len(self._texts))
-        self._ids += bridge.ids
-        self._owner += bridge.owner
-        self._turn += [k] * len(bridge.ids)
-        self._logp += [0.0] * len(bridge.ids)
+        self._bridge_mark = (len(self._log), len(self._texts))
+        self._log.append(bridge.ids, bridge.owner, k)
         self._texts.append(bridge.text)
         self._messages += self._pending
         self.bridges.append(bridge)
@@ -492,14 +481,12 @@ class ChatRecorder:
             prov.tokenizer = tokenizer_digest(self.template.tokenizer)
         if self._placeholder:
             prov.logp_placeholder = True
-        ids_t = torch.as_tensor(self._ids, dtype=torch.long)
+        ids_t = torch.as_tensor(self._log.ids, dtype=torch.long)
         contexts = None
         if not check['prefix_stable']:
             contexts = [(s, ids_t[:s] if c is None else torch.as_tensor(c, dtype=torch.long))
                         for s, c in self._contexts]
-        traj = Trajectory.from_tokens(ids_t, self._owner, self._turn, self._logp, reward, info,
-                                      provenance=prov, turn_contexts=contexts)
-        return traj
+        return self._log.freeze(reward, info, provenance=prov, turn_contexts=contexts)
 
 
 def probe_turn_text(template: ChatTemplate, opening: list) -> str:
