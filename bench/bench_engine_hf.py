@@ -46,6 +46,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BIG = {'layers': 8, 'hidden': 512, 'heads': 8, 'kv_heads': 4}
+#: glibc settings of ``--malloc keep``: freed blocks up to 64 MiB stay in the heap (trimmed past 1 GiB).
+KEEP_MALLOC = {'MALLOC_MMAP_THRESHOLD_': '67108864', 'MALLOC_TRIM_THRESHOLD_': '1073741824'}
 
 
 def _tokenizer_dir() -> Path | None:
@@ -109,7 +111,7 @@ def _generate_sampler(hf, seed: int):
     return GenerateSampler
 
 
-def multi_turn(model, tok, episodes: int, turns: int, new_tokens: int, seed: int = 0) -> dict:
+def multi_turn(model, tok, episodes: int, turns: int, new_tokens: int, seed: int = 0, reprefill: bool = True) -> dict:
     """The three BugFix variants side by side (see the module docstring); returns their numbers."""
     import torch
 
@@ -123,7 +125,7 @@ def multi_turn(model, tok, episodes: int, turns: int, new_tokens: int, seed: int
     pad = hf.episodes._pad_id(tok, model)
     hf.bugfix_rollouts(model, tok, tasks[:2], spec=spec, max_new_tokens=4, max_turns=2, template=template)  # warm-up
     out = {}
-    for name, reuse in (('agentrl', True), ('agentrl_reprefill', False)):
+    for name, reuse in (('agentrl', True), ('agentrl_reprefill', False))[:2 if reprefill else 1]:
         prof: dict = {}
         s = hf.HFSampler(model, template.stop_ids, spec, max_new_tokens=new_tokens, pad_id=pad)
         t0 = time.perf_counter()
@@ -137,11 +139,12 @@ def multi_turn(model, tok, episodes: int, turns: int, new_tokens: int, seed: int
                      'rebuilt_per_episode': tot['rebuilt_tokens'] / episodes,
                      'sampled': sum(int(t.action_mask.sum()) for t in trajs),
                      'turns': sum(len(t.info['turn_tokens']) for t in trajs), 'profile': prof, 'trajs': trajs}
-    a, b = out['agentrl']['trajs'], out['agentrl_reprefill']['trajs']
-    same = [torch.equal(x.ids, y.ids) for x, y in zip(a, b)]
-    out['same_ids'] = sum(same)
-    out['max_logp_diff'] = max((float((x.sample_logp - y.sample_logp).abs().max()) for x, y, s in zip(a, b, same) if s),
-                               default=float('nan'))
+    if reprefill:
+        a, b = out['agentrl']['trajs'], out['agentrl_reprefill']['trajs']
+        same = [torch.equal(x.ids, y.ids) for x, y in zip(a, b)]
+        out['same_ids'] = sum(same)
+        out['max_logp_diff'] = max((float((x.sample_logp - y.sample_logp).abs().max())
+                                    for x, y, s in zip(a, b, same) if s), default=float('nan'))
     Gen = _generate_sampler(hf, seed)
     g = Gen(model, template.stop_ids, spec, max_new_tokens=new_tokens, pad_id=pad)
     clock = _ForwardClock(model)
@@ -153,7 +156,8 @@ def multi_turn(model, tok, episodes: int, turns: int, new_tokens: int, seed: int
                        'turns': sum(len(t.info['turn_tokens']) for t in trajs),
                        'record_per_episode': sum(len(t.ids) for t in trajs) / episodes}
     for v in ('agentrl', 'agentrl_reprefill'):
-        out[v].pop('trajs')
+        if v in out:
+            out[v].pop('trajs')
     return out
 
 
@@ -166,8 +170,10 @@ def scaling(model, tok, episodes: int, turn_counts, new_tokens: int, seed: int =
     tasks = arl.make_tasks('all')
     pad = hf.episodes._pad_id(tok, model)
 
-    def respond(i, turn, text):
-        return hf.Reply(messages=[{'role': 'tool', 'content': f'tests: {i % 5} of 5 pass; read the source again'}])
+    listing = arl.compact_source(arl.CLAMP_BUGGY)
+
+    def respond(i, turn, text):          # a source listing (~100 tokens) every turn, never done
+        return hf.Reply(messages=[{'role': 'tool', 'content': f'{listing}\ntests: {i % 5} of 5 pass'}])
 
     res = {'turns': list(turn_counts), 'agentrl': [], 'agentrl_reprefill': [], 'fed_agentrl': [], 'fed_reprefill': []}
     for n_turns in turn_counts:
@@ -243,21 +249,22 @@ def _models(tmp: str, quick: bool, model_dir, small_dir):
 
 
 def measure(quick: bool = False, model_dir=None, small_dir=None, episodes=None, turns=None, new_tokens=None,
-            turn_counts=None, scaling_episodes=None, repeat: int = 1) -> dict:
+            turn_counts=None, scaling_episodes=None, repeat: int = 1, reprefill: bool = True) -> dict:
     """All three sections; ``repeat`` repeats the multi-turn section (each repeat side by side)."""
     from agentrl.engines import hf
     episodes = episodes or (8 if quick else 32)
     turns = turns or (3 if quick else 6)
     new_tokens = new_tokens or (16 if quick else 32)
     turn_counts = turn_counts or ((2, 4, 8) if quick else (2, 4, 8, 16))
-    scaling_episodes = scaling_episodes or (4 if quick else 8)
+    scaling_episodes = scaling_episodes or 4
     with tempfile.TemporaryDirectory() as tmp:
         big_dir, small_dir = _models(tmp, quick, model_dir, small_dir)
         if big_dir is None:
             return {'skipped': 'no qwen3 tokenizer (set AGENTRL_TOKENIZERS)'}
         model, tok = hf.load_model(big_dir)
         params = sum(p.numel() for p in model.parameters())
-        runs = [multi_turn(model, tok, episodes, turns, new_tokens) for _ in range(repeat)]
+        runs = [multi_turn(model, tok, episodes, turns, new_tokens, reprefill=reprefill and k == 0)
+                for k in range(repeat)]
         sc = scaling(model, tok, scaling_episodes, turn_counts, 16)
         small, stok = hf.load_model(small_dir)
         st = single_turn(small, stok, new_tokens=16 if quick else 64)
@@ -273,7 +280,7 @@ def rows(m: dict, quick: bool) -> list[dict]:
     setup = (f'{m["episodes"]} BugFix episodes, {m["turns"]} turns of <= {m["new_tokens"]} tokens, '
              f'{m["params"] / 1e6:.1f}M-parameter Qwen3, T=1, 1 thread')
     for k, r in enumerate(m['multi_turn']):
-        a, p, g = r['agentrl'], r['agentrl_reprefill'], r['generate']
+        a, p, g = r['agentrl'], r.get('agentrl_reprefill'), r['generate']
         tag = f'_{k}' if len(m['multi_turn']) > 1 else ''
         speed = (g['wall_s'] / g['sampled']) / (a['wall_s'] / a['sampled'])
         out += [
@@ -281,9 +288,6 @@ def rows(m: dict, quick: bool) -> list[dict]:
              'notes': f'{setup}; cross-turn cache; {a["sampled"]} sampled tokens in {a["turns"]} turns; forward '
                       f'{a["forward_s"]:.2f} s, sampling {a["sample_s"]:.2f} s, template {a["template_s"]:.2f} s, '
                       f'gym {a["gym_s"]:.3f} s'},
-            {'name': f'hf_reprefill_s{tag}', 'value': round(p['wall_s'], 2), 'unit': 's',
-             'notes': f'same, reuse_cache=False; forward {p["forward_s"]:.2f} s; same ids in {r["same_ids"]}/'
-                      f'{m["episodes"]} episodes, max |logp diff| {r["max_logp_diff"]:.2e}'},
             {'name': f'hf_generate_s{tag}', 'value': round(g['wall_s'], 2), 'unit': 's',
              'notes': f'model.generate(output_scores) + compute_transition_scores per turn; {g["sampled"]} sampled '
                       f'tokens in {g["turns"]} turns; its forward {g["forward_s"]:.2f} s'},
@@ -297,9 +301,15 @@ def rows(m: dict, quick: bool) -> list[dict]:
             {'name': f'hf_fed_tokens_per_episode{tag}', 'value': round(a['fed_per_episode'], 1), 'unit': 'tok',
              'target': '== record length - 1 + rebuilt',
              'ok': abs(a['fed_per_episode'] - (a['record_per_episode'] - 1 + a['rebuilt_per_episode'])) < 1e-9,
-             'notes': f'record length {a["record_per_episode"]:.1f}, rebuilt {a["rebuilt_per_episode"]:.1f}; '
-                      f're-prefill feeds {p["fed_per_episode"]:.1f} per episode'},
+             'notes': f'record length {a["record_per_episode"]:.1f}, rebuilt {a["rebuilt_per_episode"]:.1f}'
+                      + (f'; re-prefill feeds {p["fed_per_episode"]:.1f} per episode' if p else '')},
         ]
+        if p:
+            out.insert(len(out) - 5, {
+                'name': f'hf_reprefill_s{tag}', 'value': round(p['wall_s'], 2), 'unit': 's',
+                'notes': f'same, reuse_cache=False; forward {p["forward_s"]:.2f} s; same ids in {r["same_ids"]}/'
+                         f'{m["episodes"]} episodes (fp32: a draw within rounding of a CDF boundary may pick a '
+                         f'neighbour), max |logp diff| {r["max_logp_diff"]:.2e}'})
     sc = m['scaling']
     for name, key in (('agentrl', 'agentrl'), ('reprefill', 'agentrl_reprefill')):
         slope = sc[f'slope_{key}']
@@ -343,14 +353,22 @@ def main(argv=None) -> int:
     ap.add_argument('--scaling', default=None, help='turn counts of the scaling run (default 2,4,8,16)')
     ap.add_argument('--scaling-episodes', type=int, default=None, help='episodes of the scaling run (default 8)')
     ap.add_argument('--threads', type=int, default=1, help='torch threads (default 1)')
+    ap.add_argument('--no-reprefill', action='store_true', help='skip the reuse_cache=False variant')
+    ap.add_argument('--malloc', choices=('default', 'keep'), default='default',
+                    help='keep: re-run with glibc keeping freed blocks up to 64 MiB ([32, V] float64 sampling '
+                         'buffers are 39 MiB) instead of returning them to the OS (bench/run.py --malloc keep)')
     ap.add_argument('--json', default=None, help='also write the raw numbers here')
     args = ap.parse_args(argv)
+    if args.malloc == 'keep' and any(os.environ.get(k) != v for k, v in KEEP_MALLOC.items()):
+        os.execve(sys.executable, [sys.executable, os.path.abspath(__file__), *(sys.argv[1:] if argv is None else argv)],
+                  dict(os.environ, **KEEP_MALLOC))
     import torch
     torch.set_num_threads(args.threads)
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     counts = tuple(int(x) for x in args.scaling.split(',')) if args.scaling else None
     m = measure(args.quick, args.model, args.small, args.episodes, args.turns, args.new_tokens, counts,
-                args.scaling_episodes, args.repeat)
+                args.scaling_episodes, args.repeat, not args.no_reprefill)
+    m['malloc'] = args.malloc
     if args.json:
         Path(args.json).write_text(json.dumps(m, indent=1, default=str))
     for r in rows(m, args.quick):
