@@ -6,6 +6,13 @@ are left-padded; ``position_ids`` count real tokens only and padding is masked, 
 computes the same log-probs as the prompt alone (to fp32 rounding). One KV cache per call;
 rows leave it as they finish.
 
+Across turns, :meth:`HFSampler.new_row_cache` gives a cache with one row per episode (a
+transformers ``Cache`` whose layers keep ``[rows, kv_heads, capacity, head_dim]`` buffers, each
+row with its own length, no padding): :meth:`HFSampler.prefill_row` feeds one row a bridge or a
+prompt, :meth:`HFSampler.decode_rows` feeds every live row one token at its own position, and
+the 4-D attention masks are built here and passed as ``attention_mask={'full_attention': mask}``,
+which transformers uses as given. :func:`agentrl.engines.hf.run_chat_episodes` drives it.
+
 Sampling is per-episode reproducible: each episode may bring its own ``torch.Generator``, which
 supplies exactly one uniform number per sampled token (inverse-CDF sampling), so an episode
 consumes the same random numbers whether it is sampled alone or in a batch, and draws the same
