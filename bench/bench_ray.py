@@ -29,7 +29,7 @@ from pathlib import Path
 
 def _plan(episodes: int):
     import agentrl as arl
-    from agentrl.engines import ray_rollout as rr
+    from agentrl.jobs import plan as rr
     names = [t.name for t in arl.make_tasks('all')]
     jobs = rr.plan_episodes(['model'], names, -(-episodes // len(names)), seed=0)
     return jobs[:episodes]
@@ -61,27 +61,28 @@ def measure(episodes: int = 1024, chunk_size: int = 32, ray_workers=(1, 2)) -> d
     """
     import torch
 
-    from agentrl.engines import ray_rollout as rr
+    from agentrl.engines import ray as ray_pool
+    from agentrl.jobs import plan, rollout, runner
     torch.set_num_threads(1)
-    jobs, weights, spec = _plan(episodes), _weights(), rr.RunSpec()
+    jobs, weights, spec = _plan(episodes), _weights(), runner.RunSpec()
     out = {'episodes': len(jobs), 'chunk_size': chunk_size, 'ray': {}}
     root = Path(tempfile.mkdtemp(prefix='agentrl-bench-ray-'))
     try:
-        runner = rr.EpisodeRunner(spec, weights)
+        episodes_runner = runner.EpisodeRunner(spec, weights)
         t0 = time.perf_counter()
-        n = sum(len(runner.run(c)) for c in rr.plan_chunks(jobs, chunk_size))
+        n = sum(len(episodes_runner.run(c)) for c in plan.plan_chunks(jobs, chunk_size))
         out['batch'] = time.perf_counter() - t0
         assert n == len(jobs)
-        rep = rr.run_chunks(jobs, root / 'inproc', spec, weights, workers=0, chunk_size=chunk_size, progress=False)
+        rep = rollout.run_chunks(jobs, root / 'inproc', spec, weights, workers=0, chunk_size=chunk_size, progress=False)
         out['inprocess'] = rep.seconds
         if ray_workers:
-            ray = rr.require_ray()
+            ray = ray_pool.require_ray()
             t0 = time.perf_counter()
-            started = rr._connect(ray, None, max(ray_workers), None)
+            started = ray_pool._connect(ray, None, max(ray_workers), None)
             out['ray_start'] = time.perf_counter() - t0
             try:
                 for w in ray_workers:
-                    rep = rr.run_chunks(jobs, root / f'ray{w}', spec, weights, workers=w, chunk_size=chunk_size,
+                    rep = rollout.run_chunks(jobs, root / f'ray{w}', spec, weights, workers=w, chunk_size=chunk_size,
                                         progress=False)
                     assert rep.written == len(jobs)
                     out['ray'][w] = rep.seconds - rep.startup_seconds

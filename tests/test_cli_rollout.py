@@ -23,7 +23,7 @@ def test_rollout_writes_parquet_and_summary(tmp_path):
     p = run('rollout', '--policy', 'oracle,hacker,model', '--split', 'heldout', '--repeats', '2', '--seed', '0',
             '--out', str(out))
     assert 'wrote 36 episodes to' in p.stdout and 'oracle' in p.stdout
-    table = pq.read_table(out / 'trajectories.parquet')
+    table = pq.read_table(out / 'trajectories')
     assert table.num_rows == 36
     for col in ['ids', 'owner', 'turn', 'action_mask', 'sample_logp', 'reward', 'task', 'policy', 'info']:
         assert col in table.column_names
@@ -41,9 +41,9 @@ def test_rollout_writes_parquet_and_summary(tmp_path):
     assert summary['policies']['model']['mean_reward'] == 0.0
     assert summary['policies']['model']['stops'] == {'budget': 12}
     # the records read back equal what the library would produce, and pass `agentrl check` with replay
-    trajs = arl.read_trajectories(out / 'trajectories.parquet')
+    trajs = arl.read_trajectories(out / 'trajectories')
     assert sum(int(t.action_mask.sum()) for t in trajs if t.provenance.policy == 'oracle') == 12 * 13
-    c = run('check', str(out / 'trajectories.parquet'), '--model', str(out / 'model.pt'), '--max-ratio-dev', '1e-5')
+    c = run('check', str(out / 'trajectories'), '--model', str(out / 'model.pt'), '--max-ratio-dev', '1e-5')
     assert 'result: OK' in c.stdout
 
 
@@ -72,7 +72,7 @@ def test_version():
 def test_check_fails_on_tampered_logp_and_empty_input(tmp_path):
     out = tmp_path / 'run'
     run('rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '1', '--out', str(out))
-    trajs = arl.read_trajectories(out / 'trajectories.parquet')
+    trajs = arl.read_trajectories(out / 'trajectories')
     trajs[0].sample_logp = trajs[0].sample_logp + 0.5 * trajs[0].action_mask     # stored under another sampler
     arl.write_trajectories(tmp_path / 'tampered.parquet', trajs)
     c = run('check', str(tmp_path / 'tampered.parquet'), '--model', str(out / 'model.pt'), check=False)
@@ -84,19 +84,18 @@ def test_check_fails_on_tampered_logp_and_empty_input(tmp_path):
     assert e.returncode == 1 and 'result: FAILED (no records)' in e.stdout
 
 
-def test_interrupted_rollout_keeps_records_and_model_together(tmp_path):
-    import signal
-    import time
+def test_a_refused_rollout_leaves_the_run_folder_untouched(tmp_path):
+    """A second rollout into a run folder is refused before anything is written (model.pt included)."""
     out = tmp_path / 'run'
     run('rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '1', '--out', str(out))
-    before = (out / 'model.pt').read_bytes(), (out / 'trajectories.parquet').read_bytes()
-    p = subprocess.Popen([*AGENTRL, 'rollout', '--policy', 'model', '--repeats', '300', '--seed', '7', '--no-batch',
-                          '--out', str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(4)
-    p.send_signal(signal.SIGINT)
-    _, err = p.communicate(timeout=60)
-    assert p.returncode == 130 and 'agentrl: interrupted' in err
-    assert ((out / 'model.pt').read_bytes(), (out / 'trajectories.parquet').read_bytes()) == before
+    before = {p.name: p.read_bytes() for p in out.rglob('*') if p.is_file()}
+    p = run('rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '1', '--seed', '7', '--out', str(out),
+            check=False)
+    assert p.returncode == 2 and p.stderr.startswith(f"agentrl: error: --out {str(out)!r} already holds a run")
+    assert '--resume' in p.stderr and len(p.stderr.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in out.rglob('*') if p.is_file()} == before
+    c = run('check', str(out / 'trajectories'), '--model', str(out / 'model.pt'), '--max-ratio-dev', '1e-5')
+    assert 'result: OK' in c.stdout
 
 
 def test_debug_flag_after_the_subcommand_shows_the_traceback(tmp_path):
@@ -107,6 +106,6 @@ def test_debug_flag_after_the_subcommand_shows_the_traceback(tmp_path):
 def test_show_refuses_image_output(tmp_path):
     out = tmp_path / 'run'
     run('rollout', '--policy', 'oracle', '--split', 'heldout', '--repeats', '1', '--out', str(out))
-    p = run('show', str(out / 'trajectories.parquet'), '-o', str(tmp_path / 'x.png'), check=False)
+    p = run('show', str(out / 'trajectories'), '-o', str(tmp_path / 'x.png'), check=False)
     assert p.returncode == 2 and 'agentrl show writes html, svg or terminal text, not png' in p.stderr
     assert not (tmp_path / 'x.png').exists()

@@ -17,6 +17,8 @@ from _tokenizers import tokenizer_path
 pytest.importorskip('transformers')
 
 import agentrl as arl  # noqa: E402
+from agentrl import checks  # noqa: E402
+from agentrl.engines.scorer import hf_scorer  # noqa: E402
 from agentrl.engines import hf  # noqa: E402
 from agentrl.record import SamplingSpec  # noqa: E402
 from agentrl.templates import ChatRecorder, ChatTemplate  # noqa: E402
@@ -138,7 +140,7 @@ def test_float32_paths_agree_to_rounding(tmp_path_factory):
         same = [torch.equal(x.ids, y.ids) for x, y in zip(ref, new)]
         assert sum(same) >= 3
         assert_same_records([x for x, s in zip(ref, same) if s], [y for y, s in zip(new, same) if s], tol=1e-4)
-        assert hf.replay_records(model32, new).ok                       # step 0 holds on the cached path
+        assert checks.replay_records(new, hf_scorer(model32)).ok        # step 0 holds on the cached path
     finally:
         model.double()
 
@@ -226,6 +228,23 @@ def test_cli_rollout_profile(tmp_path, capsys, tmp_path_factory, monkeypatch):
     assert 'hf engine profile (cross_turn_cache): 6 episodes' in text and '\n  all ' in text
     prof = json.loads((out / 'summary.json').read_text())['hf']['profile']
     assert prof['path'] == 'cross_turn_cache' and prof['episodes'] == 6 and len(prof['turns']) == 2
-    assert prof['totals']['record_tokens'] == sum(len(t.ids) for t in arl.read_trajectories(out / 'trajectories.parquet'))
+    assert prof['totals']['record_tokens'] == sum(len(t.ids) for t in arl.read_trajectories(out / 'trajectories'))
     assert main(['rollout', '--profile', '--out', str(tmp_path / 'x')]) == 2
-    assert capsys.readouterr().err.startswith('agentrl: error: --profile times the hf engine; add --engine hf')
+    assert capsys.readouterr().err.startswith('agentrl: error: --profile')
+    assert main(['rollout', '--engine', 'hf', '--model', str(model_dir), '--profile', '--workers', '2',
+                 '--out', str(tmp_path / 'y')]) == 2
+    assert 'profile times the hf engine in this process; drop --workers' in capsys.readouterr().err
+
+
+def test_merge_profiles_adds_chunks():
+    one = {'engine': 'hf', 'path': 'cross_turn_cache', 'episodes': 2, 'wall_s': 1.0,
+           'totals': dict(dict.fromkeys(hf.PROFILE_KEYS, 1), forward_s=0.5, record_tokens=10),
+           'turns': [dict(turn=0, **dict.fromkeys(hf.PROFILE_KEYS, 1))]}
+    two = dict(one, turns=[dict(turn=k, **dict.fromkeys(hf.PROFILE_KEYS, 2)) for k in range(2)])
+    m = hf.merge_profiles([one, two])
+    assert m['episodes'] == 4 and m['wall_s'] == 2.0 and m['chunks'] == 2 and m['totals']['record_tokens'] == 20
+    assert [t['prefill_tokens'] for t in m['turns']] == [3, 2] and m['turns'][1]['turn'] == 1
+    with pytest.raises(ValueError, match='different paths'):
+        hf.merge_profiles([one, dict(one, path='per_turn')])
+    with pytest.raises(ValueError, match='no profiles'):
+        hf.merge_profiles([])

@@ -1,4 +1,4 @@
-"""Scale-out on Ray (issue 9): the same records at any scale, lost workers, resume.
+"""Scale-out on Ray: the same records at any scale, lost workers, resume (agentrl.jobs + agentrl.engines.ray).
 
 A real two-node Ray cluster (a head and one extra worker node, 1 CPU each, on 127.0.0.1, no
 dashboard) is started once for the module and stopped after it; one test also starts the local
@@ -29,7 +29,12 @@ import torch
 
 import agentrl as arl
 from agentrl import checks
-from agentrl.engines import ray_rollout as rr
+from agentrl import store
+from agentrl.engines import ray as ray_pool
+from agentrl.jobs import plan as jp
+from agentrl.jobs import rollout as jr
+from agentrl.jobs import runner as jrun
+from agentrl.sampling import episode_seed
 
 HAS_RAY = importlib.util.find_spec('ray') is not None
 needs_ray = pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed (pip install 'agentrl[ray]')")
@@ -83,24 +88,24 @@ def assert_same(a, b, same_attempt=True):
 # ----------------------------------------------------------------------------- no Ray needed
 
 def test_episode_seed_is_stable_and_distinct():
-    s = rr.episode_seed(0, '0/model/clamp', '0/model/clamp/0')
-    assert s == rr.episode_seed(0, '0/model/clamp', '0/model/clamp/0') == 4294082752081807618
+    s = episode_seed(0, '0/model/clamp', '0/model/clamp/0')
+    assert s == episode_seed(0, '0/model/clamp', '0/model/clamp/0') == 4294082752081807618
     assert 0 <= s < 2 ** 63
-    jobs = rr.plan_episodes(['model', 'blind'], [t.name for t in arl.make_tasks('all')], 5, seed=0)
+    jobs = jp.plan_episodes(['model', 'blind'], [t.name for t in arl.make_tasks('all')], 5, seed=0)
     assert len({j.seed for j in jobs}) == len(jobs) == 300
-    assert rr.episode_seed(1, '0/model/clamp', '0/model/clamp/0') != s
+    assert episode_seed(1, '0/model/clamp', '0/model/clamp/0') != s
 
 
 def test_plan_matches_the_single_process_identities():
-    jobs = rr.plan_episodes(['oracle', 'model'], ['clamp', 'double'], 2, seed=7)
+    jobs = jp.plan_episodes(['oracle', 'model'], ['clamp', 'double'], 2, seed=7)
     assert [j.rollout_id for j in jobs[:3]] == ['7/oracle/clamp/0', '7/oracle/clamp/1', '7/oracle/double/0']
     assert jobs[0].group_id == '7/oracle/clamp' and {j.attempt for j in jobs} == {1}
-    chunks = rr.plan_chunks(jobs, 3)
+    chunks = jp.plan_chunks(jobs, 3)
     assert [[j.policy for j in c] for c in chunks] == [['oracle'] * 3, ['oracle'], ['model'] * 3, ['model']]
     with pytest.raises(ValueError, match='chunk_size must be >= 1'):
-        rr.plan_chunks(jobs, 0)
+        jp.plan_chunks(jobs, 0)
     with pytest.raises(ValueError, match='a task is listed twice'):
-        rr.plan_episodes(['model'], ['clamp', 'clamp'], 1, seed=0)
+        jp.plan_episodes(['model'], ['clamp', 'clamp'], 1, seed=0)
 
 
 @pytest.fixture(scope='module')
@@ -119,14 +124,14 @@ def test_records_do_not_depend_on_the_batch(weights):
     """
     hyp = pytest.importorskip('hypothesis')
     st = hyp.strategies
-    runner = rr.EpisodeRunner(rr.RunSpec(), weights)
-    jobs = rr.plan_episodes(['model'], ['clamp', 'double', 'halve'], 2, seed=1)
+    runner = jrun.EpisodeRunner(jrun.RunSpec(), weights)
+    jobs = jp.plan_episodes(['model'], ['clamp', 'double', 'halve'], 2, seed=1)
     alone = {j.key: runner.run([j])[0] for j in jobs}
 
     @hyp.settings(max_examples=6, deadline=None, derandomize=True)
     @hyp.given(st.permutations(jobs), st.integers(1, len(jobs)))
     def check(order, size):
-        for chunk in rr.plan_chunks(order, size):
+        for chunk in jp.plan_chunks(order, size):
             for job, rec in zip(chunk, runner.run(chunk)):
                 ref = alone[job.key]
                 assert torch.equal(rec.ids, ref.ids) and rec.provenance.seed == job.seed
@@ -135,9 +140,9 @@ def test_records_do_not_depend_on_the_batch(weights):
 
 
 def test_in_process_resume_after_a_crash_completes_exactly_the_missing(tmp_path, weights):
-    jobs = rr.plan_episodes(['model', 'blind'], ['clamp', 'double', 'halve'], 3, seed=2)   # 18
-    spec = rr.RunSpec()
-    full = rr.run_chunks(jobs, tmp_path / 'full', spec, weights, workers=0, chunk_size=4, progress=False)
+    jobs = jp.plan_episodes(['model', 'blind'], ['clamp', 'double', 'halve'], 3, seed=2)   # 18
+    spec = jrun.RunSpec()
+    full = jr.run_chunks(jobs, tmp_path / 'full', spec, weights, workers=0, chunk_size=4, progress=False)
     assert full.written == 18 and len(full.workers) == 0
 
     class Crash(Exception):
@@ -147,19 +152,19 @@ def test_in_process_resume_after_a_crash_completes_exactly_the_missing(tmp_path,
         if state.done >= 8:
             raise Crash
     with pytest.raises(Crash):
-        rr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False,
+        jr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False,
                       on_chunk=crash)
-    before = rr.stored_rollouts(tmp_path / 'cut')
+    before = store.stored_identities(tmp_path / 'cut')
     assert len(before) == 8
     with pytest.raises(ValueError, match='already holds 8 of the 18 planned episodes; pass --resume'):
-        rr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False)
-    rep = rr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False, resume=True)
+        jr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False)
+    rep = jr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False, resume=True)
     assert (rep.skipped, rep.written, rep.resends) == (8, 10, 0)
     a, b = by_id(tmp_path / 'full'), by_id(tmp_path / 'cut')
     assert a.keys() == b.keys() and len(a) == 18
     for k in a:
         assert_same(a[k], b[k])
-    again = rr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False, resume=True)
+    again = jr.run_chunks(jobs, tmp_path / 'cut', spec, weights, workers=0, chunk_size=4, progress=False, resume=True)
     assert (again.skipped, again.written) == (18, 0)
 
 
@@ -167,7 +172,7 @@ def test_resume_errors_name_the_fix(tmp_path):
     (tmp_path / 'plain').mkdir()
     p = agentrl('rollout', '--resume', str(tmp_path / 'plain'), check=False)
     assert p.returncode == 2
-    assert "no run.json there; pass the --out folder of a run started with --workers" in p.stderr
+    assert "no run.json there; pass the --out folder of an `agentrl rollout` run" in p.stderr
     p = agentrl('rollout', '--address', 'auto', '--out', str(tmp_path / 'x'), check=False)
     assert p.returncode == 2 and 'add --workers N' in p.stderr
 
@@ -175,10 +180,10 @@ def test_resume_errors_name_the_fix(tmp_path):
 def test_missing_ray_names_the_extra(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, 'ray', None)
     with pytest.raises(ImportError, match=r"pip install 'agentrl\[ray\]'"):
-        rr.require_ray()
-    from agentrl.cli.rollout import RolloutOptions
+        ray_pool.require_ray()
+    from agentrl.jobs.plan import RolloutOptions
     with pytest.raises(ImportError, match=r"pip install 'agentrl\[ray\]'"):
-        rr.rollout_job(RolloutOptions(policy=['oracle'], workers=2, out=str(tmp_path / 'run')), progress=False)
+        jr.rollout_job(RolloutOptions(policy=['oracle'], workers=2, out=str(tmp_path / 'run')), progress=False)
     assert not (tmp_path / 'run').exists()          # nothing written before the error
 
 
@@ -286,7 +291,7 @@ def test_workers_1_and_2_give_identical_records(cluster, ray_env, one_worker, tm
     for k in a:
         assert_same(a[k], b[k])
         assert a[k].provenance.attempt == 1
-        assert a[k].provenance.seed == rr.episode_seed(5, *k)
+        assert a[k].provenance.seed == episode_seed(5, *k)
     summary = json.loads((out / 'summary.json').read_text())
     eng = summary['engine']
     assert (eng['workers'], eng['written'], eng['retried'], eng['address']) == (2, 48, [], cluster)
@@ -298,13 +303,28 @@ def test_workers_1_and_2_give_identical_records(cluster, ray_env, one_worker, tm
 
 
 @needs_ray
+def test_workers_0_gives_the_records_of_workers_1(one_worker, tmp_path):
+    """In this process (no Ray) the same plan gives the same records, bit for bit: one seed rule, one job."""
+    out = tmp_path / 'w0'
+    p = agentrl('rollout', *PLAN, '--workers', '0', '--out', str(out))
+    assert 'wrote 48 episodes to' in p.stdout
+    a, b = by_id(one_worker / 'trajectories'), by_id(out / 'trajectories')
+    assert len(a) == len(b) == 48 and a.keys() == b.keys()
+    for k in a:
+        assert_same(a[k], b[k])
+    s0, s1 = (json.loads((d / 'summary.json').read_text()) for d in (out, one_worker))
+    assert s0['policies'] == s1['policies'] and s0['model'] == s1['model']
+    assert (out / 'model.pt').read_bytes() == (one_worker / 'model.pt').read_bytes()
+
+
+@needs_ray
 def test_killed_worker_loses_nothing(cluster, ray_env, tmp_path, weights, monkeypatch):
     """SIGKILL one actor's process mid-run: 200 episodes, each once; its unfinished ones are attempt 2."""
     for k in ('RAY_AUTH_MODE', 'RAY_AUTH_TOKEN', 'RAY_USAGE_STATS_ENABLED'):
         monkeypatch.setenv(k, ray_env[k])
-    jobs = rr.plan_episodes(['model'], [t.name for t in arl.make_tasks('all')][:25], 8, seed=11)
+    jobs = jp.plan_episodes(['model'], [t.name for t in arl.make_tasks('all')][:25], 8, seed=11)
     assert len(jobs) == 200
-    spec = rr.RunSpec(model_id='tiny')
+    spec = jrun.RunSpec(model_id='tiny')
     killed = {}
 
     def kill_one(state):
@@ -314,7 +334,7 @@ def test_killed_worker_loses_nothing(cluster, ray_env, tmp_path, weights, monkey
         killed['pid'] = victim.pid
         os.kill(victim.pid, signal.SIGKILL)
 
-    rep = rr.run_chunks(jobs, tmp_path / 'trajs', spec, weights, workers=2, address=cluster, chunk_size=8,
+    rep = jr.run_chunks(jobs, tmp_path / 'trajs', spec, weights, workers=2, address=cluster, chunk_size=8,
                         progress=False, on_chunk=kill_one)
     assert killed and rep.written == 200 and rep.resends == 0
     assert sum(not w.alive for w in rep.workers) == 1 and len(rep.workers) == 3   # one replaced
@@ -328,7 +348,7 @@ def test_killed_worker_loses_nothing(cluster, ray_env, tmp_path, weights, monkey
     assert {(g, r) for g, r, _ in rep.retried} == twice and {a for _, _, a in rep.retried} == {2}
     assert {t.provenance.attempt for k, t in stored.items() if k not in twice} == {1}
     # a retry samples what the lost attempt would have: the store equals a run without faults
-    ref = rr.run_chunks(jobs, tmp_path / 'ref', spec, weights, workers=0, chunk_size=8, progress=False)
+    ref = jr.run_chunks(jobs, tmp_path / 'ref', spec, weights, workers=0, chunk_size=8, progress=False)
     assert ref.written == 200
     expected = by_id(tmp_path / 'ref')
     for k, t in stored.items():
@@ -337,8 +357,8 @@ def test_killed_worker_loses_nothing(cluster, ray_env, tmp_path, weights, monkey
 
 _KILL_DRIVER = textwrap.dedent('''
     import os, signal, sys
-    from agentrl.cli.rollout import RolloutOptions
-    from agentrl.engines.ray_rollout import rollout_job
+    from agentrl.jobs.plan import RolloutOptions
+    from agentrl.jobs.rollout import rollout_job
 
     def die(state):
         if state.done >= 16:
@@ -356,7 +376,7 @@ def test_resume_after_the_driver_is_killed(cluster, ray_env, one_worker, tmp_pat
     p = subprocess.run([sys.executable, '-c', _KILL_DRIVER, str(out), cluster], capture_output=True, text=True,
                        timeout=240, env=ray_env)
     assert p.returncode == -signal.SIGKILL, p.stderr
-    before = rr.stored_rollouts(out / 'trajectories')
+    before = store.stored_identities(out / 'trajectories')
     assert 16 <= len(before) < 48 and not (out / 'summary.json').exists()
     agentrl('rollout', '--resume', str(out), '--workers', '2', '--address', cluster, env=ray_env)
     eng = json.loads((out / 'summary.json').read_text())['engine']

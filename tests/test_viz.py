@@ -135,10 +135,10 @@ def test_hf_decoder_on_shared_qwen3(monkeypatch):
     assert s.cells[-1].text == '<think>' and s.cells[-1].mask == 1
     # no model name: the tokenizer digest in the provenance finds the shared folder
     try:
-        from agentrl.templates.chat import tokenizer_digest
+        from agentrl.templates.chat import tokenizer_fingerprint
     except ImportError:
         return
-    t.provenance = Provenance(policy='hf', tokenizer=tokenizer_digest(qtok))
+    t.provenance = Provenance(policy='hf', tokenizer=tokenizer_fingerprint(qtok))
     assert ''.join(c.text for c in viz.build_strip(t).cells) == text
 
 
@@ -270,7 +270,7 @@ def test_show_template_audit_json(tmp_path, capsys):
 def test_report_cli(run_dir, capsys):
     assert main(['report', str(run_dir)]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
+    recs = store.read_trajectories(run_dir / 'trajectories')
     policies = sorted({t.provenance.policy for t in recs})          # oracle, blind
     assert line.startswith(f'wrote {run_dir}/report.html: 12 episodes, {len(policies)} policies')
     page = (run_dir / 'report.html').read_text()
@@ -513,7 +513,7 @@ def test_browser_fold_toggle(browser, tmp_path):
 
 def test_browser_report_html(browser, run_dir, tmp_path):
     assert main(['report', str(run_dir)]) == 0
-    first = store.read_trajectories(run_dir / 'trajectories.parquet')[0]
+    first = store.read_trajectories(run_dir / 'trajectories')[0]
     page = browser.open(run_dir / 'report.html')
     _check_page(page, len(first), int(first.action_mask.sum()), tmp_path / 'report.png')
     assert page.eval("document.querySelectorAll('svg').length") >= 6

@@ -7,7 +7,7 @@ the top of a module) never hit a circular import.
 """
 from importlib import import_module
 
-__version__ = '0.1.0'
+from ._version import __version__
 
 # public name -> submodule that defines it
 _EXPORTS = {
@@ -43,7 +43,7 @@ __all__ = sorted(_EXPORTS) + ['__version__']
 
 #: subpackages and modules reachable as ``arl.<name>`` without an explicit import
 _SUBMODULES = {'record', 'tokenizer', 'gym', 'model', 'rollouts', 'batching', 'templates', 'checks', 'stats',
-               'store', 'viz', 'train', 'engines', 'cli'}
+               'store', 'viz', 'train', 'engines', 'jobs', 'cli'}
 
 
 def __getattr__(name):

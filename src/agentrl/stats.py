@@ -1,13 +1,19 @@
-"""L3: per-policy summary statistics of a set of trajectories (the rollout table, report.html)."""
+"""L3: episode statistics: one :class:`PolicySummary` for the rollout table, the report, training and checks.
+
+A summary is built from records once (:meth:`PolicySummary.of`) or a chunk at a time
+(:class:`SummaryBuilder`, what a streamed rollout uses: memory bounded by the chunk). One set of
+key spellings: ``mean_reward``, ``length_mean``, ``action_tokens_mean``, ``truncation_rate``.
+"""
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import asdict, dataclass, field
 
-import torch
-
+from .gym.calls import StopReason
 from .record import OWNER, Trajectory
 
-__all__ = ['context_lengths', 'policy_summary']
+__all__ = ['StopReason', 'context_lengths', 'PolicySummary', 'SummaryBuilder', 'policy_summary',
+           'episode_metrics']
 
 
 def context_lengths(traj: Trajectory) -> list[int]:
@@ -25,37 +31,140 @@ def _unknown_obs(traj: Trajectory, unk_id: int) -> int:
     return int(((traj.ids == unk_id) & observed).sum())
 
 
-def policy_summary(trajs: list[Trajectory], unk_id: int | None = None) -> dict:
-    """Summarise one policy's episodes.
+@dataclass
+class PolicySummary:
+    """Statistics of one policy's episodes.
+
+    Attributes:
+        episodes: number of episodes.
+        mean_reward: mean episode reward.
+        stops: stop reason -> count (:class:`StopReason` values), sorted by reason.
+        truncation_rate: fraction of episodes that stopped ``truncated``.
+        length_mean, length_max: tokens per episode (``len(ids)``).
+        action_tokens_mean: mean policy-owned (trained) tokens per episode.
+        unknown_obs_tokens: ``<unk>`` tokens in prompt and tool spans (None: not counted).
+        prompt_length: prompt tokens of the first episode (``turn == -1``).
+        first_context_lengths: :func:`context_lengths` of the first episode.
+
+    Reads like the dict it replaces: ``s['mean_reward']`` works.
+    """
+    episodes: int
+    mean_reward: float
+    stops: dict = field(default_factory=dict)
+    truncation_rate: float = 0.0
+    length_mean: float = 0.0
+    length_max: int = 0
+    action_tokens_mean: float = 0.0
+    unknown_obs_tokens: int | None = None
+    prompt_length: int = 0
+    first_context_lengths: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, trajs: list[Trajectory], unk_id: int | None = None) -> 'PolicySummary':
+        """Summarise ``trajs`` (at least one; the first is the example episode).
+
+        Args:
+            trajs: the policy's records.
+            unk_id: the tokenizer's ``<unk>`` id, to count unknown observation tokens (prompt-
+                and tool-owned; a policy may sample ``<unk>`` itself) (None: not counted).
+
+        Raises:
+            ValueError: ``trajs`` is empty.
+        """
+        if not trajs:
+            raise ValueError('PolicySummary.of: no trajectories; pass at least one')
+        b = SummaryBuilder(unk_id)
+        b.add(trajs)
+        return b.summary()
+
+    def to_dict(self) -> dict:
+        """Plain dict (JSON-ready), keys as the attributes."""
+        return asdict(self)
+
+    def metrics(self) -> dict:
+        """The per-step training metrics: ``reward``, ``truncation_rate``, ``length``, ``action_tokens``."""
+        return {'reward': self.mean_reward, 'truncation_rate': self.truncation_rate, 'length': self.length_mean,
+                'action_tokens': self.action_tokens_mean}
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+
+class SummaryBuilder:
+    """Accumulate a :class:`PolicySummary` chunk by chunk (memory: a few counters).
 
     Args:
-        trajs: the policy's trajectories (at least one).
-        unk_id: the tokenizer's ``<unk>`` id, to count unknown observation tokens (prompt- and
-            tool-owned; a policy may sample ``<unk>`` itself) (None: not counted).
+        unk_id: as :meth:`PolicySummary.of`.
 
-    Returns:
-        dict with ``episodes``, ``mean_reward``, ``stops`` (stop reason -> count),
-        ``truncation_rate``, ``length_mean``, ``length_max``, ``action_tokens_mean``,
-        ``unknown_obs_tokens``, ``first_context_lengths`` (:func:`context_lengths` of the first
-        episode), ``prompt_length`` of the first episode.
+    The example episode (prompt length, context lengths) is the one added with the smallest
+    ``order`` (default: the first added), so a resumed run names the same episode.
+    """
+
+    def __init__(self, unk_id: int | None = None):
+        self.unk_id = unk_id
+        self.n = 0
+        self.reward = 0.0
+        self.length = 0
+        self.length_max = 0
+        self.action = 0.0
+        self.unknown = 0
+        self.stops: Counter = Counter()
+        self._first = None      # (order, prompt_length, context lengths)
+
+    def add(self, trajs, order=None) -> None:
+        """Add records; ``order[i]`` ranks record ``i`` for the choice of the example episode."""
+        for i, t in enumerate(trajs):
+            rank = self.n if order is None else order[i]
+            self.n += 1
+            self.reward += float(t.reward)
+            n = len(t.ids)
+            self.length += n
+            self.length_max = max(self.length_max, n)
+            self.action += float(t.action_mask.sum())
+            if self.unk_id is not None:
+                self.unknown += _unknown_obs(t, self.unk_id)
+            self.stops[str((t.info or {}).get('stop', StopReason.UNKNOWN))] += 1
+            if self._first is None or rank < self._first[0]:
+                self._first = (rank, int((t.turn == -1).sum()), context_lengths(t))
+
+    def summary(self) -> PolicySummary:
+        """The summary so far.
+
+        Raises:
+            ValueError: nothing was added.
+        """
+        if not self.n:
+            raise ValueError('SummaryBuilder.summary: no trajectories were added')
+        return PolicySummary(episodes=self.n, mean_reward=self.reward / self.n, stops=dict(sorted(self.stops.items())),
+                             truncation_rate=self.stops.get(StopReason.TRUNCATED.value, 0) / self.n,
+                             length_mean=self.length / self.n, length_max=self.length_max,
+                             action_tokens_mean=self.action / self.n,
+                             unknown_obs_tokens=None if self.unk_id is None else self.unknown,
+                             prompt_length=self._first[1], first_context_lengths=self._first[2])
+
+
+def policy_summary(trajs: list[Trajectory], unk_id: int | None = None) -> dict:
+    """:meth:`PolicySummary.of` as a plain dict (the layout of ``summary.json``).
 
     Raises:
         ValueError: ``trajs`` is empty.
     """
     if not trajs:
         raise ValueError('policy_summary: no trajectories; pass at least one')
-    lengths = torch.tensor([len(t.ids) for t in trajs], dtype=torch.float64)
-    stops = Counter(str(t.info.get('stop', 'unknown')) for t in trajs)
-    first = trajs[0]
-    return {
-        'episodes': len(trajs),
-        'mean_reward': sum(float(t.reward) for t in trajs) / len(trajs),
-        'stops': dict(sorted(stops.items())),
-        'truncation_rate': stops.get('truncated', 0) / len(trajs),
-        'length_mean': float(lengths.mean()),
-        'length_max': int(lengths.max()),
-        'action_tokens_mean': sum(float(t.action_mask.sum()) for t in trajs) / len(trajs),
-        'unknown_obs_tokens': None if unk_id is None else sum(_unknown_obs(t, unk_id) for t in trajs),
-        'prompt_length': int((first.turn == -1).sum()),
-        'first_context_lengths': context_lengths(first),
-    }
+    return PolicySummary.of(trajs, unk_id).to_dict()
+
+
+def episode_metrics(trajs: list[Trajectory]) -> dict:
+    """Per-step episode metrics of sampled records (:meth:`PolicySummary.metrics`).
+
+    Returns:
+        dict of floats: ``reward`` (mean), ``truncation_rate`` (fraction with
+        ``info['stop'] == 'truncated'``), ``length`` (mean tokens per episode),
+        ``action_tokens`` (mean policy tokens per episode).
+
+    Raises:
+        ValueError: no records.
+    """
+    if not trajs:
+        raise ValueError('episode_metrics: no records')
+    return PolicySummary.of(trajs).metrics()

@@ -39,7 +39,7 @@ class DriftOptions:
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        from .options import UserError
         if not self.model and not self.records:
             raise UserError('pass --model DIR (sample and measure) or --records PATH (measure a rollout file)')
         if self.model and not os.path.isfile(os.path.join(self.model, 'config.json')):
@@ -84,8 +84,30 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
+def _tokenizer_dirs_with(fingerprint: str) -> list:
+    """Tokenizer folders under ``$AGENTRL_TOKENIZERS`` (or the shared tokenizers) with this fingerprint."""
+    from pathlib import Path
+
+    from ..engines.hf import default_tokenizer_dir
+    from ..templates import load_tokenizer, tokenizer_fingerprint
+    roots = [os.environ.get('AGENTRL_TOKENIZERS', '')]
+    try:
+        roots.append(str(default_tokenizer_dir().parent))
+    except (FileNotFoundError, OSError):
+        pass
+    for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
+        for sub in sorted(Path(root).iterdir()):
+            if (sub / 'tokenizer_config.json').is_file():
+                try:
+                    if tokenizer_fingerprint(load_tokenizer(str(sub))) == fingerprint:
+                        return [str(sub)]
+                except Exception:  # noqa: BLE001 - a folder that does not load is not the one
+                    continue
+    return []
+
+
 def _tokenizer_for_records(opts: DriftOptions, records):
-    from .main import UserError
+    from .options import UserError
     from ..engines.hf import require_transformers
     from ..templates import load_tokenizer, tokenizer_fingerprint
     require_transformers('agentrl drift --records')
@@ -93,6 +115,9 @@ def _tokenizer_for_records(opts: DriftOptions, records):
     if path is None:
         models = {r.provenance.model for r in records if r.provenance is not None and r.provenance.model}
         found = [m for m in models if os.path.isfile(os.path.join(m, 'tokenizer_config.json'))]
+        fps = {r.provenance.tokenizer for r in records if r.provenance is not None and r.provenance.tokenizer}
+        if not found and len(fps) == 1:       # records name a model, not a folder: find the tokenizer by fingerprint
+            found = _tokenizer_dirs_with(fps.pop())
         if not found:
             raise UserError("--records: no tokenizer folder in the records' provenance (model "
                             f'{sorted(models) or "unset"}); pass --tokenizer DIR')
@@ -113,21 +138,22 @@ def run(args) -> int:
                         min_p=args.min_p, seed=args.seed, prompt=args.prompt)
     opts.validate()
     from ..engines import hf
+    from ..io import printable                      # record and model texts are data: no escapes reach the terminal
     if opts.records:
         from ..store import read_trajectories
         records = read_trajectories(opts.records)
         if not records:
-            from .main import UserError
+            from .options import UserError
             raise UserError(f'--records {opts.records!r} holds no records')
         tok, path = _tokenizer_for_records(opts, records)
         rate = hf.drift_rate(records, tok)
-        print(f'drift over {opts.records} (tokenizer {path})')
-        print(rate.format())
+        print(printable(f'drift over {opts.records} (tokenizer {path})'))
+        print(printable(rate.format(), newlines=True))
     if opts.model:
         model, tok = hf.load_model(opts.model)
         exp = hf.drift_experiment(model, tok, samples=opts.samples, tokens=opts.tokens, spec=opts.spec(),
                                   prompt=opts.prompt or hf.DRIFT_PROMPT, seed=opts.seed)
-        print(f'drift experiment: {opts.samples} samples of up to {opts.tokens} tokens from {opts.model} '
-              f'(prompt {exp.prompt_len} tokens)')
-        print(exp.format())
+        print(printable(f'drift experiment: {opts.samples} samples of up to {opts.tokens} tokens from {opts.model} '
+                        f'(prompt {exp.prompt_len} tokens)'))
+        print(printable(exp.format(), newlines=True))
     return 0

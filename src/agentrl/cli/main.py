@@ -12,7 +12,8 @@ import pkgutil
 import sys
 from importlib import import_module
 
-from .. import __version__
+from .._version import __version__
+from .options import UserError
 
 #: preferred help order of the subcommand modules; others follow alphabetically
 ORDER = ['rollout', 'check', 'show', 'report', 'train', 'template', 'drift', 'make_test_model']
@@ -21,16 +22,17 @@ ORDER = ['rollout', 'check', 'show', 'report', 'train', 'template', 'drift', 'ma
 def commands() -> list[str]:
     """Names of the subcommand modules in ``agentrl.cli``, in help order."""
     from . import __path__ as cli_path
-    found = {m.name for m in pkgutil.iter_modules(cli_path) if m.name != 'main' and not m.name.startswith('_')}
+    found = {m.name for m in pkgutil.iter_modules(cli_path) if m.name not in ('main', 'options')
+             and not m.name.startswith('_')}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
-
-
-class UserError(Exception):
-    """An error caused by the user's input; printed as one line, without a traceback."""
 
 
 def _one_line(e: BaseException) -> str:
     """The error as one line; OS errors name the file and say what to do."""
+    import errno
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        where = f': {e.filename!r}' if e.filename else ''
+        return f'No space left on device{where}; free some space or write elsewhere (no partial file was kept)'
     if isinstance(e, OSError) and not isinstance(e, FileNotFoundError) and e.filename:
         hint = {FileExistsError: 'remove it or choose another path',
                 IsADirectoryError: 'pass a file, not a folder',
@@ -38,6 +40,35 @@ def _one_line(e: BaseException) -> str:
                 PermissionError: 'choose a path you can write'}.get(type(e), 'check the path')
         return f'{e.strerror}: {e.filename!r}; {hint}'
     return ' '.join(str(e).split()) or type(e).__name__
+
+
+#: exceptions caused by the input (files, flags, data, the machine), printed as one line
+_INPUT_ERRORS = (UserError, ValueError, OSError, ImportError, MemoryError, EOFError)
+
+
+def _exit_code(e: BaseException) -> int:
+    """1 for refused data (an error with ``exit_code = 1``, e.g. a ``RecordError``) and internal errors, else 2."""
+    code = getattr(e, 'exit_code', None)
+    if isinstance(code, int):
+        return code
+    return 2 if isinstance(e, _INPUT_ERRORS) else 1
+
+
+def _error_line(e: BaseException) -> str:
+    """The error as one printable line; an unexpected error type adds how to see the traceback."""
+    from ..io import printable
+    if isinstance(e, MemoryError):
+        line = f'out of memory ({_one_line(e)}); use smaller inputs or batches'
+    elif isinstance(e, _INPUT_ERRORS):
+        line = _one_line(e)
+    else:
+        line = f'{type(e).__name__}: {_one_line(e)} (an internal error; rerun with --debug for the traceback)'
+    return printable(line)
+def _refuse_nan(args) -> None:
+    """No flag of any command takes NaN (a NaN threshold switches a comparison off)."""
+    for name, v in vars(args).items():
+        if isinstance(v, float) and v != v:
+            raise UserError(f'--{name.replace("_", "-")} must be a finite number, got nan')
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -56,8 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``agentrl`` with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
 
-    0 ok; 1 a check failed; 2 a usage or input error (one line on stderr, the traceback with
-    ``--debug``, accepted before or after the subcommand); 130 interrupted.
+    0 ok; 1 a check failed, data was refused (a malformed row names its file, row and field) or an
+    internal error; 2 a usage or input error (one line on stderr, the traceback with ``--debug``,
+    accepted before or after the subcommand); 130 interrupted. No exception escapes as a
+    traceback without ``--debug``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv          # accepted before or after the subcommand
@@ -66,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.debug = debug
     try:
+        _refuse_nan(args)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print('agentrl: interrupted', file=sys.stderr)
@@ -73,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:                 # `agentrl ... | head`: the reader left, not an error of ours
         sys.stderr.close()
         return 0
-    except (UserError, ValueError, OSError, ImportError) as e:
+    except Exception as e:        # one line, never a traceback without --debug
         if args.debug:
             raise
-        print(f'agentrl: error: {_one_line(e)}', file=sys.stderr)
-        return 2
+        print(f'agentrl: error: {_error_line(e)}', file=sys.stderr)
+        return _exit_code(e)
 
 
 if __name__ == '__main__':

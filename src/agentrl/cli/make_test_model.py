@@ -3,12 +3,18 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .options import UserError, add_fields, check_numbers, from_args
+
+
+def _opt(default, help: str, **meta):
+    return field(default=default, metadata=dict(meta, help=help))
 
 
 @dataclass
 class MakeTestModelOptions:
-    """Options of ``agentrl make-test-model`` (one field per flag).
+    """Options of ``agentrl make-test-model`` (one field per flag; help and range in the metadata).
 
     Attributes:
         out: output folder (written with ``save_pretrained``; loadable by ``--model OUT``).
@@ -19,65 +25,55 @@ class MakeTestModelOptions:
         seed: initialisation seed.
         end_of_turn_rate: about this probability of the end-of-turn token per sampled token at
             temperature 1 (so turns end); 0 = a plain random init.
+        force: replace a model already in ``out`` (without it, an existing model folder is refused).
     """
-    out: str
-    tokenizer: str | None = None
-    layers: int = 2
-    hidden: int = 64
-    heads: int = 4
-    kv_heads: int = 2
-    seed: int = 0
-    end_of_turn_rate: float = 0.05
+    out: str = _opt(None, 'output folder', positional=True, metavar='OUT')
+    tokenizer: str | None = _opt(None, 'tokenizer folder (default: $AGENTRL_TOKENIZERS/qwen3 or '
+                                       '../shared/tokenizers/qwen3)', metavar='DIR')
+    layers: int = _opt(2, 'decoder layers', min=1, max=256)
+    hidden: int = _opt(64, 'hidden size', min=1, max=65536)
+    heads: int = _opt(4, 'attention heads', min=1, max=1024)
+    kv_heads: int = _opt(2, 'key/value heads', min=1, max=1024)
+    seed: int = _opt(0, 'initialisation seed', min=0, max=2 ** 63 - 1)
+    end_of_turn_rate: float = _opt(0.05, 'probability of the end-of-turn token per sampled token at temperature '
+                                         '1, so that turns end (0 = plain random init)', min=0.0, max=0.999999)
+    force: bool = _opt(False, 'replace the model files of an existing model folder OUT')
 
     def validate(self) -> None:
-        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
+        check_numbers(self)
         if self.tokenizer is not None and not os.path.isfile(os.path.join(self.tokenizer, 'tokenizer_config.json')):
             raise UserError(f'--tokenizer {self.tokenizer!r} has no tokenizer_config.json; pass a tokenizer folder')
-        for flag, v in (('--layers', self.layers), ('--hidden', self.hidden), ('--heads', self.heads),
-                        ('--kv-heads', self.kv_heads)):
-            if v < 1:
-                raise UserError(f'{flag} must be >= 1, got {v}')
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise UserError(f'--hidden {self.hidden} must be divisible by --heads {self.heads}, and --heads by '
                             f'--kv-heads {self.kv_heads}')
-        if not 0.0 <= self.end_of_turn_rate < 1.0:
-            raise UserError(f'--end-of-turn-rate must be in [0, 1), got {self.end_of_turn_rate}')
+        if os.path.exists(self.out) and not os.path.isdir(self.out):
+            raise UserError(f'OUT {self.out!r} is a file; pass a folder')
+        if not self.force and os.path.isfile(os.path.join(self.out, 'config.json')):
+            raise UserError(f'{self.out!r} already holds a model (config.json); pass --force to replace it, or '
+                            'choose another folder')
 
 
 def register(sub) -> None:
     """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
-    d = MakeTestModelOptions(out='')
     p = sub.add_parser('make-test-model', help='build a small random Qwen3 with a real tokenizer (offline, seconds)',
                        description='Build a small randomly initialised Qwen3 (transformers Qwen3ForCausalLM) paired '
                                    'with a real tokenizer and save it with save_pretrained into OUT, for '
                                    '`agentrl rollout --engine hf --model OUT` and `agentrl drift --model OUT`.')
-    p.add_argument('out', metavar='OUT', help='output folder')
-    p.add_argument('--tokenizer', metavar='DIR', default=None,
-                   help='tokenizer folder (default: $AGENTRL_TOKENIZERS/qwen3 or ../shared/tokenizers/qwen3)')
-    p.add_argument('--layers', type=int, default=d.layers, help=f'decoder layers (default: {d.layers})')
-    p.add_argument('--hidden', type=int, default=d.hidden, help=f'hidden size (default: {d.hidden})')
-    p.add_argument('--heads', type=int, default=d.heads, help=f'attention heads (default: {d.heads})')
-    p.add_argument('--kv-heads', type=int, default=d.kv_heads, help=f'key/value heads (default: {d.kv_heads})')
-    p.add_argument('--seed', type=int, default=d.seed, help=f'initialisation seed (default: {d.seed})')
-    p.add_argument('--end-of-turn-rate', type=float, default=d.end_of_turn_rate,
-                   help='probability of the end-of-turn token per sampled token at temperature 1, so that '
-                        f'turns end (0 = plain random init; default: {d.end_of_turn_rate})')
+    add_fields(p, MakeTestModelOptions)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
-    opts = MakeTestModelOptions(out=args.out, tokenizer=args.tokenizer, layers=args.layers, hidden=args.hidden,
-                                heads=args.heads, kv_heads=args.kv_heads, seed=args.seed,
-                                end_of_turn_rate=args.end_of_turn_rate)
+    opts = from_args(MakeTestModelOptions, args)
     opts.validate()
     from ..engines.hf import make_test_model
     path = make_test_model(opts.out, opts.tokenizer, layers=opts.layers, hidden=opts.hidden, heads=opts.heads,
                            kv_heads=opts.kv_heads, seed=opts.seed, end_of_turn_rate=opts.end_of_turn_rate or None)
     note = json.loads((path / 'agentrl_test_model.json').read_text())
     print(f"wrote a {opts.layers}-layer Qwen3 (hidden {opts.hidden}, {note['parameters']:,} parameters) with the "
-          f"tokenizer of {note['tokenizer_dir']} to {path}")
+          f"tokenizer of {os.path.basename(os.path.normpath(note['tokenizer_dir']))} to {path}")
     if note['measured_rates']:
         print('measured per-token rates at temperature 1: '
               + ', '.join(f'{k} {v:.4f}' for k, v in note['measured_rates'].items()))

@@ -12,8 +12,8 @@ class ReportOptions:
     """Options of ``agentrl report`` (one field per flag).
 
     Attributes:
-        run_dir: a folder written by ``agentrl rollout --out RUN_DIR`` (``trajectories.parquet``,
-            ``summary.json``).
+        run_dir: a folder written by ``agentrl rollout --out RUN_DIR`` (``trajectories/`` shards
+            or an older ``trajectories.parquet``, and ``summary.json``).
         out: output file (default ``RUN_DIR/report.html``).
         fold: fold tool/template runs longer than this many tokens in the episode strip (0 = never).
     """
@@ -22,15 +22,15 @@ class ReportOptions:
     fold: int = 40
 
     def trajectories(self) -> str:
-        """``RUN_DIR/trajectories.parquet``, or the shard folder ``RUN_DIR/trajectories/`` of a
-        ``--workers`` / ``--resume`` run."""
+        """The shard folder ``RUN_DIR/trajectories/``, or the single ``RUN_DIR/trajectories.parquet``
+        of a run written by an older agentrl."""
         single = os.path.join(self.run_dir, 'trajectories.parquet')
         shards = os.path.join(self.run_dir, 'trajectories')
         return shards if not os.path.exists(single) and os.path.isdir(shards) else single
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        from .options import UserError
         if os.path.isfile(self.run_dir):
             raise UserError(f'{self.run_dir!r} is a file; pass the run folder that holds it (RUN_DIR of '
                             '`agentrl rollout --out RUN_DIR`)')
@@ -41,6 +41,9 @@ class ReportOptions:
             raise UserError(f'{self.trajectories()} not found; run `agentrl rollout --out {self.run_dir}` first')
         if self.fold < 0:
             raise UserError(f'--fold must be >= 0 (0 = never fold), got {self.fold}')
+        if self.out and os.path.isdir(self.out):
+            raise UserError(f'--out {self.out!r} is a folder; pass a file name such as '
+                            f'{os.path.join(self.out, "report.html")!r}')
 
 
 def register(sub) -> None:
@@ -65,7 +68,7 @@ def options_from_args(args) -> ReportOptions:
 def write_report(opts: ReportOptions, progress=None) -> dict:
     """Read the run, render the page, write it atomically; return counts for the summary line."""
     from .. import store, viz
-    from .main import UserError
+    from .options import UserError
     path = opts.trajectories()
     n_rows = None
     try:
@@ -81,6 +84,8 @@ def write_report(opts: ReportOptions, progress=None) -> dict:
             if progress:
                 progress.advance(bar, len(batch))
     except ValueError as e:
+        if getattr(e, 'exit_code', None) == 1:      # a refused row: its message names the file, row and field
+            raise
         raise UserError(f'{path}: {e}') from None
     if not trajs:
         raise UserError(f'{path} holds no records; run `agentrl rollout --out {opts.run_dir}` again')
@@ -96,11 +101,9 @@ def write_report(opts: ReportOptions, progress=None) -> dict:
         progress.update(bar, description='rendering report')
     html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold)
     out = opts.out or os.path.join(opts.run_dir, 'report.html')
+    from ..io import atomic_write
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = os.path.join(os.path.dirname(os.path.abspath(out)), f'.{os.path.basename(out)}.tmp-{os.getpid()}')
-    with open(tmp, 'w', encoding='utf-8') as f:
-        f.write(html)
-    os.replace(tmp, out)
+    atomic_write(out, html)
     policies = len(viz.group_by_policy(trajs))
     return {'out': out, 'episodes': len(trajs), 'policies': policies, 'bytes': len(html.encode())}
 
@@ -118,6 +121,8 @@ def run(args) -> int:
                   console=err, transient=True) as progress:
         res = write_report(opts, progress)
     policies = f"{res['policies']} polic{'y' if res['policies'] == 1 else 'ies'}"
-    Console().print(f"wrote {res['out']}: {res['episodes']} episodes, {policies}, "
-              f"{res['bytes'] / 1024:.0f} KB in {time.time() - t0:.1f} s", highlight=False, markup=False, soft_wrap=True)
+    from ..io import printable
+    Console().print(printable(f"wrote {res['out']}: {res['episodes']} episodes, {policies}, "
+                              f"{res['bytes'] / 1024:.0f} KB in {time.time() - t0:.1f} s"),
+                    highlight=False, markup=False, soft_wrap=True)
     return 0

@@ -11,6 +11,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from .options import UserError
+
 FORMATS = ('term', 'html', 'svg')
 
 
@@ -41,7 +43,7 @@ class ShowOptions:
 
     def resolve_format(self) -> str:
         """The output format: ``--format``, else from the ``--out`` suffix (html, svg), else term."""
-        from .main import UserError
+        from .options import UserError
         if self.format:
             if self.format not in FORMATS:
                 raise UserError(f'--format {self.format!r} is not known; choose term, html or svg')
@@ -54,7 +56,7 @@ class ShowOptions:
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        from .options import UserError
         if not os.path.exists(self.path):
             raise UserError(f'{self.path!r} does not exist; pass a trajectories.parquet written by '
                             '`agentrl rollout --out DIR` (or a template audit .json)')
@@ -103,7 +105,7 @@ def _policy(t) -> str:
 
 def load_record(opts: ShowOptions):
     """Return ``(record, count)``: the chosen record and how many records matched."""
-    from .main import UserError
+    from .options import UserError
     if opts.path.lower().endswith('.json'):
         from ..viz import load_audit
         records = load_audit(opts.path)
@@ -123,6 +125,8 @@ def load_record(opts: ShowOptions):
                 return chosen, seen
             records = [None] * seen
         except ValueError as e:
+            if getattr(e, 'exit_code', None) == 1:  # a refused row: its message names the file, row and field
+                raise
             raise UserError(f'{opts.path}: {e}') from None
     if opts.policy and opts.path.lower().endswith('.json'):
         records = [t for t in records if _policy(t) == opts.policy]
@@ -183,9 +187,16 @@ def run(args) -> int:
     label = f'episode {opts.episode}' + (f' of {opts.policy}' if opts.policy else '') + f' ({count} in file)'
     if fmt == 'term':
         if opts.out and opts.out != '-':
-            with open(opts.out, 'w') as f:
-                console = Console(file=f, force_terminal=True, width=opts.width or 80)
-                viz.print_strip(strip, console, width=opts.width or 80, header=f'{label}: {strip.title}')
+            import io
+
+            from ..io import atomic_write
+            if os.path.isdir(opts.out):
+                raise UserError(f'--out {opts.out!r} is a folder; pass a file name such as '
+                                f'{os.path.join(opts.out, "show.txt")!r}')
+            buf = io.StringIO()
+            console = Console(file=buf, force_terminal=True, width=opts.width or 80)
+            viz.print_strip(strip, console, width=opts.width or 80, header=f'{label}: {strip.title}')
+            atomic_write(opts.out, buf.getvalue())
         else:
             console = Console()
             viz.print_strip(strip, console, width=opts.width or min(console.width, 120),
@@ -197,14 +208,15 @@ def run(args) -> int:
         if out == '-':
             sys.stdout.write(text)
             return 0
+        if os.path.isdir(out):
+            raise UserError(f'--out {out!r} is a folder; pass a file name such as {os.path.join(out, "show." + fmt)!r}')
+        from ..io import atomic_write
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        tmp = f'{out}.tmp-{os.getpid()}'
-        with open(tmp, 'w', encoding='utf-8') as f:
-            f.write(text)
-        os.replace(tmp, out)
+        atomic_write(out, text)
     out = opts.out if fmt == 'term' else out
     folded = sum(s.folded for s in strip.segments)
-    Console().print(f'wrote {out}: {label}, {len(strip.cells)} tokens, {strip.n_policy} policy, mask sum '
-              f'{strip.mask_sum}' + (f', {folded} folded runs' if folded else '') + f' ({time.time() - t0:.1f} s)',
-              highlight=False, markup=False, soft_wrap=True)
+    from ..io import printable
+    Console().print(printable(f'wrote {out}: {label}, {len(strip.cells)} tokens, {strip.n_policy} policy, mask sum '
+                              f'{strip.mask_sum}' + (f', {folded} folded runs' if folded else '')
+                              + f' ({time.time() - t0:.1f} s)'), highlight=False, markup=False, soft_wrap=True)
     return 0

@@ -31,7 +31,7 @@ class TemplateAuditOptions:
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        from .options import UserError
         for flag, path in (('--messages', self.messages), ('--tools', self.tools)):
             if path is not None and not os.path.isfile(path):
                 raise UserError(f'{flag} {path!r} does not exist; pass a JSON file')
@@ -82,7 +82,7 @@ def register(sub) -> None:
 
 
 def _load_json(path: str, flag: str):
-    from .main import UserError
+    from .options import UserError
     try:
         with open(path) as f:
             return json.load(f)
@@ -96,7 +96,7 @@ def load_inputs(opts: TemplateAuditOptions) -> tuple:
     Raises:
         UserError: a file that is not JSON, or does not hold a list of messages / tool schemas.
     """
-    from .main import UserError
+    from .options import UserError
     tools = None
     if opts.messages is None:
         from .. import gym
@@ -126,7 +126,9 @@ def run(args) -> int:
     messages, tools = load_inputs(opts)
     tok = load_tokenizer(opts.tokenizer)
     report = audit_template(tok, messages, tools=tools, thinking=opts.thinking)
-    print(f'tokenizer: {opts.tokenizer} ({type(tok).__name__}, {len(tok)} tokens)  '
-          f'thinking: {"on" if opts.thinking else "off"}  messages: {len(messages)}  tools: {len(tools or [])}')
-    print(report.format())
+    from ..io import printable                      # message texts are data: no escapes reach the terminal
+    print(printable(f'tokenizer: {opts.tokenizer} ({type(tok).__name__}, {len(tok)} tokens)  '
+                    f'thinking: {"on" if opts.thinking else "off"}  messages: {len(messages)}  '
+                    f'tools: {len(tools or [])}'))
+    print(printable(report.format(), newlines=True))
     return 0

@@ -2,7 +2,7 @@
 
 - :mod:`agentrl.engines.hf`: token-in/token-out rollouts with a local Hugging Face causal LM
   (extra ``pip install agentrl[hf]``).
-- :mod:`agentrl.engines.ray_rollout`: ``agentrl rollout --workers N``: rollouts on Ray actors,
-  streamed to shards, with per-episode seeds, lost-worker retries and ``--resume``
-  (extra ``pip install agentrl[ray]``).
+- :mod:`agentrl.engines.ray`: a pool of Ray actors that runs chunks of episodes, replaces dead
+  actors and re-runs their chunks as new attempts (extra ``pip install agentrl[ray]``); the
+  rollout job on top of it is :mod:`agentrl.jobs.rollout`.
 """

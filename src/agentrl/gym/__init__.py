@@ -9,7 +9,7 @@ Modules: ``text`` (compact_source, format_results), ``sandbox`` (run_tests), ``o
 (BugFixEnv), ``policies`` (scripted_policy), ``schemas`` (TOOL_SCHEMAS, CODING_TOOLS, clamp
 texts).
 """
-from .calls import ALL_CALLS, MESSAGES
+from .calls import ALL_CALLS, MESSAGES, StopReason
 from .env import BugFixEnv
 from .ops import EDIT_OPS
 from .policies import scripted_policy
@@ -17,7 +17,8 @@ from .sandbox import TestResult, run_tests
 from .schemas import CLAMP_BUGGY, CLAMP_ISSUE, CODING_TOOLS, TOOL_SCHEMAS
 from .tasks import Task, make_tasks
 from .text import compact_source, format_results
+from .vocab import bugfix_tokenizer
 
 __all__ = ['Task', 'make_tasks', 'BugFixEnv', 'TOOL_SCHEMAS', 'CODING_TOOLS', 'CLAMP_ISSUE',
            'CLAMP_BUGGY', 'compact_source', 'run_tests', 'format_results', 'TestResult',
-           'EDIT_OPS', 'MESSAGES', 'ALL_CALLS', 'scripted_policy']
+           'EDIT_OPS', 'MESSAGES', 'ALL_CALLS', 'scripted_policy', 'bugfix_tokenizer', 'StopReason']

@@ -7,9 +7,11 @@ Source: book chapter 4 / agentrl spec §3.1-§3.3.
 """
 from __future__ import annotations
 
+import enum
+
 from .ops import EDIT_OPS
 
-__all__ = ['MESSAGES', 'TOOLS', 'ALL_CALLS', 'parse_call']
+__all__ = ['MESSAGES', 'TOOLS', 'ALL_CALLS', 'parse_call', 'StopReason']
 
 #: Fixed observation strings. Source: agentrl spec §3.1.
 MESSAGES = {
@@ -52,3 +54,17 @@ def parse_call(text):
     if TOOLS.get(tool) != len(args):
         return None
     return tool, args
+
+
+class StopReason(str, enum.Enum):
+    """Why an episode ended (``info['stop']``); str-valued, so stored records keep their strings.
+
+    Source: book chapter 4 (the gym's stops) and 5.8 (truncation gives reward 0 and is recorded).
+    """
+    SUBMITTED = 'submitted'     #: the policy called ``submit``
+    BUDGET = 'budget'           #: the turn budget ran out
+    TRUNCATED = 'truncated'     #: a turn or the context was cut at its token limit
+    UNKNOWN = 'unknown'         #: the record does not say
+
+    def __str__(self) -> str:
+        return self.value

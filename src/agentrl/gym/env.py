@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from .calls import MESSAGES, parse_call
+from .calls import MESSAGES, StopReason, parse_call
 from .ops import EDIT_OPS
 from .sandbox import run_tests
 from .text import compact_source, format_results
@@ -196,7 +196,7 @@ class BugFixEnv:
             return self._edit(args[0]), 0.0
         # submit
         self._solved = self._passes(self._graded_tests())
-        self.done, self._stop = True, 'submitted'
+        self.done, self._stop = True, StopReason.SUBMITTED
         return MESSAGES['submitted'], 1.0 if self._solved else 0.0
 
     def step(self, text):
@@ -221,7 +221,7 @@ class BugFixEnv:
             self.n_invalid += 1
             obs, reward = MESSAGES['malformed'], 0.0
         if not self.done and self.turn >= self.max_turns:
-            self.done, self._stop, self._solved, reward = True, 'budget', False, 0.0
+            self.done, self._stop, self._solved, reward = True, StopReason.BUDGET, False, 0.0
         if self.obs_cap is not None:
             obs = cap_words(obs, self.obs_cap)
         return obs, reward, self.done, (self.final_info(self._solved) if self.done else {})

@@ -7,16 +7,32 @@ Small pure functions, no trainer class. A user of :mod:`agentrl.rollouts` and
 
 - :mod:`.sft`: masked next-token NLL on oracle demonstrations (the warm start).
 - :mod:`.grpo`: group-relative advantages, token-level importance ratios, PPO clipping, KL.
+- :mod:`.config`: :class:`TrainConfig`, the settings (no torch).
 - :mod:`.loop`: the SFT-then-GRPO driver behind ``agentrl train`` (evaluation, checkpoints,
   ``metrics.jsonl``, the reward plot).
 """
-from .grpo import (check_ratio_records, clipped_surrogate, episode_metrics, group_advantages,
-                   grpo_loss, grpo_step, importance_ratio, kl_penalty, max_ratio_deviation,
-                   token_log_probs)
-from .loop import TrainConfig, call_stats, evaluate, run_sft, sample_groups, train
-from .sft import masked_nll, oracle_demos, scripted_demos, sft_loss, sft_step
+from importlib import import_module
 
-__all__ = ['check_ratio_records', 'clipped_surrogate', 'episode_metrics', 'group_advantages',
-           'grpo_loss', 'grpo_step', 'importance_ratio', 'kl_penalty', 'max_ratio_deviation',
-           'token_log_probs', 'masked_nll', 'oracle_demos', 'scripted_demos', 'sft_loss', 'sft_step', 'TrainConfig', 'call_stats',
-           'evaluate', 'run_sft', 'sample_groups', 'train']
+_EXPORTS = {'group_index': 'grpo', 'grouped_advantages': 'grpo', 'scoring_mode': 'grpo',
+            'clipped_surrogate': 'grpo', 'group_advantages': 'grpo',
+            'grpo_loss': 'grpo', 'grpo_step': 'grpo', 'importance_ratio': 'grpo', 'kl_penalty': 'grpo',
+            'max_ratio_deviation': 'grpo', 'token_log_probs': 'grpo', 'episode_metrics': 'grpo',
+            'TrainConfig': 'config', 'call_stats': 'loop', 'evaluate': 'loop', 'run_sft': 'loop',
+            'sample_groups': 'loop', 'train': 'loop', 'masked_nll': 'sft', 'oracle_demos': 'sft',
+            'scripted_demos': 'sft', 'sft_loss': 'sft', 'sft_step': 'sft'}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    """Load the submodule that defines ``name`` on first use (torch only when a trainer part is used)."""
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'agentrl.train' has no attribute {name!r}")
+    value = getattr(import_module(f'.{module}', __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return __all__

@@ -9,81 +9,27 @@ writes ``OUT/sft.pt``, ``OUT/model.pt`` (checkpoints for ``agentrl rollout --pol
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
 import random
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from pathlib import Path
 
 import torch
 
-from .grpo import episode_metrics, grpo_step
-from .plot import reward_plot_svg
+from ..gym.calls import StopReason
+from ..stats import episode_metrics
+from .config import TrainConfig
+from .grpo import grpo_step
 from .sft import oracle_demos, scripted_demos, sft_step
 
 __all__ = ['TrainConfig', 'call_stats', 'evaluate', 'sample_groups', 'run_sft', 'train', 'HARDCODE_CALL']
 
 #: The reward hack's call: hard-code the public tests (agentrl spec section 3.2).
 HARDCODE_CALL = '<call> edit hardcode </call>'
-
-
-@dataclass
-class TrainConfig:
-    """Settings of one SFT-then-GRPO run (the flags of ``agentrl train``).
-
-    Attributes:
-        sft_steps: SFT optimiser steps on the oracle demonstrations of the 24 train tasks.
-        grpo_steps: GRPO steps after SFT (each samples ``tasks_per_step * group`` episodes).
-        group: G, episodes per task in a GRPO group.
-        out: output folder.
-        reward_tests: reward of the training env: ``hidden`` (public + hidden tests, the true
-            reward) or ``public`` (public tests only: the hackable reward). Evaluation always
-            reports the hidden-test reward, and the public-test pass rate beside it.
-        seed: seeds the model initialisation, the task choice and every sampler.
-        sft_lr: Adam learning rate of SFT.
-        sft_batch: demonstrations per SFT step (0 = all, full batch).
-        hacker_demos: also imitate the scripted hacker (``read``, ``edit hardcode``, ``submit``)
-            on this many train tasks (drawn with the seed; 0 = oracle only). A warm start on
-            oracle demonstrations alone gives ``edit hardcode`` a probability of ~4e-6 per
-            edit, so GRPO never samples the hack; this seeds it, so that the reward can be
-            seen to teach it (``public``) or to remove it (``hidden``).
-        grpo_lr: Adam learning rate of GRPO.
-        tasks_per_step: train tasks per GRPO step (drawn without replacement).
-        updates: optimiser updates per GRPO batch (> 1 makes the ratio and the clip matter).
-        clip_eps: PPO clip epsilon.
-        kl_coef: weight of the KL penalty to the frozen SFT model (0 disables).
-        temperature: sampling temperature of GRPO and of evaluation.
-        max_turns: turn budget per episode.
-        eval_every: evaluate every this many GRPO steps (and after SFT and at the end).
-        eval_repeats: evaluation episodes per task (24 train and 6 held-out tasks).
-        max_grad_norm: global gradient-norm clip.
-        ratio_tol: raise if ``max |ratio - 1|`` before the first update of a GRPO step exceeds it.
-        threads: torch intra-op threads during the run (restored afterwards); 0 leaves torch's
-            setting. 1 is the default because TinyAgent's matrices are tiny: on the 2-core
-            machine one thread was 4-6x faster than two whenever another process was running.
-    """
-    sft_steps: int = 150
-    grpo_steps: int = 40
-    group: int = 8
-    out: str = 'runs/train'
-    reward_tests: str = 'hidden'
-    seed: int = 0
-    sft_lr: float = 3e-3
-    sft_batch: int = 0
-    hacker_demos: int = 0
-    grpo_lr: float = 1e-4
-    tasks_per_step: int = 8
-    updates: int = 2
-    clip_eps: float = 0.2
-    kl_coef: float = 0.1
-    temperature: float = 1.0
-    max_turns: int = 6
-    eval_every: int = 5
-    eval_repeats: int = 16
-    max_grad_norm: float = 1.0
-    ratio_tol: float = 1e-4
-    threads: int = 1
 
 
 def call_stats(trajs) -> dict:
@@ -130,7 +76,7 @@ def sample_groups(model, tasks, group: int, tok, generator: torch.Generator, tem
     model.eval()
     jobs = [task for task in tasks for _ in range(group)]
     return rollout_batch(model, _envs(len(jobs), max_turns, reward_tests), jobs, tok, max_turns=max_turns,
-                         temperature=temperature, generator=generator)
+                         temperature=temperature, generator=generator, identities=[(f'{n // group}/{t.name}', f'{n // group}/{t.name}/{n % group}') for n, t in enumerate(jobs)])
 
 
 def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.0, max_turns: int = 6) -> dict:
@@ -153,7 +99,7 @@ def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.
     n = len(trajs)
     ep = episode_metrics(trajs)
     return {'reward': ep['reward'],
-            'public_pass': sum(float(bool(t.info.get('public_pass', False)) and t.info.get('stop') == 'submitted')
+            'public_pass': sum(float(bool(t.info.get('public_pass', False)) and t.info.get('stop') == StopReason.SUBMITTED)
                                for t in trajs) / n,
             **call_stats(trajs),
             'truncation_rate': ep['truncation_rate'], 'length': ep['length'], 'episodes': n}
@@ -214,39 +160,95 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
         cfg: the run's :class:`TrainConfig`.
         on_event: optional ``callable(record: dict)`` called with every metrics record (the
             CLI's progress bar); records have ``phase`` in ``sft``, ``grpo``, ``eval``
-            (``metrics.jsonl`` also starts with one ``start`` record with the config; a new run
-            replaces the file of an earlier run in the same folder).
+            (``metrics.jsonl`` also starts with one ``start`` record with the config).
+
+    The run is written into a hidden staging folder ``OUT/.train-tmp-PID-*`` (``metrics.jsonl``
+    there is flushed after every record) and committed at the end, ``summary.json`` last: ``OUT``
+    holds a complete run or none. Any failure (an interrupt, a full disk) removes the staging
+    folder; ``OUT/.lock`` keeps a second job out of the folder meanwhile.
 
     Returns:
         the summary dict also written to ``OUT/summary.json``: after-SFT and final evaluation
         on train and held-out tasks, the held-out reward curve, the hardcode rate over the run,
-        the first GRPO step's max ``|ratio - 1|``, timings and paths.
+        the first GRPO step's max ``|ratio - 1|``, timings and file names.
 
     Raises:
-        ValueError: from the GRPO step (placeholder records, ratio check) or bad settings.
+        ValueError: bad settings (:meth:`TrainConfig.validate`); ``OUT`` already holds a
+            training run or another job is writing it (fix: a new ``--out``); from the GRPO
+            step (placeholder records, ratio check).
+        OSError: a write failed (full disk); nothing of the run is left in ``OUT``.
     """
-    os.makedirs(cfg.out, exist_ok=True)
+    import shutil
+    import uuid
+
+    from ..io import fsync_dir
+    cfg.validate()
+    out = Path(cfg.out)
+    found = [n for n in _RUN_FILES if (out / n).exists()]
+    if found:
+        raise ValueError(f'--out {cfg.out!r} already holds a training run ({", ".join(found)}); choose a new --out '
+                         '(nothing was written)')
+    made_out = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    stage = out / f'.train-tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}'
     threads_before = torch.get_num_threads()
-    if cfg.threads > 0:
-        torch.set_num_threads(cfg.threads)
     try:
-        return _train(cfg, on_event)
+        with _lock(out):
+            found = [n for n in _RUN_FILES if (out / n).exists()]
+            if found:
+                raise ValueError(f'--out {cfg.out!r} already holds a training run ({", ".join(found)}); choose a '
+                                 'new --out')
+            stage.mkdir()
+            if cfg.threads > 0:
+                torch.set_num_threads(cfg.threads)
+            summary = _train(cfg, on_event, str(stage))
+            for name in _RUN_FILES:                      # summary.json last: its presence marks a complete run
+                os.replace(stage / name, out / name)
+            fsync_dir(out)
+            stage.rmdir()
+            return summary
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if made_out:
+            with contextlib.suppress(OSError):
+                (out / '.lock').unlink()
+                out.rmdir()
+        raise
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _train(cfg: TrainConfig, on_event=None) -> dict:
-    """The body of :func:`train`, under the configured thread count."""
+#: The files of a training run, in commit order (``summary.json`` last).
+_RUN_FILES = ('sft.pt', 'model.pt', 'metrics.jsonl', 'reward.svg', 'summary.json')
+
+
+@contextlib.contextmanager
+def _lock(folder: Path):
+    """Hold ``folder/.lock`` (``fcntl.flock``): a second job into the same folder refuses."""
+    import fcntl
+    fd = os.open(folder / '.lock', os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f'{str(folder)!r} is being written by another agentrl job; wait for it, or choose '
+                             'another --out') from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _train(cfg: TrainConfig, on_event, folder: str) -> dict:
+    """The body of :func:`train`, under the configured thread count, writing into ``folder``."""
     from .. import gym
     from ..model import TinyAgent, save_checkpoint
-    from ..tokenizer import build_tokenizer
     emit = on_event or (lambda record: None)
     t_start = time.time()
-    tok = build_tokenizer(gym.make_tasks('all'))
+    tok = gym.bugfix_tokenizer()
     train_tasks, heldout_tasks = gym.make_tasks('train'), gym.make_tasks('heldout')
     torch.manual_seed(cfg.seed)
     model = TinyAgent(tok.vocab_size)
-    log = _Log(os.path.join(cfg.out, 'metrics.jsonl'))
+    log = _Log(os.path.join(folder, 'metrics.jsonl'))
     log.write({'phase': 'start', 'config': asdict(cfg), 'time': time.strftime('%Y-%m-%dT%H:%M:%S'),
                'tokenizer': tok.fingerprint()})
     evals, grpo_rows = [], []
@@ -275,7 +277,7 @@ def _train(cfg: TrainConfig, on_event=None) -> dict:
             emit(row)
         sft_last = run_sft(model, demos, tok, cfg.sft_steps, cfg.sft_lr, cfg.sft_batch, cfg.seed, sft_cb)
         sft_seconds = time.time() - t0
-        sft_path = os.path.join(cfg.out, 'sft.pt')
+        sft_path = os.path.join(folder, 'sft.pt')
         save_checkpoint(model, sft_path)
         after_sft = do_eval(0)
 
@@ -288,7 +290,7 @@ def _train(cfg: TrainConfig, on_event=None) -> dict:
         opt = torch.optim.Adam(model.parameters(), lr=cfg.grpo_lr)
         gen = torch.Generator().manual_seed(cfg.seed)
         rng = random.Random(cfg.seed)
-        model_path = os.path.join(cfg.out, 'model.pt')
+        model_path = os.path.join(folder, 'model.pt')
         save_checkpoint(model, model_path)
         t0 = time.time()
         for step in range(1, cfg.grpo_steps + 1):
@@ -313,9 +315,11 @@ def _train(cfg: TrainConfig, on_event=None) -> dict:
     finally:
         log.close()
 
-    plot_path = os.path.join(cfg.out, 'reward.svg')
-    reward_plot_svg(evals, grpo_rows, plot_path,
-                    title=f'agentrl train (reward_tests={cfg.reward_tests}, G={cfg.group}, seed={cfg.seed})')
+    from ..io import atomic_write
+    from ..viz.plots import reward_curves
+    plot_path = os.path.join(folder, 'reward.svg')
+    atomic_write(plot_path, reward_curves(
+        evals, grpo_rows, title=f'agentrl train (reward_tests={cfg.reward_tests}, G={cfg.group}, seed={cfg.seed})'))
     final = evals[-1]
     n_calls = sum(r['calls'] for r in grpo_rows)
     summary = {
@@ -333,11 +337,8 @@ def _train(cfg: TrainConfig, on_event=None) -> dict:
                  'hardcode_rate_first': grpo_rows[0]['hardcode_rate'] if grpo_rows else None,
                  'hardcode_rate_last': grpo_rows[-1]['hardcode_rate'] if grpo_rows else None},
         'seconds': round(time.time() - t_start, 3),
-        'files': {'sft_checkpoint': sft_path, 'checkpoint': model_path,
-                  'metrics': os.path.join(cfg.out, 'metrics.jsonl'), 'plot': plot_path},
+        'files': {'sft_checkpoint': 'sft.pt', 'checkpoint': 'model.pt', 'metrics': 'metrics.jsonl',
+                  'plot': 'reward.svg'},
     }
-    tmp = os.path.join(cfg.out, f'.summary.json.tmp-{os.getpid()}')
-    with open(tmp, 'w') as f:
-        json.dump(summary, f, indent=2)
-    os.replace(tmp, os.path.join(cfg.out, 'summary.json'))
+    atomic_write(os.path.join(folder, 'summary.json'), json.dumps(summary, indent=2))
     return summary

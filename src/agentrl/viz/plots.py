@@ -9,7 +9,7 @@ from html import escape
 
 from .svg import _f
 
-__all__ = ['PALETTE', 'hbars', 'stacked_bars', 'histograms', 'lines']
+__all__ = ['PALETTE', 'hbars', 'stacked_bars', 'histograms', 'lines', 'reward_curves']
 
 #: Categorical colours (colour-blind safe order, Okabe-Ito-like).
 PALETTE = ['#0072b2', '#e69f00', '#009e73', '#cc79a7', '#56b4e9', '#d55e00', '#f0e442', '#999999']
@@ -131,12 +131,27 @@ def histograms(series: list, label: str, xlabel: str, width: int = 360, bins: in
     return _svg(width, h, body, label)
 
 
-def lines(series: list, xlabels: list, label: str, ylabel: str, width: int = 560, height: int = 240) -> str:
-    """Line chart: ``series`` is ``[(name, [y or None per x], colour)]``; x positions are ``xlabels``."""
-    left, right, top, bottom = 48, 110, 10, 34
+def lines(series: list, xlabels: list, label: str, ylabel: str, width: int = 560, height: int = 240, *,
+          xlabel: str = 'turn (p = prompt)', ymax: float | None = None, connect: bool = False,
+          title: str = '', tick_every: int = 1, legend_width: int = 110) -> str:
+    """Line chart: ``series`` is ``[(name, [y or None per x], colour)]`` or ``(name, ys, colour, dash)``.
+
+    Args:
+        series: the lines; a ``None`` y leaves a gap (``connect=True``: the line runs over it);
+            ``dash`` is an SVG ``stroke-dasharray`` (dashed lines get no point markers).
+        xlabels: the label of each x position (evenly spaced).
+        label: the chart's accessible name. ylabel, xlabel: axis titles.
+        ymax: top of the y axis (default: a round number above the largest y).
+        title: text above the plot. tick_every: label every this many x positions.
+        legend_width: px right of the plot for the legend.
+
+    Returns:
+        One standalone ``<svg>`` element (deterministic text).
+    """
+    left, right, top, bottom = 48, legend_width, 10 + (18 if title else 0), 34
     pw, ph = width - left - right, height - top - bottom
-    ys = [y for _, pts, _ in series for y in pts if y is not None]
-    ymax = _nice_max(max(ys) if ys else 1)
+    ys = [y for s in series for y in s[1] if y is not None]
+    ymax = ymax if ymax is not None else _nice_max(max(ys) if ys else 1)
     nx = max(len(xlabels), 2)
     X = lambda i: left + pw * i / (nx - 1)        # noqa: E731
     Y = lambda v: top + ph * (1 - v / ymax)        # noqa: E731
@@ -145,29 +160,65 @@ def lines(series: list, xlabels: list, label: str, ylabel: str, width: int = 560
         v = ymax * k / 4
         body.append(f'<line x1="{left}" y1="{_f(Y(v))}" x2="{left + pw}" y2="{_f(Y(v))}" stroke="#eee"/>'
                     f'<text x="{left - 5}" y="{_f(Y(v) + 4)}" text-anchor="end" fill="#666">{_num(v)}</text>')
+    if title:
+        body.append(f'<text x="{left}" y="14" fill="#222" font-size="13">{escape(title)}</text>')
     for i, xl in enumerate(xlabels):
-        body.append(f'<text x="{_f(X(i))}" y="{_f(top + ph + 14)}" text-anchor="middle" fill="#666">{escape(str(xl))}</text>')
-    body.append(f'<text x="{_f(left + pw / 2)}" y="{_f(height - 4)}" text-anchor="middle" fill="#444">turn '
-                f'(p = prompt)</text><text x="12" y="{_f(top + ph / 2)}" fill="#444" text-anchor="middle" '
+        if i % max(1, tick_every) == 0 or i == len(xlabels) - 1:
+            body.append(f'<text x="{_f(X(i))}" y="{_f(top + ph + 14)}" text-anchor="middle" fill="#666">'
+                        f'{escape(str(xl))}</text>')
+    body.append(f'<text x="{_f(left + pw / 2)}" y="{_f(height - 4)}" text-anchor="middle" fill="#444">'
+                f'{escape(xlabel)}</text><text x="12" y="{_f(top + ph / 2)}" fill="#444" text-anchor="middle" '
                 f'transform="rotate(-90 12 {_f(top + ph / 2)})">{escape(ylabel)}</text>')
-    for k, (name, pts, col) in enumerate(series):
+    for k, (name, pts, col, *rest) in enumerate(series):
+        dash = rest[0] if rest else ''
+        dash_attr = f' stroke-dasharray="{dash}"' if dash else ''
         seg, segs = [], []
         for i, y in enumerate(pts):
             if y is None:
-                if seg:
+                if seg and not connect:
                     segs.append(seg)
-                seg = []
+                    seg = []
             else:
-                seg.append((X(i), Y(y), y, i))
+                seg.append((X(i), Y(min(max(y, 0.0), ymax)), y, i))
         if seg:
             segs.append(seg)
         for s in segs:
-            body.append(f'<polyline fill="none" stroke="{col}" stroke-width="2" points="'
+            body.append(f'<polyline fill="none" stroke="{col}" stroke-width="2"{dash_attr} points="'
                         + ' '.join(f'{_f(a)},{_f(b)}' for a, b, _, _ in s) + '"/>')
-            for a, b, y, i in s:
-                body.append(f'<circle cx="{_f(a)}" cy="{_f(b)}" r="3" fill="{col}"><title>'
-                            f'{escape(f"{name}, {xlabels[i]}: {y:.1f}")}</title></circle>')
+            if not dash:
+                for a, b, y, i in s:
+                    body.append(f'<circle cx="{_f(a)}" cy="{_f(b)}" r="3" fill="{col}"><title>'
+                                f'{escape(f"{name}, {xlabels[i]}: {y:.1f}")}</title></circle>')
         ly = top + 4 + 16 * k
         body.append(f'<line x1="{left + pw + 12}" y1="{_f(ly + 5)}" x2="{left + pw + 30}" y2="{_f(ly + 5)}" '
-                    f'stroke="{col}" stroke-width="2"/><text x="{left + pw + 34}" y="{_f(ly + 9)}">{escape(str(name))}</text>')
+                    f'stroke="{col}" stroke-width="2"{dash_attr}/><text x="{left + pw + 34}" y="{_f(ly + 9)}">'
+                    f'{escape(str(name))}</text>')
     return _svg(width, height, body, label)
+
+
+def reward_curves(evals: list, grpo_rows: list, title: str = '') -> str:
+    """The reward plot of ``agentrl train``: train and held-out evaluation, GRPO samples, hardcode rate.
+
+    Args:
+        evals: evaluation rows with ``step``, ``train_reward``, ``heldout_reward`` (step 0 = after SFT).
+        grpo_rows: GRPO step rows with ``step``, ``reward`` (the sampled groups) and ``hardcode_rate``.
+        title: text above the plot.
+
+    Returns:
+        One ``<svg>`` element: x is the GRPO step, y the reward in [0, 1].
+    """
+    steps = sorted({e['step'] for e in evals} | {r['step'] for r in grpo_rows} | {0})
+    at = {s: i for i, s in enumerate(steps)}
+
+    def col(rows, key):
+        ys = [None] * len(steps)
+        for r in rows:
+            ys[at[r['step']]] = r[key]
+        return ys
+    series = [('held-out reward', col(evals, 'heldout_reward'), '#d55e00'),
+              ('train reward', col(evals, 'train_reward'), '#0072b2'),
+              ('GRPO sample reward', col(grpo_rows, 'reward'), '#56b4e9', '4 3'),
+              ('hardcode rate', col(grpo_rows, 'hardcode_rate'), '#555555', '1 3')]
+    return lines(series, steps, 'reward over GRPO steps', 'reward', 640, 360, xlabel='GRPO step (0 = after SFT)',
+                 ymax=1.0, connect=True, title=title, tick_every=max(1, len(steps) // 8),
+                 legend_width=160)

@@ -12,7 +12,7 @@ from html import escape
 
 import torch
 
-from .. import __version__
+from .._version import __version__
 from ..record import OWNER, Trajectory
 from ..stats import context_lengths, policy_summary
 from . import plots

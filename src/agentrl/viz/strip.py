@@ -11,7 +11,6 @@ whose stored mask disagrees with its owner is flagged ``mask_mismatch``.
 """
 from __future__ import annotations
 
-import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -112,10 +111,15 @@ class Strip:
 
 # ----------------------------------------------------------------------------- token text
 
+#: Unicode bidirectional formatting characters (UAX #9): they reorder how a line is displayed.
+_BIDI = frozenset('\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069')
+
+
 def display_text(text: str) -> str:
     """Make a token's text printable on one line with no blanks.
 
-    Newlines become ``⏎``, tabs ``⇥``, spaces ``·``, other control characters ``\\xNN``; an
+    Newlines become ``⏎``, tabs ``⇥``, spaces ``·``, other control characters (C0, DEL, C1)
+    ``\\xNN`` and bidirectional overrides ``\\uNNNN``; an
     empty token becomes ``∅``. Word-tokenizer specials stay as they are, except ``<nl>`` -> ``⏎``.
 
     Example: ``display_text(' clamp')`` is ``'·clamp'``; ``display_text('\\n')`` is ``'⏎'``.
@@ -132,8 +136,10 @@ def display_text(text: str) -> str:
             out.append('⇥')
         elif ch == ' ':
             out.append('·')
-        elif ord(ch) < 32 or ord(ch) == 127:
+        elif ord(ch) < 32 or 127 <= ord(ch) < 160:      # C0, DEL and C1 controls (C1 0x9b starts an escape)
             out.append(f'\\x{ord(ch):02x}')
+        elif ch in _BIDI:
+            out.append(f'\\u{ord(ch):04x}')
         else:
             out.append(ch)
     return ''.join(out)
@@ -144,14 +150,13 @@ def id_decoder(ids: Sequence[int]) -> list:
     return [f'#{int(i)}' for i in ids]
 
 
-@functools.lru_cache(maxsize=1)
 def _word_tokenizer():
-    from .. import gym, tokenizer
-    return tokenizer.build_tokenizer(gym.make_tasks('all'))
+    from ..gym import bugfix_tokenizer
+    return bugfix_tokenizer()
 
 
 def word_decoder(tok=None) -> Decoder:
-    """Decoder of TinyAgent's word-level tokenizer (``build_tokenizer(make_tasks('all'))`` by default).
+    """Decoder of TinyAgent's word-level tokenizer (:func:`agentrl.gym.bugfix_tokenizer` by default).
 
     Ids outside the vocabulary show as ``#<id>``.
     """
@@ -164,21 +169,19 @@ def word_decoder(tok=None) -> Decoder:
     return decode
 
 
-#: Model id prefixes -> folder under ``$AGENTRL_TOKENIZERS`` (the project's shared tokenizers).
-_SHARED = {'qwen/qwen3': 'qwen3', 'deepseek-ai/deepseek-v3': 'deepseek-v3', 'meta-llama/meta-llama-3': 'llama3',
-           'qwen3': 'qwen3', 'deepseek-v3': 'deepseek-v3', 'llama3': 'llama3'}
-
-
 def _hf_candidates(name: str) -> list:
+    """A local folder, the family folder :func:`~agentrl.templates.chat.find_tokenizer_dir` finds
+    for a model id (``Qwen/Qwen3-*`` -> ``qwen3/``; no download), then the name itself (HF cache)."""
+    from ..templates.chat import find_tokenizer_dir, tokenizer_family
     out = []
     if name and os.path.isdir(name):
         out.append(name)
-    roots = [os.environ.get('AGENTRL_TOKENIZERS', '')]
-    roots = [r for r in roots if r and os.path.isdir(r)]
-    low = name.lower()
-    for prefix, folder in _SHARED.items():
-        if low.startswith(prefix):
-            out += [str(Path(r) / folder) for r in roots if (Path(r) / folder).is_dir()]
+    fam = tokenizer_family(name)
+    if fam is not None:
+        try:
+            out.append(str(find_tokenizer_dir(fam, hub=False)))
+        except FileNotFoundError:
+            pass
     out.append(name)
     return list(dict.fromkeys(out))
 
@@ -222,8 +225,19 @@ def hf_decoder(name_or_tokenizer) -> Decoder | None:
 
     def decode(ids):
         return [tok.decode([int(i)]) if 0 <= int(i) < size else f'#{int(i)}' for i in ids]
-    decode.name = f'hf: {getattr(tok, "name_or_path", "") or type(tok).__name__}'
+    decode.name = f'hf: {_tokenizer_label(tok)}'
     return decode
+
+
+def _tokenizer_label(tok) -> str:
+    """A tokenizer's name for pictures: its folder's (or model id's) last part plus its fingerprint, never a path."""
+    name = str(getattr(tok, 'name_or_path', '') or type(tok).__name__).rstrip('/\\')
+    name = Path(name).name if os.path.isabs(name) or os.path.isdir(name) else name
+    try:
+        from ..templates.chat import tokenizer_digest
+        return f'{name}@{str(tokenizer_digest(tok))[:12]}'
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot be digested keeps its name only
+        return name
 
 
 def _hf_by_digest(fp: str) -> Decoder | None:
@@ -232,7 +246,7 @@ def _hf_by_digest(fp: str) -> Decoder | None:
     if not (fp and root and os.path.isdir(root)):
         return None
     try:
-        from ..templates.chat import tokenizer_digest
+        from ..templates.chat import tokenizer_fingerprint
     except ImportError:
         return None
     folders = [str(sub) for sub in sorted(Path(root).iterdir()) if (sub / 'tokenizer.json').exists()]
@@ -240,7 +254,7 @@ def _hf_by_digest(fp: str) -> Decoder | None:
     for name in loaded + [f for f in folders if f not in _LOADED]:     # already loaded ones first
         tok = _load_hf(name)
         try:
-            if tok is not None and tokenizer_digest(tok) == fp:
+            if tok is not None and tokenizer_fingerprint(tok) == fp:
                 return hf_decoder(tok)
         except Exception:  # noqa: BLE001 - a tokenizer that cannot be digested is not the one
             continue
@@ -262,7 +276,7 @@ def decoder_for(traj: Trajectory, tokenizer=None) -> Decoder:
     that tokenizer's, or when the record has no tokenizer fingerprint and every id fits its
     vocabulary; the HF tokenizer named by ``provenance.model`` (or ``info['tokenizer']``) when it
     loads offline; the tokenizer under ``$AGENTRL_TOKENIZERS`` whose digest
-    (:func:`agentrl.templates.chat.tokenizer_digest`) equals the record's fingerprint; else ids
+    (:func:`agentrl.templates.chat.tokenizer_fingerprint`) equals the record's fingerprint; else ids
     (``#<id>``).
 
     Returns:

@@ -22,7 +22,7 @@ from ...templates import ChatRecorder, ChatTemplate
 from .models import model_id as _model_id
 from .sampler import HFSampler, SampledTurn
 
-__all__ = ['Reply', 'run_chat_episodes', 'format_profile', 'PROFILE_KEYS', 'parse_tool_calls', 'gym_call', 'episode_seed', 'bugfix_rollouts',
+__all__ = ['Reply', 'run_chat_episodes', 'format_profile', 'merge_profiles', 'PROFILE_KEYS', 'parse_tool_calls', 'gym_call', 'episode_seed', 'bugfix_rollouts',
            'bugfix_opening', 'bugfix_job']
 
 #: Given to the gym for a turn without a valid call: it answers ``MESSAGES['malformed']``.
@@ -86,6 +86,34 @@ class _Profile:
         rnd = lambda d: {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
         return {'engine': 'hf', 'path': path, 'episodes': len(records), 'wall_s': round(wall_s, 6),
                 'totals': rnd(totals), 'turns': [dict(turn=k, **rnd(t)) for k, t in enumerate(self.turns)]}
+
+
+def merge_profiles(profiles: list) -> dict:
+    """One profile from the profiles of several :func:`run_chat_episodes` calls (chunks of a run).
+
+    Counts and seconds add up per turn index and in the totals; ``wall_s`` and ``episodes`` add
+    up; ``chunks`` says how many were merged.
+
+    Raises:
+        ValueError: an empty list, or profiles of different paths (cross-turn cache vs per turn).
+    """
+    if not profiles:
+        raise ValueError('merge_profiles: no profiles; pass the dicts run_chat_episodes filled')
+    paths = {p['path'] for p in profiles}
+    if len(paths) != 1:
+        raise ValueError(f'merge_profiles: profiles of different paths {sorted(paths)}; merge one path at a time')
+    turns: list[dict] = []
+    for p in profiles:
+        for t in p['turns']:
+            while len(turns) <= t['turn']:
+                turns.append(dict(turn=len(turns), **dict.fromkeys(PROFILE_KEYS, 0)))
+            for k in PROFILE_KEYS:
+                turns[t['turn']][k] += t[k]
+    totals = {k: sum(p['totals'][k] for p in profiles) for k in profiles[0]['totals']}
+    rnd = lambda d: {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
+    return {'engine': 'hf', 'path': paths.pop(), 'episodes': sum(p['episodes'] for p in profiles),
+            'wall_s': round(sum(p['wall_s'] for p in profiles), 6), 'chunks': len(profiles), 'totals': rnd(totals),
+            'turns': [rnd(t) for t in turns]}
 
 
 def format_profile(profile: dict) -> str:

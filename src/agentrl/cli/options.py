@@ -1,0 +1,114 @@
+"""Command-line options built from documented dataclasses: each flag is declared once, as a field.
+
+A command's options are a dataclass whose fields carry their help and checks in
+``metadata`` (``help``, ``choices``, ``min``, ``max``, ``gt``, ``allow_inf``, ``flag``,
+``metavar``, ``parse='list'``, ``positional``, ``engines``). :func:`add_fields` turns the fields
+into ``argparse`` arguments (type, default and help from the field), :func:`from_args` builds the
+dataclass back from the parsed namespace, and :func:`check_numbers` range-checks every number
+before anything runs (CleanRL's one-``Args``-dataclass style, read by plain argparse).
+
+:class:`UserError` is an error caused by the user's input: printed as one line, no traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import typing
+from dataclasses import MISSING, fields
+
+__all__ = ['UserError', 'add_fields', 'from_args', 'check_numbers', 'finite_float']
+
+
+class UserError(Exception):
+    """An error caused by the user's input; printed as one line, without a traceback."""
+
+
+def finite_float(text: str) -> float:
+    """argparse ``type`` for a float flag: refuses ``nan`` (and says so in one line).
+
+    Raises:
+        argparse.ArgumentTypeError: not a number, or NaN.
+    """
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
+    if math.isnan(v):
+        raise argparse.ArgumentTypeError('nan is not a number; pass a finite value')
+    return v
+
+
+def _type_of(cls, f):
+    hints = typing.get_type_hints(cls)
+    t = hints.get(f.name, str)
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if args else t
+
+
+def _default(f):
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return None
+
+
+def add_fields(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
+    """Add one argument per field of the dataclass ``cls`` (help, type, default from the field).
+
+    ``--some-name`` for ``some_name`` (``metadata['flag']`` overrides, e.g. ``--no-batch`` for a
+    ``bool`` defaulting to True); a ``bool`` field is a switch; ``parse='list'`` takes
+    comma-separated values; ``positional`` makes it a positional argument.
+    """
+    for f in fields(cls):
+        if f.name in skip:
+            continue
+        m = f.metadata
+        default = _default(f)
+        t = _type_of(cls, f)
+        help_ = m.get('help', '')
+        if default is not None and not isinstance(default, bool) and m.get('parse') != 'list':
+            help_ += f' (default: {default})'
+        kw: dict = {'help': help_}
+        if m.get('metavar'):
+            kw['metavar'] = m['metavar']
+        if t is bool or isinstance(default, bool):
+            kw['action'] = 'store_false' if default else 'store_true'
+            flag = m.get('flag') or '--' + f.name.replace('_', '-')
+            parser.add_argument(flag, dest=f.name, **kw)
+            continue
+        if m.get('parse') == 'list':
+            kw['type'] = lambda s: [x.strip() for x in s.split(',') if x.strip()]
+        elif t is float:
+            kw['type'] = float          # nan and inf are refused by check_numbers, in one line
+        elif t is int:
+            kw['type'] = int
+        if 'choices' in m:
+            kw['choices'] = list(m['choices'])
+        if m.get('positional'):
+            parser.add_argument(f.name, **kw)
+        else:
+            parser.add_argument(m.get('flag') or '--' + f.name.replace('_', '-'), dest=f.name, default=default, **kw)
+
+
+def from_args(cls, args: argparse.Namespace, **extra):
+    """Build the dataclass ``cls`` from the parsed ``args`` (fields absent from ``args`` keep their default)."""
+    kw = {f.name: getattr(args, f.name) for f in fields(cls) if hasattr(args, f.name)}
+    kw.update(extra)
+    return cls(**kw)
+
+
+def check_numbers(obj) -> None:
+    """Range-check every number of an options dataclass from its fields' metadata.
+
+    Every ``int``/``float`` field must be finite (``allow_inf`` lets infinity through) and within
+    ``min``/``max`` (inclusive) and above ``gt``.
+
+    Raises:
+        UserError: ``--FLAG must be ...``, naming the flag, its range and the value given.
+    """
+    from ..jobs.plan import check_fields
+    try:
+        check_fields(obj)
+    except ValueError as e:
+        raise UserError(str(e)) from None

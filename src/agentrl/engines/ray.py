@@ -1,0 +1,365 @@
+"""L4: a pool of Ray actors that runs chunks of episodes and hands each finished chunk to a sink.
+
+:func:`run` knows nothing of options, plans or files: it gets the chunks (lists of items with
+``group_id``, ``rollout_id`` and ``attempt``), a picklable ``runner_factory`` (called once in
+each actor; the result's ``run(chunk)`` returns the chunk's records) and a ``sink(chunk,
+records)`` called on the driver, in completion order, for every finished chunk.
+
+Faults: when an actor dies (its process is killed, its node is lost), every chunk it had in
+flight runs again on another actor as a **new attempt** (:func:`agentrl.checks.new_attempt`: a
+new record identity, the same episode seed); the chunks it finished were already given to the
+sink, so nothing is lost or stored twice. A dead actor is replaced (up to ``max_replacements``).
+
+Ray is an extra (``pip install 'agentrl[ray]'``), imported only when a run starts.
+
+Networking: without ``address`` the pool starts a local instance bound to 127.0.0.1 only (no
+dashboard) and stops it at the end. Ray normally rewrites ``127.0.0.1``/``localhost`` to the
+machine's routable IP; for a local instance or a loopback ``address`` this module keeps the
+loopback address (it sets ``ray._private.ray_constants.ENABLE_RAY_CLUSTER = False`` in the driver,
+which only changes how localhost is resolved). Ray 2.5x turns on token authentication for the
+local clusters it starts (and writes ``~/.ray/auth_token``); set ``RAY_AUTH_MODE`` and
+``RAY_AUTH_TOKEN`` to choose otherwise. Every node of a cluster needs agentrl and torch installed.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from dataclasses import dataclass, field, replace
+from typing import Callable, Sequence
+
+__all__ = ['RAY_EXTRA', 'require_ray', 'WorkerInfo', 'PoolState', 'PoolReport', 'run', 'pack', 'unpack']
+
+#: The pip extra that installs Ray.
+RAY_EXTRA = 'agentrl[ray]'
+_LOOPBACK = ('localhost', '::1')
+log = logging.getLogger(__name__)
+
+
+def require_ray():
+    """Import and return the ``ray`` module.
+
+    Raises:
+        ImportError: Ray is not installed. Fix: ``pip install 'agentrl[ray]'``.
+    """
+    try:
+        import ray
+    except ImportError as e:
+        raise ImportError(f"the Ray engine needs Ray, which is not installed ({e}); install the extra: "
+                          f"pip install '{RAY_EXTRA}'") from None
+    return ray
+
+
+# ----------------------------------------------------------------------------- records over the wire
+
+_TOKEN_FIELDS = ('ids', 'owner', 'turn', 'action_mask', 'sample_logp')
+
+
+def pack(recs) -> dict:
+    """Records -> a few flat numpy arrays (what an actor sends back; exact, cheap to serialise).
+
+    Pickling each torch tensor costs about 0.1 ms in Ray; one array per field per chunk does not.
+
+    Args:
+        recs: list of :class:`~agentrl.record.Trajectory`.
+
+    Returns:
+        dict: ``meta`` (reward, info, provenance dict, turn contexts per record) and, per token
+        field, ``(values, lengths)`` (or a list with None entries when a record lacks the field).
+    """
+    import numpy as np
+    out = {'meta': [(float(t.reward), t.info, None if t.provenance is None else t.provenance.to_dict(),
+                     t.turn_contexts) for t in recs]}
+    for name in _TOKEN_FIELDS:
+        vals = [getattr(t, name) for t in recs]
+        if not vals or any(v is None for v in vals):
+            out[name] = [None if v is None else v.detach().cpu().numpy() for v in vals]
+        else:
+            arrs = [v.detach().cpu().numpy() for v in vals]
+            out[name] = (np.concatenate(arrs), np.array([len(a) for a in arrs], dtype=np.int64))
+    return out
+
+
+def unpack(packed: dict) -> list:
+    """Inverse of :func:`pack`: the same records, tensors equal bit for bit."""
+    import numpy as np
+    import torch
+
+    from ..record import Provenance, Trajectory
+    n = len(packed['meta'])
+    cols = {}
+    for name in _TOKEN_FIELDS:
+        v = packed[name]
+        if isinstance(v, tuple):
+            flat = torch.from_numpy(np.array(v[0], copy=True))    # the object store's copy is read-only
+            cols[name] = list(torch.split(flat, v[1].tolist()))
+        else:
+            cols[name] = [None if a is None else torch.from_numpy(np.array(a, copy=True)) for a in v]
+    return [Trajectory(ids=cols['ids'][i], action_mask=cols['action_mask'][i], sample_logp=cols['sample_logp'][i],
+                       reward=reward, info=info, owner=cols['owner'][i], turn=cols['turn'][i],
+                       provenance=None if prov is None else Provenance.from_dict(prov), turn_contexts=tc)
+            for i, (reward, info, prov, tc) in zip(range(n), packed['meta'])]
+
+
+class _Actor:
+    """The Ray actor: builds its runner once (``runner_factory()``) and runs chunks with it."""
+
+    def __init__(self, runner_factory):
+        self.runner = runner_factory()
+
+    def run_packed(self, chunk) -> dict:
+        return pack(self.runner.run(chunk))
+
+    def where(self) -> dict:
+        import socket
+
+        import ray
+        return {'pid': os.getpid(), 'host': socket.gethostname(),
+                'node_id': ray.get_runtime_context().get_node_id()}
+
+
+# ----------------------------------------------------------------------------- the driver
+
+@dataclass
+class WorkerInfo:
+    """One actor of the pool.
+
+    Attributes:
+        index: slot (replacements get new indices). pid: its process id. host: hostname.
+        node_id: Ray node id. alive: False once it died. chunks: chunks it finished.
+        lost: keys ``(group_id, rollout_id)`` of the episodes lost with it (re-run as new attempts).
+    """
+    index: int
+    pid: int | None = None
+    host: str = ''
+    node_id: str = ''
+    alive: bool = True
+    chunks: int = 0
+    lost: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class PoolState:
+    """What the driver knows after each finished chunk (passed to ``on_chunk``).
+
+    Attributes:
+        done: episodes handed to the sink (plus ``done`` given at the start, e.g. by a resume).
+        total: episodes in the run.
+        workers: :class:`WorkerInfo` of every actor so far (empty in process).
+        inflight: worker index -> keys ``(group_id, rollout_id)`` of the episodes it is running.
+        retried: the new identities ``(group_id, rollout_id, attempt)`` given to re-run episodes.
+        shards: what the sink returned for each chunk (shard paths), None entries skipped.
+    """
+    done: int = 0
+    total: int = 0
+    workers: list[WorkerInfo] = field(default_factory=list)
+    inflight: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    retried: list[tuple[str, str, int]] = field(default_factory=list)
+    shards: list[str] = field(default_factory=list)
+
+
+@dataclass
+class PoolReport:
+    """The outcome of :func:`run`.
+
+    Attributes:
+        retried: new identities of re-run episodes. workers: :class:`WorkerInfo` list.
+        startup_seconds: Ray start/connect plus actor start. ray_version: Ray's version.
+        address: cluster address (``'local'`` for a local instance). stopped: True when
+        ``should_stop`` ended the run before every chunk ran.
+    """
+    retried: list[tuple[str, str, int]]
+    workers: list[WorkerInfo]
+    startup_seconds: float
+    ray_version: str = ''
+    address: str = ''
+    stopped: bool = False
+
+
+def _is_loopback(address: str | None) -> bool:
+    if address is None:
+        return True
+    if address == 'auto':
+        return False
+    host = address.rsplit(':', 1)[0].strip('[]') if ':' in address else address
+    return host in _LOOPBACK or host.startswith('127.')
+
+
+def _connect(ray, address: str | None, num_cpus: int, object_store_mb: int | None) -> bool:
+    """Start a local Ray instance (``address=None``) or join a cluster; return True if we started it."""
+    if ray.is_initialized():
+        return False
+    os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
+    if _is_loopback(address):
+        constants = getattr(getattr(ray, '_private', None), 'ray_constants', None)
+        if constants is not None and hasattr(constants, 'ENABLE_RAY_CLUSTER'):
+            constants.ENABLE_RAY_CLUSTER = False   # resolve localhost to 127.0.0.1, not the routable IP
+    common = dict(logging_level=logging.WARNING, log_to_driver=False, namespace='agentrl')
+    try:
+        if address is None:
+            kw = dict(num_cpus=num_cpus, include_dashboard=False, _node_ip_address='127.0.0.1')
+            if object_store_mb:
+                kw['object_store_memory'] = int(object_store_mb) << 20
+            ray.init(address='local', **kw, **common)   # 'local': never attach to a running cluster
+        else:
+            ray.init(address=address, **common)
+    except ConnectionError as e:
+        raise ConnectionError(f'could not join the Ray cluster at --address {address!r} ({e}); start one with '
+                              '`ray start --head`, or drop --address to start a local instance') from None
+    return True
+
+
+def _retry(item):
+    """The item with the attempt :func:`agentrl.checks.new_attempt` gives its record identity."""
+    from ..checks import new_attempt
+    from ..record import Provenance
+    prov = new_attempt(Provenance(group_id=item.group_id, rollout_id=item.rollout_id, attempt=item.attempt))
+    return replace(item, attempt=prov.attempt)
+
+
+def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *, workers: int,
+        address: str | None = None, state: PoolState | None = None, cpus_per_worker: float = 1.0,
+        max_replacements: int | None = None, inflight_per_worker: int = 2, actor_start_timeout: float = 300.0,
+        object_store_mb: int | None = None, should_stop: Callable[[], bool] | None = None,
+        on_chunk: Callable[[PoolState], None] | None = None) -> PoolReport:
+    """Run ``chunks`` on ``workers`` Ray actors; give each finished chunk's records to ``sink``.
+
+    Args:
+        chunks: lists of items (e.g. :class:`~agentrl.jobs.plan.EpisodeJob`) with ``group_id``,
+            ``rollout_id``, ``attempt`` and ``key``; frozen dataclasses (a retry is ``replace``\\ d).
+        runner_factory: picklable callable, called once per actor; its result's ``run(chunk)``
+            returns the chunk's records in chunk order. Put in the object store once.
+        sink: ``sink(chunk, records)`` on the driver, for every finished chunk; its return value
+            (a shard path or None) is appended to ``state.shards``.
+        workers: number of actors, >= 1.
+        address: None starts a local Ray instance on 127.0.0.1 (``num_cpus = workers *
+            cpus_per_worker``, no dashboard); ``'auto'`` or ``'HOST:PORT'`` joins a cluster. A Ray
+            already initialised in this process is used as it is.
+        state: the :class:`PoolState` to update (its ``done``/``total`` may count earlier work).
+        cpus_per_worker: Ray CPUs reserved per actor.
+        max_replacements: how many dead actors may be replaced (None: ``2 * workers``).
+        inflight_per_worker: chunks queued on each actor at once (2 keeps it busy while the
+            driver writes).
+        actor_start_timeout: seconds to wait for the actors to start (they need free CPUs).
+        object_store_mb: object store size of a local instance (None: Ray's default).
+        should_stop: polled after each finished chunk; True stops the run there (chunks still in
+            flight are dropped, not given to the sink).
+        on_chunk: called with the state after each finished chunk.
+
+    Returns:
+        :class:`PoolReport`.
+
+    Raises:
+        ValueError: ``workers < 1``.
+        ImportError: Ray is not installed. Fix: ``pip install 'agentrl[ray]'``.
+        ConnectionError: no Ray cluster at ``address``. Fix: start one, or drop ``address``.
+        TimeoutError: the actors did not start within ``actor_start_timeout``. Fix: fewer
+            ``workers`` or a bigger cluster.
+        RuntimeError: every actor died and no replacement is left; what the sink got stays.
+        ray.exceptions.RayTaskError: a chunk raised inside an actor (its traceback is attached).
+    """
+    if workers < 1:
+        raise ValueError(f'engines.ray.run: workers must be >= 1, got {workers}')
+    ray = require_ray()
+    t_start = time.perf_counter()
+    state = state if state is not None else PoolState(total=sum(len(c) for c in chunks))
+    queue = deque(list(c) for c in chunks if c)
+    started = _connect(ray, address, max(1, int(round(workers * cpus_per_worker))), object_store_mb)
+    actor_cls = ray.remote(_Actor)
+    replacements = 2 * workers if max_replacements is None else max_replacements
+    handles: dict[int, object] = {}
+    stopped = False
+    try:
+        factory_ref = ray.put(runner_factory)
+
+        def spawn() -> int:
+            i = len(state.workers)
+            state.workers.append(WorkerInfo(index=i))
+            handles[i] = actor_cls.options(num_cpus=cpus_per_worker, max_restarts=0,
+                                           max_task_retries=0).remote(factory_ref)
+            return i
+
+        def await_started(indices) -> None:
+            refs = [handles[i].where.remote() for i in indices]
+            try:
+                infos = ray.get(refs, timeout=actor_start_timeout)
+            except ray.exceptions.GetTimeoutError:
+                free = ray.available_resources().get('CPU', 0)
+                raise TimeoutError(f'{len(indices)} Ray workers did not start within {actor_start_timeout:.0f} s '
+                                   f'(each needs {cpus_per_worker} CPU; the cluster has {free} free); use fewer '
+                                   '--workers or add nodes') from None
+            for i, info in zip(indices, infos):
+                w = state.workers[i]
+                w.pid, w.host, w.node_id = info['pid'], info['host'], info['node_id']
+
+        def resubmit(i: int, chunk, err) -> None:
+            nonlocal replacements
+            retry = [_retry(j) for j in chunk]
+            state.retried.extend((j.group_id, j.rollout_id, j.attempt) for j in retry)
+            state.workers[i].lost.extend(j.key for j in chunk)
+            queue.appendleft(retry)
+            if not state.workers[i].alive:
+                return
+            state.workers[i].alive = False
+            log.warning('Ray worker %d (pid %s) died: %s; re-running its chunks as new attempts',
+                        i, state.workers[i].pid, type(err).__name__)
+            ray.kill(handles[i], no_restart=True)
+            if replacements > 0:
+                replacements -= 1
+                k = spawn()
+                try:
+                    await_started([k])
+                except TimeoutError as e:   # no room for it: go on with the survivors
+                    log.warning('replacement Ray worker did not start: %s', e)
+                    state.workers[k].alive = False
+                    ray.kill(handles[k], no_restart=True)
+
+        await_started([spawn() for _ in range(workers)])
+        startup = time.perf_counter() - t_start
+        inflight: dict = {}                                 # ref -> (worker index, chunk)
+        while queue or inflight:
+            for i, w in enumerate(state.workers):
+                while w.alive and queue and sum(1 for v in inflight.values() if v[0] == i) < inflight_per_worker:
+                    chunk = queue.popleft()
+                    inflight[handles[i].run_packed.remote(chunk)] = (i, chunk)
+            _track(state, inflight)
+            if not inflight:
+                raise RuntimeError(f'every Ray worker died and no replacement is left ({len(queue)} chunks '
+                                   f'not run; {state.done} of {state.total} episodes done): fix the cause and '
+                                   'finish with --resume')
+            [ref], _ = ray.wait(list(inflight), num_returns=1)
+            i, chunk = inflight.pop(ref)
+            try:
+                recs = unpack(ray.get(ref))
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
+                    ray.exceptions.ObjectLostError) as e:
+                resubmit(i, chunk, e)
+                continue
+            state.workers[i].chunks += 1
+            shard = sink(chunk, recs)
+            if shard is not None:
+                state.shards.append(str(shard))
+            state.done += len(recs)
+            _track(state, inflight)
+            if on_chunk is not None:
+                on_chunk(state)
+            if should_stop is not None and should_stop() and (queue or inflight):
+                stopped = True
+                break
+    finally:
+        for h in handles.values():
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:       # already dead, or Ray going down
+                pass
+        if started:
+            ray.shutdown()
+    return PoolReport(list(state.retried), list(state.workers), startup,
+                      ray_version=getattr(ray, '__version__', ''), address=address or 'local', stopped=stopped)
+
+
+def _track(state: PoolState, inflight: dict) -> None:
+    state.inflight = {}
+    for i, chunk in inflight.values():
+        state.inflight.setdefault(i, []).extend(j.key for j in chunk)

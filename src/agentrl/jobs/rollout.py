@@ -1,0 +1,473 @@
+"""L5: the one rollout job: plan, run (in this process or on Ray actors), stream to shards, summarise.
+
+``agentrl rollout`` lands here, whatever the engine (scripted, TinyAgent, Hugging Face) and the
+scale (``--workers 0``: this process; ``N``: Ray actors). Every path writes the same run folder::
+
+    OUT/.lock                       held while a job writes (a second job into OUT refuses)
+    OUT/run.json                    the plan (:func:`agentrl.jobs.plan.manifest_of`)
+    OUT/model.pt                    the untrained TinyAgent (when no checkpoint is given)
+    OUT/trajectories/part-*.parquet one shard per chunk, written as chunks finish
+    OUT/summary.json                written last: a run with a summary is complete
+
+and the same records: the plan, the chunks and every episode's seed depend only on the options,
+never on where a chunk runs. Memory is bounded by the chunk: records go to disk as each chunk
+finishes and the summary is accumulated on the way.
+
+Nothing is written before every refusal check has passed (options, checkpoint, an existing run
+in ``OUT``, Ray installed). A run that fails before its first shard leaves ``OUT`` as it found
+it; after that it is resumable: ``--resume OUT`` runs only the missing episodes. Ctrl-C or
+SIGTERM finishes the chunk in hand, keeps every finished shard and raises :class:`RunInterrupted`
+naming the command that resumes (a second Ctrl-C stops at once).
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import io as _bytes_io
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+from ..io import atomic_write
+from .plan import (MANIFEST, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions, manifest_of, plan_chunks,
+                   plan_episodes, public_options, read_manifest, resume_options)
+from .runner import EpisodeRunner, RunnerFactory, RunSpec
+
+__all__ = ['RunReport', 'RunInterrupted', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
+           'model_fingerprint', 'LOCK']
+
+#: The lock file of a run folder (``fcntl.flock``; released when the job ends or its process dies).
+LOCK = '.lock'
+
+
+class RunInterrupted(Exception):
+    """A rollout stopped by Ctrl-C or SIGTERM after finishing the chunk in hand.
+
+    Attributes:
+        out: the run folder. done: episodes stored. total: episodes planned.
+    """
+
+    def __init__(self, out: str, done: int, total: int):
+        self.out, self.done, self.total = out, done, total
+        super().__init__(f'interrupted: {done} of {total} episodes are stored in {out!r}; finish the run with: '
+                         f'agentrl rollout --resume {out}')
+
+
+class RunLockedError(ValueError):
+    """Another job is writing the run folder (it holds ``OUT/.lock``)."""
+
+
+@dataclass
+class RunReport:
+    """The outcome of :func:`run_chunks`.
+
+    Attributes:
+        directory: the shard folder. planned: episodes in the plan. skipped: episodes a resume
+        found stored. written: records written by this run. resends: resends skipped.
+        retried: new identities of re-run episodes. workers: the Ray actors
+        (:class:`~agentrl.engines.ray.WorkerInfo`; empty in process). seconds: wall time.
+        startup_seconds: Ray start/connect plus actor start (or the runner's set-up).
+        ray_version: Ray's version ('' in process). address: cluster address ('' in process,
+        'local' for a local instance). stopped: True when ``should_stop`` ended the run early.
+        profiles: the hf engine's time split of each chunk (in process, with ``RunSpec.profile``).
+    """
+    directory: str
+    planned: int
+    skipped: int
+    written: int
+    resends: int
+    retried: list
+    workers: list
+    seconds: float
+    startup_seconds: float
+    ray_version: str = ''
+    address: str = ''
+    stopped: bool = False
+    profiles: list = field(default_factory=list)
+
+
+def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: RunSpec,
+               weights: dict | None = None, *, workers: int = 1, address: str | None = None,
+               chunk_size: int = 32, resume: bool = False, progress: bool = True,
+               on_chunk: Callable | None = None, on_records: Callable | None = None,
+               should_stop: Callable[[], bool] | None = None, **pool) -> RunReport:
+    """Run planned episodes (in this process or on Ray actors) and stream their records into shards.
+
+    Args:
+        jobs: the plan (:func:`~agentrl.jobs.plan.plan_episodes`), attempt 1 each.
+        directory: the shard folder (a :class:`~agentrl.store.ShardWriter` folder; created).
+        spec: the :class:`~agentrl.jobs.runner.RunSpec`.
+        weights: ``{'config', 'state_dict'}`` of the TinyAgent (None: no TinyAgent episodes).
+        workers: Ray actors (>= 1), or 0 to run in this process (same chunks, same records).
+        address: see :func:`agentrl.engines.ray.run`.
+        chunk_size: episodes per chunk (one batch and one shard each).
+        resume: skip the episodes the folder already holds (any attempt); the others run as
+            attempt 1. Without ``resume`` the folder must hold none of the planned episodes.
+        progress: show a rich progress bar on stderr.
+        on_chunk: called with the :class:`~agentrl.engines.ray.PoolState` after each written chunk.
+        on_records: called with ``(chunk, records)`` after each written chunk (summaries).
+        should_stop: polled after each written chunk; True ends the run there (``stopped``).
+        **pool: more options of :func:`agentrl.engines.ray.run` (``cpus_per_worker``,
+            ``max_replacements``, ``actor_start_timeout``, ``object_store_mb``, ...).
+
+    Returns:
+        :class:`RunReport`.
+
+    Raises:
+        ValueError: ``workers < 0``; without ``resume`` a folder that already holds planned
+            episodes (fix: ``--resume DIR``, or a new ``--out``).
+        ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
+    """
+    from .. import store
+    from ..engines import ray as ray_pool
+    if workers < 0:
+        raise ValueError(f'run_chunks: workers must be >= 0, got {workers}')
+    t_start = time.perf_counter()
+    directory = Path(directory)
+    stored = store.stored_identities(directory)
+    planned = {j.key for j in jobs}
+    already = planned & set(stored)
+    if already and not resume:
+        raise ValueError(f'{str(directory)!r} already holds {len(already)} of the {len(planned)} planned episodes; '
+                         'pass --resume to run only the missing ones, or choose a new --out')
+    chunks = [c for c in ([j for j in chunk if j.key not in already] for chunk in plan_chunks(jobs, chunk_size)) if c]
+    state = ray_pool.PoolState(done=len(already), total=len(planned))
+    writer = store.ShardWriter(directory)
+    bar = _progress(progress, state.total, state.done, f'ray x{workers}' if workers else 'in-process')
+
+    def sink(chunk, recs):
+        path = writer.write(recs)
+        if on_records is not None:
+            on_records(chunk, recs)
+        if bar is not None:
+            bar.update(bar.task_ids[0], completed=state.done + len(recs))
+        return path
+
+    with bar if bar is not None else contextlib.nullcontext():
+        if workers == 0:
+            runner = RunnerFactory(spec, weights)()
+            startup = time.perf_counter() - t_start
+            stopped = False
+            for n, chunk in enumerate(chunks):
+                path = sink(chunk, runner.run(chunk))
+                if path is not None:
+                    state.shards.append(str(path))
+                state.done += len(chunk)
+                if on_chunk is not None:
+                    on_chunk(state)
+                if should_stop is not None and should_stop() and n + 1 < len(chunks):
+                    stopped = True
+                    break
+            return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
+                             [], [], time.perf_counter() - t_start, startup, stopped=stopped,
+                             profiles=runner.profiles)
+        rep = ray_pool.run(chunks, RunnerFactory(spec, weights), sink, workers=workers, address=address,
+                           state=state, should_stop=should_stop, on_chunk=on_chunk, **pool)
+    return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
+                     list(rep.retried), list(rep.workers), time.perf_counter() - t_start, rep.startup_seconds,
+                     ray_version=rep.ray_version, address=rep.address, stopped=rep.stopped)
+
+
+def _progress(show: bool, total: int, done: int, label: str):
+    if not show:
+        return None
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+    p = Progress(TextColumn('{task.description}'), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    p.add_task(label, total=total, completed=done)
+    return p
+
+
+# ----------------------------------------------------------------------------- run folder: lock, model
+
+@contextlib.contextmanager
+def run_lock(folder: str | os.PathLike):
+    """Hold ``folder/.lock`` (``fcntl.flock``, exclusive, non-blocking) for the block.
+
+    The lock dies with its process (also on SIGKILL), so a killed job never blocks the folder.
+
+    Raises:
+        RunLockedError: another process holds it. Fix: wait for that job, or choose another folder.
+    """
+    import fcntl
+    path = Path(folder) / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise RunLockedError(f'{str(folder)!r} is being written by another agentrl job (it holds '
+                                 f'{str(path)!r}); wait for it to finish, or choose another --out') from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield path
+    finally:
+        os.close(fd)
+
+
+def model_fingerprint(path: str | os.PathLike) -> str:
+    """A short content fingerprint of a checkpoint file or a model folder: 12 hex digits of sha256.
+
+    A file's is the sha256 of its bytes. A folder's fingerprint covers ``config.json`` and its weight files (``*.safetensors``,
+    ``*.bin``, ``*.pt``), by name and content, so a copy on another machine has the same one.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+    """
+    p = Path(path)
+    h = hashlib.sha256()
+    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.is_file() and (
+        f.name == 'config.json' or f.suffix in ('.safetensors', '.bin', '.pt')))
+    if not p.exists():
+        raise FileNotFoundError(f'no model at {str(p)!r}')
+    for f in files:
+        if p.is_dir():
+            h.update(f.name.encode() + b'\0')
+        with open(f, 'rb') as fh:
+            for block in iter(lambda: fh.read(1 << 20), b''):
+                h.update(block)
+    return h.hexdigest()[:12]
+
+
+def _checkpoint_bytes(net) -> bytes:
+    import torch
+    buf = _bytes_io.BytesIO()
+    torch.save({'config': net.config(), 'state_dict': net.state_dict()}, buf)
+    return buf.getvalue()
+
+
+class _Signals:
+    """While active: the first SIGINT/SIGTERM asks the job to stop after the chunk in hand; a second
+    SIGINT raises KeyboardInterrupt at once. Only in the main thread (signals are delivered there)."""
+
+    def __init__(self):
+        self.stop = False
+        self._old = {}
+
+    def _handle(self, signum, frame):
+        if self.stop and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.stop = True
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for s in (signal.SIGINT, signal.SIGTERM):
+                self._old[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for s, h in self._old.items():
+            signal.signal(s, h)
+
+
+def _holds_run(out: Path, writes_model: bool) -> list[str]:
+    """The run files already in ``out`` (empty: nothing this job could damage)."""
+    names = [MANIFEST, SUMMARY, 'trajectories.parquet'] + (['model.pt'] if writes_model else [])
+    found = [n for n in names if (out / n).exists()]
+    shards = out / TRAJECTORY_DIR
+    if shards.is_dir() and any(shards.iterdir()):
+        found.append(TRAJECTORY_DIR + '/')
+    return found
+
+
+# ----------------------------------------------------------------------------- the job
+
+@dataclass
+class _Prepared:
+    opts: RolloutOptions
+    manifest: dict | None
+    jobs: list
+    tasks: list
+    spec: RunSpec
+    weights: dict | None
+    model: dict | None                  # {'name', 'fingerprint'}
+    model_bytes: bytes | None = None    # the untrained TinyAgent to save as OUT/model.pt
+    created: list = field(default_factory=list)
+
+
+def _prepare(opts: RolloutOptions) -> _Prepared:
+    """Every check and every load, before anything is written."""
+    from .. import gym
+    opts.validate()
+    manifest = None
+    if opts.resume:
+        opts, manifest = resume_options(opts)
+        opts.validate()
+    if opts.workers > 0:
+        from ..engines.ray import require_ray
+        require_ray()
+    out = Path(opts.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f'--out {opts.out!r} is a file; pass a folder')
+    tasks = gym.make_tasks(opts.split)
+    tok = gym.bugfix_tokenizer()
+    uses_model = 'model' in opts.policy
+    writes_model = uses_model and opts.engine == 'tinyagent' and not opts.checkpoint
+    if manifest is None:
+        found = _holds_run(out, writes_model)
+        if found:
+            raise ValueError(f'--out {opts.out!r} already holds a run ({", ".join(found)}); pass --resume '
+                             f'{opts.out} to finish it, or choose a new --out')
+    weights, model, model_bytes = None, None, None
+    if uses_model and opts.engine == 'tinyagent':
+        from .. import model as model_mod
+        if opts.checkpoint:
+            net = model_mod.load_checkpoint(opts.checkpoint)
+            model = {'name': Path(opts.checkpoint).name, 'fingerprint': model_fingerprint(opts.checkpoint)}
+        elif manifest is not None and (out / 'model.pt').exists():
+            net = model_mod.load_checkpoint(str(out / 'model.pt'))
+            model = {'name': 'model.pt', 'fingerprint': model_fingerprint(out / 'model.pt')}
+        else:
+            import torch
+            torch.manual_seed(opts.seed)
+            net = model_mod.TinyAgent(tok.vocab_size).eval()
+            model_bytes = _checkpoint_bytes(net)
+            model = {'name': 'model.pt', 'fingerprint': hashlib.sha256(model_bytes).hexdigest()[:12]}
+        weights = {'config': net.config(), 'state_dict': net.state_dict()}
+    elif uses_model:
+        model = {'name': Path(opts.model).resolve().name, 'fingerprint': model_fingerprint(opts.model)}
+    if manifest is not None and manifest.get('model') and model and manifest['model'] != model:
+        raise ValueError(f'--resume {opts.out!r}: the run was sampled from {manifest["model"]["name"]}@'
+                         f'{manifest["model"]["fingerprint"]}, the model there now is {model["name"]}@'
+                         f'{model["fingerprint"]}; restore that model or start a new --out')
+    jobs = plan_episodes(opts.policy, [t.name for t in tasks], opts.repeats, opts.seed)
+    spec = RunSpec(temperature=opts.temperature, max_turns=opts.max_turns, reward_tests=opts.reward_tests,
+                   model_id=f'{model["name"]}@{model["fingerprint"]}' if model else '', batch=opts.batch,
+                   engine=opts.engine, model_dir=opts.model,
+                   sampling=opts.hf_spec().to_dict() if opts.engine == 'hf' else {},
+                   max_new_tokens=opts.max_new_tokens, profile=opts.profile)
+    return _Prepared(opts, manifest, jobs, tasks, spec, weights, model, model_bytes)
+
+
+def rollout_job(opts: RolloutOptions, *, on_chunk: Callable | None = None, progress: bool = True,
+                handle_signals: bool = True, **pool) -> dict:
+    """The ``agentrl rollout`` job: check, plan, run, stream to shards, summarise.
+
+    Args:
+        opts: the :class:`~agentrl.jobs.plan.RolloutOptions`.
+        on_chunk: called after each written chunk (see :func:`run_chunks`; tests use it to kill
+            a worker or the job at a known point).
+        progress: show the progress bar on stderr.
+        handle_signals: Ctrl-C/SIGTERM finish the chunk in hand (main thread only).
+        **pool: more options of :func:`agentrl.engines.ray.run`.
+
+    Returns:
+        The summary dict (also written to ``OUT/summary.json``): options (local paths as their
+        last component), tasks, episodes, seconds, ``trajectories`` (the shard folder's name),
+        tokenizer fingerprint, vocabulary size, ``policies`` (:class:`~agentrl.stats.PolicySummary`
+        dicts), ``model`` (name and fingerprint), ``hf`` (for the ``hf`` engine) and ``engine``
+        (workers, address, Ray version, retried identities, episodes skipped by a resume).
+
+    Raises:
+        ValueError: a bad option; ``OUT`` already holds a run (fix: ``--resume OUT`` or a new
+            ``--out``); ``--resume`` of a folder without ``run.json``, or with another plan or model.
+        RunLockedError: another job is writing ``OUT``.
+        RunInterrupted: Ctrl-C or SIGTERM; finished shards are kept, resume with ``--resume OUT``.
+        OSError: a write failed (full disk); a run that had no shard yet leaves ``OUT`` as it was.
+        ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
+    """
+    from .. import gym, store
+    from ..stats import SummaryBuilder
+    p = _prepare(opts)
+    opts = p.opts
+    out = Path(opts.out)
+    made_out = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    tok = gym.bugfix_tokenizer()
+    t0 = time.time()
+    with run_lock(out):
+        written: list[Path] = []
+        try:
+            if p.manifest is None:
+                found = _holds_run(out, p.model_bytes is not None)      # again, under the lock
+                if found:
+                    raise ValueError(f'--out {opts.out!r} already holds a run ({", ".join(found)}); pass '
+                                     f'--resume {opts.out} to finish it, or choose a new --out')
+                written.append(atomic_write(out / MANIFEST, _json(manifest_of(opts, len(p.jobs), p.model))))
+            if p.model_bytes is not None and not (out / 'model.pt').exists():
+                written.append(atomic_write(out / 'model.pt', p.model_bytes))
+            index = {j.key: j for j in p.jobs}
+            builders = {pol: SummaryBuilder(None if pol == 'model' and opts.engine == 'hf' else tok.unk_id)
+                        for pol in opts.policy}
+            hf_prov = []
+
+            def add(recs):
+                by_policy: dict = {}
+                for t in recs:
+                    j = index.get((t.provenance.group_id, t.provenance.rollout_id))
+                    if j is not None:
+                        by_policy.setdefault(j.policy, ([], []))
+                        by_policy[j.policy][0].append(t)
+                        by_policy[j.policy][1].append(j.index)
+                    if not hf_prov and t.provenance.policy == 'hf':
+                        hf_prov.append(t.provenance)
+                for pol, (ts, order) in by_policy.items():
+                    builders[pol].add(ts, order)
+
+            shard_dir = out / TRAJECTORY_DIR
+            if p.manifest is not None and shard_dir.is_dir():
+                for batch in store.iter_batches(shard_dir, 256):    # what a resume finds, a batch at a time
+                    add(batch)
+            with _Signals() if handle_signals else contextlib.nullcontext() as sig:
+                report = run_chunks(p.jobs, shard_dir, p.spec, p.weights, workers=opts.workers,
+                                    address=opts.address, chunk_size=opts.chunk_size, resume=p.manifest is not None,
+                                    progress=progress, on_chunk=on_chunk, on_records=lambda c, r: add(r),
+                                    should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
+        except BaseException:
+            shards = out / TRAJECTORY_DIR
+            if not (shards.is_dir() and store.data_files(shards)):
+                _undo(out, written, made_out)       # no shard yet: leave OUT as it was
+            raise
+        done = report.skipped + report.written
+        if report.stopped:
+            raise RunInterrupted(str(opts.out), done, report.planned)
+        per_policy = {pol: b.summary().to_dict() for pol, b in builders.items() if b.n}
+        summary = {'options': public_options(opts), 'tasks': len(p.tasks), 'episodes': done,
+                   'seconds': round(time.time() - t0, 3), 'trajectories': TRAJECTORY_DIR,
+                   'tokenizer': tok.fingerprint(), 'vocab_size': tok.vocab_size, 'policies': per_policy,
+                   'model': p.model,
+                   'engine': {'workers': opts.workers, 'address': report.address, 'ray_version': report.ray_version,
+                              'chunk_size': opts.chunk_size, 'planned': report.planned,
+                              'skipped_by_resume': report.skipped, 'written': report.written,
+                              'retried': [list(r) for r in report.retried],
+                              'startup_seconds': round(report.startup_seconds, 3),
+                              'workers_started': len(report.workers),
+                              'nodes': len({w.node_id for w in report.workers if w.chunks}),
+                              'workers_died': sum(not w.alive for w in report.workers)}}
+        if hf_prov:
+            hp = hf_prov[0]
+            summary['hf'] = {'model': hp.model, 'tokenizer': hp.tokenizer, 'template': hp.template,
+                             'sampling': hp.sampling.to_dict() if hp.sampling is not None else None}
+            if report.profiles:
+                from ..engines.hf import merge_profiles
+                summary['hf']['profile'] = merge_profiles(report.profiles)
+        atomic_write(out / SUMMARY, _json(summary))
+    return summary
+
+
+def _json(obj) -> str:
+    import json
+    return json.dumps(obj, indent=2)
+
+
+def _undo(out: Path, written: list, made_out: bool) -> None:
+    """Remove what a failed job wrote before its first shard (so ``OUT`` is as it was)."""
+    for f in written:
+        with contextlib.suppress(OSError):
+            Path(f).unlink()
+    with contextlib.suppress(OSError):
+        (out / TRAJECTORY_DIR).rmdir()
+    with contextlib.suppress(OSError):
+        (out / LOCK).unlink()
+    if made_out:
+        with contextlib.suppress(OSError):
+            out.rmdir()

@@ -1,0 +1,399 @@
+"""The one rollout job (agentrl.jobs): one layout, streaming, interrupts, resume, run folders never damaged.
+
+Same records at any scale for TinyAgent are in tests/test_ray.py; the HF engine's are here (a
+2-layer random Qwen3 on Ray actors started in this process, 1 CPU each).
+"""
+import errno
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import agentrl as arl
+from agentrl import checks, store
+from agentrl.jobs import plan as jp
+from agentrl.jobs import rollout as jr
+from agentrl.jobs.plan import RolloutOptions
+from agentrl.sampling import episode_seed
+
+AGENTRL = [sys.executable, '-m', 'agentrl']
+HAS_RAY = importlib.util.find_spec('ray') is not None
+
+
+def agentrl(*args, check=True, timeout=300):
+    p = subprocess.run([*AGENTRL, *map(str, args)], capture_output=True, text=True, timeout=timeout)
+    if check:
+        assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+def by_id(path):
+    """Records of a store keyed by (group_id, rollout_id); each episode must appear once."""
+    out = {}
+    for t in arl.read_trajectories(path):
+        key = (t.provenance.group_id, t.provenance.rollout_id)
+        assert key not in out, f'{key} stored twice'
+        out[key] = t
+    return out
+
+
+def assert_same(a, b):
+    assert torch.equal(a.ids, b.ids) and torch.equal(a.owner, b.owner) and torch.equal(a.turn, b.turn)
+    assert a.sample_logp.numpy().tobytes() == b.sample_logp.numpy().tobytes()
+    assert a.reward == b.reward and checks.record_digest(a) == checks.record_digest(b)
+    assert (a.provenance.seed, a.provenance.attempt, a.provenance.model) == \
+        (b.provenance.seed, b.provenance.attempt, b.provenance.model)
+
+
+def files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in Path(folder).rglob('*') if p.is_file()}
+
+
+# ----------------------------------------------------------------------------- plan and options
+
+def test_options_are_declared_once_and_range_checked():
+    import argparse
+
+    from agentrl.cli.options import add_fields
+    p = argparse.ArgumentParser()
+    add_fields(p, RolloutOptions)
+    flags = {a.option_strings[0] for a in p._actions if a.option_strings and a.dest != 'help'}
+    assert len(flags) == len(jp.fields(RolloutOptions)) == 20 and '--no-batch' in flags
+    for f in jp.fields(RolloutOptions):
+        assert f.metadata['help'], f.name
+    with pytest.raises(ValueError, match=r'^--top-p applies to --engine hf, not --engine tinyagent'):
+        RolloutOptions(top_p=0.5).validate()
+    with pytest.raises(ValueError, match=r'^--temperature must be a finite number, got nan'):
+        RolloutOptions(temperature=float('nan')).validate()
+    with pytest.raises(ValueError, match=r'^--chunk-size must be >= 1 and <= 100000, got 0'):
+        RolloutOptions(chunk_size=0).validate()
+    assert RolloutOptions(engine='hf').policy == ['model'] and len(RolloutOptions().policy) == 5
+
+
+@pytest.mark.parametrize('argv, message', [
+    (['rollout', '--top-p', '2'], '--top-p applies to --engine hf, not --engine tinyagent'),
+    (['rollout', '--top-k', '5'], '--top-k applies to --engine hf, not --engine tinyagent'),
+    (['rollout', '--temperature', 'inf'], '--temperature must be a finite number, got inf'),
+    (['rollout', '--workers', '-1'], '--workers must be >= 0 and <= 4096, got -1'),
+    (['rollout', '--seed', '-3'], '--seed must be >= 0'),
+    (['train', '--kl-coef', 'nan'], '--kl-coef must be a finite number, got nan'),
+    (['check', '{tmp}', '--max-ratio-dev', 'nan'], '--max-ratio-dev must be a finite number, got nan'),
+    (['train', '--sft-lr', 'inf'], '--sft-lr must be a finite number, got inf'),
+    (['train', '--clip-eps', '0'], '--clip-eps must be > 0.0 and <= 10.0, got 0.0'),
+    (['make-test-model', '{tmp}/m', '--layers', '0'], '--layers must be >= 1 and <= 256, got 0'),
+])
+def test_every_numeric_flag_is_range_checked_before_anything_runs(argv, message, tmp_path):
+    argv = [a.replace('{tmp}', str(tmp_path)) for a in argv]
+    if argv[0] in ('rollout', 'train'):
+        argv += ['--out', str(tmp_path / 'out')]
+    p = agentrl(*argv, check=False)
+    assert p.returncode == 2 and message in p.stderr and 'Traceback' not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / 'out').exists() and not (tmp_path / 'm').exists()
+
+
+def test_help_starts_in_under_a_second():
+    for args in (['--help'], ['rollout', '--help'], ['train', '--help']):
+        best = min(_timed(args) for _ in range(2))
+        assert best < 1.0, f'agentrl {" ".join(args)} took {best:.2f} s'
+
+
+def _timed(args):
+    t = time.perf_counter()
+    agentrl(*args)
+    return time.perf_counter() - t
+
+
+def test_cli_modules_import_no_heavy_library():
+    code = ('import sys; from agentrl.cli.main import build_parser; build_parser(); '
+            'print(sorted(m for m in ("torch", "ray", "transformers", "pyarrow", "rich") if m in sys.modules))')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == '[]'
+
+
+# ----------------------------------------------------------------------------- one layout, one seed rule
+
+def test_in_process_run_streams_shards_and_names_no_local_path(tmp_path):
+    out = tmp_path / 'run'
+    summary = jr.rollout_job(RolloutOptions(policy=['random', 'model'], split='heldout', repeats=3, seed=4,
+                                            chunk_size=5, out=str(out)), progress=False)
+    shards = sorted(p.name for p in (out / 'trajectories').iterdir())
+    assert shards == [f'part-{i:06d}.parquet' for i in range(8)]        # 4 chunks per policy: 5+5+5+3
+    assert summary['episodes'] == 36 and summary['trajectories'] == 'trajectories'
+    assert summary['model'] == {'name': 'model.pt', 'fingerprint': jr.model_fingerprint(out / 'model.pt')}
+    recs = by_id(out / 'trajectories')
+    for (g, r), t in recs.items():
+        assert t.provenance.seed == episode_seed(4, g, r) and t.provenance.attempt == 1
+    assert {t.provenance.model for t in recs.values() if t.provenance.policy == 'model'} == \
+        {f"model.pt@{summary['model']['fingerprint']}"}
+    text = (out / 'summary.json').read_text()
+    assert str(tmp_path) not in text and json.loads(text)['policies']['model']['episodes'] == 18
+    assert all(str(tmp_path) not in (t.provenance.model + t.provenance.tokenizer) for t in recs.values())
+    manifest = json.loads((out / 'run.json').read_text())
+    assert manifest['episodes'] == 36 and manifest['chunk_size'] == 5 and manifest['plan']['seed'] == 4
+    # check, report and show read the folder (and still a single file)
+    assert 'result: OK' in agentrl('check', out / 'trajectories', '--model', out / 'model.pt').stdout
+    assert agentrl('report', out).returncode == 0 and (out / 'report.html').is_file()
+    arl.write_trajectories(tmp_path / 'one.parquet', list(recs.values()))
+    assert 'records          36' in agentrl('check', tmp_path / 'one.parquet').stdout
+
+
+def test_scripted_policies_sample_from_their_episode_seed(tmp_path):
+    """A scripted episode's record depends only on its own seed, not on its chunk."""
+    a = jr.rollout_job(RolloutOptions(policy=['random'], split='heldout', repeats=4, seed=1, chunk_size=3,
+                                      out=str(tmp_path / 'a')), progress=False)
+    b = jr.rollout_job(RolloutOptions(policy=['random'], split='heldout', repeats=4, seed=1, chunk_size=24,
+                                      out=str(tmp_path / 'b')), progress=False)
+    assert a['policies'] == b['policies']
+    ra, rb = by_id(tmp_path / 'a' / 'trajectories'), by_id(tmp_path / 'b' / 'trajectories')
+    assert ra.keys() == rb.keys() and len(ra) == 24
+    for k in ra:
+        assert_same(ra[k], rb[k])
+
+
+# ----------------------------------------------------------------------------- kill -9, Ctrl-C, resume
+
+_KILL_AT = textwrap.dedent('''
+    import json, os, signal, sys
+    from agentrl.jobs.plan import RolloutOptions
+    from agentrl.jobs.rollout import rollout_job
+
+    def die(state):
+        if state.done >= int(sys.argv[2]):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    rollout_job(RolloutOptions(**json.loads(sys.argv[1])), on_chunk=die, progress=False)
+''')
+
+
+def _kill_then_resume(opts: dict, kill_at: int, ref: Path):
+    p = subprocess.run([sys.executable, '-c', _KILL_AT, json.dumps(opts), str(kill_at)], capture_output=True,
+                       text=True, timeout=300)
+    out = Path(opts['out'])
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    before = store.stored_identities(out / 'trajectories')
+    assert kill_at <= len(before) < len(by_id(ref)) and not (out / 'summary.json').exists()
+    s = jr.rollout_job(RolloutOptions(resume=str(out)), progress=False)
+    assert (s['engine']['skipped_by_resume'], s['engine']['written']) == (len(before), len(by_id(ref)) - len(before))
+    a, b = by_id(ref), by_id(out / 'trajectories')
+    assert a.keys() == b.keys()                       # every episode exactly once (by_id refuses a second copy)
+    for k in a:
+        assert_same(a[k], b[k])
+    return s
+
+
+def test_kill_9_halfway_then_resume_stores_every_episode_once(tmp_path):
+    opts = dict(policy=['model', 'blind'], split='heldout', repeats=4, seed=3, chunk_size=5)
+    ref = jr.rollout_job(RolloutOptions(**opts, out=str(tmp_path / 'ref')), progress=False)
+    s = _kill_then_resume(dict(opts, out=str(tmp_path / 'cut')), 10, tmp_path / 'ref' / 'trajectories')
+    assert s['policies'] == ref['policies'] and s['episodes'] == 48
+
+
+def _wait_for_shard(folder: Path, proc, timeout=120.0):
+    t = time.time()
+    while time.time() - t < timeout:
+        if folder.is_dir() and store.data_files(folder):
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    raise AssertionError('no shard written in time')
+
+
+@pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
+def test_ctrl_c_and_sigterm_keep_finished_shards_and_say_how_to_resume(tmp_path, sig):
+    out = tmp_path / 'run'
+    # the child restores the default SIGINT handler: a parent that ignores SIGINT must not make it hang
+    proc = subprocess.Popen([*AGENTRL, 'rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '80',
+                             '--no-batch', '--chunk-size', '4', '--out', str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        _wait_for_shard(out / 'trajectories', proc)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    kept = store.stored_identities(out / 'trajectories')
+    assert 0 < len(kept) < 480 and len(kept) % 4 == 0            # whole chunks only
+    assert f'agentrl: interrupted: {len(kept)} of 480 episodes are stored in {str(out)!r}' in err
+    assert f'finish the run with: agentrl rollout --resume {out}' in err
+    assert not (out / 'summary.json').exists() and not list(out.rglob('.*.tmp-*'))
+    if sig == signal.SIGINT:
+        p = agentrl('rollout', '--resume', out)
+        assert 'wrote 480 episodes to' in p.stdout
+        recs = by_id(out / 'trajectories')
+        assert len(recs) == 480 and {t.provenance.attempt for t in recs.values()} == {1}
+        assert all(t.provenance.seed == episode_seed(0, *k) for k, t in recs.items())
+
+
+def test_resume_refuses_another_plan_or_model(tmp_path):
+    out = tmp_path / 'run'
+    jr.rollout_job(RolloutOptions(policy=['model'], split='heldout', repeats=1, out=str(out)), progress=False)
+    with pytest.raises(ValueError, match='the run was planned with seed=0, this command says 5'):
+        jr.rollout_job(RolloutOptions(resume=str(out), seed=5), progress=False)
+    torch.manual_seed(9)
+    arl.save_checkpoint(arl.TinyAgent(316), str(out / 'model.pt'))
+    with pytest.raises(ValueError, match=r'the run was sampled from model\.pt@[0-9a-f]{12}, the model there now'):
+        jr.rollout_job(RolloutOptions(resume=str(out)), progress=False)
+
+
+# ----------------------------------------------------------------------------- run folders never damaged
+
+def test_second_rollout_into_a_locked_folder_refuses(tmp_path):
+    out = tmp_path / 'run'
+    out.mkdir()
+    with jr.run_lock(out):
+        p = agentrl('rollout', '--policy', 'oracle', '--split', 'heldout', '--repeats', '1', '--out', out, check=False)
+    assert p.returncode == 2 and 'is being written by another agentrl job' in p.stderr
+    assert sorted(os.listdir(out)) == ['.lock']
+
+
+def test_train_refuses_a_locked_or_finished_folder(tmp_path):
+    from agentrl.train import TrainConfig, train
+    out = tmp_path / 't'
+    out.mkdir()
+    with jr.run_lock(out):
+        with pytest.raises(ValueError, match='is being written by another agentrl job'):
+            train(TrainConfig(sft_steps=1, grpo_steps=0, eval_repeats=1, out=str(out)))
+    assert sorted(os.listdir(out)) == ['.lock']
+    (out / 'model.pt').write_bytes(b'x')
+    with pytest.raises(ValueError, match=r"already holds a training run \(model.pt\)"):
+        train(TrainConfig(sft_steps=1, grpo_steps=0, eval_repeats=1, out=str(out)))
+
+
+def _enospc(monkeypatch, name):
+    """Make the atomic write of a file called ``name`` fail as a full disk does (after a partial write)."""
+    from agentrl import io
+    real = io.atomic_path
+
+    import contextlib
+
+    @contextlib.contextmanager
+    def full(final, **kw):
+        with real(final, **kw) as tmp:
+            yield tmp
+            if Path(final).name == name:
+                Path(tmp).write_bytes(b'partial')
+                raise OSError(errno.ENOSPC, 'No space left on device', str(tmp))
+    monkeypatch.setattr(io, 'atomic_path', full)
+
+
+def test_full_disk_while_saving_the_model_leaves_no_run(tmp_path, monkeypatch):
+    _enospc(monkeypatch, 'model.pt')
+    out = tmp_path / 'run'
+    with pytest.raises(OSError, match='No space left on device'):
+        jr.rollout_job(RolloutOptions(policy=['model'], split='heldout', repeats=1, out=str(out)), progress=False)
+    assert not out.exists()                       # a run is complete or absent; no temporary file left
+    (out).mkdir()
+    (out / 'notes.txt').write_text('mine')
+    with pytest.raises(OSError):
+        jr.rollout_job(RolloutOptions(policy=['model'], split='heldout', repeats=1, out=str(out)), progress=False)
+    assert sorted(os.listdir(out)) == ['notes.txt']
+
+
+def test_full_disk_while_training_leaves_no_run(tmp_path, monkeypatch):
+    from agentrl.train import TrainConfig, train
+    _enospc(monkeypatch, 'summary.json')
+    out = tmp_path / 't'
+    with pytest.raises(OSError, match='No space left on device'):
+        train(TrainConfig(sft_steps=2, grpo_steps=1, group=2, tasks_per_step=1, eval_repeats=1, out=str(out)))
+    assert not out.exists()
+
+
+def _tmpfs(path: Path, size: str):
+    path.mkdir()
+    p = subprocess.run(['mount', '-t', 'tmpfs', '-o', f'size={size}', 'tmpfs', str(path)], capture_output=True)
+    if p.returncode != 0:
+        pytest.skip(f'cannot mount a tmpfs here ({p.stderr.decode().strip()[:80]}); the ENOSPC tests above '
+                    'simulate a full disk')
+    return path
+
+
+def test_a_real_full_disk_gives_one_line_and_leaves_the_folder_as_it_was(tmp_path):
+    disk = _tmpfs(tmp_path / 'disk', '1000k')
+    try:
+        (disk / 'filler').write_bytes(b'\0' * 600_000)        # room for the records, not for model.pt
+        out = disk / 'run'
+        p = agentrl('rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '1', '--out', out, check=False)
+        assert p.returncode == 2 and p.stderr.startswith('agentrl: error: No space left on device')
+        assert len(p.stderr.strip().splitlines()) == 1 and sorted(os.listdir(disk)) == ['filler']
+    finally:
+        subprocess.run(['umount', str(disk)], check=False)
+
+
+def test_make_test_model_refuses_an_existing_model_folder(tmp_path):
+    m = tmp_path / 'm'
+    m.mkdir()
+    (m / 'config.json').write_text('{}')
+    p = agentrl('make-test-model', m, check=False)
+    assert p.returncode == 2 and 'already holds a model (config.json); pass --force' in p.stderr
+    assert (m / 'config.json').read_text() == '{}'
+
+
+def test_show_and_report_into_a_folder_leave_no_temp_file(tmp_path):
+    out = tmp_path / 'run'
+    jr.rollout_job(RolloutOptions(policy=['oracle'], split='heldout', repeats=1, out=str(out)), progress=False)
+    target = tmp_path / 'existing'
+    target.mkdir()
+    for args in (['show', out / 'trajectories', '--format', 'html'], ['report', out]):
+        p = agentrl(*args, '--out', target, check=False)
+        assert p.returncode == 2 and f'--out {str(target)!r} is a folder; pass a file name' in p.stderr
+    assert not list(tmp_path.glob('*.tmp-*')) and not list(tmp_path.glob('.*tmp*')) and not os.listdir(target)
+
+
+# ----------------------------------------------------------------------------- the HF engine, any scale
+
+@pytest.fixture(scope='module')
+def hf_model(tmp_path_factory):
+    pytest.importorskip('transformers')
+    from _tokenizers import tokenizer_path
+
+    from agentrl.engines import hf
+    return hf.make_test_model(tmp_path_factory.mktemp('tiny-qwen3'), tokenizer_path('qwen3'))
+
+
+HF_PLAN = dict(engine='hf', split='heldout', repeats=1, seed=2, chunk_size=3, max_turns=2, max_new_tokens=12)
+
+
+@pytest.fixture(scope='module')
+def hf_ref(hf_model, tmp_path_factory):
+    out = tmp_path_factory.mktemp('hf') / 'w0'
+    jr.rollout_job(RolloutOptions(**HF_PLAN, model=str(hf_model), out=str(out)), progress=False)
+    return out
+
+
+def test_hf_kill_9_halfway_then_resume(hf_model, hf_ref, tmp_path):
+    _kill_then_resume(dict(HF_PLAN, model=str(hf_model), out=str(tmp_path / 'cut')), 3, hf_ref / 'trajectories')
+
+
+@pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed (pip install 'agentrl[ray]')")
+def test_hf_records_are_the_same_on_0_1_and_2_ray_workers(hf_model, hf_ref, tmp_path, monkeypatch):
+    ray = pytest.importorskip('ray')
+    monkeypatch.setenv('RAY_USAGE_STATS_ENABLED', '0')
+    ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False,
+             _node_ip_address='127.0.0.1')
+    try:
+        ref = by_id(hf_ref / 'trajectories')
+        assert len(ref) == 6 and all(t.provenance.policy == 'hf' for t in ref.values())
+        for workers in (1, 2):
+            out = tmp_path / f'w{workers}'
+            s = jr.rollout_job(RolloutOptions(**HF_PLAN, model=str(hf_model), workers=workers, out=str(out)),
+                               progress=False)
+            assert s['engine']['workers_started'] == workers and s['engine']['written'] == 6
+            got = by_id(out / 'trajectories')
+            assert got.keys() == ref.keys()
+            for k in ref:
+                assert_same(ref[k], got[k])
+                assert ref[k].provenance.seed == episode_seed(2, *k)
+    finally:
+        ray.shutdown()
