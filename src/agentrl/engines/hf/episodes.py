@@ -18,6 +18,7 @@ import torch
 from ...gym import TOOL_SCHEMAS, BugFixEnv
 from ...model import fill_holes
 from ...record import Provenance, SamplingSpec
+from ...sampling import PenaltyContext
 from ...templates import ChatRecorder, ChatTemplate
 from .models import model_id as _model_id
 from .sampler import HFSampler, SampledTurn
@@ -380,7 +381,9 @@ def _drive_rows(sampler, recorders, gens, after_turn, end, prof, max_context, ma
         t0 = clock()
         logits = sampler.decode_rows(cache, feed)
         t1 = clock()
-        ids, logp = sampler.choose(logits, [gens[i] for i in episode])
+        ctx = (PenaltyContext.of([recorders[i].prompt_ids for i in episode], [t.ids for t in current])
+               if sampler.spec.penalized else None)       # penalties: the turn's prompt and its ids so far
+        ids, logp = sampler.choose(logits, [gens[i] for i in episode], context=ctx)
         ids, logp = ids.tolist(), logp.tolist()
         t2 = clock()
         prof.decode_steps += 1
