@@ -125,7 +125,7 @@ class HFSampler:
         >>> turn.ids[-1] in template.stop_ids or turn.truncated
         True
 
-    Source: issue 5, item 1; book chapter 5.4 (token-in/token-out) and 5.8 (stop tokens are
+    Source: book chapter 5.4 (token-in/token-out) and 5.8 (stop tokens are
     sampled and kept).
     """
 
@@ -258,7 +258,7 @@ class HFSampler:
             ValueError: an empty prompt, a budget below 1, or ``generators`` / ``teacher`` /
                 budgets of another length than ``prompts``.
 
-        Source: issue 5, item 1 (prompt ids in; sampled ids and processed log-probs out).
+        Source: book chapter 5.4 (prompt ids in; sampled ids and processed log-probs out).
         """
         prompts = [p.tolist() if hasattr(p, 'tolist') else [int(i) for i in p] for p in prompts]
         if not prompts:
