@@ -137,11 +137,12 @@ def load_model(path: str):
 def _wordlevel_defaults():
     """(fingerprint, pad_id, eot_id, vocab_size) of agentrl's word-level tokenizer, or None if unavailable."""
     try:
-        from .. import gym, tokenizer
-        tok = tokenizer.build_tokenizer(gym.make_tasks('all'))
+        from ..gym import bugfix_tokenizer
+        tok = bugfix_tokenizer()
     except Exception:  # the gym is optional for checking foreign records
         return None
-    return tok.fingerprint(), tok.pad_id, tok.call_end_id, tok.vocab_size
+    fp = tok.fingerprint
+    return fp() if callable(fp) else fp, tok.pad_id, tok.call_end_id, tok.vocab_size
 
 
 def count_rows(path: str) -> int:
