@@ -6,7 +6,12 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.agentrl-installed
 EXTRAS ?= hf,ray,dev
 
-.PHONY: install demo test bench clean
+# the interop tests run the real TRL, verl and OpenRLHF in their own venv (verl pins transformers < 5.11)
+IVENV  ?= .venv-interop
+IPY    := $(IVENV)/bin/python
+ISTAMP := $(IVENV)/.agentrl-installed
+
+.PHONY: install demo test test-interop bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -27,9 +32,20 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+	$(MAKE) test-interop
+
+$(ISTAMP): pyproject.toml
+	test -x $(IPY) || python3 -m venv $(IVENV)
+	$(IPY) -m pip install -q torch==2.13.0
+	$(IPY) -m pip install -q -e '.[hf,dev,interop]'
+	$(IPY) -m pip install -q --no-deps verl==0.9.1 openrlhf==0.11.2
+	touch $(ISTAMP)
+
+test-interop: $(ISTAMP)
+	$(IPY) -m pytest -q tests/interop
 
 bench: $(STAMP)
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(IVENV) runs .pytest_cache .hypothesis

@@ -15,8 +15,14 @@ It checks that the recorder's ids equal ``apply_chat_template`` of the whole con
 prints a table (``--scaling`` adds 10/25/50/100-turn rows). Source: issue 3, "Benchmark (bench/)":
 recording must cost at most 2x one encode of the final text.
 
+``--audit`` times ``agentrl template audit qwen3 --messages n.json`` instead (the command's work,
+:func:`agentrl.templates.audit_template`, in process) on tool-loop conversations of 1k, 4k and 16k
+messages (a system message, a user message, then assistant calls and tool results), and checks that
+the time grows near-linearly: log-log slope from the smallest to the largest size <= 1.2.
+
 Usage:
     .venv/bin/python bench/bench_templates.py [--turns 50] [--repeat 7] [--scaling] [--tokenizer DIR]
+    .venv/bin/python bench/bench_templates.py --audit [--sizes 1000 4000 16000] [--repeat 3]
 """
 from __future__ import annotations
 
@@ -35,9 +41,47 @@ WORDS = ('def return value lower upper clamp min max assert self if else for in 
 def tokenizer_dir(arg: str | None) -> Path:
     if arg:
         return Path(arg)
-    if os.environ.get('AGENTRL_TOKENIZERS'):
-        return Path(os.environ['AGENTRL_TOKENIZERS']) / 'qwen3'
-    return ROOT.parent / 'shared' / 'tokenizers' / 'qwen3'
+    from agentrl.templates.chat import find_tokenizer_dir
+    try:
+        return find_tokenizer_dir('qwen3', hub=False)
+    except FileNotFoundError:
+        return ROOT.parent / 'shared' / 'tokenizers' / 'qwen3'
+
+
+def audit_messages(n: int) -> list:
+    """A tool-loop conversation of ``n`` messages (the shape of a long agent log)."""
+    msgs = [{'role': 'system', 'content': 'You fix bugs.'}, {'role': 'user', 'content': 'Fix clamp.'}]
+    k = 0
+    while len(msgs) < n:
+        msgs.append({'role': 'assistant', 'content': f'read(path="f{k}.py")'})
+        msgs.append({'role': 'tool', 'content': f'def f{k}(x): return x'})
+        k += 1
+    return msgs[:n]
+
+
+def run_audit(tok, sizes, repeat: int) -> int:
+    """Time audit_template on each size; print the table and the log-log slope; 0 when slope <= 1.2."""
+    import math
+
+    import agentrl.templates as tt
+    rows = []
+    for n in sizes:
+        msgs = audit_messages(n)
+        best, wall = float('inf'), float('inf')
+        for _ in range(repeat):
+            t, w = time.process_time(), time.perf_counter()
+            report = tt.audit_template(tok, msgs)
+            best, wall = min(best, time.process_time() - t), min(wall, time.perf_counter() - w)
+        rows.append((n, best, wall, report.prefix.audited, sum(report.owner_counts.values())))
+    print(f'agentrl template audit qwen3 --messages n.json (audit_template in process, best of {repeat}; '
+          'CPU seconds of this process, wall seconds beside)')
+    print(f'{"messages":>8} {"tokens":>8} {"cpu s":>8} {"wall s":>8} {"audited":>8}')
+    for n, sec, wall, audited, tokens in rows:
+        print(f'{n:>8} {tokens:>8} {sec:>8.2f} {wall:>8.2f} {audited if audited is not None else n:>8}')
+    (n0, t0, *_), (n1, t1, *_) = rows[0], rows[-1]
+    slope = math.log(t1 / t0) / math.log(n1 / n0)
+    print(f'log-log slope {n0} -> {n1} messages: {slope:.2f} (target <= 1.2) -> {"PASS" if slope <= 1.2 else "FAIL"}')
+    return 0 if slope <= 1.2 else 1
 
 
 def make_episode(tok, turns: int, obs_words: int = 400, seed: int = 0):
@@ -147,6 +191,8 @@ def main(argv=None) -> int:
     ap.add_argument('--repeat', type=int, default=7, help='runs per timing, best kept (default 7)')
     ap.add_argument('--scaling', action='store_true', help='also time 10, 25, 50 and 100 turns')
     ap.add_argument('--tokenizer', default=None, help='Qwen3 tokenizer folder (default ../shared/tokenizers/qwen3)')
+    ap.add_argument('--audit', action='store_true', help='time template audit on 1k/4k/16k-message conversations')
+    ap.add_argument('--sizes', type=int, nargs='+', default=[1000, 4000, 16000], help='--audit sizes (messages)')
     args = ap.parse_args(argv)
     os.environ.setdefault('HF_HUB_OFFLINE', '1')
     path = tokenizer_dir(args.tokenizer)
@@ -156,6 +202,8 @@ def main(argv=None) -> int:
     import transformers
     transformers.logging.set_verbosity_error()
     tok = transformers.AutoTokenizer.from_pretrained(str(path))
+    if args.audit:
+        return run_audit(tok, args.sizes, args.repeat if args.repeat != 7 else 3)
     try:
         from agentrl.gym import TOOL_SCHEMAS as tools
     except ImportError:

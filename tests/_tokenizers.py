@@ -1,8 +1,12 @@
-"""Real Hugging Face tokenizers for the template tests, loaded once per process.
+"""Tokenizers for the template tests, loaded once per process.
 
-Folder: ``$AGENTRL_TOKENIZERS``, else ``$AGENTRL_SHARED/tokenizers``, else ``../shared/tokenizers``
-next to the repository. Tests that need a tokenizer skip when the folder, transformers or jinja2
-is missing. Nothing is downloaded (``HF_HUB_OFFLINE=1``).
+- ``load('tiny')``: the tiny chat tokenizer committed under ``tests/assets/tiny-chat`` (our own
+  byte-level BPE and Qwen-style template; regenerate with ``tests/assets/make_tiny_tokenizer.py``).
+  It always exists, so recorder, labels, audit and HF-engine tests never skip for want of files.
+- ``load('qwen3' | 'deepseek-v3' | 'llama3')``: the real tokenizers, found by
+  :func:`agentrl.templates.chat.find_tokenizer_dir` (``$AGENTRL_TOKENIZERS``, ``../shared/tokenizers``,
+  then the Hugging Face hub for ungated repos when online); the test is skipped with a message saying
+  how to get them when none is found. Tests skip when transformers or jinja2 is missing.
 """
 import os
 from pathlib import Path
@@ -10,25 +14,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / 'tests' / 'assets' / 'tiny-chat'
 FAMILIES = ('qwen3', 'deepseek-v3', 'llama3')
 _CACHE = {}
 
 
-def tokenizers_dir() -> Path:
-    """The folder holding ``qwen3/``, ``deepseek-v3/`` and ``llama3/``."""
-    if os.environ.get('AGENTRL_TOKENIZERS'):
-        return Path(os.environ['AGENTRL_TOKENIZERS'])
-    if os.environ.get('AGENTRL_SHARED'):
-        return Path(os.environ['AGENTRL_SHARED']) / 'tokenizers'
-    return ROOT.parent / 'shared' / 'tokenizers'
-
-
 def tokenizer_path(family: str) -> Path:
-    """Folder of one family, or skip the test when it is absent."""
-    d = tokenizers_dir() / family
-    if not (d / 'tokenizer_config.json').is_file():
-        pytest.skip(f'no {family} tokenizer at {d} (set AGENTRL_TOKENIZERS to the tokenizers folder)')
-    return d
+    """Folder of one family (``'tiny'`` or a real one), or skip the test when it is absent."""
+    if family == 'tiny':
+        return TINY
+    pytest.importorskip('jinja2')
+    pytest.importorskip('transformers')
+    from agentrl.templates.chat import find_tokenizer_dir
+    try:
+        return find_tokenizer_dir(family)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
 
 
 def load(family: str):

@@ -10,6 +10,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # TinyAgent is tiny: intra-op threads only add contention on the 2-core CI machine.
 torch.set_num_threads(1)
 
+# One hypothesis profile for every property test: AGENTRL_MAX_EXAMPLES examples each (default 25;
+# e.g. AGENTRL_MAX_EXAMPLES=500 for a long soak, 5 for a quick pass), no deadline (CI timing varies).
+try:
+    from hypothesis import HealthCheck, settings
+except ImportError:  # pragma: no cover - hypothesis is a test dependency
+    pass
+else:
+    settings.register_profile('agentrl', max_examples=int(os.environ.get('AGENTRL_MAX_EXAMPLES', '25')),
+                              deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                                    HealthCheck.function_scoped_fixture])
+    settings.load_profile('agentrl')
+
 
 def shared_dir() -> Path:
     """The project's ../shared folder (seeds, spec, tokenizers), or $AGENTRL_SHARED."""

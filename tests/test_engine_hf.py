@@ -17,6 +17,8 @@ from _tokenizers import load, tokenizer_path
 pytest.importorskip('transformers')
 
 import agentrl as arl  # noqa: E402
+from agentrl import checks  # noqa: E402
+from agentrl.engines.scorer import hf_scorer, load_scorer  # noqa: E402
 from agentrl.checks.replay import replay_logp  # noqa: E402
 from agentrl.engines import hf  # noqa: E402
 from agentrl.record import OWNER, SamplingSpec  # noqa: E402
@@ -266,7 +268,7 @@ def test_function_calls_drive_the_gym(model, tok, template, tasks):
     tool = [tok.decode(traj.ids[(traj.turn == k) & (traj.owner == OWNER['tool'])].tolist()) for k in range(3)]
     assert [t.strip() for t in tool] == [arl.compact_source(arl.CLAMP_BUGGY).strip(), 'error : malformed call', 'ok']
     assert traj.ids[-1] == IM_END and traj.info['template']['unterminated_turns'] == []
-    assert hf.replay_records(model, trajs).ok
+    assert checks.replay_records(trajs, hf_scorer(model)).ok
 
 
 @pytest.mark.parametrize('text, calls, gym', [
@@ -307,7 +309,7 @@ def _max_abs(report):
 
 
 def test_step0_plain_forward_matches_sample_logp_at_t1(model, episodes_t1):
-    rep = hf.replay_records(model, episodes_t1, batch_size=4)         # right-padded collate, one forward pass
+    rep = checks.replay_records(episodes_t1, hf_scorer(model), batch_size=4)         # right-padded collate, one forward pass
     assert rep.ok and rep.overall.n == sum(int(t.action_mask.sum()) for t in episodes_t1)
     assert _max_abs(rep) < 1e-4
     assert len({len(t.ids) for t in episodes_t1}) > 1                   # the batch really was padded
@@ -316,12 +318,12 @@ def test_step0_plain_forward_matches_sample_logp_at_t1(model, episodes_t1):
 def test_step0_at_t07_top_p09(model, tok, template, tasks):
     trajs = hf.bugfix_rollouts(model, tok, tasks[4:7], spec=T07, max_new_tokens=16, max_turns=3, template=template)
     assert all(t.provenance.sampling == T07 for t in trajs)
-    rep = hf.replay_records(model, trajs)
+    rep = checks.replay_records(trajs, hf_scorer(model))
     assert rep.ok and _max_abs(rep) < 1e-4
     # the stored values are the nucleus log-probs: replaying them at T=0.7 without top_p does not match
     t07 = SamplingSpec(temperature=0.7)
     other = [dataclasses.replace(t, provenance=dataclasses.replace(t.provenance, sampling=t07)) for t in trajs]
-    assert not hf.replay_records(model, other).ok
+    assert not checks.replay_records(other, hf_scorer(model)).ok
 
 
 @pytest.mark.parametrize('spec', [T1, T07], ids=['T1', 'T0.7-top_p0.9'])
@@ -339,11 +341,11 @@ def test_step0_per_turn_contexts_when_not_prefix_stable(model, tok, spec):
     split = [t for t in trajs if t.turn_contexts is not None]
     assert split, 'no episode sampled reasoning that the template strips'
     assert all(not t.info['template']['prefix_stable'] for t in split)
-    rep = hf.replay_records(model, trajs)
+    rep = checks.replay_records(trajs, hf_scorer(model))
     assert rep.ok and _max_abs(rep) < 1e-4
     assert sum(' turn ' in r.key for r in rep.records) >= 3
     # one forward pass over the final sequence scores earlier turns in the wrong context
-    flat = hf.replay_records(model, [dataclasses.replace(t, turn_contexts=None) for t in split[:1]])
+    flat = checks.replay_records([dataclasses.replace(t, turn_contexts=None) for t in split[:1]], hf_scorer(model))
     assert not flat.ok
 
 
@@ -401,7 +403,7 @@ def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys, mon
     assert len(trajs) == 6 and all(t.provenance.policy == 'hf' for t in trajs)
     assert {t.provenance.model for t in trajs} == {name}
     assert {t.provenance.group_id for t in trajs} == {f'0/model/{t.name}' for t in arl.make_tasks('heldout')}
-    assert hf.replay_records(model, trajs).ok                        # step 0 holds after the Parquet round trip
+    assert checks.replay_records(trajs, hf_scorer(model)).ok                        # step 0 holds after the Parquet round trip
 
     assert cli('drift', '--records', out / 'trajectories') == 0
     text = capsys.readouterr().out

@@ -522,7 +522,7 @@ VOCAB_WORDS = [w for w in TOK.itos if w not in ('<pad>', '<unk>')]
 JUNK = ['', '<call', 'call>', '</call', '((', '))', 'é', '\n', '\t', '0x1F', 'None', '∞', 'edit:']
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(task_i=st.integers(0, 29), texts=st.lists(st.one_of(
     st.text(max_size=80),
     st.lists(st.sampled_from(VOCAB_WORDS + JUNK), max_size=10).map(' '.join),
@@ -537,7 +537,7 @@ def test_step_never_raises(task_i, texts):
         assert env.turn == min(k, 6) or done
 
 
-@settings(max_examples=200, deadline=None)
+@settings(deadline=None)
 @given(task_i=st.integers(0, 29), ops=st.lists(st.sampled_from(list(EDIT_OPS)), max_size=3))
 def test_op_chains_never_raise(task_i, ops):
     task = TASKS[task_i]
@@ -551,7 +551,7 @@ def test_op_chains_never_raise(task_i, ops):
     assert isinstance(compact_source(source), str)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(src=st.one_of(st.text(max_size=120), st.sampled_from(list(HOSTILE.values()))),
        ops=st.lists(st.sampled_from(list(EDIT_OPS)), max_size=3))
 def test_ops_and_sandbox_on_arbitrary_text(src, ops):

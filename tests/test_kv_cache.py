@@ -53,7 +53,7 @@ class Shifted(arl.TinyAgent):
 
 
 # ---------------------------------------------------------------- property: cache == KV-free
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(task_ids=st.lists(st.integers(0, 29), min_size=1, max_size=12), seed=st.integers(0, 2**31 - 1),
        temperature=st.sampled_from([1.0, 0.7, 1.5, 0.0]),
        max_len=st.one_of(st.integers(13, 40), st.sampled_from([48, 64, 256])),
@@ -78,7 +78,7 @@ def test_property_cached_batch_equals_kv_free(tasks, tok, task_ids, seed, temper
         assert _recompute_gap(model, cached) < 1e-5
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(task=st.integers(0, 29), seed=st.integers(0, 2**31 - 1), temperature=st.sampled_from([1.0, 0.5, 0.0]),
        max_len=st.one_of(st.integers(13, 40), st.just(256)), max_turns=st.integers(1, 8))
 def test_property_cached_rollout_equals_kv_free(tasks, tok, untrained, task, seed, temperature, max_len, max_turns):
@@ -201,7 +201,7 @@ def test_extend_keep_extra_rows_and_errors():
 
 
 # ---------------------------------------------------------------- collate fast path == reference
-@settings(max_examples=30, deadline=None)
+@settings(deadline=None)
 @given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=12), seed=st.integers(0, 1000),
        pad_id=st.integers(0, 5), tensors=st.booleans())
 def test_property_collate_fast_equals_reference(lengths, seed, pad_id, tensors):

@@ -52,3 +52,49 @@ def test_provenance_round_trip_and_spec_errors():
     with pytest.raises(ValueError, match="logp_mode must be one of"):
         SamplingSpec(logp_mode='cooked')
     assert OWNER == {'template': 0, 'prompt': 1, 'policy': 2, 'tool': 3}
+
+
+# ---------------------------------------------------------------------------- the one token writer
+def test_token_log_appends_spans_and_freezes_through_from_tokens():
+    from agentrl.record import OWNER, TokenLog
+    log = TokenLog()
+    log.append([1, 7], 'prompt', -1)
+    log.append([9, 4], 'policy', 0, [-0.5, -0.25])
+    log.append([5, 6, 8], [OWNER['template'], OWNER['tool'], 'template'], 0)
+    assert (log.ids, log.owner, log.turn) == ([1, 7, 9, 4, 5, 6, 8], [1, 1, 2, 2, 0, 3, 0], [-1, -1, 0, 0, 0, 0, 0])
+    assert log.logp == [0.0, 0.0, -0.5, -0.25, 0.0, 0.0, 0.0] and len(log) == 7
+    traj = log.freeze(1.0, {'stop': 'submitted'})
+    assert traj.action_mask.tolist() == [0, 1, 1, 0, 0, 0] and traj.sample_logp.tolist() == [0, -0.5, -0.25, 0, 0, 0]
+    log.truncate(4)
+    assert log.ids == [1, 7, 9, 4] and log.logp == [0.0, 0.0, -0.5, -0.25] and len(log.turn) == 4
+
+
+def test_token_log_refuses_spans_that_disagree():
+    import pytest
+    from agentrl.record import TokenLog
+    log = TokenLog()
+    with pytest.raises(ValueError, match='TokenLog.append: 1 log-probs for 2 ids; pass one per id'):
+        log.append([1, 2], 'policy', 0, [-0.1])
+    with pytest.raises(ValueError, match='TokenLog.append: 1 owners for 2 ids'):
+        log.append([1, 2], [0], 0)
+    with pytest.raises(ValueError, match="TokenLog.append: owner 'robot' is not one of"):
+        log.append([1], 'robot', 0)
+    with pytest.raises(ValueError, match=r'TokenLog.truncate: n=3 outside \[0, 0\]'):
+        log.truncate(3)
+    assert len(log) == 0                                    # nothing half-written
+
+
+def test_owner_runs_turn_spans_and_turn_records():
+    import agentrl as arl
+    from agentrl.record import OWNER, TokenLog, owner_runs, turn_records, turn_spans
+    assert owner_runs([1, 2, 2, 0, 2], [-1, 0, 0, 0, 1], OWNER['policy']) == [(0, 1, 3), (1, 4, 5)]
+    log = TokenLog()
+    log.append([1, 7], 'prompt', -1)
+    log.append([9, 4], 'policy', 0, [-0.5, -0.25])
+    log.append([5], 'tool', 0)
+    log.append([3], 'policy', 1, [-1.0])
+    traj = log.freeze(0.0, {})
+    assert turn_spans(traj) == [(0, 2, 4), (1, 5, 6)] and arl.turn_records is turn_records
+    per = turn_records(traj)
+    assert [r.ids.tolist() for r in per] == [[1, 7, 9, 4], [1, 7, 9, 4, 5, 3]]
+    assert per[1].action_mask.tolist() == [0, 0, 0, 0, 1] and per[1].sample_logp.tolist()[-1] == -1.0

@@ -119,7 +119,7 @@ def test_collate_errors(tasks, tok, oracle_clamp):
         arl.collate([oracle_clamp], tok.pad_id, max_len=48)
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(kinds=st.lists(st.sampled_from(['oracle', 'blind', 'random', 'hacker', 'model']), min_size=1, max_size=5),
        task_ids=st.lists(st.integers(0, 29), min_size=5, max_size=5), seed=st.integers(0, 10_000))
 def test_property_mask_and_collate_round_trip(tasks, tok, untrained, kinds, task_ids, seed):

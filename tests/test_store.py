@@ -74,7 +74,7 @@ def any_record(draw):
                       turn=torch.tensor(turn) if keep_owner else None, provenance=prov)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(recs=st.lists(any_record(), min_size=1, max_size=5))
 def test_round_trip_bit_exact(tmp_path, recs):
     path = tmp_path / 'rt.parquet'

@@ -5,6 +5,9 @@ import pytest
 
 from _tokenizers import load, tokenizer_path
 
+pytest.importorskip('jinja2')
+pytest.importorskip('transformers')
+
 import agentrl.templates
 from agentrl.cli.main import main
 

@@ -14,12 +14,13 @@ from _tokenizers import load
 
 import agentrl.templates as tt
 from agentrl.record import OWNER, OWNER_NAMES
+from agentrl.templates.labels import _locate_fast, locate_messages
 
 # words that occur in none of the three templates nor in the tool schema below
 WORDS = ['apple', 'river', 'stone', 'cloud', 'maple', 'tiger', 'lemon', 'piano', 'x1', '42', 'fix', 'bug', 'zeta']
 TOOLS = [{'name': 'read', 'description': 'Read a file.',
           'inputSchema': {'type': 'object', 'properties': {'path': {'type': 'string'}}, 'required': ['path']}}]
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @st.composite
@@ -36,7 +37,7 @@ def text(draw):
 @st.composite
 def conversation(draw, family):
     """(messages, options) of a prefix-stable conversation for ``family``."""
-    qwen = family == 'qwen3'
+    qwen = family in ('qwen3', 'tiny')   # tools and thinking
     thinking = draw(st.booleans()) if qwen else True
     tools = qwen and draw(st.booleans())
     msgs = [{'role': 'system', 'content': draw(text())}] if draw(st.booleans()) else []
@@ -102,6 +103,11 @@ def _check_labels(tok, messages, options):
     assert lab.text == full and lab.ids == ids
     assert len(lab.owner) == len(lab.ids) and set(lab.owner) <= set(OWNER.values())   # one owner per token
     assert lab.owner_names() == ref
+    t = tt.ChatTemplate(tok, **options)
+    gen = messages[-1]['role'] != 'assistant'
+    slow = locate_messages(t, tt.labels.check_messages(messages), gen, fast=False)[1]
+    fast = _locate_fast(t, tt.labels.check_messages(messages), gen, full)
+    assert fast is None or fast == slow                                   # the one-render path is exact
 
 
 def _check_recorder(tok, messages, options, history, cache):
@@ -130,7 +136,7 @@ def _check_recorder(tok, messages, options, history, cache):
     assert traj.turn_contexts is None and traj.info['template']['render_matches']
 
 
-@pytest.mark.parametrize('family', ['qwen3', 'deepseek-v3', 'llama3'])
+@pytest.mark.parametrize('family', ['tiny', 'qwen3', 'deepseek-v3', 'llama3'])
 def test_label_owners_matches_message_by_message_reference(family):
     tok = load(family)
 
@@ -142,7 +148,7 @@ def test_label_owners_matches_message_by_message_reference(family):
     check()
 
 
-@pytest.mark.parametrize('family', ['qwen3', 'deepseek-v3', 'llama3'])
+@pytest.mark.parametrize('family', ['tiny', 'qwen3', 'deepseek-v3', 'llama3'])
 def test_recorder_matches_reference(family):
     tok = load(family)
 

@@ -8,10 +8,14 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import agentrl as arl
 from agentrl.batching import collate
-from agentrl.train import (check_ratio_records, clipped_surrogate, group_advantages, grpo_step, kl_penalty,
+from agentrl import checks
+from agentrl.checks import require_trainable
+from agentrl.record import SamplingSpec
+from agentrl.train import (clipped_surrogate, group_advantages, group_index, grouped_advantages, grpo_step, kl_penalty,
                            masked_nll, max_ratio_deviation, oracle_demos, token_log_probs)
 from agentrl.train.loop import call_stats, evaluate, run_sft, sample_groups
 
@@ -170,16 +174,16 @@ def test_clipped_surrogate_literal():
 
 def test_placeholder_records_refused_in_ratio(demos, groups, tok):
     assert all(t.provenance.logp_placeholder for t in demos)
-    with pytest.raises(ValueError, match='placeholder'):
-        check_ratio_records(groups[:3] + demos[:1])
+    with pytest.raises(checks.ScriptedRecordError, match='placeholder'):
+        require_trainable(groups[:3] + demos[:1])
     model = arl.TinyAgent(tok.vocab_size)
-    with pytest.raises(ValueError, match='placeholder'):
+    with pytest.raises(checks.ScriptedRecordError, match='placeholder'):
         grpo_step(model, torch.optim.Adam(model.parameters()), demos[:4], 2, tok.pad_id)
-    with pytest.raises(ValueError, match='temperature'):
-        check_ratio_records(groups, temperature=0.7)
-    with pytest.raises(ValueError, match='no provenance'):
-        check_ratio_records([replace(groups[0], provenance=None)])
-    check_ratio_records(groups)                                   # sampled records pass
+    with pytest.raises(checks.SamplerMismatchError, match='temperature'):
+        require_trainable(groups, temperature=0.7)
+    with pytest.raises(checks.MissingProvenanceError, match='provenance: is missing'):
+        require_trainable([replace(groups[0], provenance=None)])
+    assert require_trainable(groups) == SamplingSpec()            # sampled records pass
 
 
 # ---------------------------------------------------------------- the warm start works
@@ -231,3 +235,90 @@ def test_cli_train_rejects_meaningless_groups(tmp_path, capsys):
     assert capsys.readouterr().err.startswith('agentrl: error: --group must be >= 2 for GRPO')
     assert main(['train', '--tasks-per-step', '30', '--out', str(tmp_path)]) == 2
     assert '--tasks-per-step and --hacker-demos must be <= 24' in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- groups from identity, dropout, truncated samplers
+
+def _with_identity(t, group_id, reward=None, rollout_id=None):
+    prov = replace(t.provenance, group_id=group_id, rollout_id=rollout_id or f'{group_id}/{id(t)}')
+    return replace(t, provenance=prov, reward=t.reward if reward is None else reward)
+
+
+def test_groups_come_from_group_id_not_row_order(sft_model, train_tasks, tok):
+    """The exact case: group ids A, B, A, B with rewards 1, 1, 0, 0 are two groups with variance."""
+    trajs = arl.rollout_batch(sft_model, [arl.BugFixEnv() for _ in range(4)], train_tasks[:4], tok,
+                              generator=torch.Generator().manual_seed(5))
+    trajs = [_with_identity(t, g, r) for t, g, r in zip(trajs, 'ABAB', [1.0, 1.0, 0.0, 0.0])]
+    model = arl.TinyAgent(tok.vocab_size)
+    model.load_state_dict(sft_model.state_dict())
+    m = grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, group_size=2, pad_id=tok.pad_id)
+    assert (m['zero_var_groups'], m['updates']) == (0, 1) and m['ratio_dev0'] < 1e-5
+    # laid out consecutively the old way, rows 0-1 (A, B) would have been one zero-variance group
+    assert group_advantages(torch.tensor([1., 1., 0., 0.]), 2)[1].tolist() == [True, True]
+    # a group of another size, and records without a group id, are refused by name
+    with pytest.raises(checks.GroupSizeError, match=r"provenance.group_id: 'A' holds 3 records but group_size is 2"):
+        grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs[:3] + [_with_identity(trajs[3], 'A')],
+                  2, tok.pad_id)
+    with pytest.raises(checks.MissingGroupError, match=r'provenance.group_id: of record 1 is empty'):
+        grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), [trajs[0], _with_identity(trajs[1], '')],
+                  2, tok.pad_id)
+
+
+def _fake(group, reward, n):
+    prov = arl.Provenance(policy='model', sampling=SamplingSpec(), group_id=group, rollout_id=f'{group}/{n}')
+    return arl.Trajectory.from_tokens([1, 2, 3], ['prompt', 'policy', 'policy'], [-1, 0, 0], [0.0, -0.5, -0.5],
+                                      reward, {}, provenance=prov)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n_groups=st.integers(1, 4), G=st.sampled_from([2, 3, 4]))
+def test_shuffling_records_leaves_every_advantage_unchanged(data, n_groups, G):
+    rewards = data.draw(st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=n_groups * G, max_size=n_groups * G))
+    recs = [_fake(f'g{i // G}', r, i) for i, r in enumerate(rewards)]
+    perm = data.draw(st.permutations(range(len(recs))))
+    shuffled = [recs[i] for i in perm]
+    adv = lambda rs: grouped_advantages(torch.tensor([r.reward for r in rs]), group_index(rs, G))[0]  # noqa: E731
+    a, b = adv(recs), adv(shuffled)
+    by_id = {r.provenance.rollout_id: float(x) for r, x in zip(recs, a)}
+    assert {r.provenance.rollout_id: float(x) for r, x in zip(shuffled, b)} == by_id
+    # and equal to the consecutive layout's advantages
+    assert a.tolist() == group_advantages(torch.tensor(rewards), G)[0].tolist()
+
+
+def test_dropout_is_off_when_scoring(train_tasks, tok):
+    """TinyAgent with dropout p = 0.1 on one block, records sampled in eval mode: step-0 ratio is 1."""
+    torch.manual_seed(0)
+    model = arl.TinyAgent(tok.vocab_size)
+    model.blocks[0].mlp.append(torch.nn.Dropout(0.1))
+    model.eval()
+    trajs = arl.rollout_batch(model, [arl.BugFixEnv() for _ in range(2)], train_tasks[:1] * 2, tok,
+                              generator=torch.Generator().manual_seed(0), identities=[('g', 'g/0'), ('g', 'g/1')])
+    trajs = [replace(t, reward=r) for t, r in zip(trajs, [1.0, 0.0])]
+    batch = collate(trajs, tok.pad_id)
+    model.train()                                 # what the old trainer scored in: dropout moves the ratio
+    with torch.no_grad():
+        logp, _ = token_log_probs(model, batch.ids)
+    assert max_ratio_deviation(logp, batch.sample_logp, batch.action_mask) > 1e-2
+    m = grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, 2, tok.pad_id, ratio_tol=1e-5)
+    assert m['ratio_dev0'] <= 1e-5 and m['dropout_disabled'] == 1.0 and m['updates'] == 1
+    assert model.training                          # the caller's mode is restored
+
+
+def test_grpo_trains_on_truncated_sampler_records(sft_model, train_tasks, tok):
+    """Records sampled at T = 0.7 with top-p 0.9: the ratio is against the processed distribution."""
+    spec = SamplingSpec(temperature=0.7, top_p=0.9)
+    jobs = [t for t in train_tasks[:2] for _ in range(2)]
+    trajs = arl.rollout_batch(sft_model, [arl.BugFixEnv() for _ in jobs], jobs, tok, spec=spec,
+                              generator=torch.Generator().manual_seed(2),
+                              identities=[(t.name, f'{t.name}/{i}') for i, t in enumerate(jobs)])
+    trajs = [replace(t, reward=float(i % 2)) for i, t in enumerate(trajs)]
+    model = arl.TinyAgent(tok.vocab_size)
+    model.load_state_dict(sft_model.state_dict())
+    m = grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, 2, tok.pad_id, ratio_tol=1e-5)
+    assert m['ratio_dev0'] <= 1e-5 and m['updates'] == 1
+    with pytest.raises(checks.SamplerMismatchError, match=r'provenance.sampling.temperature: of record 0 .* is 0.7 '
+                                                          r'but the ratio is computed at temperature 1.0'):
+        grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, 2, tok.pad_id, temperature=1.0)
+    mixed = trajs[:3] + [replace(trajs[3], provenance=replace(trajs[3].provenance, sampling=SamplingSpec(0.7)))]
+    with pytest.raises(checks.SamplerMismatchError, match='one step ratios against one sampler'):
+        grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), mixed, 2, tok.pad_id)

@@ -135,10 +135,10 @@ def test_hf_decoder_on_shared_qwen3(monkeypatch):
     assert s.cells[-1].text == '<think>' and s.cells[-1].mask == 1
     # no model name: the tokenizer digest in the provenance finds the shared folder
     try:
-        from agentrl.templates.chat import tokenizer_digest
+        from agentrl.templates.chat import tokenizer_fingerprint
     except ImportError:
         return
-    t.provenance = Provenance(policy='hf', tokenizer=tokenizer_digest(qtok))
+    t.provenance = Provenance(policy='hf', tokenizer=tokenizer_fingerprint(qtok))
     assert ''.join(c.text for c in viz.build_strip(t).cells) == text
 
 

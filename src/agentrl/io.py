@@ -6,16 +6,20 @@ shards, manifests) goes through :func:`atomic_write` or :func:`atomic_path`.
 
 Source: POSIX ``rename(2)`` is atomic within one file system; a temporary file in the target's
 own folder guarantees that.
+
+Terminal output: :func:`printable` is the one helper that neutralises escape and control
+characters in data (record fields, file names, messages) before they reach a terminal.
 """
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import uuid
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ['atomic_write', 'atomic_path', 'temp_name', 'fsync_dir', 'TEMP_PREFIX']
+__all__ = ['atomic_write', 'atomic_path', 'temp_name', 'fsync_dir', 'TEMP_PREFIX', 'printable']
 
 #: Temporary files are hidden: ``.NAME.tmp-PID-RANDOM`` next to their final ``NAME``.
 TEMP_PREFIX = '.'
@@ -100,3 +104,39 @@ def atomic_write(final: str | os.PathLike, data: bytes | str, *, fsync: bool = T
         with open(tmp, 'wb') as f:
             f.write(data.encode('utf-8') if isinstance(data, str) else data)
     return final
+
+
+# C0 and C1 control characters (ESC starts terminal escape sequences; CSI is 0x9b), DEL, and the
+# Unicode bidirectional overrides and isolates that reorder how a line is displayed.
+_CONTROL = re.compile('[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]')
+_CONTROL_NL = re.compile('[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]')
+
+
+def _escape(m: re.Match) -> str:
+    c = ord(m.group())
+    return f'\\x{c:02x}' if c < 0x100 else f'\\u{c:04x}'
+
+
+def printable(text, *, newlines: bool = False) -> str:
+    """``text`` with every control character shown as an escape, safe to print to a terminal.
+
+    ESC (``\\x1b``, which starts a terminal escape sequence such as ``\\x1b[2J`` "clear the
+    screen"), the other C0 and C1 controls, DEL and the Unicode bidirectional overrides become
+    visible ``\\xNN`` / ``\\uNNNN`` text; tab and newline are kept with ``newlines=True``.
+
+    Args:
+        text: any object (converted with ``str``).
+        newlines: keep ``\\n`` and ``\\t`` (multi-line output); default False escapes them too
+            (one-line output).
+
+    Returns:
+        str with no control characters (other than tab and newline when allowed).
+
+    Example:
+        ``printable('\\x1b[2J\\x1b[31mEVIL')`` is ``'\\\\x1b[2J\\\\x1b[31mEVIL'`` (printed: ``\\x1b[2J\\x1b[31mEVIL``).
+
+    Source: ECMA-48 (control functions: C0, C1 and the CSI introducer); Unicode UAX #9
+    (bidirectional formatting characters).
+    """
+    text = text if isinstance(text, str) else str(text)
+    return (_CONTROL if newlines else _CONTROL_NL).sub(_escape, text)

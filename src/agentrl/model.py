@@ -11,6 +11,9 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .record import SamplingSpec
+from .sampling import draw, sample, token_logp
+
 __all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'locate', 'sequence_log_probs', 'sample_next', 'save_checkpoint',
            'load_checkpoint']
 
@@ -415,7 +418,7 @@ class TinyAgent(nn.Module):
 
 
 def sequence_log_probs(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
-    """Log-probability of each predicted token ``ids[:, 1:]`` given its prefix.
+    """Log-probability of each predicted token ``ids[:, 1:]`` given its prefix (temperature 1).
 
     Args:
         model: maps ids ``[B, T]`` to logits ``[B, T, V]``.
@@ -423,15 +426,15 @@ def sequence_log_probs(model: nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
     Returns:
         ``[B, T-1]`` float32 nats; column j scores token j+1 (the convention of ``action_mask``
-        and ``sample_logp``). Works with and without gradients. Source: book chapter 3.4.
+        and ``sample_logp``). Works with and without gradients. Source: book chapter 3.4; the
+        gather is :func:`agentrl.sampling.token_logp`.
     """
-    logits = model(ids)[:, :-1].float()
-    return torch.log_softmax(logits, dim=-1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+    return token_logp(model, ids)
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch.Generator | None = None,
                 generators=None):
-    """Sample one token per row and return its log-probability under the sampled distribution.
+    """Sample one token per row at a temperature (the book's name for :func:`agentrl.sampling.sample`).
 
     Args:
         logits: ``[B, V]`` float logits of the last position.
@@ -448,60 +451,33 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
         :func:`sequence_log_probs` at T = 1.
 
     Sampling is by inversion: one uniform draw per row (``torch.rand(B)`` from ``generator``)
-    located in the row's cumulative distribution. It samples the same categorical distribution
-    as ``torch.multinomial`` (which draws one exponential per vocabulary entry, V times as many
-    random numbers: at ``[256, 316]`` it took 1.9 ms against 0.25 ms here); a token of
-    probability 0 is never drawn (see :func:`locate`).
+    located in the row's cumulative distribution (:func:`agentrl.sampling.draw`). It samples the
+    same categorical distribution as ``torch.multinomial`` (which draws one exponential per
+    vocabulary entry, V times as many random numbers: at ``[256, 316]`` it took 1.9 ms against
+    0.25 ms here); a token of probability 0 is never drawn.
 
     Raises:
         ValueError: logits not 2-D; both ``generator`` and ``generators``, or ``generators`` not
-            one per row.
+            one per row; a row with no distribution (NaN or inf logits, or all -inf).
     """
-    if logits.dim() != 2:
-        raise ValueError(f'sample_next expects logits [B, V], got shape {tuple(logits.shape)}')
-    if generators is not None and (generator is not None or len(generators) != logits.shape[0]):
-        raise ValueError(f'sample_next: pass generator or one generator per row ({logits.shape[0]}), '
-                         f'got generator={generator!r} and {len(generators)} generators')
-    logits = logits.float()
-    if temperature <= 0:
-        logp_all = torch.log_softmax(logits, dim=-1)
-        ids = logp_all.argmax(dim=-1)
-        return ids, logp_all.gather(-1, ids[:, None]).squeeze(-1)
-    probs = torch.softmax(logits if temperature == 1 else logits / temperature, dim=-1)  # x/1 == x
-    if generators is None:
-        u = torch.rand(probs.shape[0], 1, generator=generator, dtype=torch.float64, device=probs.device)
-    else:
-        u = torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64, device=probs.device) for g in generators])
-    ids = locate(probs, u)
-    return ids, probs.gather(-1, ids[:, None]).squeeze(-1).log()
+    spec = SamplingSpec(temperature=max(float(temperature), 0.0))
+    return sample(logits, spec, generator=generator, generators=generators, caller='sample_next')
 
 
 def locate(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Invert each row's CDF at ``u``: the token ``i`` with ``cdf[i-1] <= u * total < cdf[i]``.
+    """Invert each row's CDF at ``u`` (the book's name for :func:`agentrl.sampling.draw`).
 
     Args:
         probs: ``[B, V]`` non-negative weights (rows need not sum to 1; at least one > 0).
         u: ``[B, 1]`` float64 uniforms in ``[0, 1)``.
 
     Returns:
-        ``[B]`` int64 ids; a token of weight 0 is never returned. The CDF is accumulated in
-        float64, so a token of weight 1e-9 after a mass of 0.999 keeps its own interval (in
-        float32 it would round away). Source: inverse transform sampling.
+        ``[B]`` int64 ids; a token of weight 0 is never returned (float64 CDF).
 
     Raises:
-        ValueError: a row whose weights do not sum to a finite positive number (NaN or inf
-            logits, or every logit -inf): there is no distribution to sample from.
+        ValueError: a row whose weights do not sum to a finite positive number.
     """
-    cdf = probs.double().cumsum_(dim=-1)
-    total = cdf[:, -1:].contiguous()
-    if not bool(torch.isfinite(total.log()).all()):            # log: 0 -> -inf, NaN and inf stay
-        rows = (~((total > 0) & (total < float('inf')))).squeeze(1).nonzero().squeeze(1).tolist()
-        raise ValueError(f'sample_next: rows {rows[:5]} have no distribution to sample from (NaN or inf '
-                         'logits, or all -inf); check the model output before sampling')
-    ids = torch.searchsorted(cdf, u * total, right=True)
-    # u * total can round up to total: fall back to the last token of positive weight
-    last = torch.searchsorted(cdf, total, right=False)
-    return torch.minimum(ids, last).squeeze(-1)
+    return draw(probs, u, caller='sample_next')
 
 
 def save_checkpoint(model: TinyAgent, path: str) -> None:
@@ -515,13 +491,75 @@ def save_checkpoint(model: TinyAgent, path: str) -> None:
         torch.save({'config': model.config(), 'state_dict': model.state_dict()}, tmp)
 
 
+#: Bounds on a checkpoint's config, checked before anything is allocated (TinyAgent is a toy:
+#: the defaults are V=316, max_len=256, d_model=64, 2 layers, 4 heads, about 0.11 M parameters).
+CHECKPOINT_BOUNDS = {'vocab_size': (1, 1 << 20), 'max_len': (2, 1 << 16), 'd_model': (1, 4096),
+                     'n_layers': (1, 64), 'n_heads': (1, 256)}
+#: Most parameters a checkpoint may declare (2**27 float32 = 512 MiB).
+MAX_CHECKPOINT_PARAMS = 1 << 27
+
+
+def _param_count(cfg: dict) -> int:
+    """Parameters of ``TinyAgent(**cfg)`` without building it (embeddings, blocks, final norm, head)."""
+    V, L, d, n = cfg['vocab_size'], cfg['max_len'], cfg['d_model'], cfg['n_layers']
+    block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
+    return V * d + L * d + n * block + 2 * d + (d * V + V)
+
+
+def checkpoint_config(cfg, where: str = 'checkpoint') -> dict:
+    """Validate and bound a TinyAgent config before anything is allocated.
+
+    Args:
+        cfg: the checkpoint's ``config`` dict (keys of :meth:`TinyAgent.config`; ``max_len``,
+            ``d_model``, ``n_layers`` and ``n_heads`` default to the constructor's).
+        where: how to name the checkpoint in errors (its path).
+
+    Returns:
+        the config as a dict of ints, every value within :data:`CHECKPOINT_BOUNDS`.
+
+    Raises:
+        ValueError: not a dict, an unknown key, a value that is not an int or out of bounds,
+            ``d_model`` not divisible by ``n_heads``, or more than :data:`MAX_CHECKPOINT_PARAMS`
+            parameters. Fix: save the model with :func:`save_checkpoint`.
+    """
+    fix = 'save the model with agentrl.model.save_checkpoint'
+    if not isinstance(cfg, dict):
+        raise ValueError(f'{where}: config is a {type(cfg).__name__}, not a dict; {fix}')
+    unknown = sorted(map(str, set(cfg) - set(CHECKPOINT_BOUNDS)))
+    if unknown:
+        raise ValueError(f'{where}: config has unknown keys {unknown[:5]} (known: {", ".join(CHECKPOINT_BOUNDS)}); '
+                         f'{fix}')
+    defaults = {'max_len': 256, 'd_model': 64, 'n_layers': 2, 'n_heads': 4}
+    if 'vocab_size' not in cfg:
+        raise ValueError(f'{where}: config has no vocab_size; {fix}')
+    out = {}
+    for key, (lo, hi) in CHECKPOINT_BOUNDS.items():
+        v = cfg.get(key, defaults.get(key))
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+            raise ValueError(f'{where}: config {key} is {v!r}, not an int in [{lo}, {hi}]; {fix}')
+        out[key] = v
+    if out['d_model'] % out['n_heads']:
+        raise ValueError(f'{where}: config d_model {out["d_model"]} is not divisible by n_heads {out["n_heads"]}; '
+                         f'{fix}')
+    n = _param_count(out)
+    if n > MAX_CHECKPOINT_PARAMS:
+        raise ValueError(f'{where}: config asks for {n:,} parameters ({4 * n / 2**30:.1f} GiB), more than the '
+                         f'{MAX_CHECKPOINT_PARAMS:,} a TinyAgent checkpoint may hold; {fix}')
+    return out
+
+
 def load_checkpoint(path: str) -> TinyAgent:
     """Load a TinyAgent saved by :func:`save_checkpoint`, or a plain dict of ``state_dict``,
     ``vocab_size`` and (optional, default 256) ``max_len``.
 
+    The file is read with ``torch.load(weights_only=True)`` (no code runs); the config is
+    validated and bounded (:func:`checkpoint_config`), and every weight's name and shape is
+    compared with the config, before the model is allocated.
+
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the file is not an agentrl TinyAgent checkpoint.
+        ValueError: the file is not an agentrl TinyAgent checkpoint, its config is malformed or
+            out of bounds, or its weights do not fit the config (one line naming the file).
     """
     if not os.path.exists(path):
         raise FileNotFoundError(f'checkpoint {path!r} not found; pass the model.pt written by `agentrl train`')
@@ -531,11 +569,27 @@ def load_checkpoint(path: str) -> TinyAgent:
         raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (torch.load failed: '
                          f'{type(e).__name__}); pass model.pt from `agentrl train` or `agentrl rollout`') from None
     if isinstance(state, dict) and 'config' in state and 'state_dict' in state:
-        model = TinyAgent(**state['config'])
+        cfg = checkpoint_config(state['config'], repr(path))
     elif isinstance(state, dict) and 'state_dict' in state and 'vocab_size' in state:
-        model = TinyAgent(int(state['vocab_size']), int(state.get('max_len', 256)))
+        cfg = checkpoint_config({'vocab_size': state['vocab_size'], 'max_len': state.get('max_len', 256)}, repr(path))
     else:
         raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (expected keys config and state_dict, '
                          'or state_dict, vocab_size and max_len)')
-    model.load_state_dict(state['state_dict'])
+    weights = state['state_dict']
+    if not isinstance(weights, dict) or not all(torch.is_tensor(v) for v in weights.values()):
+        raise ValueError(f'{path!r}: state_dict is not a dict of tensors; save the model with '
+                         'agentrl.model.save_checkpoint')
+    with torch.device('meta'):
+        want = {k: tuple(v.shape) for k, v in TinyAgent(**cfg).state_dict().items()}
+    missing = sorted(set(want) - set(weights))
+    extra = sorted(map(str, set(weights) - set(want)))
+    if missing or extra:
+        raise ValueError(f'{path!r}: state_dict does not fit the config {cfg} (missing {missing[:3]}, '
+                         f'unexpected {extra[:3]}); save the model with agentrl.model.save_checkpoint')
+    for k, shape in want.items():
+        if tuple(weights[k].shape) != shape:
+            raise ValueError(f'{path!r}: weight {k} has shape {list(weights[k].shape)}, but the config {cfg} '
+                             f'needs {list(shape)}; save the model with agentrl.model.save_checkpoint')
+    model = TinyAgent(**cfg)
+    model.load_state_dict(weights)
     return model.eval()

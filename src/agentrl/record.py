@@ -10,6 +10,7 @@ Peer names: ``action_mask`` ~ verl ``response_mask`` ~ TRL ``completion_mask * t
 from __future__ import annotations
 
 import json
+import math
 from array import array
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Iterator
@@ -17,7 +18,7 @@ from typing import Any, Iterator
 import torch
 
 __all__ = ['OWNER', 'OWNER_NAMES', 'SamplingSpec', 'Provenance', 'Trajectory', 'Batch', 'LOGP_MODES',
-           'TokenLog', 'owner_runs', 'turn_spans', 'turn_records']
+           'PENALTY_SEMANTICS', 'TokenLog', 'owner_runs', 'turn_spans', 'turn_records']
 
 #: Owner code of each token. Source: book chapter 5.1 (template, prompt, policy, tool).
 OWNER = {'template': 0, 'prompt': 1, 'policy': 2, 'tool': 3}
@@ -26,6 +27,8 @@ OWNER_NAMES = tuple(sorted(OWNER, key=OWNER.get))
 #: ``processed``: log-prob under the distribution actually sampled from (after temperature and
 #: truncation); ``raw``: log-softmax of the unmodified logits.
 LOGP_MODES = ('processed', 'raw')
+#: Which engine's penalty rules a :class:`SamplingSpec` follows (see its attributes).
+PENALTY_SEMANTICS = ('transformers', 'vllm')
 
 
 @dataclass(frozen=True)
@@ -38,7 +41,25 @@ class SamplingSpec:
         top_k: keep the k most likely tokens; 0 disables.
         top_p: nucleus mass in (0, 1]; 1.0 disables.
         min_p: drop tokens whose probability is below ``min_p * max_prob``; 0.0 disables.
-        logp_mode: ``'processed'`` or ``'raw'`` (see :data:`LOGP_MODES`).
+        logp_mode: ``'processed'`` or ``'raw'`` (see :data:`LOGP_MODES`); ``raw`` is the
+            log-softmax of the model's logits before any penalty, temperature or truncation.
+        repetition_penalty: > 0; 1.0 disables. Every token id that occurs in the turn's
+            context (the ids the turn was sampled after) or among the turn's tokens sampled so
+            far has its logit divided by it when the logit is positive and multiplied by it
+            otherwise (CTRL, Keskar et al. 2019). Transformers'
+            ``RepetitionPenaltyLogitsProcessor`` (``input_ids`` = prompt + generated) and vLLM's
+            ``apply_penalties`` (prompt mask | output mask) act on the same set, so both
+            semantics agree on it.
+        presence_penalty: in ``[-2, 2]``; 0.0 disables. Subtracted once from the logit of every
+            token id already sampled in this turn (output tokens only, never the context):
+            vLLM ``apply_penalties``, after the OpenAI API definition. Needs
+            ``penalty_semantics='vllm'``.
+        frequency_penalty: in ``[-2, 2]``; 0.0 disables. Subtracted from a token's logit once
+            per occurrence among the tokens sampled so far in this turn (vLLM, OpenAI API).
+            Needs ``penalty_semantics='vllm'``.
+        penalty_semantics: ``'transformers'`` (Hugging Face ``generate``: repetition penalty
+            only; it has no presence or frequency penalty) or ``'vllm'`` (all three). Penalties
+            act on the raw logits, before temperature and truncation, in both engines.
 
     Raises:
         ValueError: a field out of range, naming the field and its allowed range.
@@ -48,6 +69,10 @@ class SamplingSpec:
     top_p: float = 1.0
     min_p: float = 0.0
     logp_mode: str = 'processed'
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    penalty_semantics: str = 'transformers'
 
     def __post_init__(self):
         if not self.temperature >= 0:
@@ -60,15 +85,62 @@ class SamplingSpec:
             raise ValueError(f'SamplingSpec.min_p must be in [0, 1) (0 = off), got {self.min_p}')
         if self.logp_mode not in LOGP_MODES:
             raise ValueError(f'SamplingSpec.logp_mode must be one of {LOGP_MODES}, got {self.logp_mode!r}')
+        if not (math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0):
+            raise ValueError(f'SamplingSpec.repetition_penalty must be a finite number > 0 (1 = off), '
+                             f'got {self.repetition_penalty}')
+        for name in ('presence_penalty', 'frequency_penalty'):
+            v = getattr(self, name)
+            if not -2.0 <= v <= 2.0:
+                raise ValueError(f'SamplingSpec.{name} must be in [-2, 2] (0 = off), got {v}')
+        if self.penalty_semantics not in PENALTY_SEMANTICS:
+            raise ValueError(f'SamplingSpec.penalty_semantics must be one of {PENALTY_SEMANTICS}, '
+                             f'got {self.penalty_semantics!r}')
+        if self.penalty_semantics == 'transformers' and (self.presence_penalty or self.frequency_penalty):
+            raise ValueError('SamplingSpec.presence_penalty / frequency_penalty need penalty_semantics=\'vllm\': '
+                             'transformers\' generate has no presence or frequency penalty')
+
+    @property
+    def penalized(self) -> bool:
+        """True when a repetition, presence or frequency penalty is on."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    @property
+    def truncated(self) -> bool:
+        """True when top-k, top-p or min-p cuts the support (temperature > 0)."""
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
     def to_dict(self) -> dict:
-        """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`."""
-        return asdict(self)
+        """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`.
+
+        The penalty fields are left out while they hold their defaults, so a record sampled
+        without penalties is stored exactly as before they existed (same bytes, same digest).
+        """
+        d = asdict(self)
+        for name in _PENALTY_FIELDS:
+            if d[name] == _PENALTY_DEFAULTS[name]:
+                del d[name]
+        return d
 
     @classmethod
     def from_dict(cls, d: dict | None) -> 'SamplingSpec | None':
-        """Rebuild from :meth:`to_dict` output; None gives None."""
-        return None if d is None else cls(**d)
+        """Rebuild from :meth:`to_dict` output; None gives None.
+
+        Keys absent from ``d`` (records written before a field existed) take their defaults.
+
+        Raises:
+            ValueError: an unknown key (naming it) or a value out of range.
+        """
+        if d is None:
+            return None
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ValueError(f'SamplingSpec: unknown key(s) {unknown}; known: {[f.name for f in fields(cls)]}')
+        return cls(**d)
+
+
+_PENALTY_DEFAULTS = {'repetition_penalty': 1.0, 'presence_penalty': 0.0, 'frequency_penalty': 0.0,
+                     'penalty_semantics': 'transformers'}
+_PENALTY_FIELDS = tuple(_PENALTY_DEFAULTS)
 
 
 def _version() -> str:

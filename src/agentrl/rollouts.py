@@ -12,11 +12,12 @@ import copy
 import torch
 
 from .gym.calls import StopReason
-from .model import fill_holes, sample_next
+from .model import fill_holes
 from .record import Provenance, SamplingSpec, TokenLog, Trajectory
+from .sampling import sample
 
 __all__ = ['MAX_CALL_TOKENS', 'Episode', 'make_trajectory', 'scripted_rollout', 'generate_call',
-           'rollout', 'rollout_batch', 'model_provenance', 'supports_kv_cache']
+           'rollout', 'rollout_batch', 'model_provenance', 'sampling_spec', 'supports_kv_cache']
 
 #: A call longer than this many tokens is cut off and parsed as it is. Source: book chapter 5.6.
 MAX_CALL_TOKENS = 6
@@ -109,9 +110,40 @@ def _scripted_provenance(policy, tok) -> Provenance:
                       template=tok.template_fingerprint(), sampling=None, logp_placeholder=True)
 
 
-def model_provenance(model, tok, temperature: float, model_id: str = '') -> Provenance:
-    """Provenance of a TinyAgent rollout: fingerprints, the sampler, the model id."""
-    spec = SamplingSpec(temperature=max(float(temperature), 0.0))
+def sampling_spec(temperature: float = 1.0, spec: SamplingSpec | None = None, who: str = 'rollout') -> SamplingSpec:
+    """The :class:`~agentrl.record.SamplingSpec` of a TinyAgent rollout, from ``temperature`` or ``spec``.
+
+    Args:
+        temperature: the book's argument (``<= 0`` greedy), used when ``spec`` is None.
+        spec: a full sampler (temperature, top-k, top-p, min-p, ``logp_mode``).
+        who: the public name that raises (for the message).
+
+    Returns:
+        the spec the rollout samples under and records.
+
+    Raises:
+        ValueError: both a non-default ``temperature`` and a ``spec`` whose temperature differs
+            (pass one of them), or a spec with penalties (repetition / presence / frequency
+            penalties are applied by the Hugging Face engine, ``agentrl.engines.hf``; TinyAgent
+            rollouts refuse them rather than record a sampler they did not use).
+    """
+    if spec is None:
+        return SamplingSpec(temperature=max(float(temperature), 0.0))
+    if not isinstance(spec, SamplingSpec):
+        raise ValueError(f'{who}: spec must be an agentrl.record.SamplingSpec, got {type(spec).__name__}')
+    if float(temperature) != 1.0 and float(temperature) != spec.temperature:
+        raise ValueError(f'{who}: temperature={temperature} disagrees with spec.temperature={spec.temperature}; '
+                         'pass the temperature inside spec only')
+    if spec.penalized:
+        raise ValueError(f'{who}: spec has repetition/presence/frequency penalties, which TinyAgent rollouts do not '
+                         'apply; sample with the Hugging Face engine (agentrl.engines.hf) or drop the penalties')
+    return spec
+
+
+def model_provenance(model, tok, temperature: float | SamplingSpec, model_id: str = '') -> Provenance:
+    """Provenance of a TinyAgent rollout: fingerprints, the sampler (a temperature or a
+    :class:`~agentrl.record.SamplingSpec`), the model id."""
+    spec = temperature if isinstance(temperature, SamplingSpec) else SamplingSpec(temperature=max(float(temperature), 0.0))
     return Provenance(policy='model', tokenizer=tok.fingerprint(), template=tok.template_fingerprint(),
                       sampling=spec, model=model_id or type(model).__name__)
 
@@ -148,12 +180,12 @@ def supports_kv_cache(model) -> bool:
     return owner('extend') <= owner('forward')
 
 
-def _generate_call_kv_free(model, ids, tok, temperature, generator):
+def _generate_call_kv_free(model, ids, tok, spec, generator):
     call_ids, call_logp = [], []
     with torch.no_grad():
         for _ in range(MAX_CALL_TOKENS):
             logits = model(torch.tensor([list(ids) + call_ids]))[:, -1]
-            next_id, logp = sample_next(logits, temperature, generator=generator)
+            next_id, logp = sample(logits, spec, generator=generator, caller='sample_next')
             call_ids.append(int(next_id))
             call_logp.append(float(logp))
             if call_ids[-1] == tok.call_end_id:
@@ -161,11 +193,11 @@ def _generate_call_kv_free(model, ids, tok, temperature, generator):
     return call_ids, call_logp
 
 
-def generate_call(model, ids, tok, temperature: float = 1.0, generator=None, cache=True):
+def generate_call(model, ids, tok, temperature: float = 1.0, generator=None, cache=True, *, spec=None):
     """Sample one call after the prefix ``ids``, with a KV cache or the KV-free loop (book 3.5).
 
-    Both paths draw the same ``sample_next`` calls, so for the same generator they sample the
-    same ids with the same log-probs (to fp32 rounding, about 1e-6).
+    Both paths draw with the same :func:`agentrl.sampling.sample` calls, so for the same generator
+    they sample the same ids with the same log-probs (to fp32 rounding, about 1e-6).
 
     Args:
         model: ids ``[1, T]`` -> logits ``[1, T, V]``; the cache is used only when
@@ -174,6 +206,8 @@ def generate_call(model, ids, tok, temperature: float = 1.0, generator=None, cac
         tok: tokenizer (``call_end_id`` stops the call).
         temperature: sampling temperature (``<= 0`` greedy).
         generator: optional ``torch.Generator``.
+        spec: instead of ``temperature``, a full :class:`~agentrl.record.SamplingSpec` (top-k,
+            top-p, min-p, ``logp_mode``; see :func:`sampling_spec`).
         cache: ``True`` (a fresh cache, prefill the whole prefix), ``False`` (KV-free reference
             loop, the book's), or a one-row :class:`~agentrl.model.KVCache` from an earlier call of
             the same episode: only the ids it does not hold yet are prefilled and the cache is
@@ -185,10 +219,11 @@ def generate_call(model, ids, tok, temperature: float = 1.0, generator=None, cac
 
     Raises:
         ValueError: a cache object that is not a one-row cache holding a strict prefix of ``ids``
-            (pass the cache of this episode, or ``cache=True``).
+            (pass the cache of this episode, or ``cache=True``); see :func:`sampling_spec`.
     """
+    spec = sampling_spec(temperature, spec, 'generate_call')
     if cache is False or cache is None or not supports_kv_cache(model):
-        return _generate_call_kv_free(model, ids, tok, temperature, generator)
+        return _generate_call_kv_free(model, ids, tok, spec, generator)
     ids = list(ids)
     if cache is True:
         kv = model.new_cache(1)
@@ -206,7 +241,7 @@ def generate_call(model, ids, tok, temperature: float = 1.0, generator=None, cac
     with torch.no_grad():
         for _ in range(MAX_CALL_TOKENS):
             logits = model.extend(kv, torch.tensor([feed]))
-            next_id, logp = sample_next(logits, temperature, generator=generator)
+            next_id, logp = sample(logits, spec, generator=generator, caller='sample_next')
             kv.tokens.extend(feed)
             feed = [int(next_id)]
             call_ids.append(feed[0])
@@ -217,7 +252,7 @@ def generate_call(model, ids, tok, temperature: float = 1.0, generator=None, cac
 
 
 def rollout(model, env, task, tok, max_turns: int = 6, temperature: float = 1.0, generator=None,
-            cache: bool = True) -> Trajectory:
+            cache: bool = True, *, spec: SamplingSpec | None = None) -> Trajectory:
     """Sample one episode token-in/token-out.
 
     Args:
@@ -228,16 +263,22 @@ def rollout(model, env, task, tok, max_turns: int = 6, temperature: float = 1.0,
         cache: keep one KV cache for the episode (observations are prefilled once, between
             calls); falls back to KV-free when :func:`supports_kv_cache` is False. ``False``
             is the book's KV-free loop. Both give the same episode for the same generator.
+        spec: instead of ``temperature``, a full :class:`~agentrl.record.SamplingSpec` (top-k,
+            top-p, min-p, ``logp_mode``); the record's provenance carries it.
 
     Returns:
         Trajectory (ids ``[T]``, action_mask / sample_logp ``[T-1]``, reward, info, owner, turn,
         provenance with the sampler). ``T <= model.max_len`` (default 256).
+
+    Raises:
+        ValueError: see :func:`sampling_spec`.
     """
+    spec = sampling_spec(temperature, spec, 'rollout')
     episode = Episode(env, task, tok, max_turns, getattr(model, 'max_len', 256))
     kv = model.new_cache(1) if cache and supports_kv_cache(model) else False   # one cache per episode
     while not episode.done:
-        episode.act(*generate_call(model, episode.ids, tok, temperature, generator, cache=kv))
-    return make_trajectory(episode, model_provenance(model, tok, temperature))
+        episode.act(*generate_call(model, episode.ids, tok, generator=generator, cache=kv, spec=spec))
+    return make_trajectory(episode, model_provenance(model, tok, spec))
 
 
 def pad_right(rows: list[list[int]], value: int) -> torch.Tensor:
@@ -248,7 +289,7 @@ def pad_right(rows: list[list[int]], value: int) -> torch.Tensor:
 
 def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: float = 1.0,
                   generator=None, cache: bool = True, max_active: int | None = None,
-                  generators=None) -> list[Trajectory]:
+                  generators=None, *, spec: SamplingSpec | None = None, identities=None) -> list[Trajectory]:
     """Sample ``len(tasks)`` episodes in lockstep: one ``sample_next`` call per token step.
 
     With ``cache=True`` (and a model that :func:`supports_kv_cache`) each step feeds only the
@@ -280,6 +321,11 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
             generator=generators[b])``, up to fp32 rounding of batched logits). Scale-out uses it
             for results identical at any number of workers. A little slower than one shared
             generator (one small draw per row and token).
+        spec: instead of ``temperature``, a full :class:`~agentrl.record.SamplingSpec` (top-k,
+            top-p, min-p, ``logp_mode``); every record's provenance carries it. A temperature-only
+            spec draws exactly what ``temperature=`` draws.
+        identities: optional ``(group_id, rollout_id)`` per task, written into each record's
+            provenance (the identity GRPO groups are read from, :func:`agentrl.train.group_index`).
 
     Returns:
         list of Trajectory in task order.
@@ -287,8 +333,9 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
     Raises:
         ValueError: ``envs`` and ``tasks`` differ in length, ``max_active < 1``, both ``generator``
             and ``generators`` given, ``generators`` of the wrong length, or a prompt plus one call
-            does not fit the model's ``max_len`` (from :class:`Episode`).
+            does not fit the model's ``max_len`` (from :class:`Episode`); see :func:`sampling_spec`.
     """
+    spec = sampling_spec(temperature, spec, 'rollout_batch')
     if len(envs) != len(tasks):
         raise ValueError(f'rollout_batch: {len(envs)} envs for {len(tasks)} tasks; pass one env per task')
     if generators is not None:
@@ -301,13 +348,16 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
         generator = _PerRow(generators)
     if max_active is not None and max_active < 1:
         raise ValueError(f'rollout_batch: max_active must be >= 1 or None, got {max_active}')
+    if identities is not None and len(identities) != len(tasks):
+        raise ValueError(f'rollout_batch: {len(identities)} identities for {len(tasks)} tasks; pass one '
+                         '(group_id, rollout_id) per task')
     sched = _Schedule(envs, tasks, tok, max_turns, getattr(model, 'max_len', 256), max_active,
-                      model_provenance(model, tok, temperature))
+                      model_provenance(model, tok, spec), identities)
     with torch.no_grad():
         if cache and supports_kv_cache(model):
-            _drive_cached(model, sched, tok, temperature, generator)
+            _drive_cached(model, sched, tok, spec, generator)
         else:
-            _drive_kv_free(model, sched, tok, temperature, generator)
+            _drive_kv_free(model, sched, tok, spec, generator)
     return sched.trajs
 
 
@@ -318,11 +368,11 @@ class _PerRow:
         self.generators = list(generators)
 
 
-def _draw(logits, temperature, generator, active):
-    """``sample_next`` over the live rows: one shared generator, or each episode's own."""
+def _draw(logits, spec, generator, active):
+    """:func:`agentrl.sampling.sample` over the live rows: one shared generator, or each episode's own."""
     if not isinstance(generator, _PerRow):
-        return sample_next(logits, temperature, generator=generator)
-    return sample_next(logits, temperature, generators=[generator.generators[b] for b in active])
+        return sample(logits, spec, generator=generator, caller='sample_next')
+    return sample(logits, spec, generators=[generator.generators[b] for b in active], caller='sample_next')
 
 
 class _Schedule:
@@ -331,8 +381,9 @@ class _Schedule:
     Finished episodes are frozen into trajectories at once and their token lists released.
     """
 
-    def __init__(self, envs, tasks, tok, max_turns, max_len, max_active, prov):
+    def __init__(self, envs, tasks, tok, max_turns, max_len, max_active, prov, identities=None):
         self.envs, self.tasks, self.args, self.prov = envs, tasks, (tok, max_turns, max_len), prov
+        self.identities = identities
         self.limit = len(tasks) if max_active is None else max_active
         self.episodes, self.next = {}, 0
         self.trajs = [None] * len(tasks)
@@ -353,7 +404,10 @@ class _Schedule:
 
     def finish(self, b: int) -> None:
         """Freeze episode ``b`` into its trajectory and drop the episode."""
-        self.trajs[b] = make_trajectory(self.episodes.pop(b), copy.copy(self.prov))
+        prov = copy.copy(self.prov)
+        if self.identities is not None:
+            prov.group_id, prov.rollout_id = (str(x) for x in self.identities[b])
+        self.trajs[b] = make_trajectory(self.episodes.pop(b), prov)
 
 
 def _add_token(calls, b, i, lp, end_id):
@@ -367,7 +421,7 @@ def _add_token(calls, b, i, lp, end_id):
     return None
 
 
-def _drive_kv_free(model, sched, tok, temperature, generator) -> None:
+def _drive_kv_free(model, sched, tok, spec, generator) -> None:
     """The book's lockstep loop: recompute every live prefix each token step.
 
     Rows of ended episodes are removed with :func:`~agentrl.model.fill_holes` (the last live rows
@@ -381,7 +435,7 @@ def _drive_kv_free(model, sched, tok, temperature, generator) -> None:
         rows = [episodes[b].ids + calls[b][0] for b in active]
         last = torch.tensor([len(r) - 1 for r in rows])
         logits = model(pad_right(rows, tok.pad_id))[torch.arange(len(rows)), last]
-        next_ids, logps = _draw(logits, temperature, generator, active)
+        next_ids, logps = _draw(logits, spec, generator, active)
         dead = []
         for r, (b, i, lp) in enumerate(zip(active, next_ids.tolist(), logps.tolist())):
             call = _add_token(calls, b, i, lp, end_id)
@@ -395,7 +449,7 @@ def _drive_kv_free(model, sched, tok, temperature, generator) -> None:
         active = active + joined
 
 
-def _drive_cached(model, sched, tok, temperature, generator) -> None:
+def _drive_cached(model, sched, tok, spec, generator) -> None:
     """Lockstep loop over a ragged KV cache: the same sampling as :func:`_drive_kv_free`.
 
     Cache row r belongs to episode ``active[r]``. A row whose open call goes on is fed its last
@@ -426,7 +480,7 @@ def _drive_cached(model, sched, tok, temperature, generator) -> None:
         else:
             ids, n_new = next_ids[:, None], None                  # pure decode step: the sampled ids
         logits = model.extend(kv, ids, n_new)                     # [A, V] after each row's last token
-        next_ids, logps = _draw(logits, temperature, generator, active)
+        next_ids, logps = _draw(logits, spec, generator, active)
         call_ids.scatter_(1, call_len[:, None], next_ids[:, None])
         call_lp.scatter_(1, call_len[:, None], logps[:, None])
         call_len += 1

@@ -55,12 +55,13 @@ import pyarrow.parquet as pq
 import torch
 
 from ._version import __version__
+from .checks.errors import DigestMismatchError, MalformedRowError, RecordError
 from .checks.identity import dedupe, record_digest
 from .io import atomic_path
 from .record import Provenance, SamplingSpec, Trajectory
 
-__all__ = ['SCHEMA_VERSION', 'SCHEMA', 'write_trajectories', 'read_trajectories', 'iter_batches',
-           'data_files', 'ShardWriter', 'stored_identities', 'to_table', 'from_table']
+__all__ = ['SCHEMA_VERSION', 'SCHEMA', 'write_trajectories', 'read_trajectories', 'iter_batches', 'scan',
+           'StoredRow', 'data_files', 'ShardWriter', 'stored_identities', 'to_table', 'from_table']
 
 #: Version of the row layout below; stored in each file's metadata as ``agentrl.schema_version``.
 SCHEMA_VERSION = 1
@@ -193,70 +194,227 @@ def _check_schema(schema: pa.Schema, where: str) -> None:
     if _META_VERSION not in meta:
         raise ValueError(f'{where} is not an agentrl trajectory file (no {_META_VERSION.decode()} in its '
                          'Parquet metadata); write it with agentrl.store.write_trajectories or ShardWriter')
-    version = int(meta[_META_VERSION])
+    try:
+        version = int(meta[_META_VERSION])
+    except ValueError:
+        raise ValueError(f'{where} has an unreadable schema version {meta[_META_VERSION][:20]!r}; it is not a '
+                         'trajectory file written by agentrl') from None
     if version > SCHEMA_VERSION:
         raise ValueError(f'{where} has schema version {version}, newer than this agentrl reads '
                          f'({SCHEMA_VERSION}); upgrade agentrl')
     missing = [n for n in ('ids', 'action_mask', 'sample_logp', 'reward') if n not in schema.names]
     if missing:
         raise ValueError(f'{where} lacks the columns {missing}; it is not a complete trajectory file')
+    for f in schema:
+        want = SCHEMA.field(f.name).type if f.name in SCHEMA.names else None
+        if want is not None and not f.type.equals(want) and not _compatible(f.type, want):
+            raise ValueError(f'{where} column {f.name!r} has type {f.type}, not {want}; it is not a trajectory '
+                             'file written by agentrl (rewrite it with agentrl.store.write_trajectories)')
+
+
+def _compatible(got: pa.DataType, want: pa.DataType) -> bool:
+    """Same kind of values (lists of integers, floats, strings ...), whatever the width or item nullability.
+
+    pyarrow concatenation, pandas and ``datasets`` round trips may widen integers or drop the
+    items' non-null flag; values are range-checked when rows are converted.
+    """
+    if pa.types.is_list(got) or pa.types.is_large_list(got):
+        return pa.types.is_list(want) and _compatible(got.value_type, want.value_type)
+    kinds = (pa.types.is_integer, pa.types.is_floating, pa.types.is_boolean,
+             lambda t: pa.types.is_string(t) or pa.types.is_large_string(t))
+    return any(k(got) and k(want) for k in kinds) or pa.types.is_null(got)
 
 
 def _lists(col: pa.Array):
-    return (col.offsets.to_numpy(), col.values.to_numpy(zero_copy_only=False),
-            col.is_valid().to_numpy(zero_copy_only=False))
+    """``(offsets, values, row valid, item valid or None)`` of a list column, as numpy arrays.
+
+    A column of Arrow type null (every row null) reads as a list column whose rows are all null.
+    """
+    if pa.types.is_null(col.type):
+        n = len(col)
+        return np.zeros(n + 1, dtype=np.int64), np.zeros(0), np.zeros(n, dtype=bool), None
+    values = col.values
+    item_valid = values.is_valid().to_numpy(zero_copy_only=False) if values.null_count else None
+    return (col.offsets.to_numpy(), values.to_numpy(zero_copy_only=False),
+            col.is_valid().to_numpy(zero_copy_only=False), item_valid)
 
 
-def from_table(table: pa.Table | pa.RecordBatch) -> list[Trajectory]:
+_SAMPLING_KEYS = frozenset(f for f in SamplingSpec.__dataclass_fields__)
+_REQUIRED_LISTS = ('ids', 'action_mask', 'sample_logp')
+_DIGEST_DTYPES = (('ids', np.int64), ('owner', np.int64), ('turn', np.int64), ('mask', np.float32),
+                  ('logp', np.float32))
+
+
+def _digest_np(arrays: dict, reward: float) -> str:
+    """:func:`agentrl.checks.record_digest` computed from the stored numpy slices (same bytes, no torch)."""
+    import hashlib
+    h = hashlib.sha256()
+    for (name, dt), col in zip(_DIGEST_DTYPES, ('ids', 'owner', 'turn', 'action_mask', 'sample_logp')):
+        h.update(name.encode())
+        a = arrays.get(col)
+        h.update(b'<none>' if a is None else (a if a.dtype == dt else a.astype(dt)).tobytes())
+    h.update(b'reward')
+    h.update(np.float64(reward).tobytes())
+    return h.hexdigest()[:32]
+
+
+def _bad(field: str, what: str, fix: str) -> MalformedRowError:
+    return MalformedRowError(what, field=field, fix=fix)
+
+
+def _json_field(raw, field: str, fix: str):
+    try:
+        return json.loads(raw)
+    except (TypeError, ValueError) as e:
+        raise _bad(field, f'is not valid JSON ({str(e)[:60]})', fix) from None
+
+
+def _sampling(raw) -> SamplingSpec | None:
+    if raw is None:
+        return None
+    fix = ('store SamplingSpec.to_dict() (keys ' + ', '.join(sorted(_SAMPLING_KEYS)) + '); rewrite the row with '
+           'agentrl.store.write_trajectories')
+    d = _json_field(raw, 'sampling', fix)
+    if d is None:
+        return None
+    if not isinstance(d, dict):
+        raise _bad('sampling', f'is a JSON {type(d).__name__}, not an object', fix)
+    unknown = sorted(set(d) - _SAMPLING_KEYS)
+    if unknown:
+        raise _bad('sampling', f'has unknown keys {unknown[:5]}', fix)
+    try:
+        return SamplingSpec(**d)
+    except (TypeError, ValueError) as e:
+        raise _bad('sampling', ' '.join(str(e).split()), fix) from None
+
+
+def _turn_contexts(raw, T: int):
+    if raw is None:
+        return None
+    fix = 'store [[start, [ids...]], ...] with 0 < start <= T and integer ids (ChatRecorder does)'
+    tc = _json_field(raw, 'turn_contexts', fix)
+    if not isinstance(tc, list):
+        raise _bad('turn_contexts', f'is a JSON {type(tc).__name__}, not a list', fix)
+    out = []
+    for k, item in enumerate(tc):
+        ok = (isinstance(item, list) and len(item) == 2 and type(item[0]) is int and isinstance(item[1], list)
+              and all(type(i) is int and 0 <= i < 2**63 for i in item[1]))
+        if not ok or not 0 <= item[0] <= T:
+            raise _bad('turn_contexts', f'entry {k} is not [start in [0, {T}], [integer ids...]]: '
+                                        f'{json.dumps(item)[:60]}', fix)
+        out.append((item[0], torch.tensor(item[1], dtype=torch.long)))
+    return out
+
+
+def _info(raw) -> dict:
+    if raw is None:
+        return {}
+    fix = 'store a JSON object (the episode info dict); rewrite the row with agentrl.store.write_trajectories'
+    d = _json_field(raw, 'info', fix)
+    if not isinstance(d, dict):
+        raise _bad('info', f'is a JSON {type(d).__name__}, not an object', fix)
+    return d
+
+
+def _row(toks: dict, get, i: int, verify: bool) -> Trajectory:
+    """Convert row ``i`` (validated field by field); raise MalformedRowError / DigestMismatchError."""
+    arrays = {}
+    for name, ((offs, vals, valid, item_valid), tdt) in toks.items():
+        if not valid[i]:
+            if name in _REQUIRED_LISTS:
+                raise _bad(name, 'is null; every record stores ids, action_mask and sample_logp',
+                           'drop the row, or rewrite the file from its records with agentrl.store.write_trajectories')
+            arrays[name] = None
+            continue
+        if item_valid is not None and not item_valid[offs[i]:offs[i + 1]].all():
+            j = int(np.argmin(item_valid[offs[i]:offs[i + 1]]))
+            raise MalformedRowError('is null; every entry of a token list is a number', field=name, position=j,
+                                    fix='drop the row, or rewrite the file with agentrl.store.write_trajectories')
+        arrays[name] = vals[offs[i]:offs[i + 1]].astype(_tdt_np(tdt))
+    for name in _REQUIRED_LISTS:
+        if name not in arrays:
+            raise _bad(name, 'is missing', 'write the file with agentrl.store.write_trajectories')
+    reward = get('reward', i)
+    if reward is None or isinstance(reward, bool) or not isinstance(reward, (int, float)):
+        raise _bad('reward', f'is {reward!r}, not a number',
+                   'store the episode reward (a float); drop rows that were never scored')
+    reward = float(reward)
+    prov = None
+    attempt = get('attempt', i)
+    if attempt is not None:
+        seed = get('seed', i)
+        prov = Provenance(policy=get('policy', i) or '', tokenizer=get('tokenizer', i) or '',
+                          template=get('template', i) or '', sampling=_sampling(get('sampling', i)),
+                          model=get('model', i) or '', logp_placeholder=bool(get('logp_placeholder', i)),
+                          group_id=get('group_id', i) or '', rollout_id=get('rollout_id', i) or '',
+                          attempt=int(attempt), seed=None if seed is None else int(seed),
+                          agentrl_version=get('agentrl_version', i) or '')
+    T = len(arrays['ids'])
+    tc = _turn_contexts(get('turn_contexts', i), T)
+    info = _info(get('info', i))
+    stored = get('digest', i)
+    if verify and stored is not None and _digest_np(arrays, reward) != stored:
+        raise DigestMismatchError(
+            f'the stored digest {str(stored)[:12]}... does not match the row\'s content (ids, owner, turn, '
+            'action_mask, sample_logp, reward): the row was edited after writing', field='digest',
+            fix='re-run the rollout for this episode; never edit a stored record in place')
+    fields = {name: None if a is None else torch.from_numpy(a) for name, a in arrays.items()}
+    return Trajectory(ids=fields['ids'], action_mask=fields['action_mask'], sample_logp=fields['sample_logp'],
+                      reward=reward, info=info, owner=fields.get('owner'), turn=fields.get('turn'),
+                      provenance=prov, turn_contexts=tc)
+
+
+def _rows(rb: pa.RecordBatch, source: str, first_row: int, verify: bool) -> Iterator:
+    """``(row_number, Trajectory or RecordError)`` for each row of one record batch."""
+    names = rb.schema.names
+    toks = {}
+    for name, _, _, tdt in _TOKEN_COLUMNS:
+        if name in names:
+            toks[name] = (_lists(rb.column(name)), tdt)
+    py = {name: rb.column(name).to_pylist() for name in names if name not in toks}
+    get = lambda name, i: py[name][i] if name in py else None  # noqa: E731
+    for i in range(rb.num_rows):
+        where = f'{source} row {first_row + i}'
+        try:
+            yield first_row + i, _row(toks, get, i, verify)
+        except RecordError as e:
+            yield first_row + i, e.at(where)
+
+
+def from_table(table: pa.Table | pa.RecordBatch, *, source: str = 'table', first_row: int = 0,
+               verify: bool = True) -> list[Trajectory]:
     """Convert rows of a trajectory table (or record batch) back to :class:`Trajectory` objects.
+
+    Every row is validated as it is converted: required token lists present, a numeric reward,
+    ``info`` a JSON object, ``sampling`` a :class:`~agentrl.record.SamplingSpec` with known keys
+    and ranges, ``turn_contexts`` well formed, and (``verify``) the stored ``digest`` equal to
+    the row's content.
 
     Args:
         table: rows with :data:`SCHEMA` columns (extra columns are ignored; ``owner``, ``turn``
             and the provenance columns may be absent).
+        source: how to name the rows in errors (e.g. the file path).
+        first_row: row number of the table's first row within ``source``.
+        verify: compare each row's stored digest with its content (default True).
 
     Returns:
         list of Trajectory: ``ids``/``owner``/``turn`` int64, ``action_mask``/``sample_logp``
         float32 (bit-exact), ``reward`` float, ``info`` dict, ``provenance`` (None when the row's
         ``attempt`` is null), ``turn_contexts`` as ``[(start, ids int64 tensor)]`` or None.
+
+    Raises:
+        MalformedRowError: a row that cannot be converted; the one-line message names the source,
+            the row, the field and the fix (``'f.parquet' row 3: reward: is None, not a number``).
+        DigestMismatchError: ``verify`` and a row whose content no longer matches its digest.
     """
     batches = table.to_batches() if isinstance(table, pa.Table) else [table]
     out: list[Trajectory] = []
     for rb in batches:
-        n = rb.num_rows
-        names = rb.schema.names
-        toks = {}
-        for name, _, _, tdt in _TOKEN_COLUMNS:
-            if name in names:
-                toks[name] = (_lists(rb.column(name)), tdt)
-        py = {name: rb.column(name).to_pylist() for name in names
-              if name not in toks}
-        get = lambda name, i: py[name][i] if name in py else None  # noqa: E731
-        for i in range(n):
-            fields = {}
-            for name, ((offs, vals, valid), tdt) in toks.items():
-                if not valid[i]:
-                    fields[name] = None
-                    continue
-                fields[name] = torch.from_numpy(vals[offs[i]:offs[i + 1]].astype(_tdt_np(tdt)))
-            prov = None
-            if get('attempt', i) is not None:
-                s = get('sampling', i)
-                prov = Provenance(
-                    policy=get('policy', i) or '', tokenizer=get('tokenizer', i) or '',
-                    template=get('template', i) or '',
-                    sampling=None if s is None else SamplingSpec.from_dict(json.loads(s)),
-                    model=get('model', i) or '', logp_placeholder=bool(get('logp_placeholder', i)),
-                    group_id=get('group_id', i) or '', rollout_id=get('rollout_id', i) or '',
-                    attempt=int(get('attempt', i)), seed=get('seed', i),
-                    agentrl_version=get('agentrl_version', i) or '')
-            tc = get('turn_contexts', i)
-            if tc is not None:
-                tc = [(int(s), torch.tensor(c, dtype=torch.long)) for s, c in json.loads(tc)]
-            info = get('info', i)
-            out.append(Trajectory(ids=fields['ids'], action_mask=fields['action_mask'],
-                                  sample_logp=fields['sample_logp'], reward=float(get('reward', i)),
-                                  info={} if info is None else json.loads(info), owner=fields.get('owner'),
-                                  turn=fields.get('turn'), provenance=prov, turn_contexts=tc))
+        for _, rec in _rows(rb, source, first_row, verify):
+            if isinstance(rec, RecordError):
+                raise rec
+            out.append(rec)
+        first_row += rb.num_rows
     return out
 
 
@@ -297,18 +455,81 @@ def _parquet(f) -> pq.ParquetFile:
     """Open ``f`` as Parquet, or raise ValueError naming the file and the fix."""
     try:
         return pq.ParquetFile(f)
-    except (pa.ArrowInvalid, OSError) as e:
+    except (pa.ArrowException, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise
-        raise ValueError(f'{str(f)!r} is not a Parquet file ({str(e).splitlines()[0][:120]}); pass the '
-                         'trajectories.parquet written by `agentrl rollout` or a folder of its shards') from None
+        raise ValueError(f'{str(f)!r} is not a Parquet file ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); '
+                         'pass the trajectories.parquet written by `agentrl rollout` or a folder of its shards') from None
 
 
-def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
+def _batches(pf: pq.ParquetFile, f: str, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of ``pf``; a damaged file becomes a one-line ValueError naming it."""
+    try:
+        yield from pf.iter_batches(batch_size=batch_size)
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f'{f!r} is damaged and cannot be read ({" ".join(str(e).split())[:120]}); re-run the '
+                         'rollout that wrote it, or remove the file') from None
+
+
+class StoredRow:
+    """One stored row as read: where it is, the record or why it could not be read.
+
+    Attributes:
+        file: the Parquet file (str). row: the row number within it (from 0).
+        record: the :class:`~agentrl.record.Trajectory`, or None when the row is malformed.
+        problem: the :class:`~agentrl.checks.RecordError` (MalformedRowError,
+            DigestMismatchError) when the row could not be trusted, else None.
+    """
+    __slots__ = ('file', 'row', 'record', 'problem')
+
+    def __init__(self, file: str, row: int, record, problem):
+        self.file, self.row, self.record, self.problem = file, row, record, problem
+
+    @property
+    def source(self) -> str:
+        """``"'FILE' row N"``, as error messages name the row."""
+        return f'{self.file!r} row {self.row}'
+
+
+def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True) -> Iterator[list[StoredRow]]:
+    """Stream every row of a trajectory file or folder, keeping malformed rows as problems.
+
+    The reader behind ``agentrl check``: unlike :func:`iter_batches` it does not stop at a bad
+    row, so every row can be reported.
+
+    Args:
+        path: a trajectory file or folder of shards.
+        batch_size: rows per yielded list (> 0; lists do not span files).
+        verify: compare stored digests with the rows' content (default True).
+
+    Yields:
+        list of :class:`StoredRow`, in file order then row order.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: ``batch_size`` < 1; a file that is not a trajectory file, or is damaged.
+    """
+    if batch_size < 1:
+        raise ValueError(f'batch_size must be >= 1, got {batch_size}')
+    for f in data_files(path):
+        pf = _parquet(f)
+        _check_schema(pf.schema_arrow, repr(f))
+        row = 0
+        for rb in _batches(pf, f, batch_size):
+            out = []
+            for n, rec in _rows(rb, repr(f), row, verify):
+                bad = isinstance(rec, RecordError)
+                out.append(StoredRow(f, n, None if bad else rec, rec if bad else None))
+            row += rb.num_rows
+            yield out
+
+
+def read_trajectories(path: str | os.PathLike, *, verify: bool = True) -> list[Trajectory]:
     """Read every record of a trajectory file or dataset folder.
 
     Args:
         path: a file written by :func:`write_trajectories` or a folder of shards.
+        verify: compare each row's stored digest with its content (default True).
 
     Returns:
         list of Trajectory, in file order then row order (exact round trip of what was written).
@@ -316,25 +537,24 @@ def read_trajectories(path: str | os.PathLike) -> list[Trajectory]:
     Raises:
         FileNotFoundError: nothing at ``path``.
         ValueError: a file without ``agentrl.schema_version`` metadata, or with a newer version
-            (fix: upgrade agentrl).
-
-    Source: issue 4, item 6.
+            (fix: upgrade agentrl), or damaged.
+        MalformedRowError, DigestMismatchError: a row that cannot be trusted (see :func:`from_table`);
+            the message names the file, the row and the field.
     """
     out: list[Trajectory] = []
-    for f in data_files(path):
-        table = _parquet(f).read()
-        _check_schema(table.schema, f)
-        out.extend(from_table(table))
+    for batch in iter_batches(path, 4096, verify=verify):
+        out.extend(batch)
     return out
 
 
-def iter_batches(path: str | os.PathLike, batch_size: int = 64) -> Iterator[list[Trajectory]]:
+def iter_batches(path: str | os.PathLike, batch_size: int = 64, *, verify: bool = True) -> Iterator[list[Trajectory]]:
     """Stream records in lists of ``batch_size`` without loading the dataset into memory.
 
     Args:
         path: a trajectory file or folder of shards.
         batch_size: records per yielded list (> 0); the last list may be shorter. Batches span
             shard boundaries.
+        verify: compare each row's stored digest with its content (default True).
 
     Yields:
         list of Trajectory, in the order :func:`read_trajectories` returns them.
@@ -342,18 +562,19 @@ def iter_batches(path: str | os.PathLike, batch_size: int = 64) -> Iterator[list
     Raises:
         ValueError: ``batch_size`` < 1, or a file that is not a trajectory file.
         FileNotFoundError: nothing at ``path``.
+        MalformedRowError, DigestMismatchError: a row that cannot be trusted (see :func:`from_table`).
     """
     if batch_size < 1:
         raise ValueError(f'iter_batches: batch_size must be >= 1, got {batch_size}')
     buf: list[Trajectory] = []
-    for f in data_files(path):
-        pf = _parquet(f)
-        _check_schema(pf.schema_arrow, f)
-        for rb in pf.iter_batches(batch_size=batch_size):
-            buf.extend(from_table(rb))
-            while len(buf) >= batch_size:
-                yield buf[:batch_size]
-                buf = buf[batch_size:]
+    for rows in scan(path, batch_size, verify=verify):
+        for r in rows:
+            if r.problem is not None:
+                raise r.problem
+            buf.append(r.record)
+        while len(buf) >= batch_size:
+            yield buf[:batch_size]
+            buf = buf[batch_size:]
     if buf:
         yield buf
 

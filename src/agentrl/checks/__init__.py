@@ -7,8 +7,10 @@ message names the field, the position and the fix.
 * :func:`action_targets`: which prediction row scores which generated token.
 * :func:`validate` / :func:`find_problems` (module :mod:`agentrl.checks.acceptance`): the
   acceptance validator, an ordered tuple of named rules (:data:`RULES`).
-* :func:`replay_logp`, :func:`replay_check`: recompute log-probs under the declared sampler and
-  classify mismatches (log-prob mode, support, policy change).
+* :func:`replay_records` (over a :class:`Scorer`), :func:`replay_check`: recompute log-probs under
+  the declared sampler (per-turn contexts included) and classify mismatches (log-prob mode,
+  support, sampler, policy change, non-finite); :func:`require_sampled`, :func:`require_trainable`:
+  may a record enter an importance ratio.
 * :func:`new_attempt`, :func:`is_resend`, :func:`dedupe`: retry vs resend identity.
 
 The exports are listed explicitly: no submodule name is rebound (``agentrl.checks.acceptance``
@@ -21,10 +23,13 @@ from .errors import (DigestMismatchError, DuplicateRecordError, EndOfTurnNotTrai
                      MissingFieldError, MissingLogProbError, MissingProvenanceError, NaNLogProbError,
                      NonFiniteRewardError, NotReplayableError, PaddingMaskedError, PolicyFirstTokenError,
                      PositiveLogProbError, RecordError, ReplayUnsupportedError, ScriptedRecordError,
-                     TemplateMismatchError, TokenIdError, TokenizerMismatchError, UnknownOwnerError)
+                     TemplateMismatchError, TokenIdError, TokenizerMismatchError, UnknownOwnerError,
+                     SamplerMismatchError, MissingGroupError, GroupSizeError,
+                     UnclosedTurnError, ControlTokenInContentError)
 from .identity import dedupe, has_identity, identity, is_resend, new_attempt, record_digest, record_key
-from .replay import (TOKEN_KINDS, RatioStats, RecordReplay, ReplayReport, classify_tokens, convert_logp,
-                     replay_check, replay_logp, replay_record, require_sampled, support_mask)
+from .replay import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, RatioStats, RecordReplay, ReplayReport, Scorer,
+                     classify_tokens, convert_logp, fit_sampler, replay_check, replay_logp, replay_record,
+                     replay_records, require_sampled, require_trainable, support_mask)
 from .targets import action_targets
 
 __all__ = [
@@ -37,12 +42,14 @@ __all__ = [
     'InfiniteLogProbError', 'PositiveLogProbError', 'FingerprintMismatchError', 'TokenizerMismatchError',
     'TemplateMismatchError', 'ScriptedRecordError', 'LogpConversionError', 'ReplayUnsupportedError',
     'IdentityConflictError', 'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError',
-    'MalformedRowError', 'NotReplayableError',
+    'MalformedRowError', 'NotReplayableError', 'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError',
+    'UnclosedTurnError', 'ControlTokenInContentError',
     # identity
     'identity', 'has_identity', 'record_key', 'record_digest', 'new_attempt', 'is_resend', 'dedupe',
     # replay
-    'TOKEN_KINDS', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled', 'classify_tokens',
-    'RatioStats', 'RecordReplay', 'ReplayReport', 'replay_record', 'replay_check',
+    'TOKEN_KINDS', 'MIN_FIT_TOKENS', 'FIT_BUDGET', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled',
+    'require_trainable', 'classify_tokens', 'fit_sampler', 'RatioStats', 'RecordReplay', 'ReplayReport',
+    'replay_record', 'Scorer', 'replay_records', 'replay_check',
     # targets
     'action_targets',
 ]

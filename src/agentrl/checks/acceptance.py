@@ -40,6 +40,8 @@ from .errors import (EndOfTurnNotTrainedError, InfiniteLogProbError, LengthMisma
                      PolicyFirstTokenError, PositiveLogProbError, RecordError, TemplateMismatchError,
                      TokenIdError, TokenizerMismatchError, UnknownOwnerError)
 
+from .template_rules import control_ids_not_in_content, turn_closed
+
 __all__ = ['Expected', 'Facts', 'Rule', 'RULES', 'validate', 'find_problems', 'POSITIVE_LOGP_TOL']
 
 #: A generated position's log-prob above this is refused as positive (probability > 1).
@@ -51,14 +53,19 @@ _FIX_LOGP = 'store log_softmax of the sampled distribution at each generated tok
 
 
 def _unterminated_turns(record) -> list[int]:
-    """Turns the recorder marked as cut off without a sampled end-of-turn token.
+    """Turns whose end-of-turn the template wrote, not the policy: cut off, or stopped at another stop id.
 
-    Source: ``ChatRecorder`` writes ``info['template']['unterminated_turns']``.
+    Source: ``ChatRecorder`` writes ``info['template']['unterminated_turns']`` and ``['closed_by_template']``.
     """
     info = getattr(record, 'info', None) or {}
     template = info.get('template') if isinstance(info, dict) else None
-    turns = template.get('unterminated_turns') if isinstance(template, dict) else None
-    return [int(k) for k in turns] if isinstance(turns, (list, tuple)) else []
+    if not isinstance(template, dict):
+        return []
+    out = []
+    for key in ('unterminated_turns', 'closed_by_template'):
+        turns = template.get(key)
+        out += [int(k) for k in turns] if isinstance(turns, (list, tuple)) else []
+    return out
 
 
 def _vocab_size(tok) -> int | None:
@@ -447,6 +454,8 @@ RULES: tuple[Rule, ...] = (
     Rule('logp_finite', logp_finite, 'position'),
     Rule('logp_not_positive', logp_not_positive, 'position'),
     Rule('reward_finite', reward_finite),
+    Rule('turn_closed', turn_closed),
+    Rule('control_ids_not_in_content', control_ids_not_in_content),
     Rule('provenance_present', provenance_present),
     Rule('sampling_declared', sampling_declared),
     Rule('tokenizer_expected', tokenizer_expected),

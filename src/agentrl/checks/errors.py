@@ -16,8 +16,10 @@ __all__ = [
     'MissingLogProbError', 'NaNLogProbError', 'InfiniteLogProbError', 'PositiveLogProbError',
     'FingerprintMismatchError', 'TokenizerMismatchError', 'TemplateMismatchError',
     'ScriptedRecordError', 'LogpConversionError', 'ReplayUnsupportedError', 'IdentityConflictError',
+    'UnclosedTurnError', 'ControlTokenInContentError',
     'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError', 'MalformedRowError',
     'NotReplayableError',
+    'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError',
 ]
 
 
@@ -30,20 +32,34 @@ class RecordError(ValueError):
         position: index into that field, or None when the whole field is at fault.
         fix: what to change so the record is accepted.
         count: how many positions share the fault (the message names the first).
+        source: where the record was read from (``"'f.parquet' row 3"``), or None; it prefixes
+            the message.
 
     Attributes:
-        field, position, fix, count: as given; ``kind`` is the class name.
+        field, position, fix, count, source: as given; ``kind`` is the class name.
+        exit_code: 1, the ``agentrl`` exit code when a command stops on a refused record.
     """
+    exit_code = 1
 
     def __init__(self, what: str, *, field: str, position: int | None = None, fix: str = '',
-                 count: int = 1):
-        self.field, self.position, self.fix, self.count = field, position, fix, count
-        where = field if position is None else f'{field}[{position}]'
-        more = f' (and {count - 1} more position{"s" if count > 2 else ""})' if count > 1 else ''
-        msg = f'{where}: {what}{more}'
-        if fix:
-            msg += f'. Fix: {fix}'
-        super().__init__(msg)
+                 count: int = 1, source: str | None = None):
+        self.field, self.position, self.fix, self.count, self.source = field, position, fix, count, source
+        self.what = what
+        super().__init__(self._message())
+
+    def _message(self) -> str:
+        where = self.field if self.position is None else f'{self.field}[{self.position}]'
+        more = f' (and {self.count - 1} more position{"s" if self.count > 2 else ""})' if self.count > 1 else ''
+        msg = f'{where}: {self.what}{more}'
+        if self.fix:
+            msg += f'. Fix: {self.fix}'
+        return msg if self.source is None else f'{self.source}: {msg}'
+
+    def at(self, source: str) -> 'RecordError':
+        """This refusal located at ``source`` (e.g. ``"'d/part-000000.parquet' row 3"``); returns self."""
+        self.source = source
+        self.args = (self._message(),)
+        return self
 
     @property
     def kind(self) -> str:
@@ -157,3 +173,62 @@ class MalformedRowError(RecordError):
 
 class NotReplayableError(RecordError):
     """A sampled record cannot be replayed under the given model (ids outside its vocabulary, too long, ...)."""
+
+
+class SamplerMismatchError(RecordError):
+    """A record's sampler is not the one the ratio is computed under (another temperature or spec
+    in the same batch, greedy, ``raw`` log-probs, penalties the trainer does not replay)."""
+
+
+class MissingGroupError(RecordError):
+    """A record without ``provenance.group_id`` where group-relative advantages need it."""
+
+
+class GroupSizeError(RecordError):
+    """A group holds another number of records than the declared group size."""
+
+
+class UnclosedTurnError(RecordError):
+    """A chat policy turn is followed by neither the template's end-of-turn id nor the end of the record.
+
+    The engine stopped at another stop id (e.g. Qwen3's second EOS ``<|endoftext|>``) and the writer
+    dropped the end-of-turn the template writes after every assistant turn.
+    """
+
+
+class ControlTokenInContentError(RecordError):
+    """A control (added-token) id is owned by a tool, user or system message: its text became a control token."""
+
+
+# Refusals of the interop exporters and importers (agentrl.interop). Appended as one block.
+__all__ += ['MaskAlignmentError', 'LogProbLengthError', 'GroupOrderError', 'SupportMismatchError',
+            'MissingTokenIdsError', 'TurnContextError']
+
+
+class MaskAlignmentError(LengthMismatchError):
+    """A mask of length ``T-1`` (aligned to ``ids[1:]``) handed where a full-length ``[T]`` mask at
+    own index is expected, or the reverse: every label would silently move by one token."""
+
+
+class LogProbLengthError(LengthMismatchError):
+    """Per-token log-probs and the token ids they belong to differ in length."""
+
+
+class GroupOrderError(RecordError):
+    """The rows of a group are not contiguous (or groups differ in size) for a trainer that groups
+    rows by position (TRL ``num_generations``, slime / OpenRLHF ``n_samples_per_prompt``)."""
+
+
+class SupportMismatchError(RecordError):
+    """Log-probs drawn under top-k / top-p / min-p (or raw at temperature != 1) exported to a trainer
+    that recomputes ``log_softmax(logits / T)`` over the full vocabulary: the step-0 ratio is not 1."""
+
+
+class MissingTokenIdsError(RecordError):
+    """An imported server response carries no token ids (re-encoding its text is the drift agentrl
+    exists to catch)."""
+
+
+class TurnContextError(RecordError):
+    """A record with per-turn contexts (a template that is not prefix-stable) exported as one sequence: the
+    trainer would score each turn in a context it was not sampled in."""

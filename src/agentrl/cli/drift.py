@@ -138,6 +138,7 @@ def run(args) -> int:
                         min_p=args.min_p, seed=args.seed, prompt=args.prompt)
     opts.validate()
     from ..engines import hf
+    from ..io import printable                      # record and model texts are data: no escapes reach the terminal
     if opts.records:
         from ..store import read_trajectories
         records = read_trajectories(opts.records)
@@ -145,13 +146,13 @@ def run(args) -> int:
             raise UserError(f'--records {opts.records!r} holds no records')
         tok, path = _tokenizer_for_records(opts, records)
         rate = hf.drift_rate(records, tok)
-        print(f'drift over {opts.records} (tokenizer {path})')
-        print(rate.format())
+        print(printable(f'drift over {opts.records} (tokenizer {path})'))
+        print(printable(rate.format(), newlines=True))
     if opts.model:
         model, tok = hf.load_model(opts.model)
         exp = hf.drift_experiment(model, tok, samples=opts.samples, tokens=opts.tokens, spec=opts.spec(),
                                   prompt=opts.prompt or hf.DRIFT_PROMPT, seed=opts.seed)
-        print(f'drift experiment: {opts.samples} samples of up to {opts.tokens} tokens from {opts.model} '
-              f'(prompt {exp.prompt_len} tokens)')
-        print(exp.format())
+        print(printable(f'drift experiment: {opts.samples} samples of up to {opts.tokens} tokens from {opts.model} '
+                        f'(prompt {exp.prompt_len} tokens)'))
+        print(printable(exp.format(), newlines=True))
     return 0

@@ -42,6 +42,28 @@ def _one_line(e: BaseException) -> str:
     return ' '.join(str(e).split()) or type(e).__name__
 
 
+#: exceptions caused by the input (files, flags, data, the machine), printed as one line
+_INPUT_ERRORS = (UserError, ValueError, OSError, ImportError, MemoryError, EOFError)
+
+
+def _exit_code(e: BaseException) -> int:
+    """1 for refused data (an error with ``exit_code = 1``, e.g. a ``RecordError``) and internal errors, else 2."""
+    code = getattr(e, 'exit_code', None)
+    if isinstance(code, int):
+        return code
+    return 2 if isinstance(e, _INPUT_ERRORS) else 1
+
+
+def _error_line(e: BaseException) -> str:
+    """The error as one printable line; an unexpected error type adds how to see the traceback."""
+    from ..io import printable
+    if isinstance(e, MemoryError):
+        line = f'out of memory ({_one_line(e)}); use smaller inputs or batches'
+    elif isinstance(e, _INPUT_ERRORS):
+        line = _one_line(e)
+    else:
+        line = f'{type(e).__name__}: {_one_line(e)} (an internal error; rerun with --debug for the traceback)'
+    return printable(line)
 def _refuse_nan(args) -> None:
     """No flag of any command takes NaN (a NaN threshold switches a comparison off)."""
     for name, v in vars(args).items():
@@ -65,8 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Run ``agentrl`` with ``argv`` (default ``sys.argv[1:]``) and return the exit code.
 
-    0 ok; 1 a check failed; 2 a usage or input error (one line on stderr, the traceback with
-    ``--debug``, accepted before or after the subcommand); 130 interrupted.
+    0 ok; 1 a check failed, data was refused (a malformed row names its file, row and field) or an
+    internal error; 2 a usage or input error (one line on stderr, the traceback with ``--debug``,
+    accepted before or after the subcommand); 130 interrupted. No exception escapes as a
+    traceback without ``--debug``.
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv          # accepted before or after the subcommand
@@ -83,11 +107,11 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:                 # `agentrl ... | head`: the reader left, not an error of ours
         sys.stderr.close()
         return 0
-    except (UserError, ValueError, OSError, ImportError) as e:
+    except Exception as e:        # one line, never a traceback without --debug
         if args.debug:
             raise
-        print(f'agentrl: error: {_one_line(e)}', file=sys.stderr)
-        return 2
+        print(f'agentrl: error: {_error_line(e)}', file=sys.stderr)
+        return _exit_code(e)
 
 
 if __name__ == '__main__':

@@ -84,6 +84,8 @@ def write_report(opts: ReportOptions, progress=None) -> dict:
             if progress:
                 progress.advance(bar, len(batch))
     except ValueError as e:
+        if getattr(e, 'exit_code', None) == 1:      # a refused row: its message names the file, row and field
+            raise
         raise UserError(f'{path}: {e}') from None
     if not trajs:
         raise UserError(f'{path} holds no records; run `agentrl rollout --out {opts.run_dir}` again')
@@ -119,6 +121,8 @@ def run(args) -> int:
                   console=err, transient=True) as progress:
         res = write_report(opts, progress)
     policies = f"{res['policies']} polic{'y' if res['policies'] == 1 else 'ies'}"
-    Console().print(f"wrote {res['out']}: {res['episodes']} episodes, {policies}, "
-              f"{res['bytes'] / 1024:.0f} KB in {time.time() - t0:.1f} s", highlight=False, markup=False, soft_wrap=True)
+    from ..io import printable
+    Console().print(printable(f"wrote {res['out']}: {res['episodes']} episodes, {policies}, "
+                              f"{res['bytes'] / 1024:.0f} KB in {time.time() - t0:.1f} s"),
+                    highlight=False, markup=False, soft_wrap=True)
     return 0

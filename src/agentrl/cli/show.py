@@ -122,6 +122,8 @@ def load_record(opts: ShowOptions):
                 return chosen, seen
             records = [None] * seen
         except ValueError as e:
+            if getattr(e, 'exit_code', None) == 1:  # a refused row: its message names the file, row and field
+                raise
             raise UserError(f'{opts.path}: {e}') from None
     if opts.policy and opts.path.lower().endswith('.json'):
         records = [t for t in records if _policy(t) == opts.policy]
@@ -210,7 +212,8 @@ def run(args) -> int:
         atomic_write(out, text)
     out = opts.out if fmt == 'term' else out
     folded = sum(s.folded for s in strip.segments)
-    Console().print(f'wrote {out}: {label}, {len(strip.cells)} tokens, {strip.n_policy} policy, mask sum '
-              f'{strip.mask_sum}' + (f', {folded} folded runs' if folded else '') + f' ({time.time() - t0:.1f} s)',
-              highlight=False, markup=False, soft_wrap=True)
+    from ..io import printable
+    Console().print(printable(f'wrote {out}: {label}, {len(strip.cells)} tokens, {strip.n_policy} policy, mask sum '
+                              f'{strip.mask_sum}' + (f', {folded} folded runs' if folded else '')
+                              + f' ({time.time() - t0:.1f} s)'), highlight=False, markup=False, soft_wrap=True)
     return 0

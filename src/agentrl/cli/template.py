@@ -125,7 +125,9 @@ def run(args) -> int:
     messages, tools = load_inputs(opts)
     tok = load_tokenizer(opts.tokenizer)
     report = audit_template(tok, messages, tools=tools, thinking=opts.thinking)
-    print(f'tokenizer: {opts.tokenizer} ({type(tok).__name__}, {len(tok)} tokens)  '
-          f'thinking: {"on" if opts.thinking else "off"}  messages: {len(messages)}  tools: {len(tools or [])}')
-    print(report.format())
+    from ..io import printable                      # message texts are data: no escapes reach the terminal
+    print(printable(f'tokenizer: {opts.tokenizer} ({type(tok).__name__}, {len(tok)} tokens)  '
+                    f'thinking: {"on" if opts.thinking else "off"}  messages: {len(messages)}  '
+                    f'tools: {len(tools or [])}'))
+    print(printable(report.format(), newlines=True))
     return 0

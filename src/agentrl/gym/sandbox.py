@@ -17,6 +17,17 @@ the gym alive and the host untouched:
 4. **Time limit.** A ``sys.settrace`` tracer counts executed opcodes of sandboxed frames
    (``STEP_BUDGET``), checks a wall-clock deadline (``TIME_LIMIT_S``) and the call depth
    (``MAX_DEPTH``); the previous tracer is restored afterwards.
+5. **A worker process with a hard deadline and rlimits.** The tracer only sees Python opcodes:
+   one C-level operation (comparing two deeply shared tuples, ``a == b``) can run for hours
+   between two opcodes. So task code runs in a separate worker process (one per parent
+   process, started on first use and reused, so a call costs one pipe round trip), under
+   ``RLIMIT_AS`` (``WORKER_MEMORY_BYTES``) and a per-call ``RLIMIT_CPU``; the parent waits at
+   most ``HARD_DEADLINE_S`` for the answer and otherwise kills the worker (SIGKILL, which C
+   code cannot ignore) and reports a time-out; the next call starts a fresh worker. The
+   worker loads this file alone (``python -I``, standard library only: no torch). Answers come
+   back with :mod:`marshal` (plain values only; nothing in them can run code in the parent).
+   The parent checks sources against the whitelist itself (cached), so refused sources never
+   cost a round trip.
 
 Every failure becomes an error result; ``run_tests`` never raises and never hangs.
 """
@@ -24,15 +35,23 @@ from __future__ import annotations
 
 import ast
 import functools
+import marshal
 import operator
+import os
+import pickle
+import select
+import struct
+import subprocess
 import sys
+import threading
 import time
 import types
 from dataclasses import dataclass
 from typing import Any
 
 __all__ = ['TestResult', 'run_tests', 'check_source', 'MAX_RANGE', 'MAX_INT_BITS', 'MAX_SEQ',
-           'STEP_BUDGET', 'TIME_LIMIT_S', 'TOTAL_TIME_S', 'MAX_DEPTH']
+           'STEP_BUDGET', 'TIME_LIMIT_S', 'TOTAL_TIME_S', 'MAX_DEPTH', 'HARD_DEADLINE_S', 'WORKER_MEMORY_BYTES',
+           'Opaque']
 
 #: Largest number of elements a sandboxed ``range`` may have.
 MAX_RANGE = 10 ** 6
@@ -48,6 +67,13 @@ TIME_LIMIT_S = 0.5
 TOTAL_TIME_S = 2.0
 #: Deepest nesting of sandboxed frames (the module body counts as one).
 MAX_DEPTH = 64
+#: Wall-clock seconds the parent waits for the worker's answer to one ``run_tests`` call before
+#: killing it (the tracer's ``TOTAL_TIME_S`` plus a margin for the round trip).
+HARD_DEADLINE_S = TOTAL_TIME_S + 0.5
+#: Address-space limit of the worker process (``RLIMIT_AS``).
+WORKER_MEMORY_BYTES = 1 << 30
+#: CPU seconds one call may use in the worker (``RLIMIT_CPU``, set before each call).
+WORKER_CPU_S = 3
 
 _FILENAME = '<agentrl-sandbox>'
 _GUARD = '_arl_binop'
@@ -306,13 +332,19 @@ def _compile(source: str):
 
 
 def _load(source, fn_name, deadline):
-    """Validate, compile and execute ``source``; return (function, None) or (None, error)."""
-    if not isinstance(source, str):
+    """Validate, compile and execute ``source``; return (function, None) or (None, error).
+
+    ``source`` may also be the code object :func:`_compile` made of a checked source (the
+    worker receives it so, compiled once by the parent).
+    """
+    if isinstance(source, types.CodeType):
+        source = (source, None)
+    elif not isinstance(source, str):
         return None, f'TypeError: source must be a str, not {type(source).__name__}'
     if not isinstance(fn_name, str):
         return None, f'TypeError: fn_name must be a str, not {type(fn_name).__name__}'
     try:
-        code, problem = _compile(source)
+        code, problem = source if isinstance(source, tuple) else _compile(source)
     except MemoryError as exc:
         return None, _describe(exc)
     if problem is not None:
@@ -335,8 +367,8 @@ def _same(got, expected) -> bool:
         return False
 
 
-def run_tests(source, tests, fn_name) -> list[TestResult]:
-    """Run ``fn_name`` from ``source`` on each test, inside the sandbox.
+def _run_local(source, tests, fn_name) -> list[TestResult]:
+    """Run ``fn_name`` from ``source`` on each test in this process (layers 1-4; the worker's body).
 
     The source is parsed and checked against an AST whitelist, compiled and executed with
     restricted builtins (``min, max, sum, range, len, abs``); then ``fn(*args)`` is called for
@@ -383,3 +415,265 @@ def run_tests(source, tests, fn_name) -> list[TestResult]:
             continue
         results.append(TestResult(_same(got, expected), got, None))
     return results
+
+
+# ----------------------------------------------------------------------------- worker process
+
+class Opaque:
+    """A returned value the worker cannot send back as plain data (a function, a range ...): its repr.
+
+    Attributes:
+        text: ``repr`` of the value (at most 200 characters).
+    """
+
+    def __init__(self, text: str):
+        self.text = text
+
+    def __repr__(self) -> str:
+        return self.text
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Opaque) and other.text == self.text
+
+    def __hash__(self) -> int:
+        return hash(self.text)
+
+
+_BOOT = ('import importlib.util as u, sys\n'
+         's = u.spec_from_file_location("agentrl_sandbox_worker", sys.argv[1])\n'
+         'm = sys.modules[s.name] = u.module_from_spec(s)\n'
+         's.loader.exec_module(m)\n'
+         'm._serve()\n')
+_HEADER = struct.Struct('>I')
+
+
+def _read_exact(fd: int, n: int, deadline: float | None) -> bytes | None:
+    """``n`` bytes from ``fd``; None on end of file or when ``deadline`` (perf_counter) passes."""
+    chunks, got = [], 0
+    while got < n:
+        if deadline is not None:
+            left = deadline - time.perf_counter()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+        chunk = os.read(fd, n - got)
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        got += len(chunk)
+    return b''.join(chunks)
+
+
+def _write_frame(fd: int, payload: bytes) -> None:
+    data = _HEADER.pack(len(payload)) + payload
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def _plain(value):
+    """``value`` if :mod:`marshal` can carry it, else an ``('opaque', repr)`` marker."""
+    try:
+        marshal.dumps(value)
+        return 0, value
+    except (ValueError, TypeError, RecursionError):
+        try:
+            text = repr(value)[:200]
+        except Exception:  # noqa: BLE001
+            text = f'<{type(value).__name__}>'
+        return 1, text
+
+
+def _serve() -> None:
+    """The worker's loop: read a pickled ``(source, tests, fn_name)``, answer with marshal, repeat.
+
+    Runs in the worker process (started by :class:`_Worker`); exits at end of input.
+    """
+    import resource
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (WORKER_MEMORY_BYTES, WORKER_MEMORY_BYTES))
+    except (ValueError, OSError):
+        pass
+    rfd, wfd = sys.stdin.fileno(), sys.stdout.fileno()
+    while True:
+        head = _read_exact(rfd, _HEADER.size, None)
+        if head is None:
+            return
+        body = _read_exact(rfd, _HEADER.unpack(head)[0], None)
+        if body is None:
+            return
+        try:
+            code, tests, fn_name = pickle.loads(body)
+            source = marshal.loads(code)
+        except Exception as exc:  # noqa: BLE001 - e.g. an argument whose class only the parent can import
+            _write_frame(wfd, marshal.dumps(('unreadable', _describe(exc))))
+            continue
+        try:
+            used = resource.getrusage(resource.RUSAGE_SELF)
+            cpu = int(used.ru_utime + used.ru_stime) + 1 + WORKER_CPU_S
+            resource.setrlimit(resource.RLIMIT_CPU, (cpu, resource.getrlimit(resource.RLIMIT_CPU)[1]))
+        except (ValueError, OSError):
+            pass
+        try:
+            results = [(r.passed, *_plain(r.got), r.error) for r in _run_local(source, tests, fn_name)]
+        except MemoryError:
+            results = [(False, 0, None, 'MemoryError')] * len(tests)
+        _write_frame(wfd, marshal.dumps(results))
+
+
+class _Worker:
+    """One worker process and its pipes (see the module docstring, layer 5)."""
+
+    def __init__(self):
+        self.owner = os.getpid()
+        self.proc = subprocess.Popen([sys.executable, '-I', '-S', '-c', _BOOT, os.path.abspath(__file__)],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     close_fds=True)
+
+    def call(self, payload: bytes, seconds: float):
+        """Send one request; the decoded answer, or None when the worker died or missed the deadline."""
+        try:
+            _write_frame(self.proc.stdin.fileno(), payload)
+            deadline = time.perf_counter() + seconds
+            fd = self.proc.stdout.fileno()
+            head = _read_exact(fd, _HEADER.size, deadline)
+            body = None if head is None else _read_exact(fd, _HEADER.unpack(head)[0], deadline + 1.0)
+            return None if body is None else marshal.loads(body)
+        except (OSError, ValueError, EOFError, TypeError):
+            return None
+
+    def kill(self) -> None:
+        try:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+        except Exception:  # noqa: BLE001
+            pass
+        for f in (self.proc.stdin, self.proc.stdout):
+            try:
+                f.close()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+_WORKER: _Worker | None = None
+_WORKER_LOCK = threading.Lock()
+
+
+def _in_worker(code: types.CodeType, tests: list, fn_name: str):
+    """Results from the worker, or None when the worker missed the hard deadline (it is killed)."""
+    global _WORKER
+    payload = pickle.dumps((marshal.dumps(code), tests, fn_name))
+    with _WORKER_LOCK:
+        if _WORKER is None or _WORKER.owner != os.getpid() or _WORKER.proc.poll() is not None:
+            if _WORKER is not None and _WORKER.owner == os.getpid():
+                _WORKER.kill()
+            _WORKER = _Worker()                   # a forked child never shares its parent's worker
+        answer = _WORKER.call(payload, HARD_DEADLINE_S)
+        if answer is None:
+            _WORKER.kill()
+            _WORKER = None
+            return None
+    if isinstance(answer, tuple):                 # ('unreadable', why): the caller runs the tests here
+        raise TypeError(f'the sandbox worker cannot read the tests: {answer[1]}')
+    return tuple(TestResult(passed, Opaque(got) if opaque else got, error) for passed, opaque, got, error in answer)
+
+
+class _Memo:
+    """Results of recent calls, keyed by source, tests and function (a bounded LRU, thread-safe).
+
+    The sandbox is deterministic (a step budget, no I/O, clock or randomness), except for the
+    wall-clock limits, whose results are never stored: many episodes grade the same few sources,
+    and a repeat costs a dictionary look-up instead of a round trip to the worker.
+    """
+
+    def __init__(self, size: int = 4096):
+        from collections import OrderedDict
+        self.size, self.memo, self.lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key):
+        with self.lock:
+            value = self.memo.get(key)
+            if value is not None:
+                self.memo.move_to_end(key)
+            return value
+
+    def put(self, key, value) -> None:
+        with self.lock:
+            self.memo[key] = value
+            while len(self.memo) > self.size:
+                self.memo.popitem(last=False)
+
+
+_MEMO = _Memo()
+
+
+def _memo_key(source: str, pairs: list, fn_name: str):
+    """A key telling apart every input that may change the results (types included), or None."""
+    try:
+        return source, fn_name, repr([(tuple((type(a), a) for a in args), type(e), e) for args, e in pairs])
+    except Exception:  # noqa: BLE001 - an argument whose repr fails: never memoised
+        return None
+
+
+def run_tests(source, tests, fn_name) -> list[TestResult]:
+    """Run ``fn_name`` from ``source`` on each test, inside the sandbox.
+
+    The source is parsed and checked against an AST whitelist (here, cached), then compiled and
+    executed in the sandbox's worker process with restricted builtins (``min, max, sum, range,
+    len, abs``); ``fn(*args)`` is called for each ``(args, expected)`` test under an opcode
+    budget, a wall-clock limit and a depth limit (``TOTAL_TIME_S`` bounds the whole call), and
+    the worker itself under CPU and memory rlimits and a hard deadline (``HARD_DEADLINE_S``)
+    after which it is killed. A refused or failing source makes every test an error result.
+
+    Source: book chapter 4 / agentrl spec §3.1 and §7.
+
+    Args:
+        source: Python source defining the function.
+        tests: sequence of ``(args_tuple, expected)`` pairs.
+        fn_name: name of the function to call.
+
+    Returns:
+        One :class:`TestResult` per test, in order. ``passed`` needs an equal value of the same
+        type. A test entry that is not an ``(args, expected)`` pair gives an error result;
+        a ``tests`` that is not iterable gives ``[]``. A value that is not plain data comes back
+        as an :class:`Opaque` (its repr). When the hard deadline passes, every test gets the
+        error ``'SandboxLimit: time limit exceeded (hard deadline, worker killed)'``. Never
+        raises, never hangs.
+    """
+    try:
+        tests = list(tests)
+    except Exception:  # noqa: BLE001
+        return []
+    error = None
+    if not isinstance(source, str):
+        error = f'TypeError: source must be a str, not {type(source).__name__}'
+    elif not isinstance(fn_name, str):
+        error = f'TypeError: fn_name must be a str, not {type(fn_name).__name__}'
+    else:
+        try:
+            code, error = _compile(source)           # refused here, without a round trip
+        except MemoryError as exc:
+            error = _describe(exc)
+    if error is not None:
+        return [TestResult(False, None, error) for _ in tests]
+    pairs, bad = [], {}
+    for i, test in enumerate(tests):
+        try:
+            args, expected = test
+            pairs.append((tuple(args), expected))
+        except Exception as exc:  # noqa: BLE001
+            bad[i] = TestResult(False, None, f'bad test: {_describe(exc)}')
+    key = _memo_key(source, pairs, fn_name)
+    results = _MEMO.get(key) if key is not None else None
+    if results is None:
+        try:
+            results = _in_worker(code, pairs, fn_name)
+        except Exception:  # noqa: BLE001 - unpicklable arguments, no subprocess: run here (layers 1-4)
+            results = _run_local(source, pairs, fn_name)
+        if results is None:
+            results = [TestResult(False, None, 'SandboxLimit: time limit exceeded (hard deadline, worker killed)')
+                       for _ in pairs]
+        elif key is not None and not any(r.error and 'time limit' in r.error for r in results):
+            _MEMO.put(key, results)               # deterministic: same source and tests, same results
+    out, it = [], iter(results)               # a new list per call (the memo keeps its own tuple)
+    for i in range(len(tests)):
+        out.append(bad[i] if i in bad else next(it))
+    return out

@@ -16,13 +16,15 @@ Source: book chapter 5.1-5.4 and 5.8.
 """
 from .audit import (DriftReport, MessageStability, PrefixReport, SpanDrift, TemplateAudit, ThinkingReport,
                     audit_drift, audit_prefix_stability, audit_template, audit_thinking,
-                    template_fingerprint, tokenizer_fingerprint)
-from .chat import PROMPT_ROLES, TOOL_ROLES, ChatTemplate, function_tools, load_tokenizer
+                    template_fingerprint)
+from .chat import (CONTENT_TEXT_MODES, PROMPT_ROLES, TOOL_ROLES, ChatTemplate, ControlTextError, find_tokenizer_dir,
+                   function_tools, load_tokenizer, tokenizer_fingerprint)
 from ..record import turn_records, turn_spans
 from .labels import OwnerLabels, Region, label_owners, sampling_contexts
 from .recorder import HISTORY_MODES, Bridge, ChatRecorder, probe_stability, template_bridge
 
 __all__ = ['ChatTemplate', 'function_tools', 'load_tokenizer', 'PROMPT_ROLES', 'TOOL_ROLES',
+           'CONTENT_TEXT_MODES', 'ControlTextError', 'find_tokenizer_dir',
            'ChatRecorder', 'Bridge', 'template_bridge', 'probe_stability', 'HISTORY_MODES',
            'label_owners', 'OwnerLabels', 'Region',
            'audit_prefix_stability', 'PrefixReport', 'MessageStability', 'audit_thinking', 'ThinkingReport',

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..record import OWNER, owner_runs
-from .chat import ChatTemplate, as_template, check_messages, common_prefix, tokenizer_digest
+from .chat import ChatTemplate, as_template, check_messages, common_prefix, tokenizer_fingerprint
 from .labels import label_owners
 
 __all__ = ['MessageStability', 'PrefixReport', 'audit_prefix_stability', 'ThinkingReport', 'audit_thinking',
@@ -56,6 +56,8 @@ class PrefixReport:
         breaking: indices of the messages that break an earlier context.
         reasoning_total: assistant messages with non-empty reasoning.
         reasoning_rendered: of those, how many still show their reasoning in the final rendering.
+        audited: messages rendered prefix by prefix (None: all of them; fewer for a long
+            conversation audited on its structural summary, see :func:`audit_prefix_stability`).
     """
     stable: bool
     token_stable: bool
@@ -63,6 +65,7 @@ class PrefixReport:
     breaking: list
     reasoning_total: int = 0
     reasoning_rendered: int = 0
+    audited: int | None = None
 
     def summary(self) -> str:
         """One line per breaking message (or 'prefix-stable')."""
@@ -87,6 +90,15 @@ def audit_prefix_stability(tokenizer, messages, *, tools=None, **options) -> Pre
         messages: the conversation.
         tools, **options: :class:`ChatTemplate` options (only with a tokenizer).
 
+    Cost: near-linear in the conversation's length. Up to 48 messages every prefix is rendered
+    (exact). A longer conversation is audited on its structural summary: a run of more than three
+    rounds (an assistant turn and the messages after it) with the same structure (roles, empty or
+    not, which other fields are set) keeps its first two rounds and its last; a dropped round
+    reports what its representative (the second round of its run) reports, with indices mapped
+    back, and ``PrefixReport.audited`` says how many messages were rendered. This assumes, as
+    :class:`~agentrl.templates.ChatRecorder` does, that the template depends on history through
+    its structure, not its length or contents. Reasoning counts are taken from the full rendering.
+
     Returns:
         :class:`PrefixReport`. For Qwen3 in thinking mode the chapter's clamp episode is stable
         across tool turns; after a new user message it is not (the user message is named and the
@@ -100,6 +112,98 @@ def audit_prefix_stability(tokenizer, messages, *, tools=None, **options) -> Pre
     """
     template = as_template(tokenizer, tools=tools, **options)
     messages = check_messages(messages)
+    if len(messages) <= _EXACT_LIMIT:
+        return _audit_exact(template, messages)
+    kept, rep = _summary(messages)
+    if len(kept) == len(messages):
+        return _audit_exact(template, messages)
+    sub = _audit_exact(template, [messages[j] for j in kept])
+    return _expand(sub, messages, kept, rep, template)
+
+
+#: Conversations up to this many messages are audited exactly (every prefix rendered).
+_EXACT_LIMIT = 48
+#: Rounds kept at the start of a run of rounds with the same structure (plus the run's last round).
+_KEEP_ROUNDS = 2
+
+
+def _summary(messages: list) -> tuple:
+    """(kept message indices, {dropped index: (its representative's index, its run's first index)})."""
+    from .labels import _coarse
+    first = next((i for i, m in enumerate(messages) if m['role'] == 'assistant'), len(messages))
+    rounds, i = [], first
+    while i < len(messages):
+        j = i + 1
+        while j < len(messages) and messages[j]['role'] != 'assistant':
+            j += 1
+        rounds.append(list(range(i, j)))
+        i = j
+    kept, rep = list(range(first)), {}
+    sig = [tuple(_coarse(messages[k]) for k in r) for r in rounds]
+    q = 0
+    while q < len(rounds):
+        e = q
+        while e + 1 < len(rounds) and sig[e + 1] == sig[q]:
+            e += 1
+        run = rounds[q:e + 1]
+        if len(run) > _KEEP_ROUNDS + 1:
+            model = run[_KEEP_ROUNDS - 1]
+            for r in run[:_KEEP_ROUNDS] + run[-1:]:
+                kept += r
+            for r in run[_KEEP_ROUNDS:-1]:
+                rep.update({k: (model[n], run[0][0]) for n, k in enumerate(r)})
+        else:
+            for r in run:
+                kept += r
+        q = e + 1
+    return sorted(kept), rep
+
+
+def _expand(sub: 'PrefixReport', messages: list, kept: list, rep: dict, template) -> 'PrefixReport':
+    """The summary's report on the full conversation's indices."""
+    import re
+    members: dict = {}
+    for j, (r, _start) in rep.items():
+        members.setdefault(r, []).append(j)
+    comp = {c: j for c, j in enumerate(kept)}
+
+    def kept_turns(broken: list, before: int) -> list:
+        out = set()
+        for c in broken:
+            t = comp[c]
+            out.add(t)
+            out.update(members.get(t, ()))
+        return sorted(t for t in out if t <= before)
+
+    def shifted_turns(broken: list, j: int) -> list:       # a dropped message: its representative's, moved
+        r, start = rep[j]
+        return sorted({comp[c] + (j - r) if comp[c] >= start else comp[c] for c in broken})
+
+    def text(reason: str) -> str:
+        reason = re.sub(r'\b(message|turn) (\d+)', lambda m: f'{m.group(1)} {comp[int(m.group(2))]}', reason)
+        return re.sub(r'messages \[([\d, ]*)\]',
+                      lambda m: 'messages ' + str([comp[int(x)] for x in m.group(1).split(',') if x.strip()]), reason)
+
+    by_orig = {comp[c]: ms for c, ms in enumerate(sub.messages)}
+    out = []
+    for j, m in enumerate(messages):
+        if j in by_orig:
+            src = by_orig[j]
+            broken, reason = kept_turns(src.broken, j), text(src.reason)
+        else:
+            src = by_orig[rep[j][0]]
+            broken = shifted_turns(src.broken, j)
+            reason = f'as message {rep[j][0]} (same structure): {text(src.reason)}' if src.reason else ''
+        out.append(MessageStability(index=j, role=m['role'], stable=src.stable, broken=broken, reason=reason))
+    final = template.render(messages, messages[-1]['role'] != 'assistant')
+    with_r = [m for m in messages if m['role'] == 'assistant' and _reasoning(m)]
+    return PrefixReport(stable=sub.stable, token_stable=sub.token_stable, messages=out,
+                        breaking=[ms.index for ms in out if not ms.stable], reasoning_total=len(with_r),
+                        reasoning_rendered=sum(_reasoning(m) in final for m in with_r), audited=len(kept))
+
+
+def _audit_exact(template: ChatTemplate, messages: list) -> 'PrefixReport':
+    """The exact audit: every prefix rendered (quadratic in the number of messages)."""
     contexts = {i: template.render(messages[:i], True)
                 for i, m in enumerate(messages) if m['role'] == 'assistant' and i > 0}
     alive = {('context', i): c for i, c in contexts.items()}
@@ -343,21 +447,6 @@ def template_fingerprint(tokenizer, *, tools=None, **options) -> str:
     return as_template(tokenizer, tools=tools, **options).fingerprint
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
-    """sha256 (16 hex) of the tokenizer's class, vocabulary, added tokens and special ids.
-
-    Stored as ``Provenance.tokenizer`` by :meth:`ChatRecorder.finish`; cached per tokenizer object.
-
-    Raises:
-        AttributeError: ``tokenizer`` is not a Hugging Face tokenizer (no ``get_vocab``).
-
-    Source: book chapter 5.8 (pin the tokenizer version).
-    """
-    if isinstance(tokenizer, ChatTemplate):
-        tokenizer = tokenizer.tokenizer
-    return tokenizer_digest(tokenizer)
-
-
 # ---------------------------------------------------------------------------- everything at once
 @dataclass
 class TemplateAudit:
@@ -459,7 +548,7 @@ def audit_template(tokenizer, messages, *, tools=None, thinking: bool = True, **
             bridges[role] = str(e)
     return TemplateAudit(owner_counts=counts, prefix=prefix, thinking=audit_thinking(template, plain[:1]),
                          bridge_after_tool=bridges['tool'], bridge_after_user=bridges['user'],
-                         fingerprint=template.fingerprint, tokenizer_fingerprint=tokenizer_digest(template.tokenizer),
+                         fingerprint=template.fingerprint, tokenizer_fingerprint=tokenizer_fingerprint(template.tokenizer),
                          problems=problems)
 
 

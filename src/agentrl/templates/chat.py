@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import re
+from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 __all__ = ['ChatTemplate', 'as_template', 'function_tools', 'require_hf', 'load_tokenizer',
-           'PROMPT_ROLES', 'TOOL_ROLES']
+           'PROMPT_ROLES', 'TOOL_ROLES', 'CONTENT_TEXT_MODES', 'ControlTextError', 'find_tokenizer_dir',
+           'tokenizer_family', 'TOKENIZER_FAMILIES', 'tokenizer_fingerprint', 'flatten_content']
 
 #: Roles whose content the task supplies (owner ``prompt``).
 PROMPT_ROLES = ('system', 'user', 'developer')
@@ -19,7 +23,154 @@ PROMPT_ROLES = ('system', 'user', 'developer')
 TOOL_ROLES = ('tool', 'ipython', 'function', 'observation')
 _ROLES = PROMPT_ROLES + TOOL_ROLES + ('assistant',)
 #: Template options ChatTemplate takes by keyword; everything else goes to the template.
-_OWN_OPTIONS = ('tools', 'chat_template', 'stop_tokens')
+_OWN_OPTIONS = ('tools', 'chat_template', 'stop_tokens', 'content_text')
+#: What happens to control-token text (``'<|im_end|>'``) inside content the policy did not sample
+#: (system, user, tool and opening messages): ``'plain'`` encodes it as ordinary text (its byte-level
+#: pieces, never the control id); ``'refuse'`` raises :class:`ControlTextError`.
+CONTENT_TEXT_MODES = ('plain', 'refuse')
+#: Tokenizer families the tests and demos use: folder name -> ungated Hugging Face repo holding the
+#: same tokenizer files (None: gated upstream, get the files yourself).
+TOKENIZER_FAMILIES = {'qwen3': 'Qwen/Qwen3-0.6B', 'deepseek-v3': 'deepseek-ai/DeepSeek-V3', 'llama3': None}
+#: Model-id prefixes (lower case) -> family folder.
+_FAMILY_PREFIXES = {'qwen/qwen3': 'qwen3', 'deepseek-ai/deepseek-v3': 'deepseek-v3',
+                    'meta-llama/meta-llama-3': 'llama3', 'qwen3': 'qwen3', 'deepseek-v3': 'deepseek-v3',
+                    'llama3': 'llama3'}
+_TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja', 'special_tokens_map.json']
+
+
+class ControlTextError(ValueError):
+    """Content the policy did not sample holds the text of a control token (``'<|im_end|>'``).
+
+    Raised only with ``content_text='refuse'``; the default ``'plain'`` encodes such text as
+    ordinary bytes. Attributes: ``message`` (index), ``role``, ``token`` (the control text found).
+    """
+
+    def __init__(self, message: int, role: str, token: str, where: str = 'messages'):
+        self.message, self.role, self.token = message, role, token
+        super().__init__(f'{where}[{message}] ({role}) content holds the control-token text {token!r}: the '
+                         'template would turn it into a control token (a forged turn boundary); remove it from '
+                         "the content, or pass content_text='plain' to encode it as ordinary text")
+
+
+def tokenizer_family(name: str) -> str | None:
+    """The family folder (``'qwen3'`` ...) of a model id or folder name, or None.
+
+    Example: ``tokenizer_family('Qwen/Qwen3-8B') == 'qwen3'``.
+    """
+    low = str(name).lower().rstrip('/')
+    for prefix, fam in _FAMILY_PREFIXES.items():
+        if low.startswith(prefix) or low.rsplit('/', 1)[-1] == prefix:
+            return fam
+    return None
+
+
+_HUB_REACHABLE: dict = {}
+
+
+def _hub_reachable(timeout: float = 1.5) -> bool:
+    """True when huggingface.co answers a TCP connect within ``timeout`` s (cached per process)."""
+    if 'ok' not in _HUB_REACHABLE:
+        import socket
+        try:
+            socket.create_connection(('huggingface.co', 443), timeout=timeout).close()
+            _HUB_REACHABLE['ok'] = True
+        except OSError:
+            _HUB_REACHABLE['ok'] = False
+    return _HUB_REACHABLE['ok']
+
+
+def find_tokenizer_dir(family: str, *, hub: bool = True) -> Path:
+    """The folder of a real tokenizer family (``'qwen3'``, ``'deepseek-v3'``, ``'llama3'``).
+
+    The one lookup order (tests, ``make-test-model``, ``viz``):
+    1. ``$AGENTRL_TOKENIZERS/<family>``;
+    2. ``$AGENTRL_SHARED/tokenizers/<family>``, then ``../shared/tokenizers/<family>`` next to the
+       repository (and next to the working directory);
+    3. the Hugging Face hub for families with an ungated repo (:data:`TOKENIZER_FAMILIES`), only when
+       ``huggingface_hub`` is installed, ``HF_HUB_OFFLINE`` is not set and huggingface.co answers
+       within 1.5 s (files already in the local hub cache are used without a connection).
+
+    Args:
+        family: a family folder name, or a model id it can be told from (``'Qwen/Qwen3-8B'``).
+        hub: allow step 3.
+
+    Returns:
+        A folder holding ``tokenizer_config.json``.
+
+    Raises:
+        FileNotFoundError: none found; the message lists the places tried and how to get the files
+            (set ``AGENTRL_TOKENIZERS`` to a folder holding ``<family>/``, or download the hub repo).
+    """
+    fam = family if family in TOKENIZER_FAMILIES else (tokenizer_family(family) or family)
+    tried = []
+    if os.environ.get('AGENTRL_TOKENIZERS'):
+        tried.append(Path(os.environ['AGENTRL_TOKENIZERS']) / fam)
+    if os.environ.get('AGENTRL_SHARED'):
+        tried.append(Path(os.environ['AGENTRL_SHARED']) / 'tokenizers' / fam)
+    repo = Path(__file__).resolve().parents[3]            # src/agentrl/templates/chat.py -> repository
+    tried += [repo.parent / 'shared' / 'tokenizers' / fam, Path.cwd().parent / 'shared' / 'tokenizers' / fam]
+    for d in dict.fromkeys(tried):
+        if (d / 'tokenizer_config.json').is_file():
+            return d
+    repo_id = TOKENIZER_FAMILIES.get(fam)
+    if hub and repo_id:
+        got = _from_hub(repo_id)
+        if got is not None:
+            return got
+    how = (f'or let agentrl fetch the ungated hub repo {repo_id!r} (pip install huggingface_hub; online)'
+           if repo_id else 'the upstream repo is gated: download its tokenizer files yourself')
+    raise FileNotFoundError(f'no {fam} tokenizer found (tried {", ".join(map(str, dict.fromkeys(tried)))}); set '
+                            f'AGENTRL_TOKENIZERS to a folder holding {fam}/ with tokenizer.json and '
+                            f'tokenizer_config.json, {how}')
+
+
+def _from_hub(repo_id: str) -> Path | None:
+    try:
+        import huggingface_hub
+    except ImportError:
+        return None
+    try:   # the local cache first: no connection needed
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=_TOKENIZER_FILES,
+                                                      local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached
+        pass
+    if os.environ.get('HF_HUB_OFFLINE', '0') not in ('', '0') or not _hub_reachable():
+        return None
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=_TOKENIZER_FILES, etag_timeout=5))
+    except Exception:  # noqa: BLE001 - any hub failure means "not available"
+        return None
+
+
+def flatten_content(content: Any, where: str = 'content') -> Any:
+    """List-of-parts content as the text a template renders; other content unchanged.
+
+    ``[{'type': 'text', 'text': '4'}, {'type': 'text', 'text': '2'}]`` -> ``'42'`` (parts joined with
+    nothing between them, as the OpenAI chat format concatenates them). Strings and None pass through.
+
+    Raises:
+        ValueError: a part that is not text (``image_url``, ``input_audio`` ...): multimodal input is
+            not supported; the error names the part index and its type. Also a malformed part.
+
+    Source: the OpenAI chat message format (content parts).
+    """
+    if not isinstance(content, list):
+        return content
+    out = []
+    for j, part in enumerate(content):
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        kind = part.get('type') if isinstance(part, dict) else type(part).__name__
+        if kind == 'text' and isinstance(part.get('text'), str):
+            out.append(part['text'])
+        elif kind == 'text':
+            raise ValueError(f'{where}[{j}] is a text part without a string "text"; give {{"type": "text", '
+                             '"text": "..."}')
+        else:
+            raise ValueError(f'{where}[{j}] is a {kind!r} part: agentrl records text only (no images or '
+                             'audio yet); send text parts, or describe the non-text input in text')
+    return ''.join(out)
 
 
 def require_hf(what: str = 'agentrl.templates'):
@@ -46,8 +197,9 @@ def load_tokenizer(name_or_path: str):
     """Load a Hugging Face tokenizer from a local folder or a hub id.
 
     Args:
-        name_or_path: a folder with ``tokenizer.json`` / ``tokenizer_config.json``, or a hub id.
-            With ``HF_HUB_OFFLINE=1`` nothing is downloaded.
+        name_or_path: a folder with ``tokenizer.json`` / ``tokenizer_config.json``, a family name
+            of :data:`TOKENIZER_FAMILIES` (``'qwen3'``: found by :func:`find_tokenizer_dir`), or a hub
+            id. With ``HF_HUB_OFFLINE=1`` nothing is downloaded.
 
     Returns:
         The ``AutoTokenizer`` instance (transformers' logging is left unchanged).
@@ -60,6 +212,11 @@ def load_tokenizer(name_or_path: str):
     Source: Hugging Face ``AutoTokenizer.from_pretrained``.
     """
     transformers = require_hf('load_tokenizer')
+    if name_or_path in TOKENIZER_FAMILIES and not os.path.isdir(name_or_path):
+        try:                                 # a family name: the one lookup (env, ../shared, hub)
+            name_or_path = str(find_tokenizer_dir(name_or_path))
+        except FileNotFoundError as e:
+            raise ValueError(str(e)) from e
     try:
         return transformers.AutoTokenizer.from_pretrained(name_or_path)
     except (OSError, ValueError) as e:
@@ -105,9 +262,13 @@ def function_tools(schemas: Iterable[dict] | None) -> list[dict] | None:
 def check_messages(messages: Any, field: str = 'messages') -> list[dict]:
     """Validate a conversation and return a shallow copy of its messages.
 
+    List-of-parts content is flattened to its text (:func:`flatten_content`), so every template
+    sees the text (a template that only reads strings would otherwise render it empty).
+
     Raises:
-        ValueError: not a list of dicts, a message without a known ``role`` or with non-string
-            content; the error names the index, the field and the accepted values.
+        ValueError: not a list of dicts, a message without a known ``role``, content that is not a
+            string or a list of text parts (an image part names its index); the error names the
+            index, the field and the accepted values.
 
     Source: the OpenAI/Hugging Face chat message format (``role``, ``content``, ``tool_calls``).
     """
@@ -124,7 +285,10 @@ def check_messages(messages: Any, field: str = 'messages') -> list[dict]:
         if c is not None and not isinstance(c, (str, list)):
             raise ValueError(f'{field}[{i}]["content"] must be a string (or a list of content parts), '
                              f'got {type(c).__name__}')
-        out.append(dict(m))
+        m = dict(m)
+        if isinstance(c, list):
+            m['content'] = flatten_content(c, f'{field}[{i}]["content"]')
+        out.append(m)
     return out
 
 
@@ -191,26 +355,41 @@ class ChatTemplate:
         tools: tool schemas passed as ``tools=`` to the template (MCP-style schemas are
             converted with :func:`function_tools`); None for no tools.
         chat_template: a template string overriding the tokenizer's own.
-        stop_tokens: extra end-of-turn tokens the engine stops at, besides ``eos_token``
-            (for example Gemma's ``<end_of_turn>``); each must be a single token.
+        stop_tokens: extra tokens the engine stops at, besides ``eos_token`` and the template's
+            end-of-turn (for example Qwen3's second EOS ``<|endoftext|>``); each must be a single token.
+        content_text: one of :data:`CONTENT_TEXT_MODES`: ``'plain'`` (default) encodes control-token
+            text inside content the policy did not sample as ordinary text; ``'refuse'`` raises
+            :class:`ControlTextError` for it.
         **template_kwargs: options the template reads, such as ``enable_thinking=False``.
 
     Attributes:
-        tokenizer, tools, chat_template, template_kwargs, stop_texts (list[str]),
-        stop_ids (frozenset[int]).
+        tokenizer, tools, chat_template, template_kwargs, content_text,
+        stop_texts (list[str]), stop_ids (frozenset[int]): every id the engine may stop a turn at
+        (``eos_token``, ``stop_tokens`` and the end-of-turn);
+        end_of_turn_id (int | None), end_of_turn_text (str | None): the control token the template
+        itself writes right after an assistant message's content, found by rendering one (Qwen3
+        ``<|im_end|>``, Llama 3 ``<|eot_id|>``); None when the template writes none;
+        eos_mismatch: True when ``eos_token`` is not that end-of-turn (the end-of-turn is added to
+        the stop set, so it is never written twice);
+        control_ids (frozenset[int]): ids of the tokenizer's added (control) tokens.
+
+    A turn whose sampled stop is not the end-of-turn (e.g. Qwen3's ``<|endoftext|>``) keeps that id
+    (policy-owned, trained) and the template still closes the turn: its end-of-turn follows,
+    template-owned (mask 0, log-prob 0).
 
     Raises:
         ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
         ValueError: no chat template (pass ``chat_template=``); a stop token that is not one
-            token; ``tools=`` given to a template that ignores them (the error names
-            ``tools=``: put the tool descriptions in a system message and pass ``tools=None``).
+            token; ``content_text`` outside :data:`CONTENT_TEXT_MODES`; ``tools=`` given to a
+            template that ignores them (the error names ``tools=``: put the tool descriptions in
+            a system message and pass ``tools=None``).
 
     Source: Hugging Face ``apply_chat_template`` (rendering is delegated to it, so
     transformers' message normalisation applies: keys whose value is None are dropped).
     """
 
     def __init__(self, tokenizer, *, tools: Sequence[dict] | None = None, chat_template: str | None = None,
-                 stop_tokens: Sequence[str] | None = None, **template_kwargs):
+                 stop_tokens: Sequence[str] | None = None, content_text: str = 'plain', **template_kwargs):
         require_hf('ChatTemplate')
         if not hasattr(tokenizer, 'apply_chat_template'):
             raise ValueError(f'tokenizer must be a Hugging Face tokenizer, got {type(tokenizer).__name__}; '
@@ -220,16 +399,25 @@ class ChatTemplate:
         if not getattr(tokenizer, 'is_fast', True):
             raise ValueError(f'{type(tokenizer).__name__} is a slow tokenizer: agentrl needs character offsets; '
                              'load the fast tokenizer (tokenizer.json)')
+        if content_text not in CONTENT_TEXT_MODES:
+            raise ValueError(f'content_text={content_text!r}; use one of {CONTENT_TEXT_MODES}')
         self.tokenizer = tokenizer
         self.tools = function_tools(tools) if tools else None
         self.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs)
+        self.content_text = content_text
+        self._cache: dict = {}
+        self.control_ids, self._control_re = _controls(tokenizer)
+        self.end_of_turn_text = self._derive_end_of_turn()
         texts = []
         if tokenizer.eos_token:
             texts.append(tokenizer.eos_token)
         for t in stop_tokens or ():
             if t not in texts:
                 texts.append(t)
+        self.eos_mismatch = self.end_of_turn_text is not None and tokenizer.eos_token != self.end_of_turn_text
+        if self.end_of_turn_text is not None and self.end_of_turn_text not in texts:
+            texts.append(self.end_of_turn_text)
         ids = []
         for t in texts:
             enc = tokenizer(t, add_special_tokens=False)['input_ids']
@@ -242,7 +430,7 @@ class ChatTemplate:
         self.stop_texts = sorted(texts, key=len, reverse=True)
         self.stop_ids = frozenset(ids)
         self._stop_text_of = dict(zip(ids, texts))
-        self._cache: dict = {}
+        self.end_of_turn_id = ids[texts.index(self.end_of_turn_text)] if self.end_of_turn_text is not None else None
         if self.tools is not None:
             self._check_tools_used()
 
@@ -255,10 +443,51 @@ class ChatTemplate:
         return new
 
     def describe(self) -> dict:
-        """Options as a JSON-able dict (template kwargs, tool names, stop tokens)."""
+        """Options as a JSON-able dict (template kwargs, tool names, stop tokens, end-of-turn, content_text)."""
         return {'template_kwargs': self.template_kwargs, 'stop_tokens': list(self.stop_texts),
+                'end_of_turn': self.end_of_turn_text, 'content_text': self.content_text,
                 'tools': [t['function']['name'] for t in self.tools or ()],
                 'chat_template': 'custom' if self.chat_template else 'tokenizer'}
+
+    def chat_tokens(self) -> dict:
+        """What a validator needs to check a record made with this template (``Provenance.chat_tokens``).
+
+        Returns:
+            ``{'end_of_turn': [id] or [], 'stop': sorted stop ids, 'control': [[lo, hi), ...] id ranges
+            of the added (control) tokens, 'content_text': 'plain' | 'refuse'}``.
+        """
+        ranges, ctl = [], sorted(self.control_ids)
+        for i in ctl:
+            if ranges and ranges[-1][1] == i:
+                ranges[-1][1] = i + 1
+            else:
+                ranges.append([i, i + 1])
+        return {'end_of_turn': [] if self.end_of_turn_id is None else [self.end_of_turn_id],
+                'stop': sorted(self.stop_ids), 'control': ranges, 'content_text': self.content_text}
+
+    def is_end_of_turn(self, token_id: int) -> bool:
+        """True when ``token_id`` is the template's end-of-turn (or, with none derived, any stop id)."""
+        if self.end_of_turn_id is None:
+            return int(token_id) in self.stop_ids
+        return int(token_id) == self.end_of_turn_id
+
+    def _derive_end_of_turn(self) -> str | None:
+        """The control-token text the template writes right after an assistant message's content."""
+        if self._control_re is None:
+            return None
+        probe = [{'role': 'user', 'content': 'Probe question.'}]
+        try:
+            full = self.render(probe + [{'role': 'assistant', 'content': 'Probe answer.'}], False, tools=None)
+        except ValueError:
+            return None
+        k = full.rfind('Probe answer.')
+        if k < 0:
+            return None
+        rest = full[k + len('Probe answer.'):]
+        hit = self._control_re.search(rest)
+        if hit is None or rest[:hit.start()].strip():
+            return None
+        return hit.group(0)
 
     @property
     def source(self) -> str:
@@ -338,17 +567,125 @@ class ChatTemplate:
         """
         be = self._backend()
         if be is not None:
+            if len(text) > _CHUNK_CHARS:
+                return self._encode_offsets(text)[0]
             return be.encode(text, add_special_tokens=False).ids
         return list(self.tokenizer(text, add_special_tokens=False)['input_ids'])
 
-    def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
-        """Text -> (ids, character offsets ``(start, end)`` of each token)."""
+    def encode_offsets(self, text: str, plain: Sequence = ()) -> tuple[list[int], list[tuple[int, int]]]:
+        """Text -> (ids, character offsets ``(start, end)`` of each token).
+
+        Args:
+            text: the text (a rendering or a piece of one).
+            plain: content spans the policy did not sample (objects with ``start``, ``end``,
+                ``message`` and ``owner``, e.g. :class:`~agentrl.templates.labels.Region`): control-token
+                text starting inside one is encoded as ordinary text (``'plain'``) or refused.
+
+        Raises:
+            ControlTextError: control-token text inside a ``plain`` span with ``content_text='refuse'``.
+            ValueError: the tokenizer's own vocabulary holds a control token's text, so it cannot be
+                encoded as ordinary text (use ``content_text='refuse'`` and clean the content).
+        """
+        cuts = self._control_hits(text, plain)
+        if not cuts:
+            return self._encode_offsets(text)
+        ids, offs, pos = [], [], 0
+        for a, b in cuts:
+            if a > pos:
+                i, o = self._encode_offsets(text[pos:a])
+                ids += i
+                offs += [(x + pos, y + pos) for x, y in o]
+            p = self._plain_ids(text[a:b])
+            ids += p
+            offs += [(a, b)] * len(p)
+            pos = b
+        if pos < len(text):
+            i, o = self._encode_offsets(text[pos:])
+            ids += i
+            offs += [(x + pos, y + pos) for x, y in o]
+        return ids, offs
+
+    def encode_plain(self, text: str, plain_contents: Iterable[str] = ()) -> list[int]:
+        """Like :meth:`encode`, with control text inside each occurrence of ``plain_contents`` as ordinary text.
+
+        For re-rendered contexts where only the messages' contents are known (not their spans).
+
+        Raises:
+            ControlTextError, ValueError: as :meth:`encode_offsets`.
+        """
+        spans = []
+        if self._control_re is not None:
+            for c in plain_contents:
+                if isinstance(c, str) and c and self._control_re.search(c):
+                    k = text.find(c)
+                    while k >= 0:
+                        spans.append(_Span(k, k + len(c)))
+                        k = text.find(c, k + 1)
+        if not spans:
+            return self.encode(text)
+        return self.encode_offsets(text, spans)[0]
+
+    def _control_hits(self, text: str, plain: Sequence) -> list:
+        """``[(start, end)]`` of control-token text starting inside a ``plain`` span (raises in refuse mode)."""
+        if not plain or self._control_re is None:
+            return []
+        out = []
+        for r in plain:
+            for m in self._control_re.finditer(text, r.start, r.end):
+                if self.content_text == 'refuse':
+                    raise ControlTextError(getattr(r, 'message', -1), getattr(r, 'owner', 'content'), m.group(0))
+                out.append((m.start(), m.end()))
+        return sorted(set(out))
+
+    def _plain_ids(self, text: str) -> list[int]:
+        """``text`` through the normalizer, pre-tokenizer and model only (added tokens not matched)."""
+        be = self.tokenizer.backend_tokenizer
+        t = be.normalizer.normalize_str(text) if be.normalizer is not None else text
+        pieces = be.pre_tokenizer.pre_tokenize_str(t) if be.pre_tokenizer is not None else [(t, (0, len(t)))]
+        ids = [tk.id for piece, _ in pieces for tk in be.model.tokenize(piece)]
+        bad = sorted(set(ids) & self.control_ids)
+        if bad:
+            raise ValueError(f'{text!r} encodes to the control ids {bad} even as ordinary text (the vocabulary '
+                             "holds it); pass content_text='refuse' and remove it from the content")
+        return ids
+
+    def _encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
         be = self._backend()
         if be is not None:
-            enc = be.encode(text, add_special_tokens=False)
-            return enc.ids, enc.offsets
+            cuts = self._chunk_cuts(text) if len(text) > _CHUNK_CHARS else []
+            if not cuts:
+                enc = be.encode(text, add_special_tokens=False)
+                return enc.ids, enc.offsets
+            bounds = [0] + cuts + [len(text)]
+            ids, offs = [], []
+            for a, enc in zip(bounds, be.encode_batch([text[a:b] for a, b in zip(bounds, bounds[1:])],
+                                                       add_special_tokens=False)):
+                ids += enc.ids
+                offs += [(x + a, y + a) for x, y in enc.offsets]
+            return ids, offs
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return list(enc['input_ids']), [tuple(o) for o in enc['offset_mapping']]
+
+    def _chunk_cuts(self, text: str) -> list[int]:
+        """Positions, about every ``_CHUNK_CHARS``, where a control token starts (the tokenizer splits
+        there anyway, so encoding the pieces apart gives the same ids); tokens that strip the space
+        before them are never cut at."""
+        if self._control_re is None:
+            return []
+        cuts, nxt = [], _CHUNK_CHARS
+        for m in self._control_re.finditer(text, _CHUNK_CHARS):
+            if m.start() >= nxt and m.group(0) in self._cut_ok:
+                cuts.append(m.start())
+                nxt = m.start() + _CHUNK_CHARS
+        return cuts
+
+    @property
+    def _cut_ok(self) -> frozenset:
+        if 'cut_ok' not in self._cache:
+            dec = getattr(self.tokenizer, 'added_tokens_decoder', None) or {}
+            self._cache['cut_ok'] = frozenset(getattr(t, 'content', str(t)) for t in dec.values()
+                                              if not getattr(t, 'lstrip', False))
+        return self._cache['cut_ok']
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text, special tokens kept, no clean-up (the exact inverse where one exists)."""
@@ -392,9 +729,12 @@ class ChatTemplate:
         """
         if 'fingerprint' not in self._cache:
             import hashlib
-            payload = json.dumps({'template': self.source, 'kwargs': self.template_kwargs,
-                                  'tools': self.tools, 'stop': sorted(self.stop_texts),
-                                  'tokenizer': tokenizer_digest(self.tokenizer)},
+            fields = {'template': self.source, 'kwargs': self.template_kwargs,
+                      'tools': self.tools, 'stop': sorted(self.stop_texts),
+                      'tokenizer': tokenizer_fingerprint(self.tokenizer)}
+            if self.content_text != 'plain':
+                fields['content_text'] = self.content_text
+            payload = json.dumps(fields,
                                  sort_keys=True, separators=(',', ':'), default=str)
             self._cache['fingerprint'] = hashlib.sha256(payload.encode()).hexdigest()[:16]
         return self._cache['fingerprint']
@@ -410,18 +750,46 @@ class ChatTemplate:
 
 
 _DIGESTS: dict = {}
+_CONTROLS: dict = {}
+#: Texts longer than this are encoded in pieces cut at control tokens (same ids, linear time).
+_CHUNK_CHARS = 1 << 15
 
 
-def tokenizer_digest(tokenizer) -> str:
+class _Span:
+    __slots__ = ('start', 'end', 'message', 'owner')
+
+    def __init__(self, start, end, message=-1, owner='content'):
+        self.start, self.end, self.message, self.owner = start, end, message, owner
+
+
+def _controls(tokenizer) -> tuple:
+    """(frozenset of added-token ids, compiled regex matching their texts longest first, or None)."""
+    hit = _CONTROLS.get(id(tokenizer))
+    if hit is not None and hit[0] is tokenizer:
+        return hit[1]
+    dec = getattr(tokenizer, 'added_tokens_decoder', None) or {}
+    texts = {int(i): getattr(t, 'content', str(t)) for i, t in dec.items()}
+    texts = {i: t for i, t in texts.items() if t}
+    pattern = re.compile('|'.join(re.escape(t) for t in sorted(set(texts.values()), key=len, reverse=True))) \
+        if texts else None
+    out = (frozenset(texts), pattern)
+    _CONTROLS[id(tokenizer)] = (tokenizer, out)
+    return out
+
+
+def tokenizer_fingerprint(tokenizer) -> str:
     """sha256 (16 hex) of a tokenizer's class, vocabulary, added tokens and special ids.
 
-    Cached per tokenizer object (hashing a 150k vocabulary takes ~0.2 s).
+    Stored as ``Provenance.tokenizer``. Cached per tokenizer object (hashing a 150k vocabulary takes
+    ~0.2 s). A :class:`ChatTemplate` gives its tokenizer's fingerprint.
 
     Raises:
         AttributeError: not a Hugging Face tokenizer (no ``get_vocab``).
 
     Source: book chapter 5.8 (pin the tokenizer version).
     """
+    if isinstance(tokenizer, ChatTemplate):
+        tokenizer = tokenizer.tokenizer
     key = id(tokenizer)
     hit = _DIGESTS.get(key)
     if hit is not None and hit[0] is tokenizer:

@@ -8,6 +8,7 @@ message accounts for is template. No role header, delimiter or model name is har
 """
 from __future__ import annotations
 
+import warnings
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
@@ -15,7 +16,29 @@ from ..record import OWNER, OWNER_NAMES, owner_runs
 from .chat import ChatTemplate, as_template, check_messages, diff_span, owner_of_role
 
 __all__ = ['Region', 'OwnerLabels', 'label_owners', 'locate_messages', 'owners_from_regions',
-           'sampling_contexts']
+           'sampling_contexts', 'GENERATION_MASK_MODES', 'AssistantMaskMismatch', 'AssistantMaskError']
+
+#: What :func:`label_owners` does when a template's ``{% generation %}`` mask disagrees with the
+#: ownership rule: ``'warn'`` (:class:`AssistantMaskMismatch`), ``'error'`` (:class:`AssistantMaskError`).
+GENERATION_MASK_MODES = ('warn', 'error')
+
+
+class AssistantMaskMismatch(UserWarning):
+    """A template's ``{% generation %}`` mask disagrees with agentrl's ownership rule (labels keep the rule)."""
+
+
+class AssistantMaskError(ValueError):
+    """As :class:`AssistantMaskMismatch`, raised with ``generation_mask='error'``."""
+
+
+def _mask_message(diff: list, ids: list, template) -> str:
+    k = diff[0]
+    tok = template.tokens(ids[k:k + 1])
+    return (f'the template\'s {{% generation %}} mask disagrees with the ownership rule (what the engine samples '
+            f'after the generation prompt, through the end-of-turn token) on {len(diff)} tokens, first at token '
+            f'{k} {tok}: agentrl labels by the rule (a ChatRecorder episode with this template records the same); '
+            'fix the template\'s generation block, or pass generation_mask=\'error\' to stop on it')
+
 
 
 @dataclass(frozen=True)
@@ -84,7 +107,7 @@ def _find_prefix_of(g: str, window: str) -> tuple[int, int]:
 
 
 def locate_messages(template: ChatTemplate, messages: list, add_generation_prompt: bool = False,
-                    text: str | None = None) -> tuple[str, list]:
+                    text: str | None = None, fast: bool = True) -> tuple[str, list]:
     """Find the character span of every message in the template's rendering.
 
     Args:
@@ -92,6 +115,9 @@ def locate_messages(template: ChatTemplate, messages: list, add_generation_promp
         messages: the conversation.
         add_generation_prompt: render with the generation prompt.
         text: the rendering, when already computed.
+        fast: first try one rendering with every content swapped for a sentinel (two renderings in
+            all, whatever the length; used when putting the contents back gives the rendering
+            exactly); False locates every message by its own diff rendering (one rendering per message).
 
     Returns:
         ``(text, regions)``: the rendering and a list of :class:`Region`, sorted by start.
@@ -109,6 +135,9 @@ def locate_messages(template: ChatTemplate, messages: list, add_generation_promp
     """
     gen = add_generation_prompt
     R = template.render(messages, gen) if text is None else text
+    found = _locate_fast(template, messages, gen, R) if fast else None
+    if found is not None:
+        return R, _check_overlaps(found)
     raw = []  # (i, start, end, sentinel_part) per message
     for i, m in enumerate(messages):
         z = template.sentinel(i, avoid=R)
@@ -159,13 +188,122 @@ def locate_messages(template: ChatTemplate, messages: list, add_generation_promp
                                  'calls as structured messages: write the call into "content" as the model '
                                  'emits it, or use a template with tool-call support')
         regions.append(Region(start, end, 'policy', i))
+    return R, _check_overlaps(regions)
+
+
+def _check_overlaps(regions: list) -> list:
     regions.sort(key=lambda r: (r.start, r.end))
     for r0, r1 in zip(regions, regions[1:]):
         if r1.start < r0.end:
             raise ValueError(f'messages[{r0.message}] and messages[{r1.message}] overlap in the rendering '
                              f'(chars {r0.start}-{r0.end} and {r1.start}-{r1.end}): the template renders them '
                              'together or changes one when the other changes, so their tokens have no single owner')
-    return R, regions
+    return regions
+
+
+def _coarse(m: dict) -> tuple:
+    """A message's structure: role, whether it has content, and its other non-empty fields (no values)."""
+    return (m.get('role'), bool(m.get('content')),
+            tuple(sorted(k for k, v in m.items() if k not in ('role', 'content') and v not in (None, '', [], {}))))
+
+
+def _window_prompt(template, messages: list, i: int, last: int, cache: dict) -> str:
+    """The generation prompt before message ``i``, rendered on a window with the same structure.
+
+    The window is the opening through the first user message plus the messages since ``last``
+    (the last assistant turn before ``i``, or -1); the prompt is cached per window structure.
+    """
+    first_user = next((k for k, m in enumerate(messages) if m['role'] == 'user'), 0)
+    window = messages[:first_user + 1] + messages[max(last, first_user + 1):i]
+    key = tuple(_coarse(m) for m in window)
+    if key not in cache:
+        cache[key] = template.generation_prompt(window)
+    return cache[key]
+
+
+def _locate_fast(template, messages: list, gen: bool, R: str) -> list | None:
+    """Regions from one rendering with every content swapped for a sentinel (O(total length)).
+
+    Used when putting the contents back into that rendering gives exactly ``R`` (the template inserts
+    contents verbatim and its structure does not depend on them); None otherwise (then every
+    message is located by its own diff rendering).
+    """
+    if len(messages) < 8:
+        return None                      # short conversations: the per-message diff is cheap and exact
+    import re
+    nonce = 0
+    while f'AgentrlSlotN{nonce}Q' in R:                    # a base not in R, so no 'base<i>Z' is either
+        nonce += 1
+    base = f'AgentrlSlotN{nonce}Q'
+    probe, slots = [], {}
+    for i, m in enumerate(messages):
+        c = m.get('content')
+        if isinstance(c, str) and c:
+            probe.append(dict(m, content=f'{base}{i}Z'))
+            slots[i] = c
+        else:
+            probe.append(m)
+    try:
+        S = template.render(probe, gen)
+    except ValueError:
+        return None
+    found, seen = [], set()
+    for hit in re.finditer(re.escape(base) + r'(\d+)Z', S):
+        i = int(hit.group(1))
+        if i not in slots or i in seen:
+            return None
+        seen.add(i)
+        found.append((hit.start(), i, hit.group(0), slots[i]))
+    if len(seen) != len(slots):
+        return None
+    pieces, pos, shift, span = [], 0, 0, {}
+    for k, i, z, c in found:
+        pieces += [S[pos:k], c]
+        span[i] = (k + shift, k + shift + len(c))
+        shift += len(c) - len(z)
+        pos = k + len(z)
+    pieces.append(S[pos:])
+    if ''.join(pieces) != R:
+        return None
+    regions, prev_end, cache, last = [], 0, {}, -1
+    starts = [span[i][0] if i in span else None for i in range(len(messages))]
+    following, nxt_start = [len(R)] * len(messages), len(R)
+    for i in range(len(messages) - 1, -1, -1):              # start of the next message with a content span
+        following[i] = nxt_start
+        if starts[i] is not None:
+            nxt_start = starts[i]
+    for i, m in enumerate(messages):
+        if m['role'] != 'assistant':
+            if i in span:
+                regions.append(Region(*span[i], owner_of_role(m['role']), i))
+                prev_end = span[i][1]
+            continue
+        nxt = following[i]
+        g = _window_prompt(template, messages, i, last, cache) if i > 0 else ''
+        last = i
+        bound = span[i][0] if i in span else nxt
+        k, p = _find_prefix_of(g, R[prev_end:bound])
+        if g and k < len(g):
+            g = template.generation_prompt(messages[:i])      # the window guessed wrong: render it exactly
+            k, p = _find_prefix_of(g, R[prev_end:bound])
+        start = prev_end + p + k if k else (span[i][0] if i in span else prev_end)
+        after = span[i][1] if i in span else start
+        hits = [(R.find(t, after, nxt), t) for t in template.stop_texts if R.find(t, after, nxt) >= 0]
+        if not hits:
+            return None
+        end = min(hits)[0] + len(min(hits)[1])
+        if end > nxt:
+            return None
+        piece = R[start:end]
+        for call in m.get('tool_calls') or ():
+            name = (call.get('function') or call).get('name') if isinstance(call, dict) else None
+            if name and name not in piece:
+                return None                     # the slow path names the call the template drops
+        if (m.get('content') or m.get('tool_calls')) and end <= start:
+            return None
+        regions.append(Region(start, end, 'policy', i))
+        prev_end = end
+    return regions
 
 
 def _first(offset) -> int:
@@ -201,7 +339,7 @@ def owners_from_regions(offsets: list, regions: list, n_chars: int) -> tuple[lis
 
 
 def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, tools=None,
-                 **options) -> OwnerLabels:
+                 generation_mask: str = 'warn', **options) -> OwnerLabels:
     """Label every token of a finished conversation's rendering with its owner.
 
     Args:
@@ -209,8 +347,11 @@ def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, to
         messages: the conversation as message dicts (e.g. SFT data).
         add_generation_prompt: also render (template-owned) the generation prompt.
         tools: tool schemas for the template (``tools=``); only with a tokenizer.
+        generation_mask: for templates with ``{% generation %}`` blocks, what to do when
+            transformers' ``assistant_masks`` disagrees with the ownership rule (one of
+            :data:`GENERATION_MASK_MODES`); the labels always follow the rule.
         **options: :class:`ChatTemplate` options (``enable_thinking=False``, ``chat_template``,
-            ``stop_tokens``); only with a tokenizer.
+            ``stop_tokens``, ``content_text``); only with a tokenizer.
 
     Returns:
         :class:`OwnerLabels` with ``ids [T]`` equal to ``apply_chat_template(...,
@@ -218,14 +359,22 @@ def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, to
         calls and the end-of-turn token -> policy; system and user content -> prompt; tool
         results -> tool; role headers, delimiters, the tool-schema preamble, the generation
         prompt and the empty think block a template inserts before a non-thinking turn ->
-        template. A token spanning two owners takes the owner of its first character. Where
-        the template has ``{% generation %}`` blocks, policy tokens are exactly
-        transformers' ``assistant_masks``.
+        template. A token spanning two owners takes the owner of its first character.
+        One ownership rule for SFT labels and RL records (:class:`ChatRecorder` gives the same
+        policy positions): policy is what the engine samples after the generation prompt,
+        through the end-of-turn token; never the generation prompt, a think block the template
+        inserts, or the newline after the end-of-turn. Control-token text inside system, user
+        and tool content is encoded as ordinary text (``content_text='plain'``) or refused.
+        List-of-parts content is rendered as its text.
 
     Raises:
         ValueError: a message the template drops (for example ``tool_calls`` on Llama 3.0 or on
             DeepSeek-V3 under transformers 5, whose template needs ``content=None``), ``tools=``
-            on a template that ignores them, or malformed messages; each names the field.
+            on a template that ignores them, a non-text content part, or malformed messages;
+            each names the field.
+        ControlTextError: control-token text in non-policy content with ``content_text='refuse'``.
+        AssistantMaskError: with ``generation_mask='error'``, a ``{% generation %}`` mask that
+            disagrees with the rule (with ``'warn'`` an :class:`AssistantMaskMismatch` warning).
         ImportError: without ``pip install agentrl[hf]``.
 
     Example:
@@ -238,26 +387,36 @@ def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, to
 
     Source: book chapter 5.2 (owners of Qwen3's rendering) and 5.3 (thinking mode).
     """
+    if generation_mask not in GENERATION_MASK_MODES:
+        raise ValueError(f'generation_mask={generation_mask!r}; use one of {GENERATION_MASK_MODES}')
     template = as_template(tokenizer, tools=tools, **options)
     messages = check_messages(messages)
     text, regions = locate_messages(template, messages, add_generation_prompt)
-    ids, offsets = template.encode_offsets(text)
+    ids, offsets = template.encode_offsets(text, [r for r in regions if r.owner != 'policy'])
     owner, message = owners_from_regions(offsets, regions, len(text))
     if template.has_generation_blocks:
-        owner = _apply_generation_mask(template, messages, add_generation_prompt, ids, owner)
+        _check_generation_mask(template, messages, add_generation_prompt, ids, owner, generation_mask)
     return OwnerLabels(text=text, ids=ids, owner=owner, offsets=offsets, message=message, regions=regions)
 
 
-def _apply_generation_mask(template, messages, gen, ids, owner):
+def _check_generation_mask(template, messages, gen, ids, owner, mode) -> None:
+    """Compare transformers' ``assistant_masks`` with the rule's policy tokens; warn or raise on a difference."""
     out = template.tokenizer.apply_chat_template(
         messages, tools=template.tools, chat_template=template.chat_template, tokenize=True,
         return_dict=True, return_assistant_tokens_mask=True, add_generation_prompt=gen,
         **template.template_kwargs)
     if list(out['input_ids']) != list(ids):
+        if template.encode(template.render(messages, gen)) != list(ids):
+            return      # control text in content was encoded as ordinary text: no like-for-like mask
         raise ValueError('return_assistant_tokens_mask tokenized the rendering differently from '
                          'tokenizer(text, add_special_tokens=False); cannot align {% generation %} spans')
-    pol, tmpl = OWNER['policy'], OWNER['template']
-    return [pol if m else (tmpl if o == pol else o) for m, o in zip(out['assistant_masks'], owner)]
+    pol = OWNER['policy']
+    diff = [k for k, (m, o) in enumerate(zip(out['assistant_masks'], owner)) if bool(m) != (o == pol)]
+    if diff:
+        msg = _mask_message(diff, ids, template)
+        if mode == 'error':
+            raise AssistantMaskError(msg)
+        warnings.warn(msg, AssistantMaskMismatch, stacklevel=3)
 
 
 def sampling_contexts(tokenizer, messages, *, tools=None, **options) -> list:
@@ -282,5 +441,6 @@ def sampling_contexts(tokenizer, messages, *, tools=None, **options) -> list:
     """
     template = as_template(tokenizer, tools=tools, **options)
     messages = check_messages(messages)
-    return [(i, template.encode(template.render(messages[:i], True)))
+    plain = [m.get('content') for m in messages if m['role'] != 'assistant']
+    return [(i, template.encode_plain(template.render(messages[:i], True), plain))
             for i, m in enumerate(messages) if m['role'] == 'assistant' and i > 0]

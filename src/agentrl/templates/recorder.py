@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..record import OWNER, Provenance, TokenLog, Trajectory
-from .chat import ChatTemplate, as_template, check_messages, common_prefix, diff_span, owner_of_role
+from .chat import (ChatTemplate, as_template, check_messages, common_prefix, diff_span, owner_of_role,
+                   tokenizer_fingerprint)
 from .labels import Region, label_owners, owners_from_regions
 
 __all__ = ['Bridge', 'ChatRecorder', 'template_bridge', 'HISTORY_MODES']
@@ -50,20 +51,26 @@ class Bridge:
 
 
 def template_bridge(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True,
-                    add_generation_prompt: bool = True) -> Bridge:
+                    add_generation_prompt: bool = True, turn: dict | None = None) -> Bridge:
     """Derive the bridge after the last assistant turn by rendering the template.
 
-    The last assistant turn is replaced by a sentinel ``S``; the conversation
-    ``history + [S] + new_messages`` is rendered with the generation prompt, and the bridge is
-    the text after ``S`` minus the end-of-turn token the engine stopped at.
+    The last assistant turn is the turn's real message (``turn``, e.g. with ``tool_calls``) with
+    its content replaced by a sentinel ``S``; the conversation ``history + [turn] + new_messages``
+    is rendered with the generation prompt, and the bridge is the text after the turn's
+    end-of-turn token (what the template renders after ``S`` up to there, such as tool calls, was
+    sampled by the policy).
 
     Args:
         template: the :class:`ChatTemplate`.
         history: messages before the sampled turn (the sampled turn itself excluded).
         new_messages: tool results and/or user messages that follow the turn (non-empty).
-        terminated: the turn ended with a stop token (``template.stop_ids``); if not, the
-            template's end-of-turn text becomes part of the (template-owned) bridge.
+        terminated: the turn ended with the template's end-of-turn token; if not (cut off, or
+            stopped at another stop token), the end-of-turn text becomes part of the
+            (template-owned) bridge.
         add_generation_prompt: end the bridge with the next generation prompt.
+        turn: the sampled turn as a message (``role`` assistant, ``tool_calls`` ...); default a
+            plain assistant message. Templates that read the previous turn's tool calls when they
+            render a tool result need it.
 
     Returns:
         :class:`Bridge`. For Qwen3 the engine stops at ``<|im_end|>`` and the template writes
@@ -78,15 +85,22 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
     if not new_messages:
         raise ValueError('new_messages is empty: a bridge needs at least one tool or user message')
     s = template.sentinel(-1, avoid=''.join(str(m.get('content')) for m in new_messages))
-    conv = list(history) + [{'role': 'assistant', 'content': s}] + list(new_messages)
+    turn_msg = dict(turn or {'role': 'assistant'}, role='assistant', content=s)
+    conv = list(history) + [turn_msg] + list(new_messages)
     text = template.render(conv, add_generation_prompt)
     j = text.rfind(s)
     if j < 0 or text.count(s) != 1:
         raise ValueError('the chat template does not render assistant content verbatim (a marker put in '
                          '"content" did not come back once), so the bridge after a turn cannot be derived')
     after = j + len(s)
-    stop = template.leading_stop(text[after:]) if terminated else ''
-    b0 = after + len(stop)
+    eot = template.end_of_turn_text
+    k = text.find(eot, after) if eot is not None else -1
+    if k >= 0:
+        stop = eot if terminated else ''
+        b0 = k + len(stop)
+    else:
+        stop = template.leading_stop(text[after:]) if terminated else ''
+        b0 = after + len(stop)
     bridge = text[b0:]
     regions, cursor, base = [], 0, len(history) + 1
     for q, m in enumerate(new_messages):
@@ -107,7 +121,7 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
             a, b = p - b0, e - b0
         regions.append(Region(a, b, owner_of_role(m['role']), q))
         cursor = b
-    ids, offsets = template.encode_offsets(bridge)
+    ids, offsets = template.encode_offsets(bridge, regions)
     owner, _ = owners_from_regions(offsets, regions, len(bridge))
     return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions)
 
@@ -124,7 +138,8 @@ def _skeleton(m: dict) -> str:
     return json.dumps([m.get('role'), rest], sort_keys=True, default=str, ensure_ascii=False)
 
 
-def bridge_shape(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True):
+def bridge_shape(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True,
+                 turn: dict | None = None):
     """The bridge as template text with one slot per new message's content, or None.
 
     Renders the bridge with sentinels as contents, then checks with awkward contents (whitespace at
@@ -144,7 +159,8 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
         return None
     avoid = ''.join(m['content'] for m in new_messages)
     zs = [template.sentinel(1000 + q, avoid=avoid) for q in range(len(new_messages))]
-    b = template_bridge(template, history, [dict(m, content=z) for m, z in zip(new_messages, zs)], terminated)
+    b = template_bridge(template, history, [dict(m, content=z) for m, z in zip(new_messages, zs)], terminated,
+                        turn=turn)
     parts, rest = [], b.text
     for z in zs:
         if rest.count(z) != 1:
@@ -153,7 +169,8 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
         parts.append(head)
     parts.append(rest)
     tricky = [_TRICKY.replace('end', f'end{q}') for q in range(len(new_messages))]
-    t = template_bridge(template, history, [dict(m, content=c) for m, c in zip(new_messages, tricky)], terminated)
+    t = template_bridge(template, history, [dict(m, content=c) for m, c in zip(new_messages, tricky)], terminated,
+                        turn=turn)
     if t.text != _fill(parts, tricky)[0]:
         return None
     return parts, b.stop
@@ -234,6 +251,7 @@ class ChatRecorder:
         self._pending: list[dict] = []             # messages since the last turn
         self._bridge_mark = None                   # (len ids, len texts) before the pending bridge
         self._unterminated: list[int] = []
+        self._closed_by_template: list[int] = []   # turns stopped at a non-end-of-turn stop id
         self._placeholder = False
         self._n_vocab = len(self.template.tokenizer)
         self._start_opening()
@@ -241,9 +259,11 @@ class ChatRecorder:
     # ------------------------------------------------------------------ state
     def _start_opening(self):
         lab = label_owners(self.template, self._opening, add_generation_prompt=True)
-        pol, prm = OWNER['policy'], OWNER['prompt']
-        self._log = TokenLog()
-        self._log.append(lab.ids, [prm if o == pol else o for o in lab.owner], -1)
+        pol, prm, tmpl = OWNER['policy'], OWNER['prompt'], OWNER['template']
+        ctl = self.template.control_ids     # an opening assistant turn was not sampled here: its control
+        self._log = TokenLog()              # tokens are the template's, its text the prompt's
+        self._log.append(lab.ids, [(tmpl if i in ctl else prm) if o == pol else o
+                                   for i, o in zip(lab.ids, lab.owner)], -1)
         self._texts = [lab.text]
         self._ctx = list(lab.ids)                  # context for the next turn
         self._ctx_pieces = [(lab.text, len(lab.ids))]
@@ -314,10 +334,17 @@ class ChatRecorder:
         if stop is None:
             self._unterminated.append(k)
         content = text[:len(text) - len(stop)] if stop and text.endswith(stop) else text
+        if stop is not None and not self.template.is_end_of_turn(ids[-1]):
+            self._closed_by_template.append(k)    # kept (sampled); the template still writes its end-of-turn
+            text = content                        # the stop id is the engine's, not rendered text
         self._log.append(ids, 'policy', k, logp)
         self._texts.append(text)
         self._turn_index.append(len(self._messages))
-        self._messages.append(dict(message) if message is not None else {'role': 'assistant', 'content': content})
+        if message is not None:
+            msg = check_messages([dict(message, role=message.get('role', 'assistant'))], 'add_turn message')[0]
+        else:
+            msg = {'role': 'assistant', 'content': content}
+        self._messages.append(msg)
         self._turn_piece = (text, ids)
         return content
 
@@ -351,7 +378,7 @@ class ChatRecorder:
         pending = self._pending + new
         turn_ids = self._turn_piece[1]
         # derive the bridge first, so that an error leaves the recorder unchanged
-        bridge = self._bridge(self._window(), pending, self.template.stop_text(turn_ids[-1]) is not None)
+        bridge = self._bridge(self._window(), pending, self.template.is_end_of_turn(turn_ids[-1]))
         if self._bridge_mark is not None:  # replace the bridge of the earlier messages since the turn
             n_ids, n_texts = self._bridge_mark
             self._log.truncate(n_ids)
@@ -377,21 +404,23 @@ class ChatRecorder:
 
     def _bridge(self, history: list, new: list, terminated: bool) -> Bridge:
         """template_bridge, reusing the bridge's shape when only the contents changed."""
+        turn = self._messages[self._turn_index[-1]]
         if not self.cache_bridges:
-            return template_bridge(self.template, history, new, terminated)
+            return template_bridge(self.template, history, new, terminated, turn=turn)
         cache = self.template._cache
-        key = ('bridge', tuple(_skeleton(m) for m in history), tuple(_skeleton(m) for m in new), terminated)
+        key = ('bridge', tuple(_skeleton(m) for m in history), _skeleton(turn), tuple(_skeleton(m) for m in new),
+               terminated)
         if key not in cache:
             if len(cache) > 512:
                 cache.clear()
-            cache[key] = bridge_shape(self.template, history, new, terminated)
+            cache[key] = bridge_shape(self.template, history, new, terminated, turn=turn)
         shape = cache[key]
         if shape is None:
-            return template_bridge(self.template, history, new, terminated)
+            return template_bridge(self.template, history, new, terminated, turn=turn)
         parts, stop = shape
         text, spans = _fill(parts, [m['content'] for m in new])
         regions = [Region(a, b, owner_of_role(m['role']), q) for q, (m, (a, b)) in enumerate(zip(new, spans)) if b > a]
-        ids, offsets = self.template.encode_offsets(text)
+        ids, offsets = self.template.encode_offsets(text, regions)
         owner, _ = owners_from_regions(offsets, regions, len(text))
         return Bridge(text=text, ids=ids, owner=owner, stop=stop, regions=regions)
 
@@ -424,7 +453,8 @@ class ChatRecorder:
             pos += len(text)
             n_ids += n
         rest = full[pos:]
-        rest_ids = self.template.encode(rest) if rest else []
+        plain = [m.get('content') for m in self._messages if m['role'] != 'assistant']
+        rest_ids = self.template.encode_plain(rest, plain) if rest else []
         self._ctx = flat[:n_ids] + rest_ids
         self._ctx_pieces = kept + ([(rest, len(rest_ids))] if rest else [])
         self._ctx_is_prefix = self._ctx_is_prefix and not rest and n_ids == len(flat)
@@ -456,6 +486,14 @@ class ChatRecorder:
             for every turn when any turn was sampled after a context that is not a prefix of
             ``ids`` (None otherwise).
 
+        A last turn that stopped at a stop id other than the template's end-of-turn is closed
+        here: the end-of-turn id follows it, template-owned (mask 0, log-prob 0).
+        ``info['template']`` reports ``unterminated_turns`` (cut off, no stop id),
+        ``closed_by_template`` (stopped at another stop id), ``render_matches`` and
+        ``chat_tokens``: the end-of-turn, stop and control ids and the ``content_text`` choice
+        (:meth:`ChatTemplate.chat_tokens`), which the validator checks the record against (it is
+        stored with the record, as ``info`` is).
+
         Raises:
             ValueError: no turn was recorded.
         """
@@ -464,9 +502,16 @@ class ChatRecorder:
         info = dict(info or {})
         check = {'history': self.history, 'n_turns': self.n_turns,
                  'prefix_stable': all(c is None for _, c in self._contexts),
-                 'unterminated_turns': list(self._unterminated)}
+                 'unterminated_turns': list(self._unterminated),
+                 'closed_by_template': list(self._closed_by_template),
+                 'chat_tokens': self.template.chat_tokens()}
+        n_before, texts = len(self._log), list(self._texts)
+        if (self._bridge_mark is None and self._closed_by_template
+                and self._closed_by_template[-1] == self.n_turns - 1):
+            self._log.append([self.template.end_of_turn_id], 'template', self.n_turns - 1)
+            texts.append(self.template.end_of_turn_text)
         if verify:
-            recorded = ''.join(self._texts)
+            recorded = ''.join(texts)
             full = self.template.render(self._messages, self._messages[-1]['role'] != 'assistant')
             check['render_matches'] = full.startswith(recorded)
             if not check['render_matches']:
@@ -477,8 +522,7 @@ class ChatRecorder:
         if not prov.template:
             prov.template = self.template.fingerprint
         if not prov.tokenizer:
-            from .chat import tokenizer_digest
-            prov.tokenizer = tokenizer_digest(self.template.tokenizer)
+            prov.tokenizer = tokenizer_fingerprint(self.template.tokenizer)
         if self._placeholder:
             prov.logp_placeholder = True
         ids_t = torch.as_tensor(self._log.ids, dtype=torch.long)
@@ -486,7 +530,10 @@ class ChatRecorder:
         if not check['prefix_stable']:
             contexts = [(s, ids_t[:s] if c is None else torch.as_tensor(c, dtype=torch.long))
                         for s, c in self._contexts]
-        return self._log.freeze(reward, info, provenance=prov, turn_contexts=contexts)
+        try:
+            return self._log.freeze(reward, info, provenance=prov, turn_contexts=contexts)
+        finally:
+            self._log.truncate(n_before)      # finish may be called again
 
 
 def probe_turn_text(template: ChatTemplate, opening: list) -> str:

@@ -13,7 +13,8 @@ Small pure functions, no trainer class. A user of :mod:`agentrl.rollouts` and
 """
 from importlib import import_module
 
-_EXPORTS = {'check_ratio_records': 'grpo', 'clipped_surrogate': 'grpo', 'group_advantages': 'grpo',
+_EXPORTS = {'group_index': 'grpo', 'grouped_advantages': 'grpo', 'scoring_mode': 'grpo',
+            'clipped_surrogate': 'grpo', 'group_advantages': 'grpo',
             'grpo_loss': 'grpo', 'grpo_step': 'grpo', 'importance_ratio': 'grpo', 'kl_penalty': 'grpo',
             'max_ratio_deviation': 'grpo', 'token_log_probs': 'grpo', 'episode_metrics': 'grpo',
             'TrainConfig': 'config', 'call_stats': 'loop', 'evaluate': 'loop', 'run_sft': 'loop',

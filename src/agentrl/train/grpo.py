@@ -19,14 +19,20 @@ a token-level mean over all action tokens.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
-from ..record import Batch, Trajectory
+from ..batching import collate
+from ..checks.errors import GroupSizeError, MissingGroupError
+from ..checks.replay import require_trainable
+from ..record import Batch, SamplingSpec, Trajectory
+from ..sampling import token_logp
 from ..stats import episode_metrics
 
-__all__ = ['group_advantages', 'check_ratio_records', 'token_log_probs', 'importance_ratio',
+__all__ = ['group_advantages', 'group_index', 'grouped_advantages', 'token_log_probs', 'importance_ratio',
            'max_ratio_deviation', 'clipped_surrogate', 'kl_penalty', 'grpo_loss', 'episode_metrics',
-           'grpo_step']
+           'scoring_mode', 'grpo_step']
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6):
@@ -64,53 +70,88 @@ def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6):
     return adv.reshape(-1), zero
 
 
-def check_ratio_records(trajs: list[Trajectory], temperature: float = 1.0) -> None:
-    """Refuse records whose ``sample_logp`` cannot enter an importance ratio.
+def group_index(trajs: list[Trajectory], group_size: int) -> torch.Tensor:
+    """Each record's group, read from its sampling identity ``provenance.group_id``.
 
     Args:
-        trajs: the records of one step.
-        temperature: the temperature the trainer recomputes log-probs at.
+        trajs: the records of one step, in any order.
+        group_size: G, the declared number of records per group.
+
+    Returns:
+        ``[B]`` int64 group number of each record (0, 1, ... in order of first appearance).
 
     Raises:
-        ValueError: naming the record and the fix, when a record has no provenance (the
-            sampler is unknown), is a placeholder (``provenance.logp_placeholder``: scripted
-            demonstrations carry ``sample_logp = 0.0``; train them with SFT instead), has no
-            sampling spec, was sampled at another temperature, or with top-k / top-p / min-p
-            truncation or ``logp_mode='raw'`` (the trainer does not reproduce those
-            distributions).
-
-    Source: book chapter 5.7 and agentrl spec section 6 (Ch 15: placeholders must not enter a
-    ratio).
+        MissingGroupError: a record without provenance or with an empty ``group_id`` while
+            ``group_size > 1`` (fix: sample groups with identities, e.g.
+            ``rollout_batch(..., identities=...)``).
+        GroupSizeError: a group with another number of records than ``group_size`` (a lost or
+            duplicated episode; fix: drop the incomplete group or resample it).
+        ValueError: ``group_size < 1``.
     """
+    if group_size < 1:
+        raise ValueError(f'group_index: group_size must be >= 1, got {group_size}')
+    if group_size == 1:
+        return torch.arange(len(trajs))
+    ids: dict = {}
+    out = []
     for i, t in enumerate(trajs):
-        prov = t.provenance
-        if prov is None:
-            raise ValueError(f'record {i} has no provenance, so its sampler is unknown and its sample_logp cannot '
-                             'enter an importance ratio; sample it with rollout/rollout_batch')
-        if prov.logp_placeholder:
-            raise ValueError(f'record {i} (policy {prov.policy!r}) has placeholder sample_logp '
-                             '(provenance.logp_placeholder=True) and must not enter an importance ratio; '
-                             'use scripted records for SFT only, and model rollouts for GRPO')
-        spec = prov.sampling
-        if spec is None:
-            raise ValueError(f'record {i} has no sampling spec in its provenance; its sample_logp cannot enter an '
-                             'importance ratio')
-        if abs(spec.temperature - temperature) > 1e-9:
-            raise ValueError(f'record {i} was sampled at temperature {spec.temperature} but the ratio is computed '
-                             f'at {temperature}; pass temperature={spec.temperature}')
-        if spec.top_k or spec.top_p < 1.0 or spec.min_p > 0.0 or spec.logp_mode != 'processed':
-            raise ValueError(f'record {i} was sampled with truncation or raw log-probs ({spec}); the trainer '
-                             'recomputes untruncated processed log-probs, so the ratio would be wrong')
+        gid = t.provenance.group_id if t.provenance is not None else ''
+        if not gid:
+            raise MissingGroupError(f'of record {i} is empty, but group-relative advantages (group_size={group_size}) '
+                                    'need each record\'s group', field='provenance.group_id',
+                                    fix='record the group identity at sampling time (rollout_batch(..., identities=...))')
+        out.append(ids.setdefault(gid, len(ids)))
+    index = torch.tensor(out, dtype=torch.long)
+    sizes = torch.bincount(index, minlength=len(ids))
+    bad = (sizes != group_size).nonzero().flatten()
+    if len(bad):
+        name = list(ids)[int(bad[0])]
+        raise GroupSizeError(f'{name!r} holds {int(sizes[bad[0]])} records but group_size is {group_size}',
+                             field='provenance.group_id', count=len(bad),
+                             fix='train complete groups only (drop or resample a group that lost or repeated an '
+                                 'episode), or pass the group size the records were sampled with')
+    return index
 
 
-def token_log_probs(model, ids: torch.Tensor, temperature: float = 1.0):
-    """Log-prob of each predicted token and the entropy of its distribution, at a temperature.
+def grouped_advantages(rewards: torch.Tensor, groups: torch.Tensor, eps: float = 1e-6):
+    """Group-relative advantages with groups given per row (any row order).
 
     Args:
-        model: ids ``[B, T]`` -> logits ``[B, T, V]``.
+        rewards: ``[B]`` float episode rewards.
+        groups: ``[B]`` int64 group number of each row (:func:`group_index`), groups of equal size.
+        eps: added to the std.
+
+    Returns:
+        ``(advantages [B] float32, zero_variance [n_groups] bool)``: the same numbers as
+        :func:`group_advantages` on the rows sorted by group, put back in the rows' order, so
+        shuffling the records permutes the advantages with them and changes none.
+
+    Raises:
+        ValueError: shapes disagree, or groups of unequal size.
+    """
+    if rewards.dim() != 1 or groups.shape != rewards.shape:
+        raise ValueError(f'grouped_advantages: rewards {tuple(rewards.shape)} and groups {tuple(groups.shape)} must '
+                         'both be [B]')
+    if not len(rewards):
+        return rewards.float(), torch.zeros(0, dtype=torch.bool)
+    order = torch.sort(groups, stable=True).indices
+    size = int(torch.bincount(groups).max())
+    adv_sorted, zero = group_advantages(rewards[order], size, eps)
+    adv = torch.empty_like(adv_sorted)
+    adv[order] = adv_sorted
+    return adv, zero
+
+
+def token_log_probs(model, ids: torch.Tensor, temperature: float = 1.0, *, spec: SamplingSpec | None = None):
+    """Log-prob of each predicted token under the records' sampler, and each position's entropy.
+
+    Args:
+        model: ids ``[B, T]`` -> logits ``[B, T, V]`` (or an output with ``.logits``).
         ids: ``[B, T]`` int64.
-        temperature: > 0; the distribution sampled from is ``softmax(logits / temperature)``
-            (the one ``sample_next`` records).
+        temperature: > 0; the distribution sampled from is ``softmax(logits / temperature)``.
+        spec: instead of ``temperature``, the records' :class:`~agentrl.record.SamplingSpec`: the
+            log-probs are those of its *processed* distribution (temperature, then top-k / top-p /
+            min-p support, renormalised), the distribution the tokens were drawn from.
 
     Returns:
         ``(logp [B, T-1] float32 nats, entropy [B, T-1] float32 nats)``; column j scores
@@ -120,16 +161,41 @@ def token_log_probs(model, ids: torch.Tensor, temperature: float = 1.0):
     Raises:
         ValueError: ``temperature <= 0`` (greedy records have no density to ratio against).
 
-    Source: book chapter 3.4 (``sequence_log_probs``), with the sampler's temperature.
+    Source: book chapter 3.4 (``sequence_log_probs``); the gather is :func:`agentrl.sampling.token_logp`.
     """
-    if not temperature > 0:
+    if spec is None and not temperature > 0:
         raise ValueError(f'token_log_probs: temperature must be > 0, got {temperature}')
-    logits = model(ids)[:, :-1].float() / temperature
-    logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    with torch.no_grad():                       # a metric, never part of the loss
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
+    return token_logp(_logits_of(model), ids, spec if spec is not None else SamplingSpec(temperature=temperature),
+                      entropy=True)
+
+
+def _logits_of(model):
+    """``ids -> logits`` for modules that return logits or an output object with ``.logits``."""
+    def f(ids):
+        out = model(ids)
+        return getattr(out, 'logits', out)
+    return f
+
+
+@contextlib.contextmanager
+def scoring_mode(*models):
+    """Score with dropout disabled: put the modules in eval mode, restore their modes after.
+
+    The importance ratio compares the trainer's log-probs with those of sampling, which ran in
+    eval mode; scoring in train mode would let dropout move the ratio off 1 before any update
+    (``max |ratio - 1|`` 0.105 with p = 0.1 on one TinyAgent block). Gradients still flow.
+    This is what common GRPO trainers do: TRL's ``GRPOTrainer`` and verl disable dropout in
+    the policy they train (attention and hidden dropout of Hugging Face configs included).
+    """
+    mods = [m for m in models if isinstance(m, torch.nn.Module)]
+    was = [m.training for m in mods]
+    for m in mods:
+        m.eval()
+    try:
+        yield
+    finally:
+        for m, w in zip(mods, was):
+            m.train(w)
 
 
 def importance_ratio(logp: torch.Tensor, sample_logp: torch.Tensor, action_mask: torch.Tensor) -> torch.Tensor:
@@ -142,11 +208,12 @@ def importance_ratio(logp: torch.Tensor, sample_logp: torch.Tensor, action_mask:
 
     Returns:
         ``[B, T-1]`` float32; exactly 1.0 where ``action_mask == 0`` (the difference is masked
-        before the exponential, so padding and tool positions can never overflow).
+        before the exponential, so padding and tool positions can never overflow, and a context
+        token outside a truncated sampler's support, log-prob ``-inf``, cannot make a NaN).
 
     Source: PPO, Schulman et al. 2017 (r_t = pi / pi_old), per token as in GRPO.
     """
-    return torch.exp((logp - sample_logp) * action_mask)
+    return torch.exp(torch.where(action_mask > 0, (logp - sample_logp) * action_mask, 0.0))
 
 
 def max_ratio_deviation(logp: torch.Tensor, sample_logp: torch.Tensor, action_mask: torch.Tensor) -> float:
@@ -224,23 +291,25 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, action_mask: torch.Te
     Source: the k3 estimator (Schulman 2020, "Approximating KL divergence"), as used by GRPO,
     Shao et al. 2024, eq. 4.
     """
-    d = (ref_logp - logp) * action_mask
+    d = torch.where(action_mask > 0, (ref_logp - logp) * action_mask, 0.0)
     return ((torch.exp(d) - d - 1) * action_mask).sum() / action_mask.sum().clamp(min=1)
 
 
 def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0.2, kl_coef: float = 0.0,
-              ref_logp: torch.Tensor | None = None, temperature: float = 1.0):
+              ref_logp: torch.Tensor | None = None, temperature: float = 1.0, *, spec: SamplingSpec | None = None):
     """GRPO loss of a collated batch: clipped surrogate plus optional KL to a reference.
 
     Args:
         model: the policy, ids ``[B, T]`` -> logits ``[B, T, V]``.
         batch: :class:`~agentrl.record.Batch` of sampled records (already passed through
-            :func:`check_ratio_records`).
+            :func:`agentrl.checks.require_trainable`).
         advantages: ``[B]`` from :func:`group_advantages`.
         clip_eps: PPO clip epsilon.
         kl_coef: weight of :func:`kl_penalty` (0 disables; needs ``ref_logp``).
         ref_logp: ``[B, T-1]`` reference log-probs (no gradient), or None.
-        temperature: the records' sampling temperature.
+        temperature: the records' sampling temperature (when ``spec`` is None).
+        spec: the records' :class:`~agentrl.record.SamplingSpec`: log-probs of its processed
+            distribution (see :func:`token_log_probs`).
 
     Returns:
         ``(loss, metrics)``: scalar loss with graph; metrics floats ``pg_loss``, ``kl``,
@@ -251,7 +320,7 @@ def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0
     """
     if kl_coef > 0 and ref_logp is None:
         raise ValueError('grpo_loss: kl_coef > 0 needs ref_logp (log-probs of the SFT reference model)')
-    logp, entropy = token_log_probs(model, batch.ids, temperature)
+    logp, entropy = token_log_probs(model, batch.ids, temperature, spec=spec)
     mask = batch.action_mask
     pg, stats = clipped_surrogate(logp, batch.sample_logp, advantages, mask, clip_eps)
     kl = kl_penalty(logp, ref_logp, mask) if ref_logp is not None else torch.zeros(())
@@ -262,21 +331,29 @@ def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0
 
 
 def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id: int, *, updates: int = 1,
-              clip_eps: float = 0.2, kl_coef: float = 0.0, ref_model=None, temperature: float = 1.0,
+              clip_eps: float = 0.2, kl_coef: float = 0.0, ref_model=None, temperature: float | None = None,
               max_grad_norm: float = 1.0, eps: float = 1e-6, ratio_tol: float | None = None) -> dict:
     """One GRPO step on sampled groups: check, collate, advantages, ``updates`` clipped updates.
 
+    Groups come from the records' identity (``provenance.group_id``, :func:`group_index`), never
+    from row order: any order of the same records gives the same advantages. Log-probs are
+    recomputed under the records' *processed* distribution (their
+    :class:`~agentrl.record.SamplingSpec`: temperature, top-k, top-p, min-p), the one the tokens
+    were drawn from, with dropout disabled (:func:`scoring_mode`), so the ratio before the first
+    update is 1 up to float rounding.
+
     Args:
-        model: the policy that sampled ``trajs`` (not updated since; put in train mode here).
+        model: the policy that sampled ``trajs`` (not updated since); its mode is restored after.
         optimizer: torch optimiser over ``model``'s parameters.
-        trajs: ``n_groups * G`` records from ``rollout_batch``, each group consecutive.
-        group_size: G.
+        trajs: ``n_groups * G`` records, in any order, each with its ``provenance.group_id``.
+        group_size: G, records per group.
         pad_id: the tokenizer's pad id (for :func:`~agentrl.batching.collate`).
         updates: optimiser updates on this batch (> 1 makes the ratio and the clip matter).
         clip_eps: PPO clip epsilon.
         kl_coef: KL weight; needs ``ref_model`` when > 0.
         ref_model: frozen reference (the SFT model), or None.
-        temperature: the records' sampling temperature.
+        temperature: None (default): the records' own spec; a number: refuse records sampled at
+            another temperature.
         max_grad_norm: global gradient-norm clip (<= 0 disables).
         eps: std offset of :func:`group_advantages`.
         ratio_tol: when given, raise if ``max |ratio - 1|`` before the first update exceeds it.
@@ -287,47 +364,51 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         the first update), ``ratio_mean`` / ``clip_frac`` / ``pg_loss`` / ``kl`` / ``entropy``
         (means over updates), ``ratio_max`` (max over updates), ``grad_norm`` (last update),
         ``updates`` (0 when no group has reward variance and ``kl_coef == 0``: the gradient is
-        exactly zero, and the step is skipped so Adam's momentum cannot move the weights).
+        exactly zero, and the step is skipped so Adam's momentum cannot move the weights),
+        ``dropout_disabled`` (1.0: log-probs are scored in eval mode, see :func:`scoring_mode`).
 
     Raises:
-        ValueError: from :func:`check_ratio_records` (placeholder or mismatched records), from
-            :func:`group_advantages`, or when ``ratio_tol`` is exceeded (the records are not exact:
-            a shifted ``sample_logp`` or ``action_mask``, or another sampler).
+        ScriptedRecordError, MissingProvenanceError, SamplerMismatchError: from
+            :func:`agentrl.checks.require_trainable` (placeholder records, no sampler, mixed or
+            untrainable samplers).
+        MissingGroupError, GroupSizeError: from :func:`group_index`.
+        ValueError: ``kl_coef > 0`` without ``ref_model``, or ``ratio_tol`` exceeded (the records
+            are not exact: a shifted ``sample_logp`` or ``action_mask``, or another sampler).
     """
-    from ..batching import collate
-    check_ratio_records(trajs, temperature)
+    spec = require_trainable(trajs, temperature)
+    groups = group_index(trajs, group_size)
     if kl_coef > 0 and ref_model is None:
         raise ValueError('grpo_step: kl_coef > 0 needs ref_model (the frozen SFT model)')
     batch = collate(trajs, pad_id, getattr(model, 'max_len', None))
-    adv, zero = group_advantages(batch.rewards, group_size, eps)
-    ref_logp = None
-    if kl_coef > 0:
-        with torch.no_grad():
-            ref_logp, _ = token_log_probs(ref_model, batch.ids, temperature)
-    model.train()
-    # No row with signal and no KL: the gradient is exactly zero, but Adam's momentum would still
-    # move the weights, so a step with nothing to learn makes no update at all.
-    skip = not bool((adv != 0).any()) and kl_coef == 0
-    acc: dict = {'updates': 0 if skip else max(1, updates)}
-    for u in range(max(1, updates)):
-        loss, m = grpo_loss(model, batch, adv, clip_eps, kl_coef, ref_logp, temperature)
-        if u == 0:
-            acc['ratio_dev0'] = m['ratio_dev']
-            if ratio_tol is not None and m['ratio_dev'] > ratio_tol:
-                raise ValueError(f'GRPO step: max |ratio - 1| = {m["ratio_dev"]:.2e} > {ratio_tol:.0e} before any '
-                                 'update; sample_logp or action_mask is misaligned with ids[:, 1:] or the records '
-                                 'were not sampled by this model at this temperature')
-        n_avg = 1 if skip else max(1, updates)
-        for k in ('ratio_mean', 'clip_frac', 'pg_loss', 'kl', 'entropy'):
-            acc[k] = acc.get(k, 0.0) + m[k] / n_avg
-        acc['ratio_max'] = max(acc.get('ratio_max', 0.0), m['ratio_max'])
-        if skip:
-            acc['grad_norm'] = 0.0
-            break
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        acc['grad_norm'] = float(torch.nn.utils.clip_grad_norm_(
-            model.parameters(), max_grad_norm if max_grad_norm > 0 else float('inf')))
-        optimizer.step()
+    adv, zero = grouped_advantages(batch.rewards, groups, eps)
+    with scoring_mode(model, ref_model):
+        ref_logp = None
+        if kl_coef > 0:
+            with torch.no_grad():
+                ref_logp, _ = token_log_probs(ref_model, batch.ids, spec=spec)
+        # No row with signal and no KL: the gradient is exactly zero, but Adam's momentum would still
+        # move the weights, so a step with nothing to learn makes no update at all.
+        skip = not bool((adv != 0).any()) and kl_coef == 0
+        acc: dict = {'updates': 0 if skip else max(1, updates)}
+        for u in range(max(1, updates)):
+            loss, m = grpo_loss(model, batch, adv, clip_eps, kl_coef, ref_logp, spec=spec)
+            if u == 0:
+                acc['ratio_dev0'] = m['ratio_dev']
+                if ratio_tol is not None and not m['ratio_dev'] <= ratio_tol:
+                    raise ValueError(f'GRPO step: max |ratio - 1| = {m["ratio_dev"]:.2e} > {ratio_tol:.0e} before any '
+                                     'update; sample_logp or action_mask is misaligned with ids[:, 1:] or the records '
+                                     'were not sampled by this model under their declared sampler')
+            n_avg = 1 if skip else max(1, updates)
+            for k in ('ratio_mean', 'clip_frac', 'pg_loss', 'kl', 'entropy'):
+                acc[k] = acc.get(k, 0.0) + m[k] / n_avg
+            acc['ratio_max'] = max(acc.get('ratio_max', 0.0), m['ratio_max'])
+            if skip:
+                acc['grad_norm'] = 0.0
+                break
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            acc['grad_norm'] = float(torch.nn.utils.clip_grad_norm_(
+                model.parameters(), max_grad_norm if max_grad_norm > 0 else float('inf')))
+            optimizer.step()
     return dict(episode_metrics(trajs), zero_var_frac=float(zero.float().mean()), zero_var_groups=int(zero.sum()),
-                **acc)
+                dropout_disabled=1.0, **acc)

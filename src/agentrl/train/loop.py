@@ -80,7 +80,7 @@ def sample_groups(model, tasks, group: int, tok, generator: torch.Generator, tem
     model.eval()
     jobs = [task for task in tasks for _ in range(group)]
     return rollout_batch(model, _envs(len(jobs), max_turns, reward_tests), jobs, tok, max_turns=max_turns,
-                         temperature=temperature, generator=generator)
+                         temperature=temperature, generator=generator, identities=[(f'{n // group}/{t.name}', f'{n // group}/{t.name}/{n % group}') for n, t in enumerate(jobs)])
 
 
 def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.0, max_turns: int = 6) -> dict:

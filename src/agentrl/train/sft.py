@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from ..record import Batch, Trajectory
+from ..sampling import token_logp
 
 __all__ = ['oracle_demos', 'scripted_demos', 'masked_nll', 'sft_loss', 'sft_step']
 
@@ -77,7 +78,7 @@ def masked_nll(logits: torch.Tensor, targets: torch.Tensor, action_mask: torch.T
     if n <= 0:
         raise ValueError('masked_nll: action_mask selects no token; SFT needs policy-owned tokens '
                          '(owner == policy) in the demonstrations')
-    logp = torch.log_softmax(logits.float(), dim=-1).gather(-1, targets[..., None]).squeeze(-1)
+    logp = token_logp(logits, torch.nn.functional.pad(targets, (1, 0)))    # the one gather; column j = targets[:, j]
     return -(logp * action_mask).sum() / n
 
 

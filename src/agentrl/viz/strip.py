@@ -111,10 +111,15 @@ class Strip:
 
 # ----------------------------------------------------------------------------- token text
 
+#: Unicode bidirectional formatting characters (UAX #9): they reorder how a line is displayed.
+_BIDI = frozenset('\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069')
+
+
 def display_text(text: str) -> str:
     """Make a token's text printable on one line with no blanks.
 
-    Newlines become ``⏎``, tabs ``⇥``, spaces ``·``, other control characters ``\\xNN``; an
+    Newlines become ``⏎``, tabs ``⇥``, spaces ``·``, other control characters (C0, DEL, C1)
+    ``\\xNN`` and bidirectional overrides ``\\uNNNN``; an
     empty token becomes ``∅``. Word-tokenizer specials stay as they are, except ``<nl>`` -> ``⏎``.
 
     Example: ``display_text(' clamp')`` is ``'·clamp'``; ``display_text('\\n')`` is ``'⏎'``.
@@ -131,8 +136,10 @@ def display_text(text: str) -> str:
             out.append('⇥')
         elif ch == ' ':
             out.append('·')
-        elif ord(ch) < 32 or ord(ch) == 127:
+        elif ord(ch) < 32 or 127 <= ord(ch) < 160:      # C0, DEL and C1 controls (C1 0x9b starts an escape)
             out.append(f'\\x{ord(ch):02x}')
+        elif ch in _BIDI:
+            out.append(f'\\u{ord(ch):04x}')
         else:
             out.append(ch)
     return ''.join(out)
@@ -162,21 +169,19 @@ def word_decoder(tok=None) -> Decoder:
     return decode
 
 
-#: Model id prefixes -> folder under ``$AGENTRL_TOKENIZERS`` (the project's shared tokenizers).
-_SHARED = {'qwen/qwen3': 'qwen3', 'deepseek-ai/deepseek-v3': 'deepseek-v3', 'meta-llama/meta-llama-3': 'llama3',
-           'qwen3': 'qwen3', 'deepseek-v3': 'deepseek-v3', 'llama3': 'llama3'}
-
-
 def _hf_candidates(name: str) -> list:
+    """A local folder, the family folder :func:`~agentrl.templates.chat.find_tokenizer_dir` finds
+    for a model id (``Qwen/Qwen3-*`` -> ``qwen3/``; no download), then the name itself (HF cache)."""
+    from ..templates.chat import find_tokenizer_dir, tokenizer_family
     out = []
     if name and os.path.isdir(name):
         out.append(name)
-    roots = [os.environ.get('AGENTRL_TOKENIZERS', '')]
-    roots = [r for r in roots if r and os.path.isdir(r)]
-    low = name.lower()
-    for prefix, folder in _SHARED.items():
-        if low.startswith(prefix):
-            out += [str(Path(r) / folder) for r in roots if (Path(r) / folder).is_dir()]
+    fam = tokenizer_family(name)
+    if fam is not None:
+        try:
+            out.append(str(find_tokenizer_dir(fam, hub=False)))
+        except FileNotFoundError:
+            pass
     out.append(name)
     return list(dict.fromkeys(out))
 
@@ -241,7 +246,7 @@ def _hf_by_digest(fp: str) -> Decoder | None:
     if not (fp and root and os.path.isdir(root)):
         return None
     try:
-        from ..templates.chat import tokenizer_digest
+        from ..templates.chat import tokenizer_fingerprint
     except ImportError:
         return None
     folders = [str(sub) for sub in sorted(Path(root).iterdir()) if (sub / 'tokenizer.json').exists()]
@@ -249,7 +254,7 @@ def _hf_by_digest(fp: str) -> Decoder | None:
     for name in loaded + [f for f in folders if f not in _LOADED]:     # already loaded ones first
         tok = _load_hf(name)
         try:
-            if tok is not None and tokenizer_digest(tok) == fp:
+            if tok is not None and tokenizer_fingerprint(tok) == fp:
                 return hf_decoder(tok)
         except Exception:  # noqa: BLE001 - a tokenizer that cannot be digested is not the one
             continue
@@ -271,7 +276,7 @@ def decoder_for(traj: Trajectory, tokenizer=None) -> Decoder:
     that tokenizer's, or when the record has no tokenizer fingerprint and every id fits its
     vocabulary; the HF tokenizer named by ``provenance.model`` (or ``info['tokenizer']``) when it
     loads offline; the tokenizer under ``$AGENTRL_TOKENIZERS`` whose digest
-    (:func:`agentrl.templates.chat.tokenizer_digest`) equals the record's fingerprint; else ids
+    (:func:`agentrl.templates.chat.tokenizer_fingerprint`) equals the record's fingerprint; else ids
     (``#<id>``).
 
     Returns:

@@ -12,9 +12,10 @@ from __future__ import annotations
 from rich.cells import cell_len
 from rich.text import Text
 
+from ..io import printable
 from .strip import Strip, display_text
 
-__all__ = ['term_lines', 'print_strip', 'OWNER_STYLE']
+__all__ = ['term_lines', 'print_strip', 'OWNER_STYLE', 'printable']
 
 OWNER_STYLE = {'policy': 'bold white on blue', 'tool': 'black on grey85', 'prompt': 'underline green',
                'template': 'grey50'}
@@ -107,11 +108,16 @@ def term_lines(strip: Strip, width: int = 80) -> list:
 
 
 def print_strip(strip: Strip, console, width: int | None = None, header: str | None = None) -> None:
-    """Print a header, the legend and the strip to a rich ``Console`` within ``width`` columns."""
+    """Print a header, the legend and the strip to a rich ``Console`` within ``width`` columns.
+
+    Text from the record (header, title, facts, token texts) is passed through
+    :func:`agentrl.io.printable` / :func:`~agentrl.viz.display_text`: escape and control
+    characters in data never reach the terminal.
+    """
     width = width or min(console.width, 120)
-    head = Text(header or strip.title, style='bold')
-    facts = ' \u00b7 '.join(f'{k} {v:.3g}' if isinstance(v, float) else f'{k} {v}' for k, v in strip.meta.items()
-                            if k in ('T', 'actions', 'reward', 'stop', 'turns'))
+    head = Text(printable(header or strip.title), style='bold')
+    facts = printable(' \u00b7 '.join(f'{k} {v:.3g}' if isinstance(v, float) else f'{k} {v}'
+                                       for k, v in strip.meta.items() if k in ('T', 'actions', 'reward', 'stop', 'turns')))
     console.print(head, Text(' ' + facts, style='grey50'), sep='', width=width, overflow='fold')
     legend = Text()
     for owner in ('template', 'prompt', 'policy', 'tool'):

@@ -6,8 +6,9 @@
   end-of-turn token (kept) or at ``max_new_tokens`` (the turn is marked truncated).
 - :func:`run_chat_episodes`, :func:`bugfix_rollouts`: multi-turn episodes recorded with
   :class:`~agentrl.templates.ChatRecorder`; the BugFix gym through real function calling.
-- :func:`replay_records`: the step-0 proof (a plain forward pass over the final records
-  reproduces ``sample_logp``; per-turn contexts where the template is not prefix-stable).
+- :func:`score_rows`: logits at chosen rows from one plain forward pass (the scorer that
+  :func:`agentrl.engines.scorer.hf_scorer` hands to :func:`agentrl.checks.replay_records`, the step-0
+  proof).
 - :func:`drift_experiment`, :func:`drift_rate`: retokenization drift (chapter 5.4).
 - :func:`make_test_model`, :func:`load_model`: a small random Qwen3 with the real tokenizer.
 
@@ -19,13 +20,12 @@ Source: issue 5; book chapter 5.2-5.4 and 5.8.
 from .drift import DRIFT_PROMPT, DriftExperiment, DriftRate, DriftSample, drift_experiment, drift_rate
 from .episodes import (Reply, bugfix_job, bugfix_opening, bugfix_rollouts, episode_seed, gym_call,
                        parse_tool_calls, run_chat_episodes)
-from .models import default_tokenizer_dir, load_model, make_test_model, model_id, require_transformers
-from .replay import expand_turns, replay_records, score_rows
+from .models import default_tokenizer_dir, load_model, make_test_model, model_id, require_transformers, score_rows
 from .sampler import HFSampler, SampledTurn, draw, processed_log_probs
 
 __all__ = ['HFSampler', 'SampledTurn', 'processed_log_probs', 'draw',
            'Reply', 'run_chat_episodes', 'bugfix_rollouts', 'bugfix_job', 'bugfix_opening', 'parse_tool_calls',
            'gym_call',
-           'episode_seed', 'replay_records', 'score_rows', 'expand_turns',
+           'episode_seed', 'score_rows',
            'drift_experiment', 'DriftExperiment', 'DriftSample', 'drift_rate', 'DriftRate', 'DRIFT_PROMPT',
            'make_test_model', 'load_model', 'default_tokenizer_dir', 'model_id', 'require_transformers']

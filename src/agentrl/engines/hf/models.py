@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from ...templates.chat import load_tokenizer, require_hf
+from ...templates.chat import find_tokenizer_dir, load_tokenizer, require_hf
 
-__all__ = ['require_transformers', 'load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id',
+__all__ = ['require_transformers', 'load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id', 'score_rows',
            'forward_kwargs', 'TOKENIZER_FILES']
 
 #: Files copied from a tokenizer folder into a test model's folder (when present).
@@ -26,23 +26,8 @@ TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'mer
 _TEST_MODEL_NOTE = 'agentrl_test_model.json'
 
 
-def require_transformers(what: str = 'agentrl.engines.hf'):
-    """Import transformers (and check jinja2), or raise an ImportError that names the extra.
-
-    Same check as :func:`agentrl.templates.chat.require_hf`, under the engine's default name.
-
-    Args:
-        what: the feature that needs it (named in the error).
-
-    Returns:
-        The ``transformers`` module.
-
-    Raises:
-        ImportError: transformers or jinja2 is missing; fix with ``pip install agentrl[hf]``.
-
-    Source: design notes (engines are L4 and import transformers lazily, naming the extra).
-    """
-    return require_hf(what)
+#: The one transformers import check (``pip install agentrl[hf]`` named in its error).
+require_transformers = require_hf
 
 
 def _dtype_kwarg(transformers) -> str:
@@ -142,34 +127,9 @@ def forward_kwargs(model) -> dict:
     return {'cache': cache, 'keep': keep}
 
 
-def default_tokenizer_dir(family: str = 'qwen3') -> Path:
-    """The folder of a real tokenizer shipped next to the project.
-
-    Tried in order: ``$AGENTRL_TOKENIZERS/<family>``, ``$AGENTRL_SHARED/tokenizers/<family>``,
-    ``./../shared/tokenizers/<family>`` (from the working directory), and
-    ``<repository>/../shared/tokenizers/<family>`` for an editable install.
-
-    Returns:
-        The first folder that holds ``tokenizer_config.json``.
-
-    Raises:
-        FileNotFoundError: none does; pass ``--tokenizer DIR`` (or set ``AGENTRL_TOKENIZERS``).
-
-    Source: tests/_tokenizers.py (the project's convention for offline tokenizers).
-    """
-    tried = []
-    if os.environ.get('AGENTRL_TOKENIZERS'):
-        tried.append(Path(os.environ['AGENTRL_TOKENIZERS']) / family)
-    if os.environ.get('AGENTRL_SHARED'):
-        tried.append(Path(os.environ['AGENTRL_SHARED']) / 'tokenizers' / family)
-    tried.append(Path.cwd().parent / 'shared' / 'tokenizers' / family)
-    repo = Path(__file__).resolve().parents[4]          # src/agentrl/engines/hf/models.py -> repository
-    tried.append(repo.parent / 'shared' / 'tokenizers' / family)
-    for d in tried:
-        if (d / 'tokenizer_config.json').is_file():
-            return d
-    raise FileNotFoundError(f'no {family} tokenizer found (tried {", ".join(map(str, tried))}); pass --tokenizer DIR '
-                            'or set AGENTRL_TOKENIZERS to the folder holding qwen3/')
+#: The one lookup of a real tokenizer family folder (``$AGENTRL_TOKENIZERS``, ``../shared/tokenizers``,
+#: the hub for ungated repos): :func:`agentrl.templates.chat.find_tokenizer_dir`.
+default_tokenizer_dir = find_tokenizer_dir
 
 
 def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int = 64, heads: int = 4,
@@ -298,3 +258,56 @@ def _bias_tokens(model, rates: dict, seed: int, channel_value: float = 0.5) -> d
         emb[tid, 0] = channel_value + math.log(rate / (1.0 - total) * (V - n)) / h0
     probs = model(input_ids=probe).logits.float().softmax(-1)
     return {tid: round(float(probs[..., tid].mean()), 4) for tid in rates}
+
+
+def _head(model):
+    """``(decoder, output head, softcap)`` for scoring only the needed rows, or None."""
+    get_dec = getattr(model, 'get_decoder', None)
+    get_out = getattr(model, 'get_output_embeddings', None)
+    if get_dec is None or get_out is None:
+        return None
+    try:
+        dec, head = get_dec(), get_out()
+    except (AttributeError, NotImplementedError):
+        return None
+    if dec is None or head is None or dec is model:
+        return None
+    return dec, head, getattr(getattr(model, 'config', None), 'final_logit_softcapping', None)
+
+
+@torch.no_grad()
+def score_rows(model, ids: torch.Tensor, attention_mask: torch.Tensor, rows: list) -> list:
+    """Logits at chosen prediction rows of a right-padded batch, from one plain forward pass.
+
+    Args:
+        model: a transformers causal LM.
+        ids: ``[B, T]`` int64, right-padded.
+        attention_mask: ``[B, T]`` (1 on real tokens).
+        rows: B int64 tensors; ``rows[b]`` are positions j whose logits predict ``ids[b, j+1]``.
+
+    Returns:
+        B float32 tensors ``[len(rows[b]), V]``.
+
+    Notes:
+        Only the requested rows go through the output head (a 150k vocabulary makes full
+        ``[B, T, V]`` logits hundreds of MB per record); the decoder runs with default
+        positions, which are right for right padding. Models with a final logit soft-cap
+        (Gemma 2) get it applied.
+
+    Source: book chapter 3.7 / 5.7 (one causal forward pass over the padded batch).
+    """
+    dev = next(model.parameters()).device
+    ids, attention_mask = ids.to(dev), attention_mask.to(dev).long()
+    parts = _head(model)
+    if parts is None:
+        logits = model(input_ids=ids, attention_mask=attention_mask).logits
+        return [logits[b, r.to(dev)].float().cpu() for b, r in enumerate(rows)]
+    dec, head, cap = parts
+    hidden = dec(input_ids=ids, attention_mask=attention_mask).last_hidden_state
+    out = []
+    for b, r in enumerate(rows):
+        lg = head(hidden[b, r.to(dev)]).float()
+        if cap:
+            lg = torch.tanh(lg / cap) * cap
+        out.append(lg.cpu())
+    return out

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...checks.replay import support_mask
 from ...record import SamplingSpec
+from ...sampling import PenaltyContext, processed_logp
+from ...sampling import draw as _draw
 from .models import forward_kwargs, require_transformers
 
 __all__ = ['SampledTurn', 'HFSampler', 'processed_log_probs', 'draw']
@@ -50,58 +51,34 @@ class SampledTurn:
     prompt_len: int = 0
 
 
-def processed_log_probs(logits: torch.Tensor, spec: SamplingSpec) -> torch.Tensor:
-    """Log-probs of the distribution the sampler draws from.
+def processed_log_probs(logits: torch.Tensor, spec: SamplingSpec, context: PenaltyContext | None = None) -> torch.Tensor:
+    """Log-probs of the distribution the sampler draws from: :func:`agentrl.sampling.processed_logp`.
 
     Args:
         logits: ``[N, V]`` float logits of the positions to sample.
-        spec: the sampler; temperature, then top-k / top-p / min-p support
-            (:func:`agentrl.checks.replay.support_mask`), renormalised. Temperature 0 (greedy)
-            gives ``log_softmax(logits)`` (the argmax is drawn).
+        spec: the sampler (penalties, temperature, then top-k / top-p / min-p, renormalised).
+        context: the rows' :class:`~agentrl.sampling.PenaltyContext` when ``spec`` has penalties.
 
     Returns:
         ``[N, V]`` float64 log-probs; ``-inf`` outside the support.
-
-    Source: issue 4, item 3 (the ``processed`` log-prob mode); the same arithmetic as
-    :func:`agentrl.checks.replay_logp`, so the replay reproduces it.
     """
-    if spec.temperature <= 0 or spec.temperature == 1.0:
-        lp = torch.log_softmax(logits, dim=-1, dtype=torch.float64)
-    else:
-        lp = torch.log_softmax(logits.double() / spec.temperature, dim=-1)
-    V = lp.shape[-1]
-    if spec.temperature <= 0 or (not 0 < spec.top_k < V and spec.top_p >= 1.0 and spec.min_p <= 0.0):
-        return lp                      # no truncation: the support is the whole vocabulary
-    keep = support_mask(lp, spec)
-    lp = lp.masked_fill(~keep, -math.inf)
-    return lp - torch.logsumexp(lp, dim=-1, keepdim=True)
+    return processed_logp(logits, spec, context)
 
 
 def draw(logp: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling: one token per row from ``exp(logp)`` and one uniform number per row.
+    """Inverse-CDF sampling from log-probs: :func:`agentrl.sampling.draw` on ``exp(logp)``.
 
     Args:
-        logp: ``[N, V]`` float64 log-probs (rows sum to 1 in probability; ``-inf`` allowed).
+        logp: ``[N, V]`` float64 log-probs (``-inf`` allowed).
         uniforms: ``[N]`` float64 in ``[0, 1)``.
 
     Returns:
-        ``[N]`` int64: for each row the first token whose cumulative probability exceeds
-        ``u * total`` (a token of probability 0 is never returned).
+        ``[N]`` int64 (a token of probability 0 is never returned).
 
-    Source: standard inverse-transform sampling; one uniform per token keeps an episode's random
-    stream independent of the batch it is sampled in (one ``[N, V]`` exponential-race draw per
-    token was 3x slower on CPU).
+    Raises:
+        ValueError: a row with no distribution (NaN, inf, or every entry -inf).
     """
-    p = logp.exp()
-    cdf = p.cumsum(dim=-1)
-    target = uniforms.to(cdf)[:, None] * cdf[:, -1:]
-    ids = torch.searchsorted(cdf, target, right=True).squeeze(-1)
-    ids = ids.clamp(max=p.shape[-1] - 1)
-    bad = p.gather(-1, ids[:, None]).squeeze(-1) <= 0          # rounding at the very top of the CDF
-    if bool(bad.any()):
-        last = p.shape[-1] - 1 - (p.flip(-1) > 0).int().argmax(-1)
-        ids = torch.where(bad, last, ids)
-    return ids
+    return _draw(logp.exp(), uniforms, caller='draw')
 
 
 class HFSampler:
@@ -113,8 +90,9 @@ class HFSampler:
         stop_ids: end-of-turn token ids (``ChatTemplate.stop_ids``; Qwen3: ``{151645}``
             ``<|im_end|>``); an empty set samples until the budget.
         spec: the declared :class:`~agentrl.record.SamplingSpec` (temperature, top_k, top_p,
-            min_p, ``logp_mode``). The draw is always from the processed distribution; the stored
-            log-prob follows ``spec.logp_mode``.
+            min_p, ``logp_mode``, repetition / presence / frequency penalties, which act on the
+            turn's prompt and the ids sampled so far). The draw is always from the processed
+            distribution; the stored log-prob follows ``spec.logp_mode``.
         max_new_tokens: default token budget of a turn.
         pad_id: id written into padding (masked; default the model config's ``pad_token_id``, else 0).
         cache: True (default): one prefill and one token per step with a KV cache; False: the
@@ -181,9 +159,14 @@ class HFSampler:
         return out.logits[:, -1].float()
 
     # ------------------------------------------------------------------ sampling
-    def _choose(self, logits, rows, step, generators, teacher):
-        """Pick the next token for each live row: ``(ids [n] int64, logp [n] float64)``."""
-        lp = processed_log_probs(logits, self.spec)
+    def _choose(self, logits, rows, step, generators, teacher, prompts, out):
+        """Pick the next token for each live row: ``(ids [n] int64, logp [n] float64)``.
+
+        With penalties, row ``r``'s context is its prompt and its output the turn's ids so far
+        (:class:`~agentrl.sampling.PenaltyContext`), as transformers and vLLM define them.
+        """
+        ctx = PenaltyContext.of([prompts[r] for r in rows], [out[r].ids for r in rows]) if self.spec.penalized else None
+        lp = processed_log_probs(logits, self.spec, ctx)
         if teacher is not None:
             ids = torch.tensor([teacher[r][step] for r in rows], dtype=torch.long, device=lp.device)
         elif self.spec.temperature <= 0:
@@ -288,7 +271,7 @@ class HFSampler:
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=mask.device)
         step = 0
         while True:
-            nxt, logp = self._choose(logits, rows, step, generators, teacher)
+            nxt, logp = self._choose(logits, rows, step, generators, teacher, prompts, out)
             go = self._record(out, rows, step, nxt, logp, budgets)
             if not any(go):
                 return
@@ -308,7 +291,7 @@ class HFSampler:
         while rows:
             ids, mask, pos = self._left_pad([prompts[r] + out[r].ids for r in rows])
             logits = self._last_logits(ids, mask, pos)
-            nxt, logp = self._choose(logits, rows, step, generators, teacher)
+            nxt, logp = self._choose(logits, rows, step, generators, teacher, prompts, out)
             go = self._record(out, rows, step, nxt, logp, budgets)
             rows = [r for r, g in zip(rows, go) if g]
             step += 1

@@ -1,0 +1,97 @@
+"""L3: acceptance rules for records written through a chat template (``ChatRecorder``).
+
+A chat record carries what these rules need in ``info['template']['chat_tokens']`` (written by
+:meth:`agentrl.templates.ChatTemplate.chat_tokens`, stored with the record as ``info`` is):
+``end_of_turn`` (the id the template writes after an assistant message, found by rendering one),
+``stop`` (every id the engine may stop at), ``control`` (``[lo, hi)`` ranges of the tokenizer's
+added/control ids) and ``content_text`` (``'plain'`` or ``'refuse'``). Records without it (the
+word-level toy stack, hand-made records) are not checked by these rules.
+
+- :func:`turn_closed`: every policy turn ends with the end-of-turn id, is followed by it, or ends
+  the record (a final turn cut off by a length limit). A turn the engine stopped at another stop
+  id must be closed by the template (its end-of-turn follows, template-owned).
+- :func:`control_ids_not_in_content`: no control id is owned by a tool, user or system message (the
+  message's text would have forged a turn boundary or a role header inside the policy's context).
+
+Source: the chat template's own rendering (Hugging Face ``apply_chat_template``): the end-of-turn
+closes every assistant message, and message content is text, never control tokens.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..record import OWNER, owner_runs
+from .errors import ControlTokenInContentError, RecordError, UnclosedTurnError
+
+__all__ = ['chat_tokens', 'turn_closed', 'control_ids_not_in_content']
+
+_POLICY = OWNER['policy']
+
+
+def chat_tokens(record) -> dict | None:
+    """The record's ``info['template']['chat_tokens']`` when well-formed, else None (rules skip)."""
+    info = getattr(record, 'info', None)
+    tmpl = info.get('template') if isinstance(info, dict) else None
+    ct = tmpl.get('chat_tokens') if isinstance(tmpl, dict) else None
+    if not isinstance(ct, dict):
+        return None
+    try:
+        return {'end_of_turn': [int(i) for i in ct.get('end_of_turn') or ()],
+                'stop': [int(i) for i in ct.get('stop') or ()],
+                'control': [(int(a), int(b)) for a, b in ct.get('control') or ()]}
+    except (TypeError, ValueError):
+        return None
+
+
+def turn_closed(r) -> list[RecordError]:
+    """Every policy turn is closed by the template's end-of-turn id (sampled or template-written).
+
+    Args:
+        r: the validator's :class:`~agentrl.checks.acceptance.Facts` (``record``, ``ids [T]``, ``owner [T]``).
+
+    Returns:
+        ``[UnclosedTurnError]`` naming the first unclosed turn (position: the index into ``ids``
+        where the end-of-turn is missing) and the count, or ``[]``.
+    """
+    ct = chat_tokens(r.record)
+    if ct is None or not ct['end_of_turn']:
+        return []
+    eot = set(ct['end_of_turn'])
+    ids = r.ids.tolist()
+    turn = r.record.turn if r.record.turn is not None else [0] * len(ids)
+    bad = [(k, e) for k, s, e in owner_runs(r.owner, turn, _POLICY)
+           if ids[e - 1] not in eot and e < len(ids) and ids[e] not in eot]
+    if not bad:
+        return []
+    k, e = bad[0]
+    return [UnclosedTurnError(
+        f'is {ids[e]}, but policy turn {k} ends with id {ids[e - 1]} (not the end-of-turn {sorted(eot)}) and the '
+        "template's end-of-turn does not follow it", field='ids', position=e, count=len(bad),
+        fix='keep the sampled stop id and append the end-of-turn template-owned (ChatRecorder does), or stop the '
+            'engine at the end-of-turn')]
+
+
+def control_ids_not_in_content(r) -> list[RecordError]:
+    """No control id is owned by a tool or prompt (user/system) message.
+
+    Returns:
+        ``[ControlTokenInContentError]`` at the first such id with the count, or ``[]``.
+    """
+    ct = chat_tokens(r.record)
+    if ct is None or not ct['control']:
+        return []
+    content = (r.owner == OWNER['tool']) | (r.owner == OWNER['prompt'])
+    is_ctl = torch.zeros_like(content)
+    for lo, hi in ct['control']:
+        is_ctl |= (r.ids >= lo) & (r.ids < hi)
+    bad = content & is_ctl
+    if not bool(bad.any()):
+        return []
+    where = torch.nonzero(bad).flatten()
+    j = int(where[0])
+    return [ControlTokenInContentError(
+        f'is the control id {int(r.ids[j])}, owned by {"tool" if int(r.owner[j]) == OWNER["tool"] else "prompt"} '
+        'content: message text became a control token (a forged turn boundary or role header)', field='ids',
+        position=j, count=len(where),
+        fix="record with ChatRecorder/label_owners, which encode control-token text in content as ordinary text "
+            "(content_text='plain'), or clean the content")]

@@ -1,0 +1,116 @@
+"""L4: load the model that replays records, whichever engine sampled them.
+
+:func:`load_scorer` turns a TinyAgent checkpoint file (``model.pt``) or a Hugging Face model
+folder (``config.json`` + weights, e.g. from ``agentrl make-test-model``) into a
+:class:`~agentrl.checks.replay.Scorer`, the one thing :func:`agentrl.checks.replay_records` needs. So
+``agentrl check RUN --model M`` replays TinyAgent and HF-engine records with the same code and
+prints the same ratio table.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..checks.replay import Scorer
+from ..model import load_checkpoint
+from .hf.models import load_model, score_rows
+
+__all__ = ['load_scorer', 'hf_scorer', 'tiny_scorer']
+
+
+def tiny_scorer(model, name: str = '') -> Scorer:
+    """A :class:`~agentrl.checks.replay.Scorer` over a TinyAgent (or any ``ids -> logits`` module).
+
+    Scoring runs in eval mode (dropout off, as at sampling) and restores the module's mode.
+
+    Args:
+        model: ids ``[B, T]`` -> logits ``[B, T, V]``.
+        name: what reports call it.
+
+    Returns:
+        :class:`~agentrl.checks.replay.Scorer` with ``max_len`` the model's context length.
+    """
+    inner = Scorer.of_model(model, name=name)
+
+    def fn(ids, attention_mask, rows):
+        was = getattr(model, 'training', False)
+        if was:
+            model.eval()
+        try:
+            return inner(ids, attention_mask, rows)
+        finally:
+            if was:
+                model.train()
+
+    return Scorer(fn, inner.name, 0, getattr(model, 'max_len', None))
+
+
+def hf_scorer(model, name: str = '') -> Scorer:
+    """A :class:`~agentrl.checks.replay.Scorer` over a transformers causal LM.
+
+    One plain forward pass per right-padded batch (:func:`agentrl.engines.hf.score_rows`: only
+    the requested rows go through the output head), in eval mode (attention and hidden dropout
+    off, as at sampling; the module's mode is restored).
+
+    Args:
+        model: a transformers causal LM.
+        name: what reports call it (default: its config's name).
+
+    Returns:
+        :class:`~agentrl.checks.replay.Scorer`; ``pad_id`` the config's ``pad_token_id`` (else 0),
+        ``max_len`` its ``max_position_embeddings`` (when set).
+    """
+    cfg = getattr(model, 'config', None)
+
+    def fn(ids, attention_mask, rows):
+        was = model.training
+        model.eval()
+        try:
+            return score_rows(model, ids, attention_mask, rows)
+        finally:
+            model.train(was)
+
+    pad = getattr(cfg, 'pad_token_id', None)
+    name = name or os.path.basename(str(getattr(cfg, '_name_or_path', '') or '').rstrip('/')) or type(model).__name__
+    return Scorer(fn, name, 0 if pad is None else int(pad), getattr(cfg, 'max_position_embeddings', None))
+
+
+def load_scorer(path, *, device: str | torch.device | None = None) -> Scorer:
+    """Load the model at ``path`` as a replay scorer.
+
+    Args:
+        path: a TinyAgent checkpoint file (``model.pt`` from ``agentrl rollout`` / ``train``,
+            :func:`agentrl.model.load_checkpoint`), or a Hugging Face model folder holding
+            ``config.json`` (:func:`agentrl.engines.hf.load_model`; needs the ``hf`` extra).
+        device: where to run the model (default CPU).
+
+    Returns:
+        :class:`~agentrl.checks.replay.Scorer` named after the file or folder (its base name,
+        never the absolute path).
+
+    Raises:
+        FileNotFoundError: nothing at ``path``, or a folder without ``config.json`` (pass the
+            ``model.pt`` file or a folder written by ``save_pretrained``).
+        ValueError: a file that is not a TinyAgent checkpoint, or a folder that holds no causal
+            LM (from the loaders, naming the path).
+        ImportError: a Hugging Face folder without the ``hf`` extra.
+
+    Example:
+        >>> report = checks.replay_records(records, load_scorer('run/model.pt'))
+    """
+    p = Path(path)
+    if p.is_dir():
+        if not (p / 'config.json').is_file():
+            raise FileNotFoundError(f'--model {str(p)!r} is a folder without config.json; pass a TinyAgent '
+                                    'model.pt file or a Hugging Face folder written by save_pretrained')
+        model, _ = load_model(p, device=device)
+        return hf_scorer(model, name=p.resolve().name)
+    if not p.exists():
+        raise FileNotFoundError(f'--model {str(p)!r} not found; pass a TinyAgent model.pt file or a Hugging Face '
+                                'model folder')
+    model = load_checkpoint(str(p))
+    if device is not None:
+        model.to(device)
+    return tiny_scorer(model, name=p.name)

@@ -1,0 +1,330 @@
+"""L4: the pieces every exporter and importer shares: the split of a record, the refusals, one builder.
+
+Notation (for one record with ``T = len(ids)``):
+
+* ``P``: index of the first policy token (``P >= 1``: ``Trajectory.from_tokens`` refuses a
+  policy-owned first token). Frameworks call ``ids[:P]`` the prompt.
+* ``E``: one past the last policy token; ``ids[E:]`` is a trailing observation that trains nothing.
+* Response-aligned fields at own index (verl, TRL GRPO, slime, SkyRL): ``mask[P:E] = action_mask[P-1:E-1]``,
+  ``logp[P:E] = sample_logp[P-1:E-1]``. Full-length own-index fields (TRL SFT, SkyRL SFT,
+  prime-rl): ``[0] + action_mask``. Only OpenRLHF keeps agentrl's ``[T-1]`` alignment.
+
+Source: the layouts of verl 0.9.1 (``_agent_loop_postprocess``), TRL 1.16 (``GRPOTrainer._generate``),
+slime (``Sample``), OpenRLHF (``Experience``), SkyRL (``GeneratorOutput``), prime-rl (``TrainingSample``).
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from ..checks import errors as E
+from ..checks.acceptance import find_problems
+from ..record import OWNER, Provenance, SamplingSpec, Trajectory
+
+__all__ = ['Split', 'split', 'split_turns', 'check_exportable', 'check_support', 'expected_step0_ratio', 'check_groups',
+           'group_key', 'sort_by_group', 'record_from_response', 'provenance_for_import', 'as_list']
+
+_POLICY = OWNER['policy']
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where the framework's prompt and response lie in one record.
+
+    Attributes:
+        P: first policy token (the prompt is ``ids[:P]``).
+        E: one past the last policy token.
+        T: ``len(ids)``.
+    """
+    P: int
+    E: int
+    T: int
+
+    def end(self, trim: bool) -> int:
+        """End of the exported response: ``E`` when trimming the trailing observation, else ``T``."""
+        return self.E if trim else self.T
+
+
+def split(rec: Trajectory, row: int = 0) -> Split:
+    """The ``(P, E, T)`` split of a record.
+
+    Args:
+        rec: a record with ``owner [T]``.
+        row: its index in the batch (named in errors).
+
+    Raises:
+        agentrl.checks.errors.MissingFieldError: ``rec.owner`` is None (fix: build with ``Trajectory.from_tokens``).
+        ValueError: the record has no policy token (nothing to train; drop it before export).
+    """
+    if rec.owner is None:
+        raise E.MissingFieldError(f'record {row} has no owner; the split into prompt and response needs it',
+                                  field='owner', fix='build records with Trajectory.from_tokens')
+    pol = (torch.as_tensor(rec.owner) == _POLICY).nonzero().flatten()
+    if len(pol) == 0:
+        raise ValueError(f'record {row} has no policy token (action_mask all 0): a trainer has nothing to learn '
+                         'from it; drop it before export')
+    return Split(int(pol[0]), int(pol[-1]) + 1, len(rec.ids))
+
+
+def split_turns(records) -> list:
+    """Records with ``turn_contexts`` replaced by one record per turn (:func:`agentrl.record.turn_records`);
+    others unchanged. Each turn row keeps the episode's provenance (so its group) and reward."""
+    from ..record import turn_records
+    out = []
+    for r in records:
+        out.extend(turn_records(r) if r.turn_contexts is not None else [r])
+    return out
+
+
+def as_list(x) -> list:
+    """A tensor, numpy array or sequence as a plain Python list."""
+    return x.tolist() if hasattr(x, 'tolist') else list(x)
+
+
+def check_exportable(records, *, need_logp: bool = True) -> None:
+    """Refuse records that no exporter may hand on: the acceptance check, placeholder log-probs, per-turn contexts.
+
+    Args:
+        records: the records to export.
+        need_logp: the target consumes sampling log-probs (every RL layout); placeholder
+            (scripted) log-probs are then refused.
+
+    Raises:
+        agentrl.checks.errors.RecordError: the first refusal of :func:`agentrl.checks.find_problems`
+            (prefixed with the row), ``ScriptedRecordError`` for placeholder log-probs, or
+            ``TurnContextError`` for a record with ``turn_contexts`` (one sequence cannot hold them).
+    """
+    for i, rec in enumerate(records):
+        if rec.turn_contexts is not None:
+            raise E.TurnContextError(
+                f'record {i} has per-turn contexts (its template rewrites history, so turn k was sampled after '
+                'another prefix than ids[:start_k]); as one sequence, the trainer would score its turns in the '
+                'wrong context', field='turn_contexts',
+                fix='split it into one row per turn with agentrl.record.turn_records (export(..., split_turns=True), '
+                    '--split-turns) for slime, SkyRL, prime-rl, OpenRLHF or SFT; verl and TRL take one trajectory '
+                    'per prompt, so sample with history="sampled" for them')
+        problems = find_problems(rec, require_provenance=False)
+        if problems:
+            p = problems[0]
+            raise type(p)(f'record {i}: {p}', field=p.field, position=p.position, fix='')
+        if need_logp and rec.provenance is not None and rec.provenance.logp_placeholder:
+            raise E.ScriptedRecordError(
+                f'record {i} carries placeholder log-probs (a scripted policy); an RL trainer would use them as '
+                'the behaviour policy', field='sample_logp',
+                fix='export it for SFT (to_sft), or re-score it with the policy before an RL export')
+
+
+def expected_step0_ratio(spec: SamplingSpec) -> str:
+    """What the step-0 ratio ``exp(trainer logp - stored logp)`` is for records drawn under ``spec``
+    when the trainer recomputes ``log_softmax(logits / T)`` over the full vocabulary.
+
+    Processed log-probs under truncation are ``log p - log(kept mass)``, so the ratio per token is the
+    kept mass: in ``[top_p, 1]`` under top-p alone, in ``(0, 1]`` otherwise. Raw log-probs at
+    ``T != 1`` are ``log_softmax(logits)``: the ratio is unbounded either way.
+
+    Source: vLLM ``logprobs_mode`` (processed vs raw); trl#6789.
+    """
+    if spec.logp_mode == 'raw':
+        return (f'raw log-probs at temperature {spec.temperature}: the ratio per token is '
+                f'softmax(logits/{spec.temperature}) / softmax(logits), not 1 and not bounded')
+    if spec.top_p < 1 and spec.top_k == 0 and spec.min_p == 0:
+        return f'each token\'s kept mass, in [{spec.top_p}, 1] (top_p={spec.top_p}); below 1 wherever the nucleus cut'
+    return (f'each token\'s kept mass, in (0, 1] (top_k={spec.top_k}, top_p={spec.top_p}, min_p={spec.min_p}); '
+            'below 1 wherever the support was cut')
+
+
+def _support_ok(spec: SamplingSpec, replays_top_p: bool) -> bool:
+    if spec.temperature == 0:
+        return False
+    if spec.logp_mode == 'raw':
+        return spec.temperature == 1
+    truncated = spec.top_k > 0 or spec.min_p > 0 or (spec.top_p < 1 and not replays_top_p)
+    return not truncated
+
+
+def check_support(records, target: str, *, allow_support_mismatch: bool = False, replays_top_p: bool = False):
+    """Refuse (or warn about) log-probs the target's trainer cannot reproduce at step 0.
+
+    Every trainer here recomputes ``log_softmax(logits / T)`` over the full vocabulary (slime replays
+    the top-p keep set, ``replays_top_p=True``). Stored log-probs equal that only when they are
+    ``processed`` with no truncation (``top_k == 0``, ``top_p == 1``, ``min_p == 0``), or ``raw`` at
+    ``T == 1``.
+
+    Args:
+        records: records with ``provenance.sampling`` (records without one pass: nothing is declared).
+        target: the framework's name (in messages).
+        allow_support_mismatch: warn (``UserWarning`` naming the expected step-0 ratio) instead of refusing.
+        replays_top_p: the trainer replays the top-p keep set.
+
+    Returns:
+        The sampling temperature all records share (None when none declares one).
+
+    Raises:
+        agentrl.checks.errors.SupportMismatchError: a record's declared sampler differs from the
+            trainer's recomputation and ``allow_support_mismatch`` is False.
+        ValueError: records declare different temperatures (a trainer has one temperature).
+    """
+    temps = set()
+    for i, rec in enumerate(records):
+        spec = rec.provenance.sampling if rec.provenance is not None else None
+        if spec is None:
+            continue
+        temps.add(spec.temperature)
+        if _support_ok(spec, replays_top_p):
+            continue
+        msg = (f'record {i} was sampled with {spec.to_dict()}, but {target} recomputes log_softmax(logits / T) '
+               f'over the full vocabulary; the step-0 ratio is {expected_step0_ratio(spec)}')
+        if not allow_support_mismatch:
+            raise E.SupportMismatchError(
+                msg, field='provenance.sampling',
+                fix='re-score the records under a temperature-only sampler, sample with top_k=0, top_p=1, '
+                    'min_p=0, or pass allow_support_mismatch=True (--allow-support-mismatch) to export anyway')
+        warnings.warn(msg, stacklevel=3)
+    if len(temps) > 1:
+        raise ValueError(f'records declare temperatures {sorted(temps)}; {target} scores every row at one '
+                         'temperature: export each temperature separately')
+    return temps.pop() if temps else None
+
+
+def group_key(rec: Trajectory, row: int) -> str:
+    """The group a record belongs to: ``provenance.group_id``, or its own row when it has none."""
+    g = rec.provenance.group_id if rec.provenance is not None else ''
+    return g if g else f'#row{row}'
+
+
+def check_groups(records, target: str) -> int:
+    """Check that every group's rows are contiguous and all groups have one size.
+
+    Trainers that group by position (TRL ``num_generations``, slime and OpenRLHF
+    ``n_samples_per_prompt``) reshape rewards to ``(-1, G)``; a group split across positions mixes
+    rewards of different prompts into one advantage baseline, silently.
+
+    Args:
+        records: the records in export order.
+        target: the framework's name (in messages).
+
+    Returns:
+        ``G``, the group size.
+
+    Raises:
+        agentrl.checks.errors.GroupOrderError: a group's rows are not contiguous, or groups differ in size.
+    """
+    keys = [group_key(r, i) for i, r in enumerate(records)]
+    seen, sizes, prev = {}, {}, None
+    for i, k in enumerate(keys):
+        if k != prev and k in seen:
+            raise E.GroupOrderError(
+                f'group {k!r} has rows {seen[k]} and {i} with other groups between them; {target} groups rows '
+                'by position, so this group would be split', field='provenance.group_id', position=i,
+                fix='sort the records by group (sort_groups=True / --sort-groups keeps the order within a group)')
+        seen.setdefault(k, i)
+        sizes[k] = sizes.get(k, 0) + 1
+        prev = k
+    distinct = sorted(set(sizes.values()))
+    if len(distinct) > 1:
+        small = min(sizes, key=sizes.get)
+        raise E.GroupOrderError(
+            f'groups have sizes {distinct} (group {small!r} has {sizes[small]}); {target} reshapes rows to '
+            '(-1, group size), so every group needs the same number of rows', field='provenance.group_id',
+            fix='drop or complete the short groups before export')
+    return distinct[0] if distinct else 0
+
+
+def sort_by_group(records) -> list:
+    """Records reordered so each group's rows are contiguous (stable: first appearance, then row order)."""
+    order: dict = {}
+    for i, r in enumerate(records):
+        order.setdefault(group_key(r, i), len(order))
+    idx = sorted(range(len(records)), key=lambda i: order[group_key(records[i], i)])
+    return [records[i] for i in idx]
+
+
+def provenance_for_import(source: str, *, spec: SamplingSpec | None, group_id: str = '', rollout_id: str = '',
+                          tokenizer=None, model: str = '', placeholder: bool = False) -> Provenance:
+    """Provenance of an imported record: the source framework, the declared sampler, the identity.
+
+    Args:
+        source: ``'verl'``, ``'trl'``, ``'vllm'`` ... (stored as ``provenance.policy``).
+        spec: the sampler (None when the source does not carry it and none was declared).
+        group_id, rollout_id: identity.
+        tokenizer: a Hugging Face tokenizer to fingerprint (None: left empty).
+        model: model id.
+        placeholder: the source had no log-probs (zeros stored).
+    """
+    fp = ''
+    if tokenizer is not None:
+        from ..templates.chat import tokenizer_digest
+        fp = tokenizer_digest(tokenizer)
+    return Provenance(policy=source, tokenizer=fp, sampling=None if placeholder else spec, model=model,
+                      logp_placeholder=placeholder, group_id=str(group_id), rollout_id=str(rollout_id))
+
+
+def _check_len(name: str, got: int, want: int, row, what: str) -> None:
+    if got == want:
+        return
+    if name.endswith('mask') and got == want - 1:
+        raise E.MaskAlignmentError(
+            f'{what} row {row}: has length {got} but {want} tokens; a mask aligned to ids[1:] (length T-1) '
+            'was handed where one value per token at own index is expected, so every label would move one '
+            'token', field=name,
+            fix="give one entry per token (agentrl's action_mask becomes [0] + action_mask, or "
+                'action_mask[P-1:E-1] over a response)')
+    if 'log' in name:
+        raise E.LogProbLengthError(f'{what} row {row}: has {got} log-probs for {want} tokens', field=name,
+                                   fix='give one log-prob per token at own index (0.0 where not sampled)')
+    raise E.LengthMismatchError(f'{what} row {row}: has length {got} but {want} tokens', field=name,
+                                fix='give one entry per token')
+
+
+def record_from_response(prompt_ids, response_ids, response_mask, response_logp, *, reward: float, info: dict,
+                         provenance: Provenance | None, row=0, what: str = 'import',
+                         mask_name: str = 'response_mask', logp_name: str = 'response_logprobs',
+                         turn_contexts=None) -> Trajectory:
+    """Build one record from a prompt and a response with own-index mask and log-probs.
+
+    Owners: ``prompt`` on ``prompt_ids``; on the response, ``policy`` where the mask is 1 and
+    ``tool`` where it is 0 (no framework keeps template and tool tokens apart). Turn ``k`` is the
+    ``k``-th run of policy tokens plus the mask-0 tokens after it; the prompt is turn -1.
+
+    Args:
+        prompt_ids: ``[P]`` ints, ``P >= 1``.
+        response_ids: ``[R]`` ints.
+        response_mask: ``[R]`` 0/1 at own index (1: the policy sampled this token).
+        response_logp: ``[R]`` float sampling log-probs at own index, or None (zeros; the caller
+            marks the provenance ``logp_placeholder``).
+        reward, info, provenance: as in :meth:`Trajectory.from_tokens`.
+        row, what, mask_name, logp_name: named in errors.
+        turn_contexts: passed through.
+
+    Raises:
+        agentrl.checks.errors.MaskAlignmentError: the mask has ``R-1`` entries (a ``[T-1]`` mask).
+        agentrl.checks.errors.LogProbLengthError: log-probs of another length than the response.
+        agentrl.checks.errors.MaskValueError: a mask entry other than 0 or 1.
+        ValueError: an empty prompt (the first token cannot be policy-owned).
+    """
+    prompt_ids, response_ids, mask = as_list(prompt_ids), as_list(response_ids), as_list(response_mask)
+    _check_len(mask_name, len(mask), len(response_ids), row, what)
+    logp = [0.0] * len(response_ids) if response_logp is None else as_list(response_logp)
+    _check_len(logp_name, len(logp), len(response_ids), row, what)
+    bad = [j for j, m in enumerate(mask) if m not in (0, 1, True, False, 0.0, 1.0)]
+    if bad:
+        raise E.MaskValueError(f'{what} row {row}: is {mask[bad[0]]!r}, not 0 or 1', field=mask_name,
+                               position=bad[0], fix='masks are 0/1 (1: sampled by the policy)', count=len(bad))
+    if not prompt_ids:
+        raise ValueError(f'{what} row {row}: the prompt is empty; the first token has no preceding position. '
+                         'Fix: include the prompt ids the response was sampled after')
+    owner = [OWNER['prompt']] * len(prompt_ids)
+    turn = [-1] * len(prompt_ids)
+    k, prev = -1, 0
+    for m in mask:
+        m = int(m)
+        if m and not prev:
+            k += 1
+        owner.append(_POLICY if m else OWNER['tool'])
+        turn.append(max(k, 0) if m or k >= 0 else -1)
+        prev = m
+    lp = [0.0] * len(prompt_ids) + [float(x) for x in logp]
+    return Trajectory.from_tokens(prompt_ids + response_ids, owner, turn, lp, reward, info,
+                                  provenance=provenance, turn_contexts=turn_contexts)

@@ -1,0 +1,191 @@
+"""L4: write an export to disk in the form each framework loads, and read imports back.
+
+Every export writes its files atomically (:func:`agentrl.io.atomic_path`), then ``manifest.json``
+(framework, files, record count, options, agentrl version) last, so a folder with a manifest is complete.
+
+=============  ==========================  ===================================================================
+framework      file                        how the framework reads it
+=============  ==========================  ===================================================================
+verl           ``verl_batch.pt``           ``torch.load`` -> ``DataProto.from_dict(tensors=d['batch'], ...)``;
+               ``gen_batch.dp``            with verl installed: ``DataProto.load_from_disk`` (pickle; the
+                                           ``skip.rollout`` cache file)
+trl            ``trl_batch.pt``            the padded GRPO batch (:func:`agentrl.interop.to_trl`);
+               ``trl_rollout.json``        the ``rollout_func`` output (:func:`agentrl.interop.to_trl_rollout`)
+slime          ``0.pt``                    ``--load-debug-rollout-data DIR/{rollout_id}.pt``:
+                                           ``torch.load(...)['samples']`` of ``Sample.to_dict()``
+openrlhf       ``experience.pt``           ``Experience(**torch.load(...))`` fields
+skyrl          ``generator_output.json``   a ``GeneratorOutput`` dict for a custom ``GeneratorInterface``
+prime-rl       ``training_samples.jsonl``  one ``TrainingSample`` per line (``msgspec.json.decode``)
+sft            ``sft.parquet``             TRL SFT: ``load_dataset('parquet', ...)`` (``input_ids``, ``assistant_masks``)
+skyrl-sft      ``sft.parquet``             SkyRL ``pretokenized_dataset_paths`` (``input_ids``, ``loss_mask``)
+=============  ==========================  ===================================================================
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .. import __version__
+from ..io import atomic_path, atomic_write
+
+__all__ = ['EXPORTS', 'IMPORTS', 'export', 'load_export', 'import_records']
+
+EXPORTS = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'sft', 'skyrl-sft')
+IMPORTS = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'vllm', 'sglang')
+
+
+def _save_pt(obj, path: Path) -> None:
+    with atomic_path(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def _save_text(text: str, path: Path) -> None:
+    atomic_write(path, text)
+
+
+def _save_parquet(rows: list, path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pa.Table.from_pylist(rows)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp)
+
+
+def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None = None,
+           allow_support_mismatch: bool = False, sort_groups: bool = False, prompt_length: int | None = None,
+           response_length: int | None = None, split_turns: bool = False) -> dict:
+    """Export ``records`` for ``framework`` into folder ``out``; return the manifest (also ``out/manifest.json``).
+
+    Args:
+        records: agentrl records.
+        framework: one of :data:`EXPORTS`.
+        out: output folder (created).
+        pad_id: the tokenizer's pad id (verl, TRL, OpenRLHF).
+        trim: drop the trailing observation (None: the framework's default).
+        allow_support_mismatch: warn instead of refusing top-k/top-p log-probs.
+        sort_groups: reorder records so each group is contiguous (stable) before export.
+        prompt_length, response_length: verl's fixed widths (None: the longest).
+        split_turns: replace records with per-turn contexts by one row per turn (not for verl and TRL,
+            which take one trajectory per prompt).
+
+    Raises:
+        ValueError: an unknown framework, ``split_turns`` for verl or TRL, or a refusal of the exporter (a RecordError names the
+            record, the field and the fix).
+    """
+    from . import openrlhf, prime_rl, sft, skyrl, slime, trl, verl
+    from .common import sort_by_group
+    if framework not in EXPORTS:
+        raise ValueError(f'unknown framework {framework!r}; export to one of {", ".join(EXPORTS)}')
+    records = list(records)
+    if split_turns:
+        if framework in ('verl', 'trl'):
+            raise ValueError(f'split_turns: {framework} takes one trajectory per prompt, so per-turn rows would count '
+                             'as separate group members; sample with history="sampled" for it instead')
+        from .common import split_turns as _split_turns
+        records = _split_turns(records)
+    if sort_groups:
+        records = sort_by_group(records)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    opts = {'allow_support_mismatch': allow_support_mismatch}
+    tr = {} if trim is None else {'trim': trim}
+    files = []
+    if framework == 'verl':
+        d = verl.to_verl(records, pad_id=pad_id, prompt_length=prompt_length, response_length=response_length,
+                         **tr, **opts)
+        _save_pt(verl._as_saveable(d), out / 'verl_batch.pt')
+        files.append('verl_batch.pt')
+        try:
+            from verl.protocol import DataProto
+        except ImportError:
+            DataProto = None
+        if DataProto is not None:
+            dp = DataProto.from_dict(tensors=d['batch'], non_tensors=d['non_tensor_batch'], meta_info=d['meta_info'])
+            with atomic_path(out / 'gen_batch.dp') as tmp:
+                dp.save_to_disk(tmp)
+            files.append('gen_batch.dp')
+    elif framework == 'trl':
+        d = trl.to_trl(records, pad_id=pad_id, **tr, **opts)
+        _save_pt(d, out / 'trl_batch.pt')
+        r = trl.to_trl_rollout(records, **tr, **opts)
+        _save_text(json.dumps(r), out / 'trl_rollout.json')
+        files += ['trl_batch.pt', 'trl_rollout.json']
+    elif framework == 'slime':
+        _save_pt({'samples': slime.to_slime(records, **tr, **opts)}, out / '0.pt')
+        files.append('0.pt')
+    elif framework == 'openrlhf':
+        _save_pt(openrlhf.to_openrlhf(records, pad_id=pad_id, **opts), out / 'experience.pt')
+        files.append('experience.pt')
+    elif framework == 'skyrl':
+        _save_text(json.dumps(skyrl.to_skyrl(records, **tr, **opts)), out / 'generator_output.json')
+        files.append('generator_output.json')
+    elif framework == 'prime-rl':
+        rows = prime_rl.to_prime_rl(records, **opts)
+        _save_text(''.join(json.dumps(r) + '\n' for r in rows), out / 'training_samples.jsonl')
+        files.append('training_samples.jsonl')
+    else:
+        _save_parquet(sft.to_sft(records, form='assistant_masks' if framework == 'sft' else 'loss_mask'),
+                      out / 'sft.parquet')
+        files.append('sft.parquet')
+    manifest = {'framework': framework, 'files': files, 'records': len(records), 'pad_id': pad_id,
+                'trim': trim, 'allow_support_mismatch': allow_support_mismatch, 'sort_groups': sort_groups,
+                'split_turns': split_turns,
+                'agentrl_version': __version__}
+    atomic_write(out / 'manifest.json', json.dumps(manifest, indent=2, sort_keys=True) + '\n')
+    return manifest
+
+
+def load_export(path, framework: str):
+    """The object an export wrote (the input of the matching ``from_*``) from a folder or file."""
+    path = Path(path)
+    name = {'verl': 'verl_batch.pt', 'trl': 'trl_batch.pt', 'slime': '0.pt', 'openrlhf': 'experience.pt',
+            'skyrl': 'generator_output.json', 'prime-rl': 'training_samples.jsonl'}.get(framework)
+    if path.is_dir():
+        if name is None or not (path / name).exists():
+            raise ValueError(f'{str(path)!r} has no {name}; pass the file or the folder `agentrl export --to '
+                             f'{framework}` wrote')
+        path = path / name
+    if framework == 'verl':
+        if path.suffix == '.dp':
+            from verl.protocol import DataProto
+            return DataProto.load_from_disk(str(path))
+        from .verl import load_verl
+        return load_verl(path)
+    if framework in ('trl', 'openrlhf'):
+        if path.suffix == '.json':
+            return json.loads(path.read_text())
+        return torch.load(path, weights_only=False)
+    if framework == 'slime':
+        return torch.load(path, weights_only=False)['samples']
+    if framework == 'skyrl':
+        return json.loads(path.read_text())
+    if framework == 'prime-rl':
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    raise ValueError(f'unknown framework {framework!r}; import from one of {", ".join(IMPORTS)}')
+
+
+def import_records(path, framework: str, *, tokenizer=None, spec=None, **kwargs) -> list:
+    """Read ``path`` written by ``framework`` (or by :func:`export`) and return agentrl records.
+
+    Args:
+        path: a file or export folder; for ``vllm``/``sglang`` a JSON/JSONL file of episodes
+            (see :func:`agentrl.interop.from_openai`).
+        framework: one of :data:`IMPORTS`.
+        tokenizer: Hugging Face tokenizer (fingerprint; needed for chat exchanges).
+        spec: the sampler, when the source does not carry it.
+        **kwargs: passed to the ``from_*`` function (``logp_mode``, ``model`` ...).
+
+    Raises:
+        ValueError: an unknown framework or a missing file; the importer's refusals (RecordError).
+    """
+    from . import openai, openrlhf, prime_rl, skyrl, slime, trl, verl
+    if framework in ('vllm', 'sglang'):
+        return openai.from_openai(openai.read_episodes(path), tokenizer, spec=spec, source=framework, **kwargs)
+    if framework not in IMPORTS:
+        raise ValueError(f'unknown framework {framework!r}; import from one of {", ".join(IMPORTS)}')
+    data = load_export(path, framework)
+    fn = {'verl': verl.from_verl, 'trl': trl.from_trl, 'slime': slime.from_slime, 'openrlhf': openrlhf.from_openrlhf,
+          'skyrl': skyrl.from_skyrl, 'prime-rl': prime_rl.from_prime_rl}[framework]
+    return fn(data, spec=spec, tokenizer=tokenizer, **{k: v for k, v in kwargs.items() if k == 'model'})

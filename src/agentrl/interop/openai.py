@@ -1,0 +1,240 @@
+"""L4: import OpenAI-compatible server responses (vLLM, SGLang) as agentrl records, one per episode.
+
+An episode is a list of exchanges ``{'request': ..., 'response': ...}`` as sent and received:
+
+* vLLM ``/v1/chat/completions`` with ``return_token_ids: true`` and ``logprobs: true``:
+  ``response['prompt_token_ids']``, ``choices[0]['token_ids']``,
+  ``choices[0]['logprobs']['content'][i]['logprob']``.
+* vLLM ``/v1/completions``: ``choices[0]['prompt_token_ids']`` (or top level), ``choices[0]['token_ids']``,
+  ``choices[0]['logprobs']['token_logprobs']``.
+* SGLang ``/generate`` with ``return_logprob: true``: ``output_ids`` and
+  ``meta_info['output_token_logprobs']`` (``[logprob, token_id, text]`` triples); the prompt ids are
+  the request's ``input_ids`` (or ``meta_info['input_token_logprobs']``' ids).
+
+Owners are rebuilt from the chat template: chat exchanges go through :class:`~agentrl.templates.ChatRecorder`
+on the given ids (the opening messages render the prompt, each turn's sampled ids are policy, the
+new messages of the next request are bridged by the template). Where the server's own prompt ids
+for a turn differ from the recorded sequence (it re-tokenized history, or the template rewrote it),
+the record keeps the server's ids as that turn's context (``turn_contexts``) and lists the turn in
+``info['import']['context_drift']``. Completion exchanges (raw prompts) take the first prompt as
+prompt-owned and each later prompt's extension as tool-owned.
+
+A response without token ids is refused (:class:`~agentrl.checks.errors.MissingTokenIdsError`):
+re-encoding its text is the drift agentrl exists to catch.
+"""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from ..checks import errors as E
+from ..record import OWNER, SamplingSpec, Trajectory
+from .common import provenance_for_import
+
+__all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes']
+
+
+def parse_response(response: dict, request: dict | None = None, where: str = 'response') -> dict:
+    """Token ids, log-probs and stop of one server response (vLLM or SGLang).
+
+    Returns:
+        ``{'prompt_ids': [int] | None, 'ids': [int], 'logp': [float] | None, 'finish': str | None,
+        'kind': 'chat' | 'completion' | 'sglang'}``.
+
+    Raises:
+        agentrl.checks.errors.MissingTokenIdsError: no output token ids in the response.
+        agentrl.checks.errors.LogProbLengthError: log-probs of another length than the ids.
+    """
+    request = request or {}
+    if 'meta_info' in response or 'output_ids' in response:            # SGLang /generate
+        ids = response.get('output_ids')
+        meta = response.get('meta_info') or {}
+        lp = meta.get('output_token_logprobs')
+        logp = None if lp is None else [float(x[0]) for x in lp]
+        prompt = request.get('input_ids')
+        if prompt is None and meta.get('input_token_logprobs'):
+            prompt = [int(x[1]) for x in meta['input_token_logprobs']]
+        fin = meta.get('finish_reason')
+        finish = fin.get('type') if isinstance(fin, dict) else fin
+        kind = 'sglang'
+    else:
+        choices = response.get('choices') or [{}]
+        c = choices[0]
+        ids = c.get('token_ids')
+        prompt = c.get('prompt_token_ids', response.get('prompt_token_ids'))
+        lps = c.get('logprobs')
+        kind = 'chat' if 'message' in c else 'completion'
+        if lps is None:
+            logp = None
+        elif 'content' in lps:
+            logp = None if lps['content'] is None else [float(x['logprob']) for x in lps['content']]
+        else:
+            logp = [float(x) for x in lps.get('token_logprobs') or []]
+        finish = c.get('finish_reason')
+    if not ids:
+        raise E.MissingTokenIdsError(
+            f'{where} has no output token ids; re-encoding its text could give other tokens than were sampled',
+            field='token_ids', fix='ask the server for them (vLLM: "return_token_ids": true; SGLang /generate '
+                                   'returns output_ids) and log the raw response')
+    ids = [int(i) for i in ids]
+    if logp is not None and len(logp) != len(ids):
+        raise E.LogProbLengthError(f'{where} has {len(logp)} log-probs for {len(ids)} token ids', field='logprobs',
+                                   fix='request one log-prob per generated token ("logprobs": true / 0)')
+    return {'prompt_ids': None if prompt is None else [int(i) for i in prompt], 'ids': ids, 'logp': logp,
+            'finish': finish, 'kind': kind}
+
+
+def spec_from_request(request: dict, logp_mode: str = 'raw') -> SamplingSpec:
+    """The sampler declared in a request body (OpenAI / vLLM / SGLang ``sampling_params`` names).
+
+    ``logp_mode`` is not in the request: vLLM's default ``logprobs_mode`` is raw log-probs; pass
+    ``'processed'`` for a server started with ``--logprobs-mode processed_logprobs``.
+    """
+    p = dict(request.get('sampling_params') or {}, **{k: v for k, v in request.items() if k in
+                                                       ('temperature', 'top_p', 'top_k', 'min_p')})
+    top_k = int(p.get('top_k') or 0)
+    return SamplingSpec(temperature=float(p.get('temperature', 1.0)), top_k=max(top_k, 0),
+                        top_p=float(p.get('top_p', 1.0)), min_p=float(p.get('min_p', 0.0)), logp_mode=logp_mode)
+
+
+def _chat_episode(ex, tokenizer, tools, history, options):
+    from ..templates import ChatRecorder
+    req0 = ex[0]['request']
+    rec = ChatRecorder(tokenizer, req0['messages'], tools=req0.get('tools') or tools, history=history, **options)
+    server_ctx, drift = [], []
+    for k, e in enumerate(ex):
+        r = parse_response(e['response'], e['request'], f'exchange {k} response')
+        if k > 0:
+            prev = ex[k - 1]['request']['messages']
+            msgs = e['request']['messages']
+            new = [m for m in msgs[len(prev) + 1:]]
+            rec.add_messages(new)
+        server_ctx.append(r['prompt_ids'])
+        if r['prompt_ids'] is not None and r['prompt_ids'] != rec.prompt_ids:
+            drift.append(k)
+        echoed = None
+        if k + 1 < len(ex):
+            nxt = ex[k + 1]['request']['messages']
+            cur = e['request']['messages']
+            if len(nxt) > len(cur) and nxt[len(cur)].get('role') == 'assistant':
+                echoed = nxt[len(cur)]
+        rec.add_turn(r['ids'], r['logp'], message=echoed)
+        last = r
+    return rec, server_ctx, drift, last
+
+
+def _completion_episode(ex):
+    ids, owner, turn, logp, ctx, drift, placeholder = [], [], [], [], [], [], False
+    for k, e in enumerate(ex):
+        r = parse_response(e['response'], e['request'], f'exchange {k} response')
+        p = r['prompt_ids']
+        if p is None:
+            raise E.MissingTokenIdsError(f'exchange {k} has no prompt token ids', field='prompt_token_ids',
+                                         fix='log the prompt ids (vLLM returns prompt_token_ids with '
+                                             'return_token_ids; for SGLang send input_ids)')
+        if k == 0:
+            ids, owner, turn, logp = list(p), [OWNER['prompt']] * len(p), [-1] * len(p), [0.0] * len(p)
+        elif p[:len(ids)] == ids:
+            ext = p[len(ids):]
+            ids += ext
+            owner += [OWNER['tool']] * len(ext)
+            turn += [k - 1] * len(ext)
+            logp += [0.0] * len(ext)
+        else:
+            raise ValueError(f'exchange {k}: the prompt does not extend the previous prompt + completion, so the '
+                             'episode is not one sequence. Fix: import it with chat requests (messages), or '
+                             'split it into one episode per exchange')
+        ids += r['ids']
+        owner += [OWNER['policy']] * len(r['ids'])
+        turn += [k] * len(r['ids'])
+        if r['logp'] is None:
+            placeholder = True
+        logp += r['logp'] if r['logp'] is not None else [0.0] * len(r['ids'])
+        last = r
+    return ids, owner, turn, logp, placeholder, last
+
+
+def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, tools=None, history: str = 'sampled',
+                logp_mode: str = 'raw', source: str = 'vllm', model: str = '', **template_options) -> list[Trajectory]:
+    """Import episodes of OpenAI-compatible exchanges as records (one per episode).
+
+    Args:
+        episodes: iterable of ``{'exchanges': [{'request': {...}, 'response': {...}}, ...], 'reward': float,
+            'info': dict, 'group_id': str, 'rollout_id': str}`` (reward, info and ids optional).
+        tokenizer: the Hugging Face tokenizer the server used (needed for chat exchanges and fingerprints).
+        spec: the sampler; None: read from the first request (:func:`spec_from_request`).
+        tools: tool schemas, when the requests do not carry ``tools``.
+        history: ChatRecorder history mode (``'sampled'``: each turn continues the sampled ids, as
+            servers that keep token ids do).
+        logp_mode: ``'raw'`` (vLLM default) or ``'processed'``, when ``spec`` is None.
+        source: provenance policy name (``'vllm'``, ``'sglang'``).
+        model: model id (default: the request's ``model``).
+        **template_options: ChatTemplate options (``enable_thinking=False`` ...).
+
+    Returns:
+        list of :class:`~agentrl.record.Trajectory`; ``info['import']`` holds the source, the last
+        finish reason and the turns whose server context differs from the record (``context_drift``).
+
+    Raises:
+        agentrl.checks.errors.MissingTokenIdsError: a response (or completion prompt) without token ids.
+        agentrl.checks.errors.LogProbLengthError: log-probs and ids of different lengths.
+        ValueError: an episode without exchanges, or chat exchanges without a tokenizer.
+    """
+    out = []
+    for n, ep in enumerate(episodes):
+        ex = ep.get('exchanges') or []
+        if not ex:
+            raise ValueError(f'episode {n} has no exchanges; give [{{"request": ..., "response": ...}}, ...]')
+        req0 = ex[0]['request']
+        sp = spec or spec_from_request(req0, logp_mode)
+        meta = {'source': source, 'exchanges': len(ex)}
+        if 'messages' in req0:
+            if tokenizer is None:
+                raise ValueError(f'episode {n}: chat exchanges need the tokenizer (--tokenizer) to rebuild owners '
+                                 'from the chat template')
+            rec, server_ctx, drift, last = _chat_episode(ex, tokenizer, tools, history, template_options)
+            prov = provenance_for_import(source, spec=sp, group_id=ep.get('group_id', ''),
+                                         rollout_id=ep.get('rollout_id', str(n)), tokenizer=tokenizer,
+                                         model=model or req0.get('model', ''))
+            meta.update(context_drift=drift, finish=last['finish'])
+            info = dict(ep.get('info') or {}, stop=ep.get('info', {}).get('stop', _stop(last['finish'])),
+                        **{'import': meta})
+            traj = rec.finish(reward=float(ep.get('reward', 0.0)), info=info, provenance=prov)
+            if traj.provenance.logp_placeholder:
+                traj.provenance.sampling = None
+            if drift:
+                starts = _turn_starts(traj)
+                ctxs = traj.turn_contexts or [(s, traj.ids[:s]) for s in starts]
+                traj.turn_contexts = [(s, torch.as_tensor(server_ctx[k], dtype=torch.long)) if k in drift else (s, c)
+                                      for k, (s, c) in enumerate(ctxs)]
+        else:
+            ids, owner, turn, logp, placeholder, last = _completion_episode(ex)
+            prov = provenance_for_import(source, spec=sp, group_id=ep.get('group_id', ''),
+                                         rollout_id=ep.get('rollout_id', str(n)), tokenizer=tokenizer,
+                                         model=model or req0.get('model', ''), placeholder=placeholder)
+            meta.update(context_drift=[], finish=last['finish'])
+            info = dict(ep.get('info') or {}, **{'import': meta})
+            info.setdefault('stop', _stop(last['finish']))
+            traj = Trajectory.from_tokens(ids, owner, turn, logp, float(ep.get('reward', 0.0)), info, provenance=prov)
+        out.append(traj)
+    return out
+
+
+def _stop(finish) -> str:
+    return 'truncated' if finish == 'length' else 'submitted' if finish in ('stop', 'tool_calls', None) else str(finish)
+
+
+def _turn_starts(traj) -> list:
+    pol = (traj.owner == OWNER['policy']).tolist()
+    return [j for j, p in enumerate(pol) if p and (j == 0 or not pol[j - 1])]
+
+
+def read_episodes(path) -> list:
+    """Episodes from a JSON file (a list) or a JSONL file (one episode per line)."""
+    text = open(path, encoding='utf-8').read()
+    s = text.lstrip()
+    if s.startswith('['):
+        return json.loads(s)
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+

@@ -1,0 +1,78 @@
+"""L4: agentrl records -> prime-rl ``TrainingSample`` dicts (and back).
+
+prime-rl (``src/prime_rl/transports/rollouts/types.py``): "There is no prompt/completion split";
+``token_ids = ids``, ``mask = [False] + (action_mask == 1)`` (own index, full length),
+``logprobs = [0.0] + sample_logp``, ``temperatures = [temperature] * T``, ``advantages`` = the
+GRPO advantage ``reward - mean(group rewards)`` on the policy tokens, 0 elsewhere; ``env_name``.
+prime-rl groups episodes per task, so group order is free.
+"""
+from __future__ import annotations
+
+import json
+
+from ..record import OWNER, Provenance, SamplingSpec, Trajectory
+from .common import check_exportable, check_support, group_key, provenance_for_import, split
+
+__all__ = ['to_prime_rl', 'from_prime_rl']
+
+
+def to_prime_rl(records, *, env_name: str = 'agentrl', allow_support_mismatch: bool = False) -> list[dict]:
+    """Export records as prime-rl ``TrainingSample`` dicts (full-length, own index).
+
+    Raises:
+        agentrl.checks.errors.RecordError: refused records, SupportMismatchError.
+    """
+    records = list(records)
+    if not records:
+        raise ValueError('to_prime_rl: no records; pass at least one')
+    check_exportable(records)
+    temperature = check_support(records, 'prime-rl', allow_support_mismatch=allow_support_mismatch)
+    groups: dict = {}
+    for i, r in enumerate(records):
+        split(r, i)
+        groups.setdefault(group_key(r, i), []).append(float(r.reward))
+    out = []
+    for i, r in enumerate(records):
+        rs = groups[group_key(r, i)]
+        adv = float(r.reward) - sum(rs) / len(rs)
+        mask = [False] + [bool(x) for x in r.action_mask.tolist()]
+        out.append({'token_ids': r.ids.tolist(), 'mask': mask, 'logprobs': [0.0] + r.sample_logp.tolist(),
+                    'temperatures': [1.0 if temperature is None else float(temperature)] * len(r.ids),
+                    'advantages': [adv if m else 0.0 for m in mask], 'env_name': env_name,
+                    'reward': float(r.reward),
+                    'agentrl_provenance': None if r.provenance is None else r.provenance.to_json(),
+                    'agentrl_info': json.dumps(r.info, sort_keys=True, default=str)})
+    return out
+
+
+def from_prime_rl(samples, *, spec: SamplingSpec | None = None, tokenizer=None, model: str = '') -> list[Trajectory]:
+    """Import prime-rl ``TrainingSample`` dicts: ``mask`` True -> policy, else prompt before the
+    first policy token and tool after it; ``logprobs`` at own index.
+
+    Raises:
+        agentrl.checks.errors.MaskAlignmentError: ``mask`` of length ``T-1``.
+        agentrl.checks.errors.LogProbLengthError: ``logprobs`` not of length ``T``.
+    """
+    from .common import _check_len
+    out = []
+    for b, s in enumerate(samples):
+        ids = list(s['token_ids'])
+        _check_len('mask', len(s['mask']), len(ids), b, 'from_prime_rl')
+        _check_len('logprobs', len(s['logprobs']), len(ids), b, 'from_prime_rl')
+        owner, turn, seen, k = [], [], False, -1
+        for j, m in enumerate(s['mask']):
+            if m and (j == 0 or not s['mask'][j - 1]):
+                k += 1
+            seen = seen or bool(m)
+            owner.append(OWNER['policy'] if m else (OWNER['tool'] if seen else OWNER['prompt']))
+            turn.append(k)
+        if s.get('agentrl_provenance'):
+            prov = Provenance.from_dict(json.loads(s['agentrl_provenance']))
+        else:
+            t = (s.get('temperatures') or [None])[0]
+            prov = provenance_for_import('prime-rl', spec=spec or (SamplingSpec(temperature=t) if t else None),
+                                         rollout_id=str(b), tokenizer=tokenizer, model=model)
+        info = json.loads(s['agentrl_info']) if s.get('agentrl_info') else {'source': 'prime-rl', 'row': b}
+        out.append(Trajectory.from_tokens(ids, owner, turn, list(s['logprobs']), float(s.get('reward', 0.0)), info,
+                                          provenance=prov))
+    return out

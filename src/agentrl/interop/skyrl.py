@@ -1,0 +1,86 @@
+"""L4: agentrl records -> SkyRL ``GeneratorOutput`` (and back).
+
+SkyRL (``skyrl/train/generators/base.py``): lists over rows: ``prompt_token_ids = ids[:P]``,
+``response_ids = ids[P:E]`` (the trailing observation trimmed, so the scalar reward SkyRL places
+at ``response[-1]`` lands on a policy token), ``loss_masks = action_mask[P-1:E-1]``,
+``rollout_logprobs = sample_logp[P-1:E-1]`` (own index over the response), ``rewards`` (float per
+row), ``stop_reasons`` (``'length'`` when truncated, else ``'stop'``), ``trajectory_ids``
+(``{'instance_id': group, 'repetition_id': k}``). SkyRL groups by ``trajectory_ids``, so group
+order is free. A custom ``GeneratorInterface.generate`` returns this dict.
+"""
+from __future__ import annotations
+
+import json
+
+from ..record import Provenance, SamplingSpec, Trajectory
+from .common import check_exportable, check_support, group_key, provenance_for_import, record_from_response, split
+
+__all__ = ['to_skyrl', 'from_skyrl']
+
+
+def to_skyrl(records, *, trim: bool = True, allow_support_mismatch: bool = False) -> dict:
+    """Export records as a SkyRL ``GeneratorOutput`` dict (see the module docstring).
+
+    Raises:
+        agentrl.checks.errors.RecordError: refused records, SupportMismatchError.
+    """
+    records = list(records)
+    if not records:
+        raise ValueError('to_skyrl: no records; pass at least one')
+    check_exportable(records)
+    check_support(records, 'SkyRL', allow_support_mismatch=allow_support_mismatch)
+    out = {k: [] for k in ('prompt_token_ids', 'response_ids', 'rewards', 'loss_masks', 'stop_reasons',
+                           'rollout_logprobs', 'trajectory_ids', 'agentrl_provenance', 'agentrl_info')}
+    reps: dict = {}
+    for i, rec in enumerate(records):
+        s = split(rec, i)
+        end = s.end(trim)
+        g = group_key(rec, i)
+        reps[g] = reps.get(g, -1) + 1
+        out['prompt_token_ids'].append(rec.ids[:s.P].tolist())
+        out['response_ids'].append(rec.ids[s.P:end].tolist())
+        out['rewards'].append(float(rec.reward))
+        out['loss_masks'].append(rec.action_mask[s.P - 1:end - 1].long().tolist())
+        out['stop_reasons'].append('length' if (rec.info or {}).get('stop') == 'truncated' else 'stop')
+        out['rollout_logprobs'].append(rec.sample_logp[s.P - 1:end - 1].tolist())
+        out['trajectory_ids'].append({'instance_id': g, 'repetition_id': reps[g]})
+        out['agentrl_provenance'].append(None if rec.provenance is None else rec.provenance.to_json())
+        out['agentrl_info'].append(json.dumps(rec.info, sort_keys=True, default=str))
+    return out
+
+
+def from_skyrl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: str = '') -> list[Trajectory]:
+    """Import a SkyRL ``GeneratorOutput`` as records.
+
+    A mask-1 token whose log-prob is exactly 0.0 right at the end of a response is the EOS that
+    SkyRL's single-message path appends itself (loss 1, log-prob 0.0): it is imported as a
+    non-policy token, since the policy did not sample it.
+
+    Raises:
+        agentrl.checks.errors.MaskAlignmentError / LogProbLengthError: per-row lengths disagree.
+    """
+    out = []
+    n = len(data['response_ids'])
+    provs = data.get('agentrl_provenance') or [None] * n
+    infos = data.get('agentrl_info') or [None] * n
+    lps = data.get('rollout_logprobs')
+    for b in range(n):
+        mask = list(data['loss_masks'][b])
+        lp = None if lps is None else list(lps[b])
+        if provs[b]:
+            prov = Provenance.from_dict(json.loads(provs[b]))
+        else:
+            tid = (data.get('trajectory_ids') or [None] * n)[b]
+            gid = tid.get('instance_id', '') if isinstance(tid, dict) else getattr(tid, 'instance_id', '')
+            prov = provenance_for_import('skyrl', spec=spec, group_id=gid or '', rollout_id=str(b),
+                                         tokenizer=tokenizer, model=model, placeholder=lp is None)
+            if lp is not None and mask and mask[-1] == 1 and lp[-1] == 0.0 and len(lp) == len(mask):
+                mask[-1] = 0          # the EOS SkyRL appended: not sampled
+        info = json.loads(infos[b]) if infos[b] else {
+            'source': 'skyrl', 'stop': 'truncated' if data['stop_reasons'][b] == 'length' else data['stop_reasons'][b]}
+        r = data['rewards'][b]
+        out.append(record_from_response(data['prompt_token_ids'][b], data['response_ids'][b], mask, lp,
+                                        reward=float(sum(r) if isinstance(r, (list, tuple)) else r), info=info,
+                                        provenance=prov, row=b, what='from_skyrl', mask_name='loss_masks',
+                                        logp_name='rollout_logprobs'))
+    return out

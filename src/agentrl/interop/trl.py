@@ -1,0 +1,215 @@
+"""L4: agentrl records <-> TRL's ``GRPOTrainer`` batch, and its ``rollout_func`` hook.
+
+Two forms (TRL 1.16, ``trl/trainer/grpo_trainer.py``):
+
+1. **rollout_func output** (``GRPOTrainer._generate``): one row per prompt, lists:
+   ``prompt_ids = ids[:P]``, ``completion_ids = ids[P:E]``, ``logprobs = sample_logp[P-1:E-1]``,
+   ``env_mask = action_mask[P-1:E-1]`` (TRL turns it into ``tool_mask``). Every other key is handed
+   to the reward functions: ``agentrl_reward`` (use :func:`trl_reward`) and ``agentrl_provenance``.
+   :func:`trl_rollout_func` serves records in this form to the trainer.
+2. **padded batch** (``_generate_and_score_completions``): ``prompt_ids``/``prompt_mask`` ``[B, Pmax]``
+   int64 **left**-padded; ``completion_ids``/``completion_mask`` ``[B, Cmax]`` int64 right-padded;
+   ``tool_mask [B, Cmax]`` int64 right-padded with **1** (TRL pads it with 1; the loss mask is
+   ``completion_mask * tool_mask``); ``sampling_per_token_logps [B, Cmax]`` float32, 0.0 pad.
+
+Traps handled: the ``P-1`` slice; TRL pads ``tool_mask`` with 1 (only ``completion_mask`` stops the
+padding from training); the trailing observation is trimmed because TRL calls a completion whose
+last token is not EOS/pad truncated (``mask_truncated_completions`` zeroes the whole row); groups
+are consecutive runs of ``num_generations`` rows (refused otherwise).
+"""
+from __future__ import annotations
+
+import json
+
+import torch
+
+from ..record import Provenance, SamplingSpec, Trajectory
+from .common import (as_list, check_exportable, check_groups, check_support, provenance_for_import,
+                     record_from_response, split)
+
+__all__ = ['to_trl', 'to_trl_rollout', 'from_trl', 'trl_rollout_func', 'trl_reward']
+
+
+def to_trl_rollout(records, *, trim: bool = True, allow_support_mismatch: bool = False,
+                   check_group_order: bool = True) -> dict:
+    """Export records as the dict a TRL ``rollout_func`` returns (lists, one row per record).
+
+    Args:
+        records: B records in the order TRL will consume them (each group's rows consecutive).
+        trim: drop the trailing observation ``ids[E:]`` (default True; False keeps every token).
+        allow_support_mismatch: warn instead of refusing top-k/top-p log-probs.
+        check_group_order: refuse groups whose rows are not consecutive (TRL groups by position).
+
+    Returns:
+        ``{'prompt_ids': [[int]], 'completion_ids': [[int]], 'logprobs': [[float]], 'env_mask': [[int]],
+        'agentrl_reward': [float], 'agentrl_provenance': [str | None], 'agentrl_info': [str]}``.
+
+    Raises:
+        agentrl.checks.errors.RecordError: refused records (see :func:`agentrl.interop.common.check_exportable`),
+            SupportMismatchError, or GroupOrderError.
+    """
+    records = list(records)
+    if not records:
+        raise ValueError('to_trl: no records; pass at least one')
+    check_exportable(records)
+    check_support(records, 'TRL', allow_support_mismatch=allow_support_mismatch)
+    if check_group_order:
+        check_groups(records, 'TRL (num_generations consecutive rows)')
+    out = {k: [] for k in ('prompt_ids', 'completion_ids', 'logprobs', 'env_mask', 'agentrl_reward',
+                           'agentrl_provenance', 'agentrl_info')}
+    for i, rec in enumerate(records):
+        s = split(rec, i)
+        end = s.end(trim)
+        ids = rec.ids.tolist()
+        out['prompt_ids'].append(ids[:s.P])
+        out['completion_ids'].append(ids[s.P:end])
+        out['logprobs'].append(rec.sample_logp[s.P - 1:end - 1].tolist())
+        out['env_mask'].append(rec.action_mask[s.P - 1:end - 1].long().tolist())
+        out['agentrl_reward'].append(float(rec.reward))
+        out['agentrl_provenance'].append(None if rec.provenance is None else rec.provenance.to_json())
+        out['agentrl_info'].append(json.dumps(rec.info, sort_keys=True, default=str))
+    return out
+
+
+def to_trl(records, *, pad_id: int, trim: bool = True, allow_support_mismatch: bool = False,
+           check_group_order: bool = True) -> dict:
+    """Export records as the padded tensors ``GRPOTrainer._generate_and_score_completions`` builds.
+
+    Args:
+        records, trim, allow_support_mismatch, check_group_order: as in :func:`to_trl_rollout`.
+        pad_id: the tokenizer's pad id.
+
+    Returns:
+        dict with ``prompt_ids``, ``prompt_mask`` ``[B, Pmax]`` int64 (left pad), ``completion_ids``,
+        ``completion_mask``, ``tool_mask`` ``[B, Cmax]`` int64 (right pad; ``tool_mask`` padded with 1),
+        ``sampling_per_token_logps [B, Cmax]`` float32 (0.0 pad), ``rewards [B]`` float32, plus the
+        ``agentrl_provenance`` / ``agentrl_info`` lists.
+
+    Raises:
+        As :func:`to_trl_rollout`.
+    """
+    d = to_trl_rollout(records, trim=trim, allow_support_mismatch=allow_support_mismatch,
+                       check_group_order=check_group_order)
+    B = len(d['prompt_ids'])
+    Pm = max(len(p) for p in d['prompt_ids'])
+    Cm = max(len(c) for c in d['completion_ids'])
+    prompt_ids = torch.full((B, Pm), pad_id, dtype=torch.long)
+    prompt_mask = torch.zeros(B, Pm, dtype=torch.long)
+    completion_ids = torch.full((B, Cm), pad_id, dtype=torch.long)
+    completion_mask = torch.zeros(B, Cm, dtype=torch.long)
+    tool_mask = torch.ones(B, Cm, dtype=torch.long)
+    logps = torch.zeros(B, Cm, dtype=torch.float32)
+    for b in range(B):
+        p, c = d['prompt_ids'][b], d['completion_ids'][b]
+        prompt_ids[b, Pm - len(p):] = torch.tensor(p)
+        prompt_mask[b, Pm - len(p):] = 1
+        completion_ids[b, :len(c)] = torch.tensor(c)
+        completion_mask[b, :len(c)] = 1
+        tool_mask[b, :len(c)] = torch.tensor(d['env_mask'][b])
+        logps[b, :len(c)] = torch.tensor(d['logprobs'][b], dtype=torch.float32)
+    return {'prompt_ids': prompt_ids, 'prompt_mask': prompt_mask, 'completion_ids': completion_ids,
+            'completion_mask': completion_mask, 'tool_mask': tool_mask, 'sampling_per_token_logps': logps,
+            'rewards': torch.tensor(d['agentrl_reward'], dtype=torch.float32),
+            'agentrl_provenance': d['agentrl_provenance'], 'agentrl_info': d['agentrl_info']}
+
+
+def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: str = '',
+             rewards=None, pad_id: int | None = None) -> list[Trajectory]:
+    """Import TRL GRPO rows (either form of the module docstring) as agentrl records.
+
+    Per row: ``ids = prompt_ids[prompt_mask == 1] ++ completion_ids[:n]`` where ``n`` counts the
+    real completion tokens (``completion_mask``'s length before padding; for the list form, the
+    list length); owner ``policy`` where ``tool_mask``/``env_mask`` is 1, ``tool`` where 0 (all
+    policy when absent); log-probs ``sampling_per_token_logps``/``logprobs`` at own index.
+
+    ``completion_mask`` is all-zero on rows TRL masked as truncated (``mask_truncated_completions``);
+    such rows are measured by ``pad_id`` instead (without it: the full width), or use the list form.
+
+    Args:
+        data: the dict of :func:`to_trl_rollout` or :func:`to_trl` (or TRL's own).
+        spec: the sampler when the rows do not carry an agentrl provenance.
+        tokenizer: a Hugging Face tokenizer to fingerprint into the provenance.
+        model: model id.
+        rewards: ``[B]`` rewards when the rows carry none (TRL computes rewards outside the batch).
+        pad_id: the pad id, to measure rows whose ``completion_mask`` TRL zeroed.
+
+    Returns:
+        list of B records.
+
+    Raises:
+        KeyError: ``prompt_ids`` or ``completion_ids`` missing.
+        agentrl.checks.errors.MaskAlignmentError / LogProbLengthError: a row's mask or log-probs do
+            not have one entry per completion token.
+    """
+    for k in ('prompt_ids', 'completion_ids'):
+        if k not in data:
+            raise KeyError(f'from_trl: no {k!r}; pass a rollout_func output or a GRPO batch, keys are {sorted(data)}')
+    tensors = torch.is_tensor(data['completion_ids'])
+    B = len(data['prompt_ids'])
+    provs = data.get('agentrl_provenance') or [None] * B
+    infos = data.get('agentrl_info') or [None] * B
+    rw = data.get('agentrl_reward', data.get('rewards', rewards))
+    logp_key = 'sampling_per_token_logps' if 'sampling_per_token_logps' in data else 'logprobs'
+    mask_key = 'tool_mask' if 'tool_mask' in data else 'env_mask'
+    out = []
+    for b in range(B):
+        if tensors:
+            p = data['prompt_ids'][b][data['prompt_mask'][b] == 1] if 'prompt_mask' in data else data['prompt_ids'][b]
+            cm = data.get('completion_mask')
+            n = int(cm[b].sum()) if cm is not None and int(cm[b].sum()) > 0 else None
+            if n is None:
+                row = data['completion_ids'][b]
+                n = int((row != pad_id).sum()) if pad_id is not None else row.shape[0]
+            c = data['completion_ids'][b][:n]
+            m = data[mask_key][b][:n] if mask_key in data else torch.ones(n, dtype=torch.long)
+            lp = data[logp_key][b][:n] if logp_key in data else None
+        else:
+            p, c = as_list(data['prompt_ids'][b]), as_list(data['completion_ids'][b])
+            m = data[mask_key][b] if mask_key in data else [1] * len(c)
+            lp = data[logp_key][b] if logp_key in data else None
+        if provs[b]:
+            prov = Provenance.from_dict(json.loads(provs[b]))
+        else:
+            prov = provenance_for_import('trl', spec=spec, rollout_id=str(b), tokenizer=tokenizer, model=model,
+                                         placeholder=lp is None)
+        info = json.loads(infos[b]) if infos[b] else {'source': 'trl', 'row': b}
+        reward = float(rw[b]) if rw is not None else 0.0
+        out.append(record_from_response(p, c, m, lp, reward=reward, info=info, provenance=prov, row=b,
+                                        what='from_trl', mask_name=mask_key, logp_name=logp_key))
+    return out
+
+
+def trl_rollout_func(records, *, trim: bool = True, allow_support_mismatch: bool = False):
+    """A TRL ``rollout_func(prompts, trainer) -> dict`` that serves ``records`` in order.
+
+    Each call takes the next ``len(prompts)`` records (wrapping around) and returns them in the
+    :func:`to_trl_rollout` form, so ``GRPOTrainer`` trains on agentrl records instead of sampling.
+    Pair it with :func:`trl_reward` as the reward function. TRL's ``RepeatSampler`` repeats each
+    prompt ``num_generations`` times, so the records must come in groups of that size.
+
+    Raises:
+        As :func:`to_trl_rollout`, at construction (every record is checked once).
+    """
+    records = list(records)
+    to_trl_rollout(records, trim=trim, allow_support_mismatch=allow_support_mismatch)   # refuse early
+    state = {'next': 0}
+
+    def rollout_func(prompts, trainer=None):
+        n = len(prompts)
+        idx = [(state['next'] + k) % len(records) for k in range(n)]
+        state['next'] = (state['next'] + n) % len(records)
+        return to_trl_rollout([records[i] for i in idx], trim=trim, allow_support_mismatch=True,
+                              check_group_order=False)
+    return rollout_func
+
+
+def trl_reward(prompts=None, completions=None, agentrl_reward=None, **kwargs) -> list[float]:
+    """TRL reward function returning each record's own reward (from the ``agentrl_reward`` extra key).
+
+    Raises:
+        ValueError: the batch has no ``agentrl_reward`` (the rollout_func was not :func:`trl_rollout_func`).
+    """
+    if agentrl_reward is None:
+        raise ValueError('trl_reward: no agentrl_reward in the batch; use agentrl.interop.trl_rollout_func as '
+                         'the rollout_func')
+    return [float(r) for r in agentrl_reward]

@@ -1,0 +1,227 @@
+"""L4: agentrl records <-> verl's rollout batch (the ``DataProto`` the PPO/GRPO trainer receives).
+
+Layout (verl 0.9.1, ``experimental/agent_loop/agent_loop.py`` ``_agent_loop_postprocess`` and
+``_postprocess``), ``B`` rows, ``Lp = rollout.prompt_length``, ``Lr = rollout.response_length``:
+
+=====================  ==============  =======  =============================================
+key                    shape           dtype    content
+=====================  ==============  =======  =============================================
+prompts                ``[B, Lp]``     int64    ``ids[:P]``, **left**-padded with the pad id
+responses              ``[B, Lr]``     int64    ``ids[P:E]``, **right**-padded with the pad id
+input_ids              ``[B, Lp+Lr]``  int64    ``cat(prompts, responses)``
+attention_mask         ``[B, Lp+Lr]``  int64    0 on both pads
+position_ids           ``[B, Lp+Lr]``  int64    ``clip(cumsum(attention_mask) - 1, 0)``
+response_mask          ``[B, Lr]``     int64    ``action_mask[P-1:E-1]`` (own index), 0 on pad
+rollout_log_probs      ``[B, Lr]``     float32  ``sample_logp[P-1:E-1]`` (own index), 0.0 on pad
+rm_scores              ``[B, Lr]``     float32  the reward at the last response token
+=====================  ==============  =======  =============================================
+
+Non-tensor (object arrays): ``uid`` (GRPO groups rows by it: ``provenance.group_id``),
+``__num_turns__`` (int32), ``agentrl_provenance`` and ``agentrl_info`` (JSON, so
+:func:`from_verl` gives the record back). ``meta_info['temperature']`` is the sampling temperature
+(verl divides the logits by it when it recomputes log-probs).
+
+Traps handled: the ``P-1`` slice (only after it does ``response_mask`` equal agentrl's mask);
+fixed widths (a prompt longer than ``Lp`` would be left-truncated by verl: refused here); the
+trailing observation ``ids[E:]`` is trimmed so ``rm_scores`` lands on a policy token.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import torch
+
+from ..record import Provenance, SamplingSpec, Trajectory
+from .common import as_list, check_exportable, check_support, provenance_for_import, record_from_response, split
+
+__all__ = ['to_verl', 'to_verl_dataproto', 'from_verl']
+
+
+def _left(rows, width, value, dtype):
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for b, r in enumerate(rows):
+        if len(r):
+            out[b, width - len(r):] = torch.as_tensor(r, dtype=dtype)
+    return out
+
+
+def _right(rows, width, value, dtype):
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for b, r in enumerate(rows):
+        if len(r):
+            out[b, :len(r)] = torch.as_tensor(r, dtype=dtype)
+    return out
+
+
+def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_length: int | None = None,
+            trim: bool = True, allow_support_mismatch: bool = False) -> dict:
+    """Export records as verl's rollout batch (plain tensors; see :func:`to_verl_dataproto`).
+
+    Args:
+        records: B records (``ids [T]``, ``owner [T]``, ``action_mask``/``sample_logp`` ``[T-1]``).
+        pad_id: the tokenizer's pad id (verl pads with ``pad_token_id``).
+        prompt_length: ``rollout.prompt_length`` (``Lp``); None: the longest prompt.
+        response_length: ``rollout.response_length`` (``Lr``); None: the longest response.
+        trim: drop the trailing observation ``ids[E:]`` (default True; False keeps every token,
+            for an exact round trip).
+        allow_support_mismatch: export top-k/top-p log-probs with a warning instead of refusing.
+
+    Returns:
+        ``{'batch': {name: tensor}, 'non_tensor_batch': {name: np.ndarray[object]}, 'meta_info': {...}}``
+        with the layout of the module docstring.
+
+    Raises:
+        agentrl.checks.errors.RecordError: a record the acceptance check refuses, placeholder
+            log-probs (ScriptedRecordError) or a support mismatch (SupportMismatchError).
+        ValueError: no records, a prompt longer than ``prompt_length`` (verl would left-truncate
+            it) or a response longer than ``response_length`` (fix: raise the width).
+    """
+    records = list(records)
+    if not records:
+        raise ValueError('to_verl: no records; pass at least one')
+    check_exportable(records)
+    temperature = check_support(records, 'verl', allow_support_mismatch=allow_support_mismatch)
+    prompts, responses, masks, logps, rewards, uids, turns, provs, infos = [], [], [], [], [], [], [], [], []
+    for i, rec in enumerate(records):
+        s = split(rec, i)
+        end = s.end(trim)
+        ids = rec.ids.tolist()
+        prompts.append(ids[:s.P])
+        responses.append(ids[s.P:end])
+        masks.append(rec.action_mask[s.P - 1:end - 1].long())
+        logps.append(rec.sample_logp[s.P - 1:end - 1].float())
+        rewards.append(float(rec.reward))
+        prov = rec.provenance
+        uids.append(prov.group_id if prov is not None and prov.group_id else f'row{i}')
+        runs = (rec.action_mask[1:] > rec.action_mask[:-1]).sum() + (rec.action_mask[0] > 0)
+        turns.append(int(runs))
+        provs.append(None if prov is None else prov.to_json())
+        infos.append(json.dumps(rec.info, sort_keys=True, default=str))
+    Lp = max(len(p) for p in prompts) if prompt_length is None else int(prompt_length)
+    Lr = max(len(r) for r in responses) if response_length is None else int(response_length)
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        if len(p) > Lp:
+            raise ValueError(f'to_verl: record {i} has a prompt of {len(p)} tokens > prompt_length {Lp}; verl would '
+                             'left-truncate it silently. Fix: raise rollout.prompt_length (prompt_length=)')
+        if len(r) > Lr:
+            raise ValueError(f'to_verl: record {i} has a response of {len(r)} tokens > response_length {Lr}. '
+                             'Fix: raise rollout.response_length (response_length=)')
+    prompts_t = _left(prompts, Lp, pad_id, torch.long)
+    responses_t = _right(responses, Lr, pad_id, torch.long)
+    attn = torch.cat([_left([[1] * len(p) for p in prompts], Lp, 0, torch.long),
+                      _right([[1] * len(r) for r in responses], Lr, 0, torch.long)], dim=1)
+    rm = torch.zeros(len(records), Lr, dtype=torch.float32)
+    for b, (r, w) in enumerate(zip(responses, rewards)):
+        rm[b, len(r) - 1] = w
+    batch = {
+        'prompts': prompts_t,
+        'responses': responses_t,
+        'input_ids': torch.cat([prompts_t, responses_t], dim=1),
+        'attention_mask': attn,
+        'position_ids': torch.clip(torch.cumsum(attn, dim=1) - 1, min=0),
+        'response_mask': _right(masks, Lr, 0, torch.long),
+        'rollout_log_probs': _right(logps, Lr, 0.0, torch.float32),
+        'rm_scores': rm,
+    }
+    obj = lambda xs: np.array(xs, dtype=object)  # noqa: E731
+    non_tensor = {'uid': obj(uids), '__num_turns__': np.array(turns, dtype=np.int32),
+                  'agentrl_provenance': obj(provs), 'agentrl_info': obj(infos)}
+    meta = {'temperature': 1.0 if temperature is None else float(temperature), 'pad_token_id': int(pad_id),
+            'agentrl_trimmed': bool(trim)}
+    return {'batch': batch, 'non_tensor_batch': non_tensor, 'meta_info': meta}
+
+
+def to_verl_dataproto(records, **kwargs):
+    """:func:`to_verl` as a ``verl.DataProto`` (verl's ``DataProto.from_dict``, which runs its
+    ``check_consistency``). Takes the arguments of :func:`to_verl`.
+
+    Raises:
+        ImportError: verl is not installed (``pip install agentrl[interop]`` and ``verl --no-deps``).
+    """
+    try:
+        from verl.protocol import DataProto
+    except ImportError as e:
+        raise ImportError(f'to_verl_dataproto needs verl ({e}); install it into an interop venv '
+                          '(make test-interop builds .venv-interop), or use to_verl for plain tensors') from e
+    d = to_verl(records, **kwargs)
+    return DataProto.from_dict(tensors=d['batch'], non_tensors=d['non_tensor_batch'], meta_info=d['meta_info'])
+
+
+def _parts(data):
+    """(tensors, non_tensors, meta_info) of a DataProto or of the dict of :func:`to_verl`."""
+    if hasattr(data, 'batch') and hasattr(data, 'non_tensor_batch'):
+        return dict(data.batch.items()), dict(data.non_tensor_batch or {}), dict(data.meta_info or {})
+    return dict(data['batch']), dict(data.get('non_tensor_batch', {})), dict(data.get('meta_info', {}))
+
+
+def from_verl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: str = '') -> list[Trajectory]:
+    """Import verl rollout rows as agentrl records (one per row).
+
+    Per row ``b``: ``ids = prompts[b][attention_mask[:Lp] == 1] ++ responses[b][:n]`` with
+    ``n = attention_mask[b, Lp:].sum()``; owner ``prompt`` on the prompt, ``policy`` where
+    ``response_mask`` is 1, ``tool`` where it is 0; log-probs ``[0]*P ++ rollout_log_probs[b, :n]``;
+    reward ``rm_scores[b].sum()`` (or ``token_level_scores``); group ``uid``. Rows written by
+    :func:`to_verl` give back their provenance and info exactly.
+
+    Args:
+        data: a ``verl.DataProto`` or the dict of :func:`to_verl`.
+        spec: the sampler, when the batch does not say (default: temperature from ``meta_info``).
+        tokenizer: a Hugging Face tokenizer to fingerprint into the provenance.
+        model: model id for the provenance.
+
+    Returns:
+        list of records; without ``rollout_log_probs`` they are marked ``logp_placeholder``.
+
+    Raises:
+        KeyError: a required key (``prompts``, ``responses``, ``attention_mask``, ``response_mask``) is missing.
+        agentrl.checks.errors.MaskAlignmentError: ``response_mask`` narrower than ``responses`` by one.
+    """
+    t, nt, meta = _parts(data)
+    for k in ('prompts', 'responses', 'attention_mask', 'response_mask'):
+        if k not in t:
+            raise KeyError(f'from_verl: the batch has no {k!r}; pass the output of the agent loop (with '
+                           f'response_mask), keys are {sorted(t)}')
+    prompts, responses, attn, rmask = t['prompts'], t['responses'], t['attention_mask'], t['response_mask']
+    Lp = prompts.shape[1]
+    if rmask.shape[1] != responses.shape[1]:
+        from .common import _check_len
+        _check_len('response_mask', rmask.shape[1], responses.shape[1], 'all', 'from_verl')
+    logps = t.get('rollout_log_probs')
+    if logps is not None and logps.shape[1] != responses.shape[1]:
+        from .common import _check_len
+        _check_len('rollout_log_probs', logps.shape[1], responses.shape[1], 'all', 'from_verl')
+    scores = t.get('rm_scores', t.get('token_level_scores'))
+    if spec is None and 'temperature' in meta:
+        spec = SamplingSpec(temperature=float(meta['temperature']))
+    out = []
+    for b in range(prompts.shape[0]):
+        p = prompts[b][attn[b, :Lp] == 1]
+        n = int(attn[b, Lp:].sum())
+        prov_json = nt.get('agentrl_provenance', [None] * (b + 1))[b]
+        info_json = nt.get('agentrl_info', [None] * (b + 1))[b]
+        if prov_json:
+            prov = Provenance.from_dict(json.loads(prov_json))
+        else:
+            uid = nt['uid'][b] if 'uid' in nt else ''
+            prov = provenance_for_import('verl', spec=spec, group_id=uid, rollout_id=str(b), tokenizer=tokenizer,
+                                         model=model, placeholder=logps is None)
+        info = json.loads(info_json) if info_json else {'source': 'verl', 'row': b}
+        reward = float(scores[b].sum()) if scores is not None else 0.0
+        out.append(record_from_response(
+            p, responses[b, :n], rmask[b, :n], None if logps is None else logps[b, :n], reward=reward, info=info,
+            provenance=prov, row=b, what='from_verl', logp_name='rollout_log_probs'))
+    return out
+
+
+def load_verl(path) -> dict:
+    """Read a batch written by :func:`agentrl.interop.export` (``verl_batch.pt``) back as the dict of :func:`to_verl`."""
+    d = torch.load(path, weights_only=False)
+    d['non_tensor_batch'] = {k: (np.array(v, dtype=np.int32) if k == '__num_turns__' else np.array(v, dtype=object))
+                             for k, v in d['non_tensor_batch'].items()}
+    return d
+
+
+def _as_saveable(d: dict) -> dict:
+    return {'batch': d['batch'], 'non_tensor_batch': {k: as_list(v) for k, v in d['non_tensor_batch'].items()},
+            'meta_info': d['meta_info']}

@@ -1,0 +1,366 @@
+"""L5: the check job: validate every stored record, replay sampled ones, tally, and report.
+
+:func:`run_check` reads a trajectory file or folder row by row (:func:`agentrl.store.scan`) and
+returns a :class:`CheckReport`; ``agentrl check`` prints :meth:`CheckReport.format` and exits
+with :attr:`CheckReport.code`. Nothing a trainer must never see passes:
+
+* a row that cannot be converted (a null, a wrong type, malformed JSON): MalformedRowError;
+* a row whose content no longer matches its stored digest (edited after writing):
+  DigestMismatchError;
+* the acceptance rules of :mod:`agentrl.checks.acceptance` (ids outside the vocabulary, a
+  non-finite reward, mask and log-prob faults, provenance and fingerprints);
+* a record stored twice (a resend): DuplicateRecordError; two records with one identity
+  ``(group, rollout, attempt)`` but different content: IdentityConflictError;
+* with a model: a sampled record the model cannot replay (NotReplayableError), a declared
+  sampler that does not reproduce the stored log-probs, and any replay ratio that is
+  non-finite or further than ``max_ratio_dev`` from 1.
+
+An empty input fails too (nothing was checked). Replaying with the model that sampled the
+records is the step-0 check, where every ratio is 1.
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+from typing import Callable
+
+from ..io import printable
+
+__all__ = ['CheckOptions', 'CheckReport', 'run_check', 'load_model', 'count_rows']
+
+#: replay kinds that mean the record's declared sampler is wrong (a defect of the record)
+SAMPLER_DEFECTS = ('logp_mode_mismatch', 'support_mismatch', 'sampler_mismatch')
+
+
+@dataclass
+class CheckOptions:
+    """Options of the check (one field per ``agentrl check`` flag).
+
+    Attributes:
+        path: a trajectory ``.parquet`` file or a folder of shards.
+        model: TinyAgent checkpoint to replay sampled records with (None: no replay).
+        expect_tokenizer: refuse records whose tokenizer fingerprint differs (None: any).
+        expect_template: refuse records whose template fingerprint differs (None: any).
+        pad_id: padding id (None: agentrl's word-level tokenizer's when the records use it).
+        eot_ids: end-of-turn ids (empty: the word-level ``</call>`` when the records use it).
+        vocab_size: number of token ids; ids outside ``[0, vocab_size)`` are refused (None: the
+            word-level tokenizer's when the records use it, else the model's, else only ids < 0).
+        tol: replay agreement tolerance in nats (finite, >= 0).
+        max_ratio_dev: fail when any replay ratio is further than this from 1 (>= 0, default
+            1e-3; ``inf``: report only, e.g. when replaying with another checkpoint; NaN refused).
+        examples: how many refusal messages to print (>= 0).
+        batch_size: records read per batch (>= 1).
+    """
+    path: str = ''
+    model: str | None = None
+    expect_tokenizer: str | None = None
+    expect_template: str | None = None
+    pad_id: int | None = None
+    eot_ids: list = field(default_factory=list)
+    vocab_size: int | None = None
+    tol: float = 1e-4
+    max_ratio_dev: float = 1e-3
+    examples: int = 5
+    batch_size: int = 256
+
+    def validate(self) -> None:
+        """Raise ValueError naming the flag when an option is out of range (nothing has run yet).
+
+        Raises:
+            ValueError: ``--tol`` not finite or < 0; ``--max-ratio-dev`` NaN or < 0 (inf is
+                allowed: report only); ``--batch-size`` < 1; ``--examples`` < 0;
+                ``--vocab-size`` < 1; a negative ``--pad-id`` / ``--eot-id``.
+        """
+        if not (isinstance(self.tol, (int, float)) and math.isfinite(self.tol) and self.tol >= 0):
+            raise ValueError(f'--tol must be a finite number >= 0 (nats), got {self.tol}')
+        if not (isinstance(self.max_ratio_dev, (int, float)) and self.max_ratio_dev >= 0):
+            raise ValueError(f'--max-ratio-dev must be a number >= 0 (inf: only report the ratios), got '
+                             f'{self.max_ratio_dev}; a NaN threshold would switch the gate off')
+        if self.batch_size < 1:
+            raise ValueError(f'--batch-size must be >= 1, got {self.batch_size}')
+        if self.examples < 0:
+            raise ValueError(f'--examples must be >= 0, got {self.examples}')
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f'--vocab-size must be >= 1, got {self.vocab_size}')
+        if self.pad_id is not None and self.pad_id < 0:
+            raise ValueError(f'--pad-id must be >= 0, got {self.pad_id}')
+        if any(e < 0 for e in self.eot_ids):
+            raise ValueError(f'--eot-id must be >= 0, got {min(self.eot_ids)}')
+
+
+def load_model(path: str):
+    """Load a TinyAgent checkpoint for replay (:func:`agentrl.model.load_checkpoint`).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        ValueError: not a TinyAgent checkpoint, or a config out of bounds (one line, naming
+            ``--model``).
+    """
+    from .. import model as model_mod
+    if not os.path.exists(path):
+        raise FileNotFoundError(f'--model {path!r} does not exist; pass a TinyAgent checkpoint (model.pt)')
+    try:
+        return model_mod.load_checkpoint(path)
+    except ValueError as e:
+        raise ValueError(f'--model {e}') from None
+
+
+@lru_cache(maxsize=1)
+def _wordlevel_defaults():
+    """(fingerprint, pad_id, eot_id, vocab_size) of agentrl's word-level tokenizer, or None if unavailable."""
+    try:
+        from .. import gym, tokenizer
+        tok = tokenizer.build_tokenizer(gym.make_tasks('all'))
+    except Exception:  # the gym is optional for checking foreign records
+        return None
+    return tok.fingerprint(), tok.pad_id, tok.call_end_id, tok.vocab_size
+
+
+def count_rows(path: str) -> int:
+    """Number of rows in a trajectory file or folder, from the Parquet footers (no data read).
+
+    Returns 0 when a footer cannot be read (the check itself then reports the file).
+    """
+    import pyarrow.parquet as pq
+
+    from .. import store
+    n = 0
+    for f in store.data_files(path):
+        try:
+            n += pq.ParquetFile(f).metadata.num_rows
+        except Exception:
+            return 0
+    return n
+
+
+def _stats(values) -> str:
+    if not values:
+        return 'n/a'
+    return f'min {min(values)}  mean {sum(values) / len(values):.1f}  max {max(values)}'
+
+
+@dataclass
+class CheckReport:
+    """What :func:`run_check` found.
+
+    Attributes:
+        path, model, max_ratio_dev: as checked.
+        n: rows read. refused: rows refused (any reason). scripted: placeholder records.
+        kinds: ``Counter`` of refusal kinds (error class names). examples: first messages.
+        lengths, trained: tokens per record and trained tokens per record (accepted rows).
+        policies, stops: ``Counter`` of ``provenance.policy`` and ``info['stop']``.
+        truncated: records with ``stop == 'truncated'``.
+        replays: :class:`agentrl.checks.RecordReplay` per replayed record.
+        replay_skipped: ``Counter`` of why records were not replayed (scripted only).
+        sampler_defects: replays whose declared sampler does not reproduce the stored log-probs.
+    """
+    path: str
+    model: str | None = None
+    max_ratio_dev: float = 1e-3
+    examples_max: int = 5
+    n: int = 0
+    refused: int = 0
+    scripted: int = 0
+    truncated: int = 0
+    kinds: Counter = field(default_factory=Counter)
+    examples: list = field(default_factory=list)
+    lengths: list = field(default_factory=list)
+    trained: list = field(default_factory=list)
+    policies: Counter = field(default_factory=Counter)
+    stops: Counter = field(default_factory=Counter)
+    replays: list = field(default_factory=list)
+    replay_skipped: Counter = field(default_factory=Counter)
+
+    def refuse(self, key: str, problems: list) -> None:
+        """Count one refused row with its problems (RecordError list)."""
+        self.refused += 1
+        self.kinds.update(p.kind for p in problems)
+        for p in problems:
+            if len(self.examples) < self.examples_max:
+                self.examples.append(f'{key}: {p.kind}: {p}')
+
+    @property
+    def replay(self):
+        """The :class:`agentrl.checks.ReplayReport` of the replayed records (None without a model)."""
+        if self.model is None:
+            return None
+        from ..checks import ReplayReport
+        return ReplayReport.of(self.replays)
+
+    @property
+    def sampler_defects(self) -> list:
+        return [r for r in self.replays if r.kind in SAMPLER_DEFECTS]
+
+    def reasons(self) -> list[str]:
+        """Why the check fails (empty when it passes)."""
+        out = [f'{self.refused} of {self.n} records refused'] if self.refused else []
+        if self.n == 0:
+            out.append('no records')
+        rep = self.replay
+        if rep is not None:
+            if self.sampler_defects:
+                out.append(f'{len(self.sampler_defects)} records not reproduced by their declared sampler')
+            dev = rep.overall.max_abs_dev
+            if rep.overall.n and not math.isfinite(dev):
+                out.append(f'non-finite replay ratios (max |ratio - 1| is {dev}; the model gives NaN or inf '
+                           'log-probs)')
+            elif rep.overall.n and dev > self.max_ratio_dev:
+                out.append(f'replay ratio off by {dev:.2e}')
+        return out
+
+    @property
+    def code(self) -> int:
+        """Exit code: 0 when every record passed, 1 otherwise."""
+        return 1 if self.reasons() else 0
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    def format(self) -> str:
+        """The report as printed by ``agentrl check`` (data from the records is made printable)."""
+        p = printable
+        n = self.n
+        lines = [f'records          {n}  (refused {self.refused}, scripted {self.scripted})',
+                 'policies         ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.policies.items())) or 'none'),
+                 f'length (tokens)  {_stats(self.lengths)}',
+                 f'trained tokens   {_stats(self.trained)}',
+                 'stops            ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.stops.items())) or 'none'),
+                 f'truncation rate  {self.truncated / n:.3f}  (stop == truncated)' if n else 'truncation rate  n/a']
+        if self.kinds:
+            lines.append('refusals by kind:')
+            lines += [f'  {kind:<28} {c}' for kind, c in self.kinds.most_common()]
+            lines += [f'  e.g. {p(e)}' for e in self.examples]
+        else:
+            lines.append('refusals by kind: none')
+        if n == 0:
+            lines.append(f'no records in {p(self.path)}; pass a trajectories .parquet file or its shard folder '
+                         '(OUT/trajectories.parquet or OUT/trajectories/)')
+        rep = self.replay
+        if rep is not None:
+            lines.append(f'replay under the declared sampler (model {p(self.model)}, {len(self.replays)} records):')
+            lines += ['  ' + line for line in rep.table().splitlines()]
+            lines += [f'  not replayed: {c} {why}' for why, c in self.replay_skipped.items()]
+            for r in self.sampler_defects[:self.examples_max]:
+                lines.append(f'  e.g. {p(r.key)}: {r.kind} (ratio mean {r.stats.mean:.4f}); the declared sampler does '
+                             'not reproduce the stored log-probs')
+            dev = rep.overall.max_abs_dev
+            if rep.overall.n and not math.isfinite(dev):
+                lines.append(f'  max |ratio - 1| = {dev} is not finite: the model gives NaN or inf log-probs '
+                             '(a diverged or damaged checkpoint)')
+            elif rep.overall.n and dev > self.max_ratio_dev:
+                lines.append(f'  max |ratio - 1| = {dev:.2e} exceeds --max-ratio-dev {self.max_ratio_dev} (stored '
+                             'sample_logp is not what this model gives; pass --max-ratio-dev inf to only report)')
+        reasons = self.reasons()
+        lines.append('result: ' + ('OK' if not reasons else f"FAILED ({'; '.join(reasons)})"))
+        return '\n'.join(lines)
+
+
+def _expected(opts: CheckOptions, base, prov, model_vocab):
+    """The expectations for one record: flags first, then the word-level tokenizer's defaults."""
+    exp = base
+    if prov is not None and prov.tokenizer and (base.pad_id is None or not base.eot_ids or base.vocab_size is None):
+        wordlevel = _wordlevel_defaults()   # cached
+        if wordlevel is not None and prov.tokenizer == wordlevel[0]:
+            exp = replace(base, pad_id=wordlevel[1] if base.pad_id is None else base.pad_id,
+                          eot_ids=base.eot_ids or (wordlevel[2],),
+                          vocab_size=wordlevel[3] if base.vocab_size is None else base.vocab_size)
+    if exp.vocab_size is None and model_vocab is not None:
+        exp = replace(exp, vocab_size=model_vocab)
+    return exp
+
+
+def _replay(rec, net, tol: float):
+    """Replay one sampled record; return its RecordReplay or raise NotReplayableError."""
+    from .. import checks
+    try:
+        return checks.replay_check([rec], net, tol=tol).records[0]
+    except checks.RecordError as e:
+        if isinstance(e, checks.NotReplayableError):
+            raise
+        raise checks.NotReplayableError(f'cannot be replayed under the model: {e}', field=e.field,
+                                        fix='replay with the model (and tokenizer) that sampled the record') from None
+    except (ValueError, IndexError, RuntimeError, TypeError) as e:
+        raise checks.NotReplayableError(f'cannot be replayed under the model ({type(e).__name__}: '
+                                        f'{" ".join(str(e).split())[:160]})', field='ids',
+                                        fix='replay with the model (and tokenizer) that sampled the record') from None
+
+
+def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None) -> CheckReport:
+    """Check every row of ``opts.path``; return the :class:`CheckReport`.
+
+    Args:
+        opts: :class:`CheckOptions` (validated first).
+        progress: called with the number of rows read so far after each batch (for a display).
+
+    Returns:
+        :class:`CheckReport`; ``report.code`` is the exit code (0 ok, 1 refused).
+
+    Raises:
+        ValueError: an option out of range, a ``--model`` that is not a TinyAgent checkpoint, or
+            a file that is not a trajectory file. FileNotFoundError: nothing at ``opts.path`` or
+            ``opts.model``.
+    """
+    from .. import checks, store
+    opts.validate()
+    net = load_model(opts.model) if opts.model else None
+    model_vocab = getattr(net, 'vocab_size', None) if net is not None else None
+    max_len = getattr(net, 'max_len', None) if net is not None else None
+    base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
+                           eot_ids=tuple(opts.eot_ids), vocab_size=opts.vocab_size)
+    rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples)
+    seen: dict = {}          # hash of the identity (or digest) -> (digest, file, row) where first seen
+    for rows in store.scan(opts.path, opts.batch_size):
+        for row in rows:
+            rep.n += 1
+            rec = row.record
+            if rec is None:
+                rep.refuse(row.source, [row.problem])
+                continue
+            prov = rec.provenance
+            key = checks.record_key(rec) if prov is not None else row.source
+            problems = checks.find_problems(rec, _expected(opts, base, prov, model_vocab))
+            digest = checks.record_digest(rec)
+            ident = hash(checks.identity(rec) if checks.has_identity(rec) else digest)
+            first = seen.get(ident)
+            if first is None:
+                seen[ident] = (digest, row.file, row.row)
+            elif first[0] == digest:
+                problems.append(checks.DuplicateRecordError(
+                    f'repeats {first[1]!r} row {first[2]} (same identity and content: a resend stored twice); a '
+                    'reader would train on it twice', field='provenance', fix='store each record once '
+                    '(ShardWriter drops resends): rewrite the data without the repeated rows'))
+            else:
+                problems.append(checks.IdentityConflictError(
+                    f'identity {key} is already taken by {first[1]!r} row {first[2]} with different content; a '
+                    'retry that samples again must not reuse an attempt number', field='provenance.attempt',
+                    fix='give the retry a new attempt with agentrl.checks.new_attempt(record)'))
+            rep.lengths.append(len(rec.ids))
+            if rec.action_mask is not None:
+                rep.trained.append(int(rec.action_mask.float().sum()))
+            stop = (rec.info or {}).get('stop')
+            rep.stops[str(stop)] += 1
+            rep.truncated += stop == 'truncated'
+            rep.policies[prov.policy if prov is not None else '(none)'] += 1
+            if prov is not None and prov.logp_placeholder:
+                rep.scripted += 1
+            if net is not None and not problems:
+                if prov.logp_placeholder:
+                    rep.replay_skipped['scripted (placeholder log-probs)'] += 1
+                else:
+                    try:
+                        if max_len is not None and len(rec.ids) > max_len:
+                            raise checks.NotReplayableError(
+                                f'has {len(rec.ids)} tokens, more than the model\'s context of {max_len}',
+                                field='ids', fix='replay with the model that sampled the record')
+                        rep.replays.append(_replay(rec, net, opts.tol))
+                    except checks.NotReplayableError as e:
+                        problems.append(e)
+            if problems:
+                rep.refuse(key, problems)
+        if progress is not None:
+            progress(rep.n)
+    return rep

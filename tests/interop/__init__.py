@@ -1,0 +1,1 @@
+"""Tests against the real TRL and verl packages (run by `make test-interop` in .venv-interop)."""

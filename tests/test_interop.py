@@ -1,0 +1,377 @@
+"""agentrl.interop without the frameworks: exact layouts, round trips, refusals, files and the CLI.
+
+The checks against the real packages (TRL, verl) are in tests/interop/ (their own venv).
+"""
+import json
+import warnings
+
+import pytest
+import torch
+
+from agentrl import interop, store
+from agentrl.checks import errors as E
+from agentrl.record import OWNER, Provenance, SamplingSpec, Trajectory
+
+EOT = 7
+PAD = 0
+
+
+def episode(k: int, turns: int = 2, group: str = 'g0', trailing: int = 2, spec=None, reward=None, stop='submitted'):
+    """A multi-turn record: template+prompt, then per turn sampled ids ending in EOT and a bridge."""
+    g = torch.Generator().manual_seed(k)
+    ids, owner, turn, logp = [1, 2, 3 + k % 3], ['template', 'prompt', 'prompt'], [-1] * 3, [0.0] * 3
+    ids += [4, 5]
+    owner += ['template', 'template']
+    turn += [-1, -1]
+    logp += [0.0, 0.0]
+    for t in range(turns):
+        n = 2 + (k + t) % 3
+        samp = torch.randint(10, 50, (n,), generator=g).tolist() + [EOT]
+        ids += samp
+        owner += ['policy'] * len(samp)
+        turn += [t] * len(samp)
+        logp += (-torch.rand(len(samp), generator=g) * 3).tolist()
+        last = t == turns - 1
+        if not last or trailing:
+            tool = torch.randint(50, 90, (1 + t,), generator=g).tolist()
+            br = [8, 9] + tool + [4, 5]
+            own = ['template', 'template'] + ['tool'] * len(tool) + ['template', 'template']
+            if last:
+                br, own = br[:trailing], own[:trailing]
+            ids += br
+            owner += own
+            turn += [t] * len(br)
+            logp += [0.0] * len(br)
+    prov = Provenance(policy='model', tokenizer='tok', template='tmpl', sampling=spec or SamplingSpec(), model='m',
+                      group_id=group, rollout_id=f'r{k}', seed=k)
+    return Trajectory.from_tokens(ids, owner, turn, logp, float(k % 2) if reward is None else reward,
+                                  {'stop': stop, 'n_turns': turns}, provenance=prov)
+
+
+@pytest.fixture
+def recs():
+    return [episode(k, turns=1 + k % 3, group=f'g{k // 2}') for k in range(6)]
+
+
+def trimmed(r):
+    pol = (r.owner == OWNER['policy']).nonzero().flatten()
+    E_ = int(pol[-1]) + 1
+    return r.ids[:E_], r.action_mask[:E_ - 1], r.sample_logp[:E_ - 1]
+
+
+def assert_round_trip(orig, back, trim):
+    assert len(orig) == len(back)
+    for a, b in zip(orig, back):
+        ids, mask, lp = trimmed(a) if trim else (a.ids, a.action_mask, a.sample_logp)
+        assert torch.equal(b.ids, ids)
+        assert torch.equal(b.action_mask, mask)
+        assert torch.equal(b.sample_logp.view(torch.int32), lp.view(torch.int32))       # bit-exact
+        assert torch.equal(b.owner == OWNER['policy'], (a.owner == OWNER['policy'])[:len(ids)])
+        assert b.provenance.to_dict() == a.provenance.to_dict()
+        assert b.reward == a.reward
+
+
+# ---------------------------------------------------------------------------- exact layouts
+def test_verl_layout_exact():
+    r = episode(1, turns=2)
+    P = int((r.owner == OWNER['policy']).nonzero()[0])
+    d = interop.to_verl([r, episode(2, turns=1)], pad_id=PAD, prompt_length=8, response_length=40)
+    b = d['batch']
+    assert b['prompts'].shape == (2, 8) and b['responses'].shape == (2, 40)
+    assert b['prompts'][0, 8 - P:].tolist() == r.ids[:P].tolist() and b['prompts'][0, :8 - P].eq(PAD).all()
+    ids, mask, lp = trimmed(r)
+    n = len(ids) - P
+    assert b['responses'][0, :n].tolist() == ids[P:].tolist()
+    assert b['response_mask'][0, :n].tolist() == mask[P - 1:].long().tolist()
+    assert b['response_mask'][0, 0] == 1 and b['response_mask'][0, n:].eq(0).all()
+    assert torch.equal(b['rollout_log_probs'][0, :n], lp[P - 1:])
+    assert b['response_mask'].dtype == torch.long and b['rollout_log_probs'].dtype == torch.float32
+    assert b['attention_mask'][0].sum() == len(ids)
+    assert b['position_ids'][0, 8 - P:8 - P + 3].tolist() == [0, 1, 2] and b['position_ids'][0, 0] == 0
+    assert b['rm_scores'][0, n - 1] == r.reward and b['rm_scores'][0].sum() == r.reward
+    assert int(b['response_mask'].sum()) == int(r.action_mask.sum()) + int(episode(2, turns=1).action_mask.sum())
+    assert d['non_tensor_batch']['uid'].tolist() == ['g0', 'g0']
+    assert d['non_tensor_batch']['__num_turns__'].tolist() == [2, 1]
+
+
+def test_trl_layout_exact():
+    a, b = episode(3, turns=2), episode(4, turns=1, trailing=0)
+    d = interop.to_trl([a, b], pad_id=PAD)
+    P = int((a.owner == OWNER['policy']).nonzero()[0])
+    ids, mask, lp = trimmed(a)
+    C = len(ids) - P
+    assert d['prompt_ids'].shape[1] == P and d['prompt_mask'].all()
+    assert d['completion_ids'][0, :C].tolist() == ids[P:].tolist()
+    assert d['tool_mask'][0, :C].tolist() == mask[P - 1:].long().tolist()
+    Cb = int(d['completion_mask'][1].sum())
+    assert d['tool_mask'][1, Cb:].eq(1).all(), 'TRL pads tool_mask with 1'
+    assert d['completion_ids'][1, Cb:].eq(PAD).all() and d['sampling_per_token_logps'][1, Cb:].eq(0).all()
+    assert d['completion_ids'][0, C - 1] == EOT, 'trimmed: the last completion token is the EOS'
+    loss = d['completion_mask'] * d['tool_mask']
+    assert int(loss.sum()) == int(a.action_mask.sum() + b.action_mask.sum())
+
+
+def test_openrlhf_is_identity_and_prime_rl_full_length(recs):
+    d = interop.to_openrlhf(recs, pad_id=PAD)
+    for i, r in enumerate(recs):
+        T = len(r.ids)
+        assert torch.equal(d['action_mask'][i, :T - 1], r.action_mask.long())
+        assert torch.equal(d['rollout_log_probs'][i, :T - 1], r.sample_logp)
+    rows = interop.to_prime_rl(recs)
+    for r, s in zip(recs, rows):
+        assert s['mask'] == [False] + r.action_mask.bool().tolist() and len(s['logprobs']) == len(s['token_ids'])
+        assert s['logprobs'][1:] == r.sample_logp.tolist()
+    g0 = [s['advantages'] for s in rows[:2]]
+    m = (recs[0].reward + recs[1].reward) / 2
+    assert max(g0[0]) == pytest.approx(max(recs[0].reward - m, 0)) or min(g0[0]) == pytest.approx(recs[0].reward - m)
+
+
+def test_sft_rows_train_exactly_the_action_tokens(recs):
+    for form in interop.SFT_FORMS:
+        rows = interop.to_sft(recs, form=form)
+        for r, row in zip(recs, rows):
+            assert len(row[form]) == len(row['input_ids']) == len(r.ids)
+            trained = sum(x != -100 for x in row[form]) if form == 'labels' else sum(row[form])
+            assert trained == int(r.action_mask.sum())
+            if form != 'labels':
+                assert row[form][1:] == r.action_mask.long().tolist() and row[form][0] == 0
+
+
+# ---------------------------------------------------------------------------- round trips
+@pytest.mark.parametrize('trim', [False, True])
+def test_round_trips_bit_exact(recs, trim):
+    assert_round_trip(recs, interop.from_verl(interop.to_verl(recs, pad_id=PAD, trim=trim)), trim)
+    assert_round_trip(recs, interop.from_trl(interop.to_trl(recs, pad_id=PAD, trim=trim)), trim)
+    assert_round_trip(recs, interop.from_trl(interop.to_trl_rollout(recs, trim=trim)), trim)
+    assert_round_trip(recs, interop.from_slime(interop.to_slime(recs, trim=trim)), trim)
+    assert_round_trip(recs, interop.from_skyrl(interop.to_skyrl(recs, trim=trim)), trim)
+    if not trim:
+        assert_round_trip(recs, interop.from_openrlhf(interop.to_openrlhf(recs)), False)
+        assert_round_trip(recs, interop.from_prime_rl(interop.to_prime_rl(recs)), False)
+
+
+def test_import_without_agentrl_fields_rebuilds_owner_and_turns(recs):
+    d = interop.to_verl(recs, pad_id=PAD, trim=False)
+    del d['non_tensor_batch']['agentrl_provenance'], d['non_tensor_batch']['agentrl_info']
+    back = interop.from_verl(d, spec=SamplingSpec(temperature=0.7))
+    for a, b in zip(recs, back):
+        assert torch.equal(b.action_mask, a.action_mask)
+        assert b.provenance.policy == 'verl' and b.provenance.sampling.temperature == 0.7
+        assert b.provenance.group_id == a.provenance.group_id
+        pol = a.owner == OWNER['policy']
+        assert torch.equal(b.turn[pol], a.turn[pol]), 'turn k = the k-th run of policy tokens'
+        P = int(pol.nonzero()[0])
+        assert set(b.owner[:P].tolist()) == {OWNER['prompt']} and set(b.owner[P:][~pol[P:]].tolist()) == {OWNER['tool']}
+
+
+# ---------------------------------------------------------------------------- refusals
+def test_mask_of_length_T_minus_1_is_refused():
+    r = episode(5)
+    T = len(r.ids)
+    with pytest.raises(E.MaskAlignmentError, match=r'assistant_masks.*has 1\d entries|ids\[1:\]'):
+        interop.check_sft_row({'input_ids': r.ids.tolist(), 'assistant_masks': r.action_mask.long().tolist()})
+    row = interop.to_prime_rl([r])[0]
+    row['mask'] = row['mask'][1:]
+    with pytest.raises(E.MaskAlignmentError, match=rf'mask: from_prime_rl row 0: has length {T - 1} but {T} tokens'):
+        interop.from_prime_rl([row])
+    d = interop.to_trl_rollout([r])
+    d['env_mask'][0] = d['env_mask'][0][1:]
+    with pytest.raises(E.MaskAlignmentError, match='env_mask'):
+        interop.from_trl(d)
+
+
+def test_logprob_length_refused():
+    d = interop.to_trl_rollout([episode(5)])
+    d['logprobs'][0] = d['logprobs'][0][:-2]
+    with pytest.raises(E.LogProbLengthError, match='logprobs: from_trl row 0: has .* log-probs for'):
+        interop.from_trl(d)
+
+
+def test_group_not_contiguous_refused_and_sorted(recs):
+    shuffled = [recs[0], recs[2], recs[1], recs[3], recs[4], recs[5]]
+    for fn in (interop.to_trl_rollout, interop.to_slime, interop.to_openrlhf):
+        with pytest.raises(E.GroupOrderError, match="group 'g0' has rows 0 and 2"):
+            fn(shuffled)
+    interop.to_verl(shuffled, pad_id=PAD)          # verl groups by uid: fine
+    assert [r.provenance.group_id for r in interop.sort_by_group(shuffled)] == ['g0', 'g0', 'g1', 'g1', 'g2', 'g2']
+    with pytest.raises(E.GroupOrderError, match='sizes'):
+        interop.to_trl_rollout(recs[:3])
+
+
+def test_support_mismatch_refused_or_warned():
+    spec = SamplingSpec(temperature=0.7, top_p=0.9)
+    rs = [episode(k, spec=spec, group=f'g{k}') for k in range(2)]
+    with pytest.raises(E.SupportMismatchError, match=r'step-0 ratio is each token.s kept mass, in \[0.9, 1\]'):
+        interop.to_verl(rs, pad_id=PAD)
+    with pytest.warns(UserWarning, match=r'in \[0.9, 1\]'):
+        d = interop.to_verl(rs, pad_id=PAD, allow_support_mismatch=True)
+    assert d['meta_info']['temperature'] == 0.7
+    interop.to_slime(rs)                             # slime replays the top-p keep set
+    with pytest.raises(E.SupportMismatchError):
+        interop.to_slime([episode(0, spec=SamplingSpec(top_k=20))])
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        interop.to_trl_rollout([episode(0, spec=SamplingSpec(temperature=1.0, top_k=5, logp_mode='raw'))])
+
+
+def test_placeholder_logp_refused_for_rl_but_fine_for_sft():
+    r = episode(1)
+    r.provenance.logp_placeholder = True
+    with pytest.raises(E.ScriptedRecordError, match='placeholder'):
+        interop.to_trl_rollout([r])
+    assert interop.to_sft([r])[0]['assistant_masks'][0] == 0
+
+
+def test_verl_widths_refused():
+    with pytest.raises(ValueError, match='prompt_length 2; verl would left-truncate'):
+        interop.to_verl([episode(1)], pad_id=PAD, prompt_length=2)
+
+
+# ---------------------------------------------------------------------------- OpenAI-compatible responses
+def completion_episode():
+    return {'exchanges': [
+        {'request': {'prompt': [1, 2, 3], 'temperature': 0.8, 'model': 'm'},
+         'response': {'choices': [{'text': 'x', 'token_ids': [10, 11, EOT], 'prompt_token_ids': [1, 2, 3],
+                                   'logprobs': {'token_logprobs': [-0.5, -0.25, -0.125]}, 'finish_reason': 'stop'}]}},
+        {'request': {'prompt': [1, 2, 3, 10, 11, EOT, 60, 61], 'temperature': 0.8},
+         'response': {'output_ids': [12, EOT],
+                      'meta_info': {'output_token_logprobs': [[-1.0, 12, None], [-2.0, EOT, None]],
+                                    'finish_reason': {'type': 'length'}}}}],
+        'reward': 1.0, 'group_id': 'q1'}
+
+
+def test_openai_completion_and_sglang_import():
+    ep = completion_episode()
+    ep['exchanges'][1]['request']['input_ids'] = ep['exchanges'][1]['request']['prompt']
+    [r] = interop.from_openai([ep], source='vllm')
+    assert r.ids.tolist() == [1, 2, 3, 10, 11, EOT, 60, 61, 12, EOT]
+    assert r.owner.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 2, 2]
+    assert r.sample_logp.tolist() == [0, 0, -0.5, -0.25, -0.125, 0, 0, -1.0, -2.0]
+    assert r.provenance.sampling == SamplingSpec(temperature=0.8, logp_mode='raw')
+    assert r.provenance.group_id == 'q1' and r.info['stop'] == 'truncated'
+
+
+def test_openai_response_without_token_ids_refused():
+    ep = completion_episode()
+    del ep['exchanges'][0]['response']['choices'][0]['token_ids']
+    with pytest.raises(E.MissingTokenIdsError, match='token_ids: exchange 0 response has no output token ids'):
+        interop.from_openai([ep])
+
+
+# ---------------------------------------------------------------------------- files and CLI
+def test_export_files_and_manifest(tmp_path, recs):
+    for fw in interop.EXPORTS:
+        m = interop.export(recs, fw, tmp_path / fw, pad_id=PAD)
+        assert json.loads((tmp_path / fw / 'manifest.json').read_text()) == m
+        assert m['records'] == len(recs) and all((tmp_path / fw / f).exists() for f in m['files'])
+        assert not [p for p in (tmp_path / fw).iterdir() if p.name.startswith('.')], 'no temporary file left'
+    import pyarrow.parquet as pq
+    t = pq.read_table(tmp_path / 'sft' / 'sft.parquet')
+    assert t.column_names == ['input_ids', 'assistant_masks']
+    for fw in ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl'):
+        back = interop.import_records(tmp_path / fw, fw)
+        assert_round_trip(recs, back, trim=fw in ('verl', 'trl', 'skyrl'))
+
+
+def cli(*argv):
+    from agentrl.cli.main import main
+    return main([str(a) for a in argv])
+
+
+def test_cli_export_import_check(tmp_path, recs, capsys):
+    store.write_trajectories(tmp_path / 'run' / 'trajectories.parquet', recs)
+    assert cli('export', tmp_path / 'run', '--to', 'verl', '--out', tmp_path / 'v', '--pad-id', PAD, '--no-trim') == 0
+    assert 'wrote 6 records for verl' in capsys.readouterr().out
+    assert cli('import', tmp_path / 'v', '--from', 'verl', '--out', tmp_path / 'back') == 0
+    back = store.read_trajectories(tmp_path / 'back' / 'trajectories.parquet')
+    assert_round_trip(recs, back, trim=False)
+    assert json.loads((tmp_path / 'back' / 'summary.json').read_text())['episodes'] == 6
+    assert cli('check', tmp_path / 'back' / 'trajectories.parquet', '--eot-id', EOT) == 0
+    assert cli('show', tmp_path / 'back' / 'trajectories.parquet', '--format', 'svg', '--out', tmp_path / 's.svg') == 0
+    assert cli('report', tmp_path / 'back') == 0 and (tmp_path / 'back' / 'report.html').exists()
+    # the silent shift: a response_mask built from action_mask[P:] instead of action_mask[P-1:]
+    d = interop.load_export(tmp_path / 'v', 'verl')
+    d['batch']['response_mask'] = torch.roll(d['batch']['response_mask'], -1, dims=1)
+    d['batch']['response_mask'][:, -1] = 0
+    for k in ('agentrl_provenance',):
+        d['non_tensor_batch'][k] = [None] * 6
+    torch.save(interop.verl._as_saveable(d), tmp_path / 'v' / 'verl_batch.pt')
+    capsys.readouterr()
+    assert cli('import', tmp_path / 'v', '--from', 'verl', '--out', tmp_path / 'shifted', '--temperature', 1.0) == 0
+    assert cli('check', tmp_path / 'shifted' / 'trajectories.parquet', '--eot-id', EOT) == 1
+    out = capsys.readouterr().out
+    assert 'EndOfTurnNotTrainedError' in out and 'FAILED (6 of 6 records refused)' in out
+
+
+def test_cli_export_refusal_is_one_line(tmp_path, recs, capsys):
+    store.write_trajectories(tmp_path / 'run' / 'trajectories.parquet', recs[::-1][1:] + recs[-1:])
+    assert cli('export', tmp_path / 'run', '--to', 'trl', '--out', tmp_path / 't') == 2
+    err = capsys.readouterr().err
+    assert err.startswith('agentrl: error: provenance.group_id') and '--sort-groups' in err
+    assert cli('export', tmp_path / 'run', '--to', 'trl', '--out', tmp_path / 't', '--sort-groups') == 0
+
+
+# ---------------------------------------------------------------------------- chat responses, real template
+def test_vllm_chat_import_rebuilds_owners_from_the_template():
+    pytest.importorskip('transformers')
+    from _tokenizers import load
+    from agentrl.templates import ChatRecorder
+    tok = load('qwen3')
+    im_end = tok.convert_tokens_to_ids('<|im_end|>')
+    msgs = [{'role': 'user', 'content': 'Fix clamp.'}]
+    ref = ChatRecorder(tok, msgs, history='sampled')
+    p0 = ref.prompt_ids
+    s0 = tok.encode('I will read it.', add_special_tokens=False) + [im_end]
+    ref.add_turn(s0, [-0.5] * len(s0))
+    p1 = ref.add_messages([{'role': 'user', 'content': 'Go on.'}])
+    s1 = tok.encode('Done.', add_special_tokens=False) + [im_end]
+    ref.add_turn(s1, [-0.25] * len(s1))
+    want = ref.finish(reward=1.0)
+
+    def resp(prompt, ids, lp):
+        return {'prompt_token_ids': prompt, 'choices': [{'message': {'role': 'assistant', 'content': ''},
+                'token_ids': ids, 'finish_reason': 'stop',
+                'logprobs': {'content': [{'token': '', 'logprob': x} for x in lp]}}]}
+    msgs1 = msgs + [{'role': 'assistant', 'content': 'I will read it.'}, {'role': 'user', 'content': 'Go on.'}]
+    ep = {'exchanges': [{'request': {'messages': msgs, 'temperature': 1.0, 'model': 'q'},
+                         'response': resp(p0, s0, [-0.5] * len(s0))},
+                        {'request': {'messages': msgs1, 'temperature': 1.0},
+                         'response': resp(p1, s1, [-0.25] * len(s1))}], 'reward': 1.0, 'group_id': 'g'}
+    [r] = interop.from_openai([ep], tok)
+    assert torch.equal(r.ids, want.ids) and torch.equal(r.owner, want.owner)
+    assert torch.equal(r.sample_logp, want.sample_logp) and int(r.action_mask.sum()) == len(s0) + len(s1)
+    assert r.info['import']['context_drift'] == [] and r.turn_contexts is None
+    assert r.provenance.sampling.logp_mode == 'raw' and r.provenance.tokenizer
+    # a server that re-tokenized history: its context for turn 1 is kept as that turn's context
+    drifted = p1[:-3] + [p1[-1]]
+    ep['exchanges'][1]['response'] = resp(drifted, s1, [-0.25] * len(s1))
+    [r] = interop.from_openai([ep], tok)
+    assert r.info['import']['context_drift'] == [1]
+    assert r.turn_contexts[1][1].tolist() == drifted and r.turn_contexts[0][1].tolist() == p0
+    ep['exchanges'][1]['response']['choices'][0].pop('token_ids')
+    with pytest.raises(E.MissingTokenIdsError, match='exchange 1 response has no output token ids'):
+        interop.from_openai([ep], tok)
+
+
+def test_per_turn_contexts_refused_or_split():
+    r = episode(2, turns=2, trailing=0)
+    pol = (r.owner == OWNER['policy']).nonzero().flatten().tolist()
+    starts = [j for j in pol if j - 1 not in pol]
+    r.turn_contexts = [(s, r.ids[:s]) for s in starts]
+    r.turn_contexts[1] = (starts[1], torch.cat([r.ids[:3], r.ids[starts[1] - 4:starts[1]]]))
+    with pytest.raises(E.TurnContextError, match='turn_contexts: record 0 has per-turn contexts'):
+        interop.to_slime([r])
+    rows = interop.split_turns([r])
+    assert len(rows) == 2 and rows[1].ids[:7].tolist() == r.turn_contexts[1][1].tolist()
+    assert sum(int(x.action_mask.sum()) for x in rows) == int(r.action_mask.sum())
+    assert len(interop.to_slime(rows)) == 2
+    with pytest.raises(ValueError, match='one trajectory per prompt'):
+        interop.export([r], 'trl', '/nonexistent', split_turns=True)
+
+
+def test_trl_truncated_rows_measured_by_pad_id():
+    d = interop.to_trl([episode(1), episode(2)], pad_id=PAD)
+    d['completion_mask'][0] = 0                    # mask_truncated_completions zeroes the row
+    del d['agentrl_provenance'], d['agentrl_info']
+    back = interop.from_trl(d, pad_id=PAD)
+    assert torch.equal(back[0].ids, trimmed(episode(1))[0])
