@@ -91,7 +91,7 @@ def run_dir(tmp_path_factory):
 
 
 def table(run_dir):
-    return pq.read_table(run_dir / 'trajectories.parquet')
+    return pq.read_table(run_dir / 'trajectories' / 'part-000000.parquet')
 
 
 def write(path, t: pa.Table):
@@ -114,7 +114,7 @@ def check(capsys, *argv):
 
 
 def test_check_passes_the_run(run_dir, capsys):
-    code, out, _ = check(capsys, run_dir / 'trajectories.parquet', '--model', run_dir / 'model.pt')
+    code, out, _ = check(capsys, run_dir / 'trajectories' / 'part-000000.parquet', '--model', run_dir / 'model.pt')
     assert code == 0 and out.rstrip().endswith('result: OK'), out
 
 
@@ -130,8 +130,8 @@ def test_check_refuses_a_file_concatenated_with_itself(run_dir, tmp_path, capsys
 
 
 def test_check_refuses_one_identity_with_two_contents(run_dir, tmp_path, capsys):
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
-    other = store.read_trajectories(run_dir / 'trajectories.parquet')[0]
+    recs = store.read_trajectories(run_dir / 'trajectories' / 'part-000000.parquet')
+    other = store.read_trajectories(run_dir / 'trajectories' / 'part-000000.parquet')[0]
     other.reward = 1.0 - other.reward                         # same (group, rollout, attempt), other content
     store.write_trajectories(tmp_path / 'conflict.parquet', recs + [other])
     code, out, _ = check(capsys, tmp_path / 'conflict.parquet')
@@ -142,7 +142,7 @@ def test_check_refuses_one_identity_with_two_contents(run_dir, tmp_path, capsys)
 
 @pytest.mark.parametrize('value', [-7, 10**6])
 def test_check_refuses_ids_outside_the_vocabulary(run_dir, tmp_path, capsys, value):
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
+    recs = store.read_trajectories(run_dir / 'trajectories' / 'part-000000.parquet')
     recs[1].ids[0] = value
     store.write_trajectories(tmp_path / 'ids.parquet', recs)
     code, out, _ = check(capsys, tmp_path / 'ids.parquet')
@@ -151,7 +151,7 @@ def test_check_refuses_ids_outside_the_vocabulary(run_dir, tmp_path, capsys, val
 
 
 def test_check_fails_a_record_the_model_cannot_replay(run_dir, tmp_path, capsys):
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
+    recs = store.read_trajectories(run_dir / 'trajectories' / 'part-000000.parquet')
     r = recs[0]
     n = 300 - len(r.ids)                                        # longer than the model's 256 positions
     pad = torch.full((n,), int(r.ids[1]))
@@ -166,7 +166,7 @@ def test_check_fails_a_record_the_model_cannot_replay(run_dir, tmp_path, capsys)
 
 
 def test_check_refuses_a_nan_reward(run_dir, tmp_path, capsys):
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
+    recs = store.read_trajectories(run_dir / 'trajectories' / 'part-000000.parquet')
     recs[2].reward = float('nan')
     store.write_trajectories(tmp_path / 'nan.parquet', recs)
     code, out, _ = check(capsys, tmp_path / 'nan.parquet')
@@ -191,16 +191,16 @@ def test_check_fails_non_finite_ratios_and_thresholds(run_dir, tmp_path, capsys)
     state = torch.load(run_dir / 'model.pt', weights_only=True)
     state['state_dict'] = {k: torch.full_like(v, float('nan')) for k, v in state['state_dict'].items()}
     torch.save(state, tmp_path / 'nan.pt')
-    code, out, _ = check(capsys, run_dir / 'trajectories.parquet', '--model', tmp_path / 'nan.pt')
+    code, out, _ = check(capsys, run_dir / 'trajectories' / 'part-000000.parquet', '--model', tmp_path / 'nan.pt')
     assert code == 1 and 'non-finite replay ratios' in out and 'is not finite' in out, out
-    code, out, err = check(capsys, run_dir / 'trajectories.parquet', '--model', run_dir / 'model.pt',
+    code, out, err = check(capsys, run_dir / 'trajectories' / 'part-000000.parquet', '--model', run_dir / 'model.pt',
                            '--max-ratio-dev', 'nan')
     assert code == 2 and out == '' and err.count('\n') == 1
     assert err.startswith('agentrl: error: --max-ratio-dev must be a ') and 'got nan' in err
     with pytest.raises(ValueError, match=r'--max-ratio-dev must be a number >= 0 .*got nan; a NaN threshold'):
         from agentrl.jobs.check import CheckOptions, run_check
-        run_check(CheckOptions(path=str(run_dir / 'trajectories.parquet'), max_ratio_dev=float('nan')))
-    code, _, err = check(capsys, run_dir / 'trajectories.parquet', '--tol', 'inf')
+        run_check(CheckOptions(path=str(run_dir / 'trajectories' / 'part-000000.parquet'), max_ratio_dev=float('nan')))
+    code, _, err = check(capsys, run_dir / 'trajectories' / 'part-000000.parquet', '--tol', 'inf')
     assert code == 2 and err.startswith('agentrl: error: --tol must be a finite number >= 0 (nats), got inf')
 
 
@@ -254,7 +254,7 @@ def test_bad_checkpoint_config_is_one_line(run_dir, tmp_path, capsys):
     with pytest.raises(ValueError, match=r'config asks for 13,976,\d{3},\d{3} parameters \(52\.\d GiB\), more than'):
         load_checkpoint(str(tmp_path / 'big.pt'))
     for ckpt in ('bogus.pt', 'big.pt'):
-        code, out, err = check(capsys, run_dir / 'trajectories.parquet', '--model', tmp_path / ckpt)
+        code, out, err = check(capsys, run_dir / 'trajectories' / 'part-000000.parquet', '--model', tmp_path / ckpt)
         assert code == 2 and err.count('\n') == 1 and 'config ' in err and 'Traceback' not in err, err
         code = main(['rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '1', '--checkpoint',
                      str(tmp_path / ckpt), '--out', str(tmp_path / f'r-{ckpt}')])
@@ -268,11 +268,11 @@ def test_unexpected_errors_are_one_line_unless_debug(monkeypatch, capsys, run_di
     def boom(*a, **k):
         raise KeyError('deep inside')
     monkeypatch.setattr(job, 'run_check', boom)
-    assert main(['check', str(run_dir / 'trajectories.parquet')]) == 1
+    assert main(['check', str(run_dir / 'trajectories' / 'part-000000.parquet')]) == 1
     err = capsys.readouterr().err
     assert err == "agentrl: error: KeyError: 'deep inside' (an internal error; rerun with --debug for the traceback)\n"
     with pytest.raises(KeyError):
-        main(['check', str(run_dir / 'trajectories.parquet'), '--debug'])
+        main(['check', str(run_dir / 'trajectories' / 'part-000000.parquet'), '--debug'])
 
 
 # ------------------------------------------------------------------------------ terminal escapes
@@ -284,7 +284,7 @@ def test_escape_sequences_in_data_never_reach_the_terminal(run_dir, tmp_path, ca
     from agentrl.io import printable
     assert printable(EVIL) == '\\x1b[2J\\x1b[31mEVIL'
     assert printable('a\u202eb\x9b\x07\n', newlines=True) == 'a\\u202eb\\x9b\\x07\n'
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
+    recs = store.read_trajectories(run_dir / 'trajectories' / 'part-000000.parquet')
     for r in recs:
         r.provenance.policy = EVIL
     recs[0].info['stop'] = EVIL
@@ -409,8 +409,8 @@ def test_fuzz_every_reader_gives_one_line_and_exit_1(run_dir, tmp_path, capsys):
 def test_fuzz_damaged_bytes_are_one_line(run_dir, tmp_path, capsys):
     """Flipped and truncated bytes: one line, never a traceback (exit 1 or 2: the file is not readable)."""
     rng = random.Random(6)
-    raw = (run_dir / 'trajectories.parquet').read_bytes()
-    digests = [checks.record_digest(r) for r in store.read_trajectories(run_dir / 'trajectories.parquet')]
+    raw = (run_dir / 'trajectories' / 'part-000000.parquet').read_bytes()
+    digests = [checks.record_digest(r) for r in store.read_trajectories(run_dir / 'trajectories' / 'part-000000.parquet')]
     for k in range(12):
         data = bytearray(raw)
         if k % 3 == 0:
@@ -443,5 +443,5 @@ def test_check_progress_on_a_pipe(run_dir, monkeypatch, capsys):
     monkeypatch.setattr(cli_check, 'PROGRESS_MIN_ROWS', 1)
     monkeypatch.setattr(cli_check, 'PROGRESS_EVERY_S', 0.0)
     monkeypatch.setattr(cli_check.Progress.__init__, '__defaults__', (None, 0.0))
-    code, out, err = check(capsys, run_dir / 'trajectories.parquet', '--batch-size', '2')
+    code, out, err = check(capsys, run_dir / 'trajectories' / 'part-000000.parquet', '--batch-size', '2')
     assert code == 0 and re.findall(r'check: (\d+) of 6 records read', err) == ['2', '4', '6'], err
