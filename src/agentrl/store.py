@@ -402,6 +402,8 @@ def from_table(table: pa.Table | pa.RecordBatch, *, source: str = 'table', first
         float32 (bit-exact), ``reward`` float, ``info`` dict, ``provenance`` (None when the row's
         ``attempt`` is null), ``turn_contexts`` as ``[(start, ids int64 tensor)]`` or None.
 
+    Source: docs/design.md#integrity (a stored digest that no longer matches means an edit).
+
     Raises:
         MalformedRowError: a row that cannot be converted; the one-line message names the source,
             the row, the field and the fix (``'f.parquet' row 3: reward: is None, not a number``).

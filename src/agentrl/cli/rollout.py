@@ -39,6 +39,9 @@ def run(args) -> int:
         print(f'agentrl: {e}', file=sys.stderr)
         return 130
     print_summary(summary, (opts.resume or opts.out).rstrip('/'))
+    if summary.get('hf', {}).get('profile'):
+        from ..engines.hf import format_profile
+        print(format_profile(summary['hf']['profile']))
     return 0
 
 

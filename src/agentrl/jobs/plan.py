@@ -77,6 +77,7 @@ class RolloutOptions:
         model: ``save_pretrained`` folder for ``engine='hf'``.
         top_k, top_p, min_p: truncation of the ``hf`` sampler (0, 1.0, 0.0 = off).
         max_new_tokens: token budget of one ``hf`` turn.
+        profile: time the ``hf`` engine per turn (summary ``hf.profile``; in process only).
     """
     policy: list | None = _opt(None, 'comma-separated policies from oracle,blind,random,hacker,model '
                                      '(default: all; with --engine hf: model)', parse='list', metavar='P[,P...]')
@@ -117,6 +118,8 @@ class RolloutOptions:
     min_p: float = _opt(0.0, 'hf sampler min-p in [0, 1), 0 = off', engines=('hf',))
     max_new_tokens: int = _opt(256, 'token budget of one hf turn; a turn cut there is truncated', min=1,
                                max=1 << 20, engines=('hf',))
+    profile: bool = _opt(False, "print the hf engine's per-turn time split (prefill, decode, sampling, template, "
+                                'gym) and store it in summary.json (in this process: --workers 0)', engines=('hf',))
 
     def __post_init__(self):
         if self.policy is None:
@@ -150,6 +153,8 @@ class RolloutOptions:
                 raise ValueError(f'--engine hf needs --model DIR with config.json (got {self.model!r}); '
                                  '`agentrl make-test-model OUT` builds a small one')
             self.hf_spec()
+            if self.profile and self.workers:
+                raise ValueError('--profile times the hf engine in this process; drop --workers')
 
     def hf_spec(self):
         """The :class:`~agentrl.record.SamplingSpec` of ``engine='hf'``.

@@ -74,6 +74,7 @@ class RunReport:
         startup_seconds: Ray start/connect plus actor start (or the runner's set-up).
         ray_version: Ray's version ('' in process). address: cluster address ('' in process,
         'local' for a local instance). stopped: True when ``should_stop`` ended the run early.
+        profiles: the hf engine's time split of each chunk (in process, with ``RunSpec.profile``).
     """
     directory: str
     planned: int
@@ -87,6 +88,7 @@ class RunReport:
     ray_version: str = ''
     address: str = ''
     stopped: bool = False
+    profiles: list = field(default_factory=list)
 
 
 def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: RunSpec,
@@ -162,7 +164,8 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
                     stopped = True
                     break
             return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
-                             [], [], time.perf_counter() - t_start, startup, stopped=stopped)
+                             [], [], time.perf_counter() - t_start, startup, stopped=stopped,
+                             profiles=runner.profiles)
         rep = ray_pool.run(chunks, RunnerFactory(spec, weights), sink, workers=workers, address=address,
                            state=state, should_stop=should_stop, on_chunk=on_chunk, **pool)
     return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
@@ -341,7 +344,7 @@ def _prepare(opts: RolloutOptions) -> _Prepared:
                    model_id=f'{model["name"]}@{model["fingerprint"]}' if model else '', batch=opts.batch,
                    engine=opts.engine, model_dir=opts.model,
                    sampling=opts.hf_spec().to_dict() if opts.engine == 'hf' else {},
-                   max_new_tokens=opts.max_new_tokens)
+                   max_new_tokens=opts.max_new_tokens, profile=opts.profile)
     return _Prepared(opts, manifest, jobs, tasks, spec, weights, model, model_bytes)
 
 
@@ -444,6 +447,9 @@ def rollout_job(opts: RolloutOptions, *, on_chunk: Callable | None = None, progr
             hp = hf_prov[0]
             summary['hf'] = {'model': hp.model, 'tokenizer': hp.tokenizer, 'template': hp.template,
                              'sampling': hp.sampling.to_dict() if hp.sampling is not None else None}
+            if report.profiles:
+                from ..engines.hf import merge_profiles
+                summary['hf']['profile'] = merge_profiles(report.profiles)
         atomic_write(out / SUMMARY, _json(summary))
     return summary
 

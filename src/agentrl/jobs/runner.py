@@ -32,6 +32,7 @@ class RunSpec:
         model_dir: the ``save_pretrained`` folder of the ``hf`` engine (loaded once per runner).
         sampling: the ``hf`` sampler's :class:`~agentrl.record.SamplingSpec` as a dict.
         max_new_tokens: token budget of one ``hf`` turn.
+        profile: keep the ``hf`` engine's time split of each chunk (:attr:`EpisodeRunner.profiles`).
     """
     temperature: float = 1.0
     max_turns: int = 6
@@ -43,6 +44,7 @@ class RunSpec:
     model_dir: str | None = None
     sampling: dict = field(default_factory=dict)
     max_new_tokens: int = 256
+    profile: bool = False
 
 
 @contextlib.contextmanager
@@ -78,6 +80,7 @@ class EpisodeRunner:
         self.tok = gym.bugfix_tokenizer()
         self.model = None
         self._hf = None
+        self.profiles: list = []            # the hf engine's time split per chunk (spec.profile)
         if weights is not None:
             from ..model import TinyAgent
             self.model = TinyAgent(**weights['config'])
@@ -155,10 +158,14 @@ class EpisodeRunner:
             from ..engines.hf import bugfix_rollouts
             from ..record import SamplingSpec
             model, template = self._hf_model()
-            return bugfix_rollouts(model, template.tokenizer, tasks, spec=SamplingSpec.from_dict(self.spec.sampling),
+            prof = {} if self.spec.profile else None
+            recs = bugfix_rollouts(model, template.tokenizer, tasks, spec=SamplingSpec.from_dict(self.spec.sampling),
                                    max_new_tokens=self.spec.max_new_tokens, reward_tests=self.spec.reward_tests,
                                    seeds=[j.seed for j in jobs], batch_size=len(jobs), template=template,
-                                   model_name=self.spec.model_id, **kw)
+                                   model_name=self.spec.model_id, profile=prof, **kw)
+            if prof:
+                self.profiles.append(prof)
+            return recs
         if self.model is None:
             raise ValueError('EpisodeRunner.run: a model episode but no weights; pass the weights '
                              'of the model policy')

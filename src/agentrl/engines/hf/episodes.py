@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
 from ...gym import TOOL_SCHEMAS, BugFixEnv
+from ...model import fill_holes
 from ...record import Provenance, SamplingSpec
 from ...templates import ChatRecorder, ChatTemplate
 from .models import model_id as _model_id
-from .sampler import HFSampler
+from .sampler import HFSampler, SampledTurn
 
-__all__ = ['Reply', 'run_chat_episodes', 'parse_tool_calls', 'gym_call', 'episode_seed', 'bugfix_rollouts',
+__all__ = ['Reply', 'run_chat_episodes', 'format_profile', 'merge_profiles', 'PROFILE_KEYS', 'parse_tool_calls', 'gym_call', 'episode_seed', 'bugfix_rollouts',
            'bugfix_opening', 'bugfix_job']
 
 #: Given to the gym for a turn without a valid call: it answers ``MESSAGES['malformed']``.
@@ -57,32 +59,155 @@ def episode_seed(seed: int, index: int) -> int:
     return int(seed) * (1 << 20) + int(index)
 
 
+#: Per-turn time split keys of :func:`run_chat_episodes` ``profile`` (seconds ``_s``, counts otherwise).
+PROFILE_KEYS = ('prefill_tokens', 'prefill_s', 'rebuilt_tokens', 'decode_tokens', 'decode_s', 'sample_s',
+                'template_s', 'gym_s')
+
+
+class _Profile:
+    """Per-turn accumulators of the time split (see :data:`PROFILE_KEYS`)."""
+
+    def __init__(self):
+        self.turns: list[dict] = []
+        self.decode_steps = 0
+
+    def add(self, turn: int, key: str, value) -> None:
+        while len(self.turns) <= turn:
+            self.turns.append(dict.fromkeys(PROFILE_KEYS, 0))
+        self.turns[turn][key] += value
+
+    def result(self, path: str, wall_s: float, records: list, forward_calls: int) -> dict:
+        totals = {k: sum(t[k] for t in self.turns) for k in PROFILE_KEYS}
+        totals['forward_s'] = totals['prefill_s'] + totals['decode_s']
+        totals['other_s'] = wall_s - totals['forward_s'] - totals['sample_s'] - totals['template_s'] - totals['gym_s']
+        totals['decode_steps'] = self.decode_steps
+        totals['forward_calls'] = forward_calls
+        totals['record_tokens'] = sum(len(t.ids) for t in records)
+        rnd = lambda d: {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
+        return {'engine': 'hf', 'path': path, 'episodes': len(records), 'wall_s': round(wall_s, 6),
+                'totals': rnd(totals), 'turns': [dict(turn=k, **rnd(t)) for k, t in enumerate(self.turns)]}
+
+
+def merge_profiles(profiles: list) -> dict:
+    """One profile from the profiles of several :func:`run_chat_episodes` calls (chunks of a run).
+
+    Counts and seconds add up per turn index and in the totals; ``wall_s`` and ``episodes`` add
+    up; ``chunks`` says how many were merged.
+
+    Raises:
+        ValueError: an empty list, or profiles of different paths (cross-turn cache vs per turn).
+    """
+    if not profiles:
+        raise ValueError('merge_profiles: no profiles; pass the dicts run_chat_episodes filled')
+    paths = {p['path'] for p in profiles}
+    if len(paths) != 1:
+        raise ValueError(f'merge_profiles: profiles of different paths {sorted(paths)}; merge one path at a time')
+    turns: list[dict] = []
+    for p in profiles:
+        for t in p['turns']:
+            while len(turns) <= t['turn']:
+                turns.append(dict(turn=len(turns), **dict.fromkeys(PROFILE_KEYS, 0)))
+            for k in PROFILE_KEYS:
+                turns[t['turn']][k] += t[k]
+    totals = {k: sum(p['totals'][k] for p in profiles) for k in profiles[0]['totals']}
+    rnd = lambda d: {k: round(v, 6) if isinstance(v, float) else v for k, v in d.items()}  # noqa: E731
+    return {'engine': 'hf', 'path': paths.pop(), 'episodes': sum(p['episodes'] for p in profiles),
+            'wall_s': round(sum(p['wall_s'] for p in profiles), 6), 'chunks': len(profiles), 'totals': rnd(totals),
+            'turns': [rnd(t) for t in turns]}
+
+
+def format_profile(profile: dict) -> str:
+    """The time split of :func:`run_chat_episodes` as a plain-text table (one row per turn, then totals).
+
+    Args:
+        profile: the dict filled by ``run_chat_episodes(..., profile={})``.
+
+    Returns:
+        Lines: turn, prefill tokens / s, rebuilt tokens, decode tokens / s, sampling, template, gym
+        (seconds), then the totals, forward time and its share of the wall time.
+    """
+    head = f'{"turn":>5} {"prefill tok":>11} {"prefill s":>9} {"rebuilt":>7} {"decode tok":>10} {"decode s":>8} ' \
+           f'{"sample s":>8} {"template s":>10} {"gym s":>7}'
+    row = lambda name, t: (f'{name:>5} {t["prefill_tokens"]:>11,} {t["prefill_s"]:>9.3f} {t["rebuilt_tokens"]:>7,} '  # noqa: E731
+                           f'{t["decode_tokens"]:>10,} {t["decode_s"]:>8.3f} {t["sample_s"]:>8.3f} '
+                           f'{t["template_s"]:>10.3f} {t["gym_s"]:>7.3f}')
+    tot = profile['totals']
+    lines = [f'hf engine profile ({profile["path"]}): {profile["episodes"]} episodes, {tot["record_tokens"]:,} '
+             f'record tokens, wall {profile["wall_s"]:.3f} s', head]
+    lines += [row(str(t['turn']), t) for t in profile['turns']]
+    lines.append(row('all', tot))
+    share = tot['forward_s'] / profile['wall_s'] if profile['wall_s'] > 0 else 0.0
+    lines.append(f'forward {tot["forward_s"]:.3f} s ({share:.0%} of wall) in {tot["forward_calls"]:,} calls, '
+                 f'{tot["decode_steps"]:,} decode steps; other {tot["other_s"]:.3f} s')
+    return '\n'.join(lines)
+
+
+def _common_prefix(a: list, b: list) -> int:
+    """Length of the common prefix of two id lists."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n                       # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *, seeds=None,
                       max_turns: int = 6, max_context: int | None = None, batch_size: int = 32,
-                      provenance: Callable | None = None, on_done: Callable | None = None) -> list:
-    """Drive chat episodes in lockstep, one sampled turn per live episode per round.
+                      provenance: Callable | None = None, on_done: Callable | None = None,
+                      reuse_cache: bool = True, profile: dict | None = None) -> list:
+    """Drive chat episodes: sample a turn, record it, answer it, bridge the answer, until each ends.
 
-    Each round feeds every live episode's ``recorder.prompt_ids`` to ``sampler`` (in chunks of
-    ``batch_size``), appends the sampled ids and log-probs with ``recorder.add_turn`` (verbatim),
-    asks ``respond`` for the answer and appends its messages with ``recorder.add_messages``.
+    Two paths give the same records (same seeds: the same ids, log-probs equal to fp rounding):
+
+    * ``reuse_cache=True`` (default, when the sampler supports it): each episode keeps its own
+      row of one KV cache for its whole life. After a turn only the tokens the cache does not
+      hold yet are fed (the last sampled id, the bridge: tool result and next generation
+      prompt); where the template rewrote history (``recorder.prompt_ids`` is not an extension
+      of what the row holds, e.g. Qwen3 without thinking drops the empty think block of earlier
+      turns) the row is cut back to the common prefix and refilled from there. Episodes join
+      the running batch as rows free up and leave it when they end (continuous batching): every
+      decode step feeds one token to every live row, whatever turn it is in.
+    * ``reuse_cache=False``, or a sampler subclass that overrides ``sample``: each round feeds
+      every live episode's ``recorder.prompt_ids`` to ``sampler.sample`` (in chunks of
+      ``batch_size``), so each turn prefills the whole conversation again.
+
+    Either way the sampled ids and log-probs go into the recorder verbatim (``add_turn``), the
+    decoded text goes to ``respond``, and its messages come back through ``add_messages``.
 
     Args:
         sampler: an :class:`~agentrl.engines.hf.HFSampler` (its spec is recorded).
         recorders: one fresh :class:`~agentrl.templates.ChatRecorder` per episode.
         respond: ``respond(i, turn, text) -> Reply`` for episode ``i``, the
             :class:`~agentrl.engines.hf.SampledTurn` and its decoded text (end-of-turn token
-            stripped); it must not re-encode ``text``.
+            stripped); it must not re-encode ``text``. Calls for one episode come in turn order;
+            calls of different episodes interleave differently on the two paths.
         seeds: one int per episode (its own ``torch.Generator``; stored as ``Provenance.seed``);
-            None uses torch's global RNG.
+            None uses torch's global RNG (then the two paths draw differently).
         max_turns: turn limit; an episode still running after it stops as ``truncated``, reward 0.
         max_context: context limit in tokens (default the model's ``max_position_embeddings``);
             a turn's budget is ``min(max_new_tokens, max_context - len(prompt))``, and an episode
             with no room for one token stops as ``truncated``, reward 0.
-        batch_size: at most this many episodes per sampler call.
+        batch_size: at most this many episodes sampled at once (rows of the cache).
         provenance: ``provenance(i) -> Provenance`` for episode ``i`` (default: policy ``'hf'``,
             the sampler's spec, the model id, the seed); the recorder adds the template and
             tokenizer fingerprints.
         on_done: optional callback ``on_done(i)`` when episode ``i`` ends (progress bars).
+        reuse_cache: keep each episode's KV cache across turns (see above).
+        profile: optional dict, filled with the time split: ``path`` (``'cross_turn_cache'`` or
+            ``'per_turn'``), ``wall_s``, ``episodes``, ``turns`` (one dict per turn index with
+            :data:`PROFILE_KEYS`: prompt tokens fed in prompt forward passes and their seconds,
+            cached positions dropped and fed again because the template rewrote history, decode
+            tokens (one per live row and step) and
+            their share of the decode forward seconds, sampling seconds, recorder (template and
+            bridges) seconds, ``respond`` (gym) seconds) and ``totals`` (the same summed, plus
+            ``forward_s``, ``other_s``, ``decode_steps``, ``forward_calls``, ``record_tokens``).
+            :func:`format_profile` prints it.
 
     Returns:
         One :class:`~agentrl.record.Trajectory` per episode, in order. ``info`` holds the final
@@ -96,14 +221,19 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
             for an episode that goes on; as ``ChatRecorder`` and
             ``HFSampler.sample`` (e.g. a sampled id outside the tokenizer's vocabulary).
 
-    Source: issue 5, item 2; book chapter 5.6-5.8 (truncation gives reward 0 and is recorded).
+    Source: book chapter 5.6-5.8 (truncation gives reward 0 and is recorded); continuous
+    batching with one cache row per episode as :func:`agentrl.rollouts.rollout_batch` does for
+    TinyAgent.
     """
+    t_start = time.perf_counter()
     n = len(recorders)
     if max_turns < 1:
         raise ValueError(f'run_chat_episodes: max_turns must be >= 1, got {max_turns}')
     if seeds is not None and len(seeds) != n:
         raise ValueError(f'run_chat_episodes: {len(seeds)} seeds for {n} episodes; pass one per episode')
-    gens = None if seeds is None else [torch.Generator().manual_seed(int(s)) for s in seeds]
+    if batch_size < 1:
+        raise ValueError(f'run_chat_episodes: batch_size must be >= 1, got {batch_size}')
+    gens = [None] * n if seeds is None else [torch.Generator().manual_seed(int(s)) for s in seeds]
     if max_context is None:
         max_context = getattr(getattr(sampler.model, 'config', None), 'max_position_embeddings', None) or 1 << 30
     for i, rec in enumerate(recorders):
@@ -113,13 +243,63 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
     mid = _model_id(sampler.model)
     state = [{'actions': [], 'truncated_turns': [], 'turn_tokens': [], 'done': False, 'reward': 0.0, 'info': None}
              for _ in range(n)]
+    prof = _Profile()
+    calls0 = sampler.forward_calls
 
     def end(i: int, reward: float, info, stop: str | None = None) -> None:
         state[i].update(done=True, reward=float(reward), info=dict(info or {}, **({'stop': stop} if stop else {})))
         if on_done is not None:
             on_done(i)
 
-    live = list(range(n))
+    def after_turn(i: int, k: int, t) -> bool:
+        """Record turn k of episode i and its answer; True when the episode goes on."""
+        rec, st = recorders[i], state[i]
+        t0 = time.perf_counter()
+        text = rec.add_turn(t.ids, t.logp)
+        t1 = time.perf_counter()
+        st['turn_tokens'].append(len(t.ids))
+        if t.truncated:
+            st['truncated_turns'].append(k)
+        reply = respond(i, t, text)
+        t2 = time.perf_counter()
+        prof.add(k, 'template_s', t1 - t0)
+        prof.add(k, 'gym_s', t2 - t1)
+        st['actions'].append(reply.action)
+        if reply.done:
+            end(i, reply.reward, reply.info)
+            return False
+        if k + 1 >= max_turns:
+            end(i, 0.0, reply.info, 'truncated')
+            return False
+        if not reply.messages:
+            raise ValueError(f'run_chat_episodes: respond returned no messages for running episode {i} '
+                             f'(turn {k}); answer each turn with a tool or user message, or done=True')
+        rec.add_messages(reply.messages)
+        prof.add(k, 'template_s', time.perf_counter() - t2)
+        return True
+
+    rows = (reuse_cache and sampler.cache and type(sampler).sample is HFSampler.sample
+            and sampler.supports_row_cache())
+    if rows:
+        _drive_rows(sampler, recorders, gens, after_turn, end, prof, max_context, min(batch_size, max(n, 1)))
+    else:
+        _drive_turns(sampler, recorders, gens, after_turn, end, state, prof, max_turns, max_context, batch_size)
+    out = []
+    for i, (rec, st) in enumerate(zip(recorders, state)):
+        prov = provenance(i) if provenance is not None else Provenance(
+            policy='hf', sampling=sampler.spec, model=mid, seed=None if seeds is None else int(seeds[i]))
+        info = dict(st['info'] or {}, actions=st['actions'], truncated_turns=st['truncated_turns'],
+                    turn_tokens=st['turn_tokens'])
+        out.append(rec.finish(reward=st['reward'], info=info, provenance=prov))
+    if profile is not None:
+        profile.update(prof.result('cross_turn_cache' if rows else 'per_turn', time.perf_counter() - t_start, out,
+                                   sampler.forward_calls - calls0))
+    return out
+
+
+def _drive_turns(sampler, recorders, gens, after_turn, end, state, prof, max_turns, max_context, batch_size):
+    """The per-turn path: each round samples every live episode's whole prompt again."""
+    live = list(range(len(recorders)))
     for turn in range(max_turns):
         room = {i: max_context - len(recorders[i].prompt_ids) for i in live}
         for i in live:
@@ -128,37 +308,106 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
         live = [i for i in live if not state[i]['done']]
         for start in range(0, len(live), batch_size):
             chunk = live[start:start + batch_size]
-            turns = sampler.sample([recorders[i].prompt_ids for i in chunk],
-                                   None if gens is None else [gens[i] for i in chunk],
+            before = dict(sampler.stats)
+            turns = sampler.sample([recorders[i].prompt_ids for i in chunk], [gens[i] for i in chunk],
                                    max_new_tokens=[min(sampler.max_new_tokens, room[i]) for i in chunk])
+            for key in ('prefill_tokens', 'prefill_s', 'decode_tokens', 'decode_s', 'sample_s'):
+                prof.add(turn, key, sampler.stats[key] - before[key])
+            prof.decode_steps += sampler.stats['decode_steps'] - before['decode_steps']
             for i, t in zip(chunk, turns):
-                rec, st = recorders[i], state[i]
-                text = rec.add_turn(t.ids, t.logp)
-                st['turn_tokens'].append(len(t.ids))
-                if t.truncated:
-                    st['truncated_turns'].append(turn)
-                reply = respond(i, t, text)
-                st['actions'].append(reply.action)
-                if reply.done:
-                    end(i, reply.reward, reply.info)
-                elif turn + 1 >= max_turns:
-                    end(i, 0.0, reply.info, 'truncated')
-                elif not reply.messages:
-                    raise ValueError(f'run_chat_episodes: respond returned no messages for running episode {i} '
-                                     f'(turn {turn}); answer each turn with a tool or user message, or done=True')
-                else:
-                    rec.add_messages(reply.messages)
+                after_turn(i, turn, t)
         live = [i for i in live if not state[i]['done']]
         if not live:
             break
-    out = []
-    for i, (rec, st) in enumerate(zip(recorders, state)):
-        prov = provenance(i) if provenance is not None else Provenance(
-            policy='hf', sampling=sampler.spec, model=mid, seed=None if seeds is None else int(seeds[i]))
-        info = dict(st['info'] or {}, actions=st['actions'], truncated_turns=st['truncated_turns'],
-                    turn_tokens=st['turn_tokens'])
-        out.append(rec.finish(reward=st['reward'], info=info, provenance=prov))
-    return out
+
+
+def _drive_rows(sampler, recorders, gens, after_turn, end, prof, max_context, max_rows):
+    """The cross-turn path: one cache row per live episode, continuous batching (see run_chat_episodes)."""
+    clock = time.perf_counter
+    stop_ids = sampler.stop_ids
+    cache = sampler.new_row_cache(max_rows)
+    pending = list(range(len(recorders)))[::-1]          # popped from the end: episode order
+    episode: list[int] = []                               # row -> episode
+    held: list[list] = []                                 # row -> ids whose keys and values the row holds
+    feed: list[int] = []                                  # row -> the id the next decode step feeds
+    turn_of: list[int] = []                               # row -> turn index
+    current: list = []                                    # row -> the SampledTurn being sampled
+    budget: list[int] = []                                # row -> its token budget for this turn
+
+    def start_turn(r: int, k: int) -> bool:
+        """Bring row r up to the prompt of turn k; False when the episode has no room left."""
+        i = episode[r]
+        prompt = recorders[i].prompt_ids
+        room = max_context - len(prompt)
+        if room < 1:
+            end(i, 0.0, None, 'truncated')
+            return False
+        have = held[r]
+        c = min(_common_prefix(have, prompt), len(prompt) - 1)
+        if c < len(have):                                  # the template rewrote history: refill from c
+            prof.add(k, 'rebuilt_tokens', len(have) - c)
+        cache.lengths[r] = c
+        todo = prompt[c:-1]                                 # the last prompt id goes in the next decode step
+        if todo:
+            t0 = clock()
+            sampler.prefill_row(cache, r, todo)
+            prof.add(k, 'prefill_s', clock() - t0)
+            prof.add(k, 'prefill_tokens', len(todo))
+        del have[c:]
+        have += todo
+        feed[r] = prompt[-1]
+        turn_of[r] = k
+        current[r] = SampledTurn(prompt_len=len(prompt))
+        budget[r] = min(sampler.max_new_tokens, room)
+        return True
+
+    while pending or episode:
+        while pending and len(episode) < max_rows:          # episodes join as rows free up
+            r = len(episode)
+            episode.append(pending.pop())
+            held.append([])
+            feed.append(0)
+            turn_of.append(0)
+            current.append(None)
+            budget.append(0)
+            cache.lengths[r] = 0
+            if not start_turn(r, 0):
+                for lst in (episode, held, feed, turn_of, current, budget):
+                    lst.pop()
+        if not episode:
+            break
+        n = len(episode)
+        t0 = clock()
+        logits = sampler.decode_rows(cache, feed)
+        t1 = clock()
+        ids, logp = sampler.choose(logits, [gens[i] for i in episode])
+        ids, logp = ids.tolist(), logp.tolist()
+        t2 = clock()
+        prof.decode_steps += 1
+        for k in turn_of:
+            prof.add(k, 'decode_tokens', 1)
+            prof.add(k, 'decode_s', (t1 - t0) / n)
+            prof.add(k, 'sample_s', (t2 - t1) / n)
+        ended = []
+        for r in range(n):
+            held[r].append(feed[r])
+            t = current[r]
+            t.ids.append(ids[r])
+            t.logp.append(logp[r])
+            if ids[r] in stop_ids or len(t.ids) >= budget[r]:
+                t.truncated = ids[r] not in stop_ids
+                sampler.tokens_generated += len(t.ids)
+                if not (after_turn(episode[r], turn_of[r], t) and start_turn(r, turn_of[r] + 1)):
+                    ended.append(r)
+            else:
+                feed[r] = ids[r]
+        if ended:                                           # episodes leave: the last rows fill the holes
+            order = fill_holes(n, ended)
+            for dst, src in enumerate(order):
+                if dst != src:
+                    cache.move_row(src, dst)
+            for lst in (episode, held, feed, turn_of, current, budget):
+                lst[:] = [lst[src] for src in order]
 
 
 # ---------------------------------------------------------------------------- function calling
@@ -250,7 +499,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
                     max_turns: int = 6, reward_tests: str = 'hidden', seed: int = 0, batch_size: int = 32,
                     cache: bool = True, max_context: int | None = None, enable_thinking: bool | None = None,
                     template: ChatTemplate | None = None, model_name: str | None = None, seeds=None,
-                    sampler: HFSampler | None = None, on_done: Callable | None = None) -> list:
+                    sampler: HFSampler | None = None, on_done: Callable | None = None, reuse_cache: bool = True,
+                    profile: dict | None = None) -> list:
     """Roll out BugFix episodes with a Hugging Face model through real function calling.
 
     The gym's ``TOOL_SCHEMAS`` become the template's tools; each turn is sampled from the
@@ -280,6 +530,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
             building one from ``model``, ``spec``, ``max_new_tokens`` and ``cache``; its spec
             is the one recorded.
         on_done: progress callback ``on_done(i)``.
+        reuse_cache, profile: as :func:`run_chat_episodes` (keep each episode's KV cache across
+            turns; fill ``profile`` with the per-turn time split).
 
     Returns:
         One :class:`~agentrl.record.Trajectory` per task, in order, with provenance (policy
@@ -322,7 +574,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
     name = model_name or _model_id(model)
     prov = lambda i: Provenance(policy='hf', sampling=spec, model=name, seed=seeds[i])  # noqa: E731
     trajs = run_chat_episodes(sampler, recorders, respond, seeds=seeds, max_turns=max_turns,
-                              max_context=max_context, batch_size=batch_size, provenance=prov, on_done=on_done)
+                              max_context=max_context, batch_size=batch_size, provenance=prov, on_done=on_done,
+                              reuse_cache=reuse_cache, profile=profile)
     for i, (t, env) in enumerate(zip(trajs, envs)):
         t.info['tool_calls'] = parsed[i]
         if t.info.get('stop') == 'truncated' and 'task' not in t.info:
@@ -341,13 +594,13 @@ def _pad_id(tokenizer, model) -> int:
 
 def bugfix_job(model_dir, tasks, *, spec: SamplingSpec | None = None, max_new_tokens: int = 256, max_turns: int = 6,
                reward_tests: str = 'hidden', seed: int = 0, batch_size: int = 32, device=None,
-               on_done: Callable | None = None) -> list:
+               on_done: Callable | None = None, profile: dict | None = None) -> list:
     """Load a model folder and roll out BugFix episodes with it (what ``agentrl rollout --engine hf`` runs).
 
     Args:
         model_dir: a ``save_pretrained`` folder with its tokenizer (``agentrl make-test-model OUT``).
         tasks: one task per episode, in order.
-        spec, max_new_tokens, max_turns, reward_tests, seed, batch_size, on_done: as
+        spec, max_new_tokens, max_turns, reward_tests, seed, batch_size, on_done, profile: as
             :func:`bugfix_rollouts`.
         device: where to run (default: ``cuda`` when available, else CPU); parameters in fp32.
 
@@ -365,4 +618,5 @@ def bugfix_job(model_dir, tasks, *, spec: SamplingSpec | None = None, max_new_to
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     model, tok = load_model(model_dir, device=device)
     return bugfix_rollouts(model, tok, tasks, spec=spec, max_new_tokens=max_new_tokens, max_turns=max_turns,
-                           reward_tests=reward_tests, seed=seed, batch_size=batch_size, on_done=on_done)
+                           reward_tests=reward_tests, seed=seed, batch_size=batch_size, on_done=on_done,
+                           profile=profile)

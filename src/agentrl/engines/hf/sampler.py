@@ -6,6 +6,13 @@ are left-padded; ``position_ids`` count real tokens only and padding is masked, 
 computes the same log-probs as the prompt alone (to fp32 rounding). One KV cache per call;
 rows leave it as they finish.
 
+Across turns, :meth:`HFSampler.new_row_cache` gives a cache with one row per episode (a
+transformers ``Cache`` whose layers keep ``[rows, kv_heads, capacity, head_dim]`` buffers, each
+row with its own length, no padding): :meth:`HFSampler.prefill_row` feeds one row a bridge or a
+prompt, :meth:`HFSampler.decode_rows` feeds every live row one token at its own position, and
+the 4-D attention masks are built here and passed as ``attention_mask={'full_attention': mask}``,
+which transformers uses as given. :func:`agentrl.engines.hf.run_chat_episodes` drives it.
+
 Sampling is per-episode reproducible: each episode may bring its own ``torch.Generator``, which
 supplies exactly one uniform number per sampled token (inverse-CDF sampling), so an episode
 consumes the same random numbers whether it is sampled alone or in a batch, and draws the same
@@ -17,6 +24,7 @@ adjacent token is drawn). The log-probs of the same ids agree to ~1e-6 either wa
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +34,10 @@ from ...sampling import PenaltyContext, processed_logp
 from ...sampling import draw as _draw
 from .models import forward_kwargs, require_transformers
 
-__all__ = ['SampledTurn', 'HFSampler', 'processed_log_probs', 'draw']
+__all__ = ['SampledTurn', 'HFSampler', 'processed_log_probs', 'draw', 'STAT_KEYS']
+
+#: Counters of :attr:`HFSampler.stats` (``_s``: wall seconds).
+STAT_KEYS = ('prefill_tokens', 'prefill_s', 'decode_tokens', 'decode_steps', 'decode_s', 'sample_s')
 
 
 @dataclass
@@ -101,6 +112,9 @@ class HFSampler:
     Attributes:
         model, stop_ids, spec, max_new_tokens, pad_id, cache.
         forward_calls, tokens_generated: counters over the sampler's life.
+        stats: :data:`STAT_KEYS` counters over the sampler's life: tokens fed in prompt forward
+            passes and their seconds, tokens fed in decode steps (one per row and step), decode
+            steps and their seconds, seconds spent choosing tokens.
 
     Raises:
         ValueError: ``max_new_tokens < 1``.
@@ -130,6 +144,7 @@ class HFSampler:
         self._kw = forward_kwargs(model)
         self.forward_calls = 0
         self.tokens_generated = 0
+        self.stats = dict.fromkeys(STAT_KEYS, 0)
 
     # ------------------------------------------------------------------ model calls
     @property
@@ -146,7 +161,7 @@ class HFSampler:
             return DynamicCache()
 
     def _last_logits(self, ids, mask, pos, cache=None) -> torch.Tensor:
-        """``[B, V]`` float32 logits of the last position of each row."""
+        """``[B, V]`` logits of the last position of each row (float32; float64 for an fp64 model)."""
         kwargs = {'input_ids': ids, 'attention_mask': mask, 'position_ids': pos, 'use_cache': cache is not None}
         if cache is not None:
             if self._kw['cache'] is None:
@@ -156,7 +171,8 @@ class HFSampler:
             kwargs[self._kw['keep']] = 1
         self.forward_calls += 1
         out = self.model(**kwargs)
-        return out.logits[:, -1].float()
+        logits = out.logits[:, -1]
+        return logits if logits.dtype == torch.float64 else logits.float()
 
     # ------------------------------------------------------------------ sampling
     def _choose(self, logits, rows, step, generators, teacher, prompts, out):
@@ -166,14 +182,36 @@ class HFSampler:
         (:class:`~agentrl.sampling.PenaltyContext`), as transformers and vLLM define them.
         """
         ctx = PenaltyContext.of([prompts[r] for r in rows], [out[r].ids for r in rows]) if self.spec.penalized else None
-        lp = processed_log_probs(logits, self.spec, ctx)
-        if teacher is not None:
-            ids = torch.tensor([teacher[r][step] for r in rows], dtype=torch.long, device=lp.device)
+        forced = None if teacher is None else [teacher[r][step] for r in rows]
+        return self.choose(logits, None if generators is None else [generators[r] for r in rows], forced, ctx)
+
+    def choose(self, logits: torch.Tensor, generators=None, forced=None, context: PenaltyContext | None = None):
+        """Pick one token per row from next-token logits, with its log-prob under the spec.
+
+        Args:
+            logits: ``[n, V]`` float next-token logits (fp32, or fp64 for an fp64 model).
+            generators: None (torch's global RNG) or n ``torch.Generator`` (entries may be None);
+                each row takes exactly one uniform number from its own generator.
+            forced: optional n ids to score instead of drawing (teacher forcing).
+            context: the rows' :class:`~agentrl.sampling.PenaltyContext` (the turn's prompt and
+                its ids so far) when the spec has penalties.
+
+        Returns:
+            ``(ids [n] int64, logp [n] float64)``: ``logp`` is the processed log-prob, or the raw
+            ``log_softmax`` with ``spec.logp_mode == 'raw'``.
+
+        Source: inverse-CDF sampling with one uniform per token (:func:`draw`), so a row draws the
+        same id whichever batch it is in.
+        """
+        lp = processed_log_probs(logits, self.spec, context)
+        if forced is not None:
+            ids = torch.tensor(forced, dtype=torch.long, device=lp.device)
         elif self.spec.temperature <= 0:
             ids = lp.argmax(dim=-1)
         else:
-            u = torch.stack([torch.rand((), dtype=torch.float64, generator=generators[r]) if generators
-                             and generators[r] is not None else torch.rand((), dtype=torch.float64) for r in rows])
+            u = torch.stack([torch.rand((), dtype=torch.float64, generator=g) if g is not None
+                             else torch.rand((), dtype=torch.float64)
+                             for g in (generators if generators is not None else [None] * lp.shape[0])])
             ids = draw(lp, u)
         if self.spec.logp_mode == 'raw' and self.spec.temperature > 0:
             lp = torch.log_softmax(logits.double(), dim=-1)
@@ -263,15 +301,30 @@ class HFSampler:
             go.append(i not in self.stop_ids and step + 1 < budgets[r])
         return go
 
+    def _tick(self, key: str, t0: float, tokens: int = 0) -> float:
+        """Add the seconds since ``t0`` to ``stats[key + '_s']`` (and ``tokens``); return the time now."""
+        now = time.perf_counter()
+        st = self.stats
+        st[key + '_s'] += now - t0
+        if key == 'prefill':
+            st['prefill_tokens'] += tokens
+        elif key == 'decode':
+            st['decode_tokens'] += tokens
+            st['decode_steps'] += 1
+        return now
+
     def _sample_cached(self, prompts, budgets, generators, teacher, out):
+        t0 = time.perf_counter()
         ids, mask, pos = self._left_pad(prompts)
         cache = self._new_cache()
         logits = self._last_logits(ids, mask, pos, cache)
+        t0 = self._tick('prefill', t0, sum(len(p) for p in prompts))
         rows = list(range(len(prompts)))
         lengths = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=mask.device)
         step = 0
         while True:
             nxt, logp = self._choose(logits, rows, step, generators, teacher, prompts, out)
+            t0 = self._tick('sample', t0)
             go = self._record(out, rows, step, nxt, logp, budgets)
             if not any(go):
                 return
@@ -280,8 +333,10 @@ class HFSampler:
                 cache.batch_select_indices(keep)
                 mask, lengths, nxt = mask[keep], lengths[keep], nxt[keep]
                 rows = [r for r, g in zip(rows, go) if g]
+            t0 = time.perf_counter()
             mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
             logits = self._last_logits(nxt[:, None].to(mask.device), mask, lengths[:, None], cache)
+            t0 = self._tick('decode', t0, len(rows))
             lengths = lengths + 1
             step += 1
 
@@ -289,9 +344,243 @@ class HFSampler:
         rows = list(range(len(prompts)))
         step = 0
         while rows:
+            t0 = time.perf_counter()
             ids, mask, pos = self._left_pad([prompts[r] + out[r].ids for r in rows])
             logits = self._last_logits(ids, mask, pos)
+            t0 = self._tick('prefill', t0, int(mask.sum()))
             nxt, logp = self._choose(logits, rows, step, generators, teacher, prompts, out)
+            self._tick('sample', t0)
             go = self._record(out, rows, step, nxt, logp, budgets)
             rows = [r for r, g in zip(rows, go) if g]
             step += 1
+
+    # ------------------------------------------------------------------ cross-turn cache (one row per episode)
+    def supports_row_cache(self) -> bool:
+        """Whether the model can run on a :class:`RowCache` (a cache keyword, full attention in every layer)."""
+        return self._kw['cache'] is not None and _layer_types(self.model) == {'full_attention'}
+
+    def new_row_cache(self, max_rows: int):
+        """An empty ``RowCache`` for up to ``max_rows`` episodes at once (see :meth:`prefill_row`)."""
+        RowCache, _ = _row_cache_types()
+        return RowCache(_n_layers(self.model), max_rows)
+
+    def _mask_dtype(self):
+        p = next(self.model.parameters(), None)
+        return p.dtype if p is not None and p.is_floating_point() else torch.float32
+
+    def _base_model(self):
+        """The model without its LM head when it takes the same cache keyword (prefill needs no logits)."""
+        if not hasattr(self, '_base'):
+            base = getattr(self.model, getattr(self.model, 'base_model_prefix', '') or '_', None)
+            ok = base is not None and base is not self.model and forward_kwargs(base)['cache'] == self._kw['cache']
+            self._base = base if ok else None
+        return self._base
+
+    @torch.no_grad()
+    def prefill_row(self, cache, row: int, ids, logits: bool = False):
+        """Feed ``ids`` to one row of a ``RowCache`` after its ``cache.lengths[row]`` held tokens.
+
+        The new tokens get positions ``lengths[row] ...`` and attend to the row's held tokens and
+        causally to each other; the row's length grows by ``len(ids)``. To shorten a row first
+        (the template rewrote history), lower ``cache.lengths[row]``.
+
+        Args:
+            cache: from :meth:`new_row_cache`. row: the row (``< cache.max_rows``).
+            ids: ``[t]`` token ids, ``t >= 1``.
+            logits: return the next-token logits after the last id (else the LM head is skipped
+                where the model exposes its base model).
+
+        Returns:
+            ``[V]`` float logits (float64 for an fp64 model) or None.
+
+        Raises:
+            ValueError: empty ``ids``.
+
+        Source: transformers' ``attention_mask`` dict (``{'full_attention': 4-D mask}``), used as
+        given by the model instead of building a causal mask from a 2-D one.
+        """
+        ids = [int(i) for i in ids]
+        if not ids:
+            raise ValueError('prefill_row: ids is empty; feed at least one token')
+        s, t = cache.lengths[row], len(ids)
+        cache.reserve(s + t)
+        cache.plan_rows, cache.plan_n, cache.plan_span, cache.plan_start, cache.plan_index = row, 1, s + t, s, None
+        dev, dtype = self.device, self._mask_dtype()
+        q = torch.arange(s, s + t, device=dev)
+        mask = torch.zeros((1, 1, t, s + t), dtype=dtype, device=dev)
+        mask.masked_fill_(torch.arange(s + t, device=dev)[None, :] > q[:, None], torch.finfo(dtype).min)
+        kwargs = {'input_ids': torch.tensor([ids], dtype=torch.long, device=dev),
+                  'attention_mask': {'full_attention': mask}, 'position_ids': q[None], 'use_cache': True,
+                  self._kw['cache']: cache}
+        base = None if logits else self._base_model()
+        self.forward_calls += 1
+        t0 = time.perf_counter()
+        if base is not None:
+            base(**kwargs)
+            out = None
+        else:
+            if self._kw['keep']:
+                kwargs[self._kw['keep']] = 1
+            out = self.model(**kwargs).logits[0, -1]
+            out = out if out.dtype == torch.float64 else out.float()
+        cache.lengths[row] = s + t
+        self._tick('prefill', t0, t)
+        return out if logits else None
+
+    @torch.no_grad()
+    def decode_rows(self, cache, ids) -> torch.Tensor:
+        """Feed one token to each of rows ``[0, n)`` of a ``RowCache``, each at its own length.
+
+        Args:
+            cache: from :meth:`new_row_cache`. ids: ``[n]`` token ids, one per row.
+
+        Returns:
+            ``[n, V]`` next-token logits (float32; float64 for an fp64 model).
+
+        Source: one query per row over its own keys (a ``[n, 1, 1, S]`` mask); the same
+        arithmetic as a single-row forward pass to fp rounding.
+        """
+        n = len(ids)
+        lengths = cache.lengths[:n]
+        span = max(lengths) + 1
+        cache.reserve(span)
+        dev, dtype = self.device, self._mask_dtype()
+        cols = torch.tensor(lengths, dtype=torch.long, device=dev)
+        cache.plan_rows, cache.plan_n, cache.plan_span, cache.plan_start = 0, n, span, None
+        cache.plan_index = (torch.arange(n, device=dev), cols)
+        mask = torch.zeros((n, 1, 1, span), dtype=dtype, device=dev)
+        mask.masked_fill_((torch.arange(span, device=dev)[None, :] > cols[:, None])[:, None, None], torch.finfo(dtype).min)
+        kwargs = {'input_ids': torch.as_tensor(ids, dtype=torch.long, device=dev)[:, None],
+                  'attention_mask': {'full_attention': mask}, 'position_ids': cols[:, None],
+                  'use_cache': True, self._kw['cache']: cache}
+        if self._kw['keep']:
+            kwargs[self._kw['keep']] = 1
+        self.forward_calls += 1
+        t0 = time.perf_counter()
+        out = self.model(**kwargs).logits[:, -1]
+        self._tick('decode', t0, n)
+        for r in range(n):
+            cache.lengths[r] += 1
+        return out if out.dtype == torch.float64 else out.float()
+
+# ---------------------------------------------------------------------------- cross-turn KV cache
+_ROW_CACHE_TYPES: dict = {}
+
+
+def _row_cache_types():
+    """``(RowCache, RowLayer)``: the cache classes, built on first use (transformers is imported lazily)."""
+    if _ROW_CACHE_TYPES:
+        return _ROW_CACHE_TYPES['cache'], _ROW_CACHE_TYPES['layer']
+    require_transformers('RowCache')
+    from transformers.cache_utils import Cache, CacheLayerMixin
+
+    class RowLayer(CacheLayerMixin):
+        """One layer's keys and values: ``[R, H_kv, S, D]`` buffers, row ``r`` real in ``[:lengths[r]]``."""
+
+        def __init__(self, owner):
+            super().__init__()
+            self.owner = owner
+
+        def lazy_initialization(self, key_states, value_states):
+            o = self.owner
+            shape = (o.max_rows, key_states.shape[1], o.capacity, key_states.shape[3])
+            self.keys = key_states.new_zeros(shape)
+            self.values = value_states.new_zeros(shape)
+            self.device = key_states.device
+            self.is_initialized = True
+
+        def _fit(self, capacity: int) -> None:
+            if self.keys.shape[2] >= capacity:
+                return
+            for name in ('keys', 'values'):
+                old = getattr(self, name)
+                new = old.new_zeros(old.shape[:2] + (capacity,) + old.shape[3:])
+                new[:, :, :old.shape[2]] = old
+                setattr(self, name, new)
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            o = self.owner
+            self._fit(o.capacity)
+            r0, n, span = o.plan_rows, o.plan_n, o.plan_span
+            if o.plan_start is not None:            # one row, t new tokens from column plan_start
+                s, t = o.plan_start, key_states.shape[2]
+                self.keys[r0, :, s:s + t] = key_states[0]
+                self.values[r0, :, s:s + t] = value_states[0]
+            else:                                   # n rows [r0, r0 + n), one token each at its own column
+                rows, cols = o.plan_index
+                self.keys[rows, :, cols] = key_states[:, :, 0]
+                self.values[rows, :, cols] = value_states[:, :, 0]
+            return self.keys[r0:r0 + n, :, :span], self.values[r0:r0 + n, :, :span]
+
+        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+            return self.owner.plan_span, 0
+
+        def get_seq_length(self) -> int:
+            return self.owner.plan_span
+
+        def get_max_length(self) -> int:
+            return -1
+
+        def move_row(self, src: int, dst: int, n: int) -> None:
+            if self.is_initialized and n:
+                self.keys[dst, :, :n] = self.keys[src, :, :n]
+                self.values[dst, :, :n] = self.values[src, :, :n]
+
+    class RowCache(Cache):
+        """A KV cache of up to ``max_rows`` episodes, each row with its own length (no padding).
+
+        Row ``r`` holds the keys and values of its first ``lengths[r]`` tokens at columns
+        ``[0, lengths[r])``; a row is shortened by lowering its length (the template rewrote
+        history) and re-filled from there. Forward calls either feed one row several tokens
+        (:meth:`HFSampler.prefill_row`) or rows ``[0, n)`` one token each at their own column
+        (:meth:`HFSampler.decode_rows`); the attention mask (built by the sampler) hides every
+        column at or beyond a row's length. Capacity grows by 1.25x in chunks of 64 columns
+        (one copy), never shrinks.
+
+        Source: transformers ``Cache`` / ``CacheLayerMixin`` (the layer ``update`` protocol);
+        the row layout of :class:`agentrl.model.KVCache`.
+        """
+
+        def __init__(self, n_layers: int, max_rows: int, chunk: int = 64):
+            self.max_rows = int(max_rows)
+            self.chunk = int(chunk)
+            self.capacity = self.chunk
+            self.lengths = [0] * self.max_rows
+            self.plan_rows = self.plan_n = self.plan_span = 0
+            self.plan_start = None
+            self.plan_index = None
+            super().__init__(layers=[RowLayer(self) for _ in range(n_layers)])
+
+        def reserve(self, columns: int) -> None:
+            """Make room for ``columns`` positions per row (grows by >= 1.25x, in chunks)."""
+            if columns > self.capacity:
+                want = max(columns, int(self.capacity * 1.25))
+                self.capacity = -(-want // self.chunk) * self.chunk
+
+        def move_row(self, src: int, dst: int) -> None:
+            """Copy row ``src`` (its ``lengths[src]`` columns) into row ``dst``."""
+            n = self.lengths[src]
+            for layer in self.layers:
+                layer.move_row(src, dst, n)
+            self.lengths[dst] = n
+
+    _ROW_CACHE_TYPES.update(cache=RowCache, layer=RowLayer)
+    return RowCache, RowLayer
+
+
+def _n_layers(model) -> int:
+    cfg = getattr(model, 'config', None)
+    cfg = cfg.get_text_config() if hasattr(cfg, 'get_text_config') else cfg
+    n = getattr(cfg, 'num_hidden_layers', None)
+    if not n:
+        raise ValueError('HFSampler: the model config has no num_hidden_layers; use the per-turn path '
+                         '(run_chat_episodes(..., reuse_cache=False))')
+    return int(n)
+
+
+def _layer_types(model) -> set:
+    cfg = getattr(model, 'config', None)
+    cfg = cfg.get_text_config() if hasattr(cfg, 'get_text_config') else cfg
+    return set(getattr(cfg, 'layer_types', None) or ['full_attention'])
