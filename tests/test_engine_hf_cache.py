@@ -25,6 +25,7 @@ from agentrl.templates import ChatRecorder, ChatTemplate  # noqa: E402
 
 T1 = SamplingSpec()
 T07 = SamplingSpec(temperature=0.7, top_p=0.9)
+PEN = SamplingSpec(temperature=0.8, top_k=50, repetition_penalty=1.3)
 _MODELS = {}
 
 
@@ -88,7 +89,7 @@ def test_cross_turn_cache_gives_the_same_records(case, data, tmp_path_factory):
     n = data.draw(st.integers(1, 5), label='episodes')
     seeds = data.draw(st.lists(st.integers(0, 2 ** 40), min_size=n, max_size=n), label='seeds')
     ends = data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n), label='last turn')
-    spec = data.draw(st.sampled_from([T1, T07]), label='spec')
+    spec = data.draw(st.sampled_from([T1, T07, PEN]), label='spec')
     max_new = data.draw(st.integers(1, 12), label='max_new_tokens')
     batch = data.draw(st.integers(1, 5), label='batch_size')       # < n: episodes join as others leave
     prof = {}

@@ -92,7 +92,7 @@ def _tokenizer_dirs_with(fingerprint: str) -> list:
     from ..templates import load_tokenizer, tokenizer_fingerprint
     roots = [os.environ.get('AGENTRL_TOKENIZERS', '')]
     try:
-        roots.append(str(default_tokenizer_dir().parent))
+        roots.append(str(default_tokenizer_dir('qwen3').parent))
     except (FileNotFoundError, OSError):
         pass
     for root in dict.fromkeys(r for r in roots if r and os.path.isdir(r)):
