@@ -171,7 +171,7 @@ def _breakdown(arl, model, tok, ts) -> dict:
         return fn
 
     env_cls = type(arl.BugFixEnv())
-    saved = [(R, 'sample_next', clocked(R, 'sample_next', 'sampling')),
+    saved = [(R, 'sample', clocked(R, 'sample', 'sampling')),
              (R, 'make_trajectory', clocked(R, 'make_trajectory', 'records')),
              (KVCache, 'keep', clocked(KVCache, 'keep', 'cache_rows')),
              (KVCache, 'drop', clocked(KVCache, 'drop', 'cache_rows')),
@@ -396,7 +396,7 @@ def bench_rollouts(quick: bool, repeats: int) -> list[dict]:
     order = ['forward', 'sampling', 'env', 'episode', 'records', 'cache_rows', 'driver']
     rows += [_row('rollout_256_breakdown_forward_share', round(parts['forward'] / parts['total'], 2), '',
                   'one instrumented cached rollout: ' + ', '.join(f'{k} {parts[k]:.3f} s' for k in order) +
-                  f" (total {parts['total']:.3f} s; sampling = sample_next, env = BugFixEnv.step, episode = "
+                  f" (total {parts['total']:.3f} s; sampling = sampling.sample, env = BugFixEnv.step, episode = "
                   'Episode.act minus env, records = make_trajectory, cache_rows = KVCache.keep and drop)'),
              _row('forward_alone_256_s', round(fwd, 3), 's',
                   f'{n_ext} recorded extend calls replayed, {fed} tokens fed; '

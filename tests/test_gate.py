@@ -90,8 +90,19 @@ def run_dir(tmp_path_factory):
     return d
 
 
+def traj(run_dir):
+    """The run's records: its shard folder ``d/trajectories/``."""
+    return run_dir / 'trajectories'
+
+
+def shard(run_dir):
+    """The run's one shard file (6 records)."""
+    (f,) = store.data_files(traj(run_dir))
+    return f
+
+
 def table(run_dir):
-    return pq.read_table(run_dir / 'trajectories.parquet')
+    return pq.read_table(shard(run_dir))
 
 
 def write(path, t: pa.Table):
@@ -114,7 +125,7 @@ def check(capsys, *argv):
 
 
 def test_check_passes_the_run(run_dir, capsys):
-    code, out, _ = check(capsys, run_dir / 'trajectories.parquet', '--model', run_dir / 'model.pt')
+    code, out, _ = check(capsys, traj(run_dir), '--model', run_dir / 'model.pt')
     assert code == 0 and out.rstrip().endswith('result: OK'), out
 
 
@@ -130,8 +141,8 @@ def test_check_refuses_a_file_concatenated_with_itself(run_dir, tmp_path, capsys
 
 
 def test_check_refuses_one_identity_with_two_contents(run_dir, tmp_path, capsys):
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
-    other = store.read_trajectories(run_dir / 'trajectories.parquet')[0]
+    recs = store.read_trajectories(traj(run_dir))
+    other = store.read_trajectories(traj(run_dir))[0]
     other.reward = 1.0 - other.reward                         # same (group, rollout, attempt), other content
     store.write_trajectories(tmp_path / 'conflict.parquet', recs + [other])
     code, out, _ = check(capsys, tmp_path / 'conflict.parquet')
@@ -142,7 +153,7 @@ def test_check_refuses_one_identity_with_two_contents(run_dir, tmp_path, capsys)
 
 @pytest.mark.parametrize('value', [-7, 10**6])
 def test_check_refuses_ids_outside_the_vocabulary(run_dir, tmp_path, capsys, value):
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
+    recs = store.read_trajectories(traj(run_dir))
     recs[1].ids[0] = value
     store.write_trajectories(tmp_path / 'ids.parquet', recs)
     code, out, _ = check(capsys, tmp_path / 'ids.parquet')
@@ -151,7 +162,7 @@ def test_check_refuses_ids_outside_the_vocabulary(run_dir, tmp_path, capsys, val
 
 
 def test_check_fails_a_record_the_model_cannot_replay(run_dir, tmp_path, capsys):
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
+    recs = store.read_trajectories(traj(run_dir))
     r = recs[0]
     n = 300 - len(r.ids)                                        # longer than the model's 256 positions
     pad = torch.full((n,), int(r.ids[1]))
@@ -166,7 +177,7 @@ def test_check_fails_a_record_the_model_cannot_replay(run_dir, tmp_path, capsys)
 
 
 def test_check_refuses_a_nan_reward(run_dir, tmp_path, capsys):
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
+    recs = store.read_trajectories(traj(run_dir))
     recs[2].reward = float('nan')
     store.write_trajectories(tmp_path / 'nan.parquet', recs)
     code, out, _ = check(capsys, tmp_path / 'nan.parquet')
@@ -191,16 +202,16 @@ def test_check_fails_non_finite_ratios_and_thresholds(run_dir, tmp_path, capsys)
     state = torch.load(run_dir / 'model.pt', weights_only=True)
     state['state_dict'] = {k: torch.full_like(v, float('nan')) for k, v in state['state_dict'].items()}
     torch.save(state, tmp_path / 'nan.pt')
-    code, out, _ = check(capsys, run_dir / 'trajectories.parquet', '--model', tmp_path / 'nan.pt')
+    code, out, _ = check(capsys, traj(run_dir), '--model', tmp_path / 'nan.pt')
     assert code == 1 and 'non-finite replay ratios' in out and 'is not finite' in out, out
-    code, out, err = check(capsys, run_dir / 'trajectories.parquet', '--model', run_dir / 'model.pt',
+    code, out, err = check(capsys, traj(run_dir), '--model', run_dir / 'model.pt',
                            '--max-ratio-dev', 'nan')
     assert code == 2 and out == '' and err.count('\n') == 1
     assert err.startswith('agentrl: error: --max-ratio-dev must be a ') and 'got nan' in err
     with pytest.raises(ValueError, match=r'--max-ratio-dev must be a number >= 0 .*got nan; a NaN threshold'):
         from agentrl.jobs.check import CheckOptions, run_check
-        run_check(CheckOptions(path=str(run_dir / 'trajectories.parquet'), max_ratio_dev=float('nan')))
-    code, _, err = check(capsys, run_dir / 'trajectories.parquet', '--tol', 'inf')
+        run_check(CheckOptions(path=str(traj(run_dir)), max_ratio_dev=float('nan')))
+    code, _, err = check(capsys, traj(run_dir), '--tol', 'inf')
     assert code == 2 and err.startswith('agentrl: error: --tol must be a finite number >= 0 (nats), got inf')
 
 
@@ -254,7 +265,7 @@ def test_bad_checkpoint_config_is_one_line(run_dir, tmp_path, capsys):
     with pytest.raises(ValueError, match=r'config asks for 13,976,\d{3},\d{3} parameters \(52\.\d GiB\), more than'):
         load_checkpoint(str(tmp_path / 'big.pt'))
     for ckpt in ('bogus.pt', 'big.pt'):
-        code, out, err = check(capsys, run_dir / 'trajectories.parquet', '--model', tmp_path / ckpt)
+        code, out, err = check(capsys, traj(run_dir), '--model', tmp_path / ckpt)
         assert code == 2 and err.count('\n') == 1 and 'config ' in err and 'Traceback' not in err, err
         code = main(['rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '1', '--checkpoint',
                      str(tmp_path / ckpt), '--out', str(tmp_path / f'r-{ckpt}')])
@@ -268,11 +279,11 @@ def test_unexpected_errors_are_one_line_unless_debug(monkeypatch, capsys, run_di
     def boom(*a, **k):
         raise KeyError('deep inside')
     monkeypatch.setattr(job, 'run_check', boom)
-    assert main(['check', str(run_dir / 'trajectories.parquet')]) == 1
+    assert main(['check', str(traj(run_dir))]) == 1
     err = capsys.readouterr().err
     assert err == "agentrl: error: KeyError: 'deep inside' (an internal error; rerun with --debug for the traceback)\n"
     with pytest.raises(KeyError):
-        main(['check', str(run_dir / 'trajectories.parquet'), '--debug'])
+        main(['check', str(traj(run_dir)), '--debug'])
 
 
 # ------------------------------------------------------------------------------ terminal escapes
@@ -284,7 +295,7 @@ def test_escape_sequences_in_data_never_reach_the_terminal(run_dir, tmp_path, ca
     from agentrl.io import printable
     assert printable(EVIL) == '\\x1b[2J\\x1b[31mEVIL'
     assert printable('a\u202eb\x9b\x07\n', newlines=True) == 'a\\u202eb\\x9b\\x07\n'
-    recs = store.read_trajectories(run_dir / 'trajectories.parquet')
+    recs = store.read_trajectories(traj(run_dir))
     for r in recs:
         r.provenance.policy = EVIL
     recs[0].info['stop'] = EVIL
@@ -409,8 +420,8 @@ def test_fuzz_every_reader_gives_one_line_and_exit_1(run_dir, tmp_path, capsys):
 def test_fuzz_damaged_bytes_are_one_line(run_dir, tmp_path, capsys):
     """Flipped and truncated bytes: one line, never a traceback (exit 1 or 2: the file is not readable)."""
     rng = random.Random(6)
-    raw = (run_dir / 'trajectories.parquet').read_bytes()
-    digests = [checks.record_digest(r) for r in store.read_trajectories(run_dir / 'trajectories.parquet')]
+    raw = open(shard(run_dir), 'rb').read()
+    digests = [checks.record_digest(r) for r in store.read_trajectories(traj(run_dir))]
     for k in range(12):
         data = bytearray(raw)
         if k % 3 == 0:
@@ -443,5 +454,51 @@ def test_check_progress_on_a_pipe(run_dir, monkeypatch, capsys):
     monkeypatch.setattr(cli_check, 'PROGRESS_MIN_ROWS', 1)
     monkeypatch.setattr(cli_check, 'PROGRESS_EVERY_S', 0.0)
     monkeypatch.setattr(cli_check.Progress.__init__, '__defaults__', (None, 0.0))
-    code, out, err = check(capsys, run_dir / 'trajectories.parquet', '--batch-size', '2')
+    code, out, err = check(capsys, traj(run_dir), '--batch-size', '2')
     assert code == 0 and re.findall(r'check: (\d+) of 6 records read', err) == ['2', '4', '6'], err
+
+
+# ------------------------------------------------------------------------------ check --model on HF-engine records
+
+@pytest.fixture(scope='module')
+def hf_model_dir(tmp_path_factory):
+    pytest.importorskip('transformers')
+    from _tokenizers import tokenizer_path
+    from agentrl.engines import hf
+    path = tokenizer_path('qwen3')
+    if not (path / 'tokenizer_config.json').is_file():
+        pytest.skip(f'no qwen3 tokenizer at {path} (set AGENTRL_TOKENIZERS to the tokenizers folder)')
+    return hf.make_test_model(tmp_path_factory.mktemp('gate-hf'), path, token_rates={'</think>': 0.05})
+
+
+def _max_dev(out: str) -> float:
+    return float(re.search(r'^  all +\d+ +\S+ +\S+ +\S+ +(\S+)$', out, re.M).group(1))
+
+
+@pytest.mark.parametrize('flags', [[], ['--temperature', '0.7', '--top-p', '0.9']], ids=['T1', 'T0.7-top_p0.9'])
+def test_check_replays_hf_engine_records_under_a_model_folder(hf_model_dir, tmp_path, monkeypatch, capsys, flags):
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    out = tmp_path / 'run'
+    assert main(['rollout', '--engine', 'hf', '--model', str(hf_model_dir), '--split', 'heldout', '--repeats', '1',
+                 '--max-new-tokens', '8', '--max-turns', '2', '--out', str(out), *flags]) == 0
+    capsys.readouterr()
+    code, text, _ = check(capsys, out / 'trajectories', '--model', hf_model_dir, '--max-ratio-dev', '1e-5')
+    assert code == 0 and text.rstrip().endswith('result: OK') and 'records: match' in text, text
+    assert _max_dev(text) <= 1e-5
+
+
+def test_check_replays_per_turn_context_records(hf_model_dir, tmp_path, capsys):
+    from agentrl.engines import hf
+    from agentrl.templates import ChatRecorder, ChatTemplate
+    model, tok = hf.load_model(hf_model_dir)
+    template = ChatTemplate(tok)
+    sampler = hf.HFSampler(model, template.stop_ids, SamplingSpec(0.7, top_p=0.9), max_new_tokens=24)
+    recs = [ChatRecorder(template, [{'role': 'user', 'content': f'Question {i}?'}]) for i in range(4)]
+    trajs = hf.run_chat_episodes(
+        sampler, recs, lambda i, turn, text: hf.Reply(messages=[{'role': 'user', 'content': 'And then?'}], action=text),
+        seeds=range(4), max_turns=3)
+    assert any(t.turn_contexts is not None for t in trajs)     # thinking stripped from history: turns have contexts
+    store.write_trajectories(tmp_path / 'turns.parquet', trajs)
+    code, text, _ = check(capsys, tmp_path / 'turns.parquet', '--model', hf_model_dir, '--max-ratio-dev', '1e-5')
+    assert code == 0 and text.rstrip().endswith('result: OK') and 'not replayed' not in text, text
+    assert _max_dev(text) <= 1e-5

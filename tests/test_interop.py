@@ -305,7 +305,7 @@ def test_cli_export_import_check(tmp_path, recs, capsys):
 
 def test_cli_export_refusal_is_one_line(tmp_path, recs, capsys):
     store.write_trajectories(tmp_path / 'run' / 'trajectories.parquet', recs[::-1][1:] + recs[-1:])
-    assert cli('export', tmp_path / 'run', '--to', 'trl', '--out', tmp_path / 't') == 2
+    assert cli('export', tmp_path / 'run', '--to', 'trl', '--out', tmp_path / 't') == 1      # data refused
     err = capsys.readouterr().err
     assert err.startswith('agentrl: error: provenance.group_id') and '--sort-groups' in err
     assert cli('export', tmp_path / 'run', '--to', 'trl', '--out', tmp_path / 't', '--sort-groups') == 0
@@ -375,3 +375,23 @@ def test_trl_truncated_rows_measured_by_pad_id():
     del d['agentrl_provenance'], d['agentrl_info']
     back = interop.from_trl(d, pad_id=PAD)
     assert torch.equal(back[0].ids, trimmed(episode(1))[0])
+
+
+class _Obj:
+    pass
+
+
+def test_pt_files_load_without_running_code(tmp_path):
+    torch.save({'samples': [_Obj()]}, tmp_path / '0.pt')
+    with pytest.raises(ValueError, match="holds objects beyond tensors, lists and dicts .* weights_only=True"):
+        interop.import_records(tmp_path / '0.pt', 'slime')
+
+
+def test_cli_flags_checked_in_one_line(tmp_path, recs, capsys):
+    store.write_trajectories(tmp_path / 'run' / 'trajectories.parquet', recs)
+    assert cli('export', tmp_path / 'run', '--to', 'verl', '--out', tmp_path / 'v', '--prompt-length', 0) == 2
+    assert '--prompt-length must be >= 1, got 0' in capsys.readouterr().err
+    assert cli('export', tmp_path / 'run', '--out', tmp_path / 'v') == 2
+    assert '--to FRAMEWORK and --out PATH are required' in capsys.readouterr().err
+    assert cli('import', tmp_path / 'run', '--from', 'verl', '--out', tmp_path / 'x', '--temperature', -1) == 2
+    assert '--temperature must be >= 0.0, got -1.0' in capsys.readouterr().err

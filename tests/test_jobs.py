@@ -66,7 +66,7 @@ def test_options_are_declared_once_and_range_checked():
     p = argparse.ArgumentParser()
     add_fields(p, RolloutOptions)
     flags = {a.option_strings[0] for a in p._actions if a.option_strings and a.dest != 'help'}
-    assert len(flags) == len(jp.fields(RolloutOptions)) == 20 and '--no-batch' in flags
+    assert len(flags) == len(jp.fields(RolloutOptions)) == 21 and '--no-batch' in flags
     for f in jp.fields(RolloutOptions):
         assert f.metadata['help'], f.name
     with pytest.raises(ValueError, match=r'^--top-p applies to --engine hf, not --engine tinyagent'):
@@ -141,6 +141,7 @@ def test_in_process_run_streams_shards_and_names_no_local_path(tmp_path):
     assert manifest['episodes'] == 36 and manifest['chunk_size'] == 5 and manifest['plan']['seed'] == 4
     # check, report and show read the folder (and still a single file)
     assert 'result: OK' in agentrl('check', out / 'trajectories', '--model', out / 'model.pt').stdout
+    assert 'records          36' in agentrl('check', out).stdout            # the run folder reads its shards
     assert agentrl('report', out).returncode == 0 and (out / 'report.html').is_file()
     arl.write_trajectories(tmp_path / 'one.parquet', list(recs.values()))
     assert 'records          36' in agentrl('check', tmp_path / 'one.parquet').stdout
@@ -376,24 +377,66 @@ def test_hf_kill_9_halfway_then_resume(hf_model, hf_ref, tmp_path):
     _kill_then_resume(dict(HF_PLAN, model=str(hf_model), out=str(tmp_path / 'cut')), 3, hf_ref / 'trajectories')
 
 
-@pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed (pip install 'agentrl[ray]')")
-def test_hf_records_are_the_same_on_0_1_and_2_ray_workers(hf_model, hf_ref, tmp_path, monkeypatch):
-    ray = pytest.importorskip('ray')
-    monkeypatch.setenv('RAY_USAGE_STATS_ENABLED', '0')
-    ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False,
-             _node_ip_address='127.0.0.1')
+_HF_ON_RAY = textwrap.dedent('''
+    import json, sys
+    import ray
+    from agentrl.jobs.plan import RolloutOptions
+    from agentrl.jobs.rollout import rollout_job
+    ray.init(address='local', num_cpus=2, include_dashboard=False, log_to_driver=False, _node_ip_address='127.0.0.1')
     try:
-        ref = by_id(hf_ref / 'trajectories')
-        assert len(ref) == 6 and all(t.provenance.policy == 'hf' for t in ref.values())
         for workers in (1, 2):
-            out = tmp_path / f'w{workers}'
-            s = jr.rollout_job(RolloutOptions(**HF_PLAN, model=str(hf_model), workers=workers, out=str(out)),
-                               progress=False)
-            assert s['engine']['workers_started'] == workers and s['engine']['written'] == 6
-            got = by_id(out / 'trajectories')
-            assert got.keys() == ref.keys()
-            for k in ref:
-                assert_same(ref[k], got[k])
-                assert ref[k].provenance.seed == episode_seed(2, *k)
+            opts = dict(json.loads(sys.argv[1]), workers=workers, out=sys.argv[2] + f'/w{workers}')
+            s = rollout_job(RolloutOptions(**opts), progress=False)
+            print(json.dumps([workers, s['engine']['workers_started'], s['engine']['written']]))
     finally:
         ray.shutdown()
+''')
+
+
+@pytest.mark.skipif(not HAS_RAY, reason="Ray is not installed (pip install 'agentrl[ray]')")
+def test_hf_records_are_the_same_on_0_1_and_2_ray_workers(hf_model, hf_ref, tmp_path):
+    """HF episodes on Ray actors (each loads the model once): the records of --workers 0, bit for bit.
+
+    Ray runs in a child process with a token of its own (a Ray started in the test process would keep
+    its auth state and break the cluster tests of test_ray.py).
+    """
+    import uuid
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED='0', RAY_AUTH_MODE='token', RAY_AUTH_TOKEN=uuid.uuid4().hex)
+    p = subprocess.run([sys.executable, '-c', _HF_ON_RAY, json.dumps(dict(HF_PLAN, model=str(hf_model))),
+                        str(tmp_path)], capture_output=True, text=True, timeout=600, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [json.loads(line) for line in p.stdout.strip().splitlines()[-2:]] == [[1, 1, 6], [2, 2, 6]]
+    ref = by_id(hf_ref / 'trajectories')
+    assert len(ref) == 6 and all(t.provenance.policy == 'hf' for t in ref.values())
+    for workers in (1, 2):
+        got = by_id(tmp_path / f'w{workers}' / 'trajectories')
+        assert got.keys() == ref.keys()
+        for k in ref:
+            assert_same(ref[k], got[k])
+            assert ref[k].provenance.seed == episode_seed(2, *k)
+
+
+_KILL_TRAIN = textwrap.dedent('''
+    import os, signal, sys
+    from agentrl.train import TrainConfig, train
+
+    def die(row):
+        if row['phase'] == 'sft' and row['step'] == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    train(TrainConfig(sft_steps=4, grpo_steps=0, eval_repeats=1, out=sys.argv[1]), on_event=die)
+''')
+
+
+def test_train_killed_mid_run_leaves_no_run_and_the_next_run_cleans_up(tmp_path):
+    out = tmp_path / 't'
+    p = subprocess.run([sys.executable, '-c', _KILL_TRAIN, str(out)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    visible = [n for n in os.listdir(out) if not n.startswith('.')]
+    assert visible == [] and len(list(out.glob('.train-tmp-*'))) == 1      # only the dead run's staging folder
+    from agentrl.train import TrainConfig, train
+    s = train(TrainConfig(sft_steps=2, grpo_steps=0, eval_repeats=1, out=str(out)))
+    assert sorted(n for n in os.listdir(out) if not n.startswith('.')) == \
+        ['metrics.jsonl', 'model.pt', 'reward.svg', 'sft.pt', 'summary.json']
+    assert not list(out.glob('.train-tmp-*')) and s['files']['checkpoint'] == 'model.pt'
+    assert json.loads((out / 'summary.json').read_text())['sft']['steps'] == 2

@@ -175,7 +175,7 @@ def test_hf_engine_records_replay_through_load_scorer(hf_model_dir, tmp_path, mo
     out = tmp_path / 'run'
     assert main(['rollout', '--engine', 'hf', '--model', str(hf_model_dir), '--split', 'heldout', '--repeats', '1',
                  '--max-new-tokens', '8', '--max-turns', '2', '--out', str(out), *flags]) == 0
-    trajs = arl.read_trajectories(out / 'trajectories.parquet')
+    trajs = arl.read_trajectories(out / 'trajectories')
     assert all(t.provenance.sampling == spec for t in trajs)
     scorer = load_scorer(hf_model_dir)
     assert scorer.name == hf_model_dir.name

@@ -287,13 +287,14 @@ def draw(weights: torch.Tensor, u: torch.Tensor, *, caller: str = 'draw') -> tor
             logits, or every logit -inf): there is no distribution to sample from. This is the
             one edge-case policy of every engine (never a silent clamp).
     """
-    cdf = weights.double().cumsum(dim=-1)
+    cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
     total = cdf[:, -1:].contiguous()
     if not bool(torch.isfinite(total.log()).all()):            # log: 0 -> -inf, NaN and inf stay
         rows = (~((total > 0) & (total < float('inf')))).squeeze(1).nonzero().squeeze(1).tolist()
         raise ValueError(f'{caller}: rows {rows[:5]} have no distribution to sample from (NaN or inf '
                          'logits, or all -inf); check the model output before sampling')
-    u = u.reshape(-1, 1).to(cdf)
+    if u.dim() != 2 or u.dtype != torch.float64:
+        u = u.reshape(-1, 1).to(cdf)
     ids = torch.searchsorted(cdf, u * total, right=True)
     # u * total can round up to total: fall back to the last token of positive weight
     last = torch.searchsorted(cdf, total, right=False)
@@ -359,7 +360,9 @@ def sample(logits: torch.Tensor, spec: SamplingSpec | None = None, *, generator=
         logits = logits.float()
         T = spec.temperature
         probs = torch.softmax(logits if T == 1 else logits / T, dim=-1)  # x/1 == x
-        ids = draw(probs, uniforms(B, generator, generators, probs.device), caller=caller)
+        u = (torch.rand(B, 1, generator=generator, dtype=torch.float64, device=probs.device) if generators is None
+             else uniforms(B, None, generators, probs.device))
+        ids = draw(probs, u, caller=caller)
         return ids, probs.gather(-1, ids[:, None]).squeeze(-1).log()
     lp = processed_logp(logits, spec, context)
     ids = draw(lp.exp(), uniforms(B, generator, generators, lp.device), caller=caller)

@@ -402,6 +402,8 @@ def from_table(table: pa.Table | pa.RecordBatch, *, source: str = 'table', first
         float32 (bit-exact), ``reward`` float, ``info`` dict, ``provenance`` (None when the row's
         ``attempt`` is null), ``turn_contexts`` as ``[(start, ids int64 tensor)]`` or None.
 
+    Source: docs/design.md#integrity (a stored digest that no longer matches means an edit).
+
     Raises:
         MalformedRowError: a row that cannot be converted; the one-line message names the source,
             the row, the field and the fix (``'f.parquet' row 3: reward: is None, not a number``).
@@ -428,8 +430,9 @@ def data_files(path: str | os.PathLike) -> list[str]:
     """The Parquet files of a trajectory file or dataset folder, in order.
 
     Args:
-        path: a ``.parquet`` file, or a folder of them (shards ``part-000000.parquet`` ...).
-            Hidden names (``.``, ``_``) such as in-progress temporary files are skipped.
+        path: a ``.parquet`` file, or a folder of them (shards ``part-000000.parquet`` ...), or a
+            run folder of ``agentrl rollout`` (its ``trajectories/`` shards are read). Hidden names
+            (``.``, ``_``) such as in-progress temporary files are skipped.
 
     Returns:
         Sorted list of file paths (str); pass it to ``datasets.load_dataset('parquet',
@@ -440,8 +443,11 @@ def data_files(path: str | os.PathLike) -> list[str]:
     """
     p = Path(path)
     if p.is_dir():
-        return sorted(str(f) for f in p.iterdir()
-                      if f.suffix == '.parquet' and not f.name.startswith(('.', '_')) and f.is_file())
+        found = sorted(str(f) for f in p.iterdir()
+                       if f.suffix == '.parquet' and not f.name.startswith(('.', '_')) and f.is_file())
+        if not found and (p / 'trajectories').is_dir() and (p / 'run.json').is_file():
+            return data_files(p / 'trajectories')          # a run folder: its shards
+        return found
     if p.is_file():
         return [str(p)]
     raise FileNotFoundError(f'no trajectory file or folder at {str(p)!r}')

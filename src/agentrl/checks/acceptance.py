@@ -18,7 +18,7 @@ Context positions need no probability and are never deleted: only generated (pol
 positions are checked for log-probs. Source: the acceptance check of the book's record-integrity
 chapter ("refuse missing probabilities for generated positions, mismatched lengths and unknown
 tokenization revisions; exempt context positions from the probability requirement without
-deleting them").
+deleting them"); docs/design.md#integrity.
 
 To add a rule: write ``def rule_name(r: Facts) -> list[RecordError]`` (for a ``'position'`` rule,
 return ``[(position, error), ...]``) and insert ``Rule('name', rule_name, stage)`` into

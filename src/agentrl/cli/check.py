@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
+from dataclasses import fields
 
 from ..jobs.check import CheckOptions
 
@@ -25,39 +26,23 @@ PROGRESS_EVERY_S = 5.0
 
 
 def register(sub) -> None:
-    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
-    d = CheckOptions()
+    """Add this subcommand's parser (one flag per :class:`~agentrl.jobs.check.CheckOptions` field) and set ``func=run``."""
+    from .options import add_fields
     p = sub.add_parser('check', help='validate trajectory records (masks, log-probs, provenance, replay)',
                        description='Validate every record of a trajectory file or folder; print refusals by '
                                    'kind, truncation rate, length stats and (with --model) replay ratio stats. '
                                    'Exit 1 if any record is refused.')
-    p.add_argument('path', help='trajectory .parquet file or folder of shards')
-    p.add_argument('--model', default=None, metavar='CKPT',
-                   help='TinyAgent checkpoint (model.pt) to replay sampled records under their declared sampler; '
-                        'a record it cannot replay fails the check')
-    p.add_argument('--expect-tokenizer', default=None, metavar='FP', help='expected tokenizer fingerprint')
-    p.add_argument('--expect-template', default=None, metavar='FP', help='expected template fingerprint')
-    p.add_argument('--pad-id', type=int, default=None, help='padding id (default: from the word-level tokenizer)')
-    p.add_argument('--eot-id', type=int, action='append', default=[], dest='eot_ids',
-                   help='end-of-turn id, repeatable (default: the word-level </call>)')
-    p.add_argument('--vocab-size', type=int, default=None, metavar='V',
-                   help='refuse ids outside [0, V) (default: the word-level tokenizer\'s when the records use it, '
-                        'else the model\'s; without either only negative ids are refused)')
-    p.add_argument('--tol', type=float, default=d.tol, help='replay agreement tolerance, nats (default: 1e-4)')
-    p.add_argument('--max-ratio-dev', type=float, default=d.max_ratio_dev,
-                   help='fail if any replay ratio differs from 1 by more than this (default: 1e-3, the step-0 '
-                        'check; inf: only report, e.g. when replaying with another checkpoint; NaN is refused)')
-    p.add_argument('--examples', type=int, default=d.examples, help='refusal messages to print (default: 5)')
-    p.add_argument('--batch-size', type=int, default=d.batch_size, help='records per read batch (default: 256)')
+    add_fields(p, CheckOptions, skip=('eot_ids',))
+    f = {x.name: x for x in fields(CheckOptions)}['eot_ids']
+    p.add_argument(f.metadata['flag'], type=int, action='append', default=[], dest='eot_ids', metavar='ID',
+                   help=f.metadata['help'])
     p.set_defaults(func=run)
 
 
 def options_from_args(args) -> CheckOptions:
     """Build the options dataclass from the parsed ``args``."""
-    return CheckOptions(path=args.path, model=args.model, expect_tokenizer=args.expect_tokenizer,
-                        expect_template=args.expect_template, pad_id=args.pad_id, eot_ids=list(args.eot_ids),
-                        vocab_size=args.vocab_size, tol=args.tol, max_ratio_dev=args.max_ratio_dev,
-                        examples=args.examples, batch_size=args.batch_size)
+    from .options import from_args
+    return from_args(CheckOptions, args)
 
 
 class Progress:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from .options import UserError
+
 
 @dataclass
 class DriftOptions:
@@ -38,8 +40,7 @@ class DriftOptions:
     prompt: str | None = None
 
     def validate(self) -> None:
-        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .options import UserError
+        """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
         if not self.model and not self.records:
             raise UserError('pass --model DIR (sample and measure) or --records PATH (measure a rollout file)')
         if self.model and not os.path.isfile(os.path.join(self.model, 'config.json')):
@@ -107,7 +108,6 @@ def _tokenizer_dirs_with(fingerprint: str) -> list:
 
 
 def _tokenizer_for_records(opts: DriftOptions, records):
-    from .options import UserError
     from ..engines.hf import require_transformers
     from ..templates import load_tokenizer, tokenizer_fingerprint
     require_transformers('agentrl drift --records')
@@ -143,7 +143,6 @@ def run(args) -> int:
         from ..store import read_trajectories
         records = read_trajectories(opts.records)
         if not records:
-            from .options import UserError
             raise UserError(f'--records {opts.records!r} holds no records')
         tok, path = _tokenizer_for_records(opts, records)
         rate = hf.drift_rate(records, tok)

@@ -5,52 +5,67 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from .options import UserError, add_fields, check_numbers, from_args
 
 SOURCES = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'vllm', 'sglang')
 
 
+def _opt(default, help: str, **meta):
+    return field(default=default, metadata=dict(meta, help=help))
+
+
 @dataclass
 class ImportOptions:
-    """Options of ``agentrl import`` (one field per flag).
+    """Options of ``agentrl import`` (one field per flag; help and range in the metadata).
 
     Attributes:
         path: the framework's file or an ``agentrl export`` folder; for vllm/sglang a JSON/JSONL file of episodes.
-        source: the framework (:data:`SOURCES`).
+        source: the framework (:data:`SOURCES`), flag ``--from``.
         out: run folder to write.
         tokenizer: Hugging Face tokenizer folder (fingerprint; needed for chat exchanges).
         temperature, top_k, top_p, min_p, logp_mode: the sampler, when the source does not carry it
-            (None: not declared).
+            (``temperature`` None: not declared; ``logp_mode`` None: processed, or raw for vllm/sglang).
         model: model id for the provenance.
     """
-    path: str
-    source: str
-    out: str
-    tokenizer: str | None = None
-    temperature: float | None = None
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    logp_mode: str = 'processed'
-    model: str = ''
+    path: str = _opt(None, 'the file or export folder to import', positional=True, metavar='PATH')
+    source: str = _opt(None, 'source framework or server (required)', choices=SOURCES, flag='--from')
+    out: str = _opt(None, 'run folder to write (required)', metavar='RUN')
+    tokenizer: str | None = _opt(None, 'Hugging Face tokenizer folder the rollouts used', metavar='DIR')
+    temperature: float | None = _opt(None, 'sampling temperature, when the source does not carry the sampler',
+                                     min=0.0)
+    top_k: int = _opt(0, 'sampler top_k (0 = off; with --temperature)', min=0)
+    top_p: float = _opt(1.0, 'sampler top_p (1 = off; with --temperature)', gt=0.0, max=1.0)
+    min_p: float = _opt(0.0, 'sampler min_p (0 = off; with --temperature)', min=0.0, max=0.999999)
+    logp_mode: str | None = _opt(None, "log-prob mode of the source (default: processed; vllm/sglang: raw, vLLM's "
+                                       'default)', choices=('processed', 'raw'))
+    model: str = _opt('', 'model id for the provenance')
 
     def validate(self) -> None:
-        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .main import UserError
+        """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
+        if self.source is None or self.out is None:
+            raise UserError('--from FRAMEWORK and --out RUN are required, e.g. `agentrl import batch.pt --from verl '
+                            '--out runs/imported`')
+        check_numbers(self)
         if not os.path.exists(self.path):
             raise UserError(f'PATH {self.path!r} does not exist; pass the file (or export folder) to import')
-        if self.source not in SOURCES:
-            raise UserError(f'--from {self.source!r}; use one of {", ".join(SOURCES)}')
         if os.path.isfile(self.out):
             raise UserError(f'--out {self.out!r} is a file; pass a folder for the run')
+        if self.tokenizer and not os.path.isdir(self.tokenizer):
+            raise UserError(f'--tokenizer {self.tokenizer!r} is not a folder; pass a tokenizer folder')
+
+    def mode(self) -> str:
+        """The declared log-prob mode (raw for servers, processed otherwise, unless given)."""
+        return self.logp_mode or ('raw' if self.source in ('vllm', 'sglang') else 'processed')
 
     def spec(self):
-        """The declared :class:`~agentrl.record.SamplingSpec`, or None (ValueError names a bad flag)."""
+        """The declared :class:`~agentrl.record.SamplingSpec`, or None when ``--temperature`` is not given."""
         if self.temperature is None:
             return None
         from ..record import SamplingSpec
         return SamplingSpec(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                            logp_mode=self.logp_mode)
+                            logp_mode=self.mode())
 
 
 def register(sub) -> None:
@@ -59,28 +74,13 @@ def register(sub) -> None:
                                       'responses into an agentrl run folder',
                        description='Import rollouts into RUN/trajectories.parquet (+ summary.json) so that agentrl '
                                    'check, show and report work on them. Server responses must carry token ids.')
-    p.add_argument('path', metavar='PATH', help='the file or export folder to import')
-    p.add_argument('--from', dest='source', required=True, choices=SOURCES, help='source framework or server')
-    p.add_argument('--out', '-o', required=True, metavar='RUN', help='run folder to write')
-    p.add_argument('--tokenizer', default=None, metavar='DIR', help='Hugging Face tokenizer folder the rollouts used')
-    p.add_argument('--temperature', type=float, default=None,
-                   help='sampling temperature, when the source does not carry the sampler')
-    p.add_argument('--top-k', type=int, default=0, help='sampler top_k (0 = off; with --temperature)')
-    p.add_argument('--top-p', type=float, default=1.0, help='sampler top_p (1 = off; with --temperature)')
-    p.add_argument('--min-p', type=float, default=0.0, help='sampler min_p (0 = off; with --temperature)')
-    p.add_argument('--logp-mode', default=None, choices=('processed', 'raw'),
-                   help='log-prob mode of the source (default: processed; vllm/sglang: raw, vLLM\'s default)')
-    p.add_argument('--model', default='', help='model id for the provenance')
+    add_fields(p, ImportOptions)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise, one line)."""
-    server = args.source in ('vllm', 'sglang')
-    mode = args.logp_mode or ('raw' if server else 'processed')
-    opts = ImportOptions(path=args.path, source=args.source, out=args.out, tokenizer=args.tokenizer,
-                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p,
-                         logp_mode=mode, model=args.model)
+    opts = from_args(ImportOptions, args)
     opts.validate()
     from .. import interop, store
     from ..io import atomic_write
@@ -89,8 +89,8 @@ def run(args) -> int:
         from ..templates import load_tokenizer
         tok = load_tokenizer(opts.tokenizer)
     kwargs = {'model': opts.model}
-    if server:
-        kwargs['logp_mode'] = opts.logp_mode
+    if opts.source in ('vllm', 'sglang'):
+        kwargs['logp_mode'] = opts.mode()
     records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(), **kwargs)
     os.makedirs(opts.out, exist_ok=True)
     path = store.write_trajectories(os.path.join(opts.out, 'trajectories.parquet'), records)

@@ -64,6 +64,8 @@ def _error_line(e: BaseException) -> str:
     else:
         line = f'{type(e).__name__}: {_one_line(e)} (an internal error; rerun with --debug for the traceback)'
     return printable(line)
+
+
 def _refuse_nan(args) -> None:
     """No flag of any command takes NaN (a NaN threshold switches a comparison off)."""
     for name, v in vars(args).items():

@@ -6,6 +6,8 @@ import os
 import time
 from dataclasses import dataclass
 
+from .options import UserError
+
 
 @dataclass
 class ReportOptions:
@@ -29,8 +31,7 @@ class ReportOptions:
         return shards if not os.path.exists(single) and os.path.isdir(shards) else single
 
     def validate(self) -> None:
-        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .options import UserError
+        """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
         if os.path.isfile(self.run_dir):
             raise UserError(f'{self.run_dir!r} is a file; pass the run folder that holds it (RUN_DIR of '
                             '`agentrl rollout --out RUN_DIR`)')
@@ -68,7 +69,6 @@ def options_from_args(args) -> ReportOptions:
 def write_report(opts: ReportOptions, progress=None) -> dict:
     """Read the run, render the page, write it atomically; return counts for the summary line."""
     from .. import store, viz
-    from .options import UserError
     path = opts.trajectories()
     n_rows = None
     try:

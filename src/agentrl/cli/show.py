@@ -43,7 +43,6 @@ class ShowOptions:
 
     def resolve_format(self) -> str:
         """The output format: ``--format``, else from the ``--out`` suffix (html, svg), else term."""
-        from .options import UserError
         if self.format:
             if self.format not in FORMATS:
                 raise UserError(f'--format {self.format!r} is not known; choose term, html or svg')
@@ -55,8 +54,7 @@ class ShowOptions:
         return ext if ext in ('html', 'svg') else 'term'
 
     def validate(self) -> None:
-        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .options import UserError
+        """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
         if not os.path.exists(self.path):
             raise UserError(f'{self.path!r} does not exist; pass a trajectories.parquet written by '
                             '`agentrl rollout --out DIR` (or a template audit .json)')
@@ -105,7 +103,6 @@ def _policy(t) -> str:
 
 def load_record(opts: ShowOptions):
     """Return ``(record, count)``: the chosen record and how many records matched."""
-    from .options import UserError
     if opts.path.lower().endswith('.json'):
         from ..viz import load_audit
         records = load_audit(opts.path)

@@ -10,6 +10,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from .options import UserError
+
 
 @dataclass
 class TemplateAuditOptions:
@@ -30,8 +32,7 @@ class TemplateAuditOptions:
     thinking: bool = True
 
     def validate(self) -> None:
-        """Raise :class:`~agentrl.cli.main.UserError` naming the bad flag and the fix."""
-        from .options import UserError
+        """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
         for flag, path in (('--messages', self.messages), ('--tools', self.tools)):
             if path is not None and not os.path.isfile(path):
                 raise UserError(f'{flag} {path!r} does not exist; pass a JSON file')
@@ -82,7 +83,6 @@ def register(sub) -> None:
 
 
 def _load_json(path: str, flag: str):
-    from .options import UserError
     try:
         with open(path) as f:
             return json.load(f)
@@ -96,7 +96,6 @@ def load_inputs(opts: TemplateAuditOptions) -> tuple:
     Raises:
         UserError: a file that is not JSON, or does not hold a list of messages / tool schemas.
     """
-    from .options import UserError
     tools = None
     if opts.messages is None:
         from .. import gym

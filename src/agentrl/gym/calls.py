@@ -68,3 +68,7 @@ class StopReason(str, enum.Enum):
 
     def __str__(self) -> str:
         return self.value
+
+    def __repr__(self) -> str:
+        # printed inside lists and dicts (the book prints ``info['stop']`` values that way)
+        return repr(self.value)

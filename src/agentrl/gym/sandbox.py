@@ -29,7 +29,8 @@ the gym alive and the host untouched:
    The parent checks sources against the whitelist itself (cached), so refused sources never
    cost a round trip.
 
-Every failure becomes an error result; ``run_tests`` never raises and never hangs.
+Every failure becomes an error result; ``run_tests`` never raises and never hangs
+(docs/design.md#gym).
 """
 from __future__ import annotations
 

@@ -255,8 +255,8 @@ def provenance_for_import(source: str, *, spec: SamplingSpec | None, group_id: s
     """
     fp = ''
     if tokenizer is not None:
-        from ..templates.chat import tokenizer_digest
-        fp = tokenizer_digest(tokenizer)
+        from ..templates.chat import tokenizer_fingerprint
+        fp = tokenizer_fingerprint(tokenizer)
     return Provenance(policy=source, tokenizer=fp, sampling=None if placeholder else spec, model=model,
                       logp_placeholder=placeholder, group_id=str(group_id), rollout_id=str(rollout_id))
 

@@ -137,8 +137,26 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
     return manifest
 
 
+def _load_pt(path: Path):
+    """``torch.load`` restricted to tensors and plain containers (no code runs from the file)."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:  # pickle.UnpicklingError and friends: objects beyond tensors and plain data
+        raise ValueError(f'{str(path)!r} holds objects beyond tensors, lists and dicts ({type(e).__name__}); '
+                         'agentrl loads .pt files with weights_only=True. Fix: if you trust the file, load it '
+                         'yourself with torch.load(weights_only=False) and pass the result to the from_* function') from e
+
+
 def load_export(path, framework: str):
-    """The object an export wrote (the input of the matching ``from_*``) from a folder or file."""
+    """The object an export wrote (the input of the matching ``from_*``) from a folder or file.
+
+    ``.pt`` files are read with ``torch.load(weights_only=True)``; a verl ``.dp`` file is a pickle
+    (``DataProto.load_from_disk``): import only ``.dp`` files you trust.
+
+    Raises:
+        ValueError: no such file in the folder, an unknown framework, or a ``.pt`` file holding
+            objects beyond tensors and plain containers.
+    """
     path = Path(path)
     name = {'verl': 'verl_batch.pt', 'trl': 'trl_batch.pt', 'slime': '0.pt', 'openrlhf': 'experience.pt',
             'skyrl': 'generator_output.json', 'prime-rl': 'training_samples.jsonl'}.get(framework)
@@ -156,9 +174,9 @@ def load_export(path, framework: str):
     if framework in ('trl', 'openrlhf'):
         if path.suffix == '.json':
             return json.loads(path.read_text())
-        return torch.load(path, weights_only=False)
+        return _load_pt(path)
     if framework == 'slime':
-        return torch.load(path, weights_only=False)['samples']
+        return _load_pt(path)['samples']
     if framework == 'skyrl':
         return json.loads(path.read_text())
     if framework == 'prime-rl':

@@ -216,7 +216,8 @@ def from_verl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: 
 
 def load_verl(path) -> dict:
     """Read a batch written by :func:`agentrl.interop.export` (``verl_batch.pt``) back as the dict of :func:`to_verl`."""
-    d = torch.load(path, weights_only=False)
+    from .files import _load_pt
+    d = _load_pt(path)
     d['non_tensor_batch'] = {k: (np.array(v, dtype=np.int32) if k == '__num_turns__' else np.array(v, dtype=object))
                              for k, v in d['non_tensor_batch'].items()}
     return d

@@ -17,6 +17,8 @@ with :attr:`CheckReport.code`. Nothing a trainer must never see passes:
 
 An empty input fails too (nothing was checked). Replaying with the model that sampled the
 records is the step-0 check, where every ratio is 1.
+
+Source: docs/design.md#integrity (identity, resends, digests) and docs/design.md#replay.
 """
 from __future__ import annotations
 
@@ -41,30 +43,45 @@ class CheckOptions:
 
     Attributes:
         path: a trajectory ``.parquet`` file or a folder of shards.
-        model: TinyAgent checkpoint to replay sampled records with (None: no replay).
+        model: TinyAgent checkpoint or Hugging Face model folder to replay sampled records with
+            (None: no replay).
         expect_tokenizer: refuse records whose tokenizer fingerprint differs (None: any).
         expect_template: refuse records whose template fingerprint differs (None: any).
         pad_id: padding id (None: agentrl's word-level tokenizer's when the records use it).
         eot_ids: end-of-turn ids (empty: the word-level ``</call>`` when the records use it).
         vocab_size: number of token ids; ids outside ``[0, vocab_size)`` are refused (None: the
-            word-level tokenizer's when the records use it, else the model's, else only ids < 0).
+            word-level tokenizer's when the records use it, else only ids < 0; with a model, an id
+            it cannot score fails its replay).
         tol: replay agreement tolerance in nats (finite, >= 0).
         max_ratio_dev: fail when any replay ratio is further than this from 1 (>= 0, default
             1e-3; ``inf``: report only, e.g. when replaying with another checkpoint; NaN refused).
         examples: how many refusal messages to print (>= 0).
         batch_size: records read per batch (>= 1).
     """
-    path: str = ''
-    model: str | None = None
-    expect_tokenizer: str | None = None
-    expect_template: str | None = None
-    pad_id: int | None = None
-    eot_ids: list = field(default_factory=list)
-    vocab_size: int | None = None
-    tol: float = 1e-4
-    max_ratio_dev: float = 1e-3
-    examples: int = 5
-    batch_size: int = 256
+    path: str = field(metadata={'positional': True, 'help': 'trajectory .parquet file or folder of shards'})
+    model: str | None = field(default=None, metadata={
+        'metavar': 'M', 'help': 'TinyAgent checkpoint (model.pt) or Hugging Face model folder to replay sampled '
+                                'records under their declared sampler (per-turn contexts included); a record it '
+                                'cannot replay fails the check'})
+    expect_tokenizer: str | None = field(default=None, metadata={'metavar': 'FP',
+                                                                 'help': 'expected tokenizer fingerprint'})
+    expect_template: str | None = field(default=None, metadata={'metavar': 'FP',
+                                                                'help': 'expected template fingerprint'})
+    pad_id: int | None = field(default=None, metadata={'min': 0, 'help': 'padding id (default: from the word-level '
+                                                                         'tokenizer when the records use it)'})
+    eot_ids: list = field(default_factory=list, metadata={
+        'flag': '--eot-id', 'metavar': 'ID', 'help': 'end-of-turn id, repeatable (default: the word-level </call>)'})
+    vocab_size: int | None = field(default=None, metadata={
+        'min': 1, 'metavar': 'V', 'help': "refuse ids outside [0, V) (default: the word-level tokenizer's when "
+                                          "the records use it; without it only negative ids are refused and the "
+                                          "model's replay catches the rest)"})
+    tol: float = field(default=1e-4, metadata={'min': 0, 'help': 'replay agreement tolerance, nats'})
+    max_ratio_dev: float = field(default=1e-3, metadata={
+        'min': 0, 'allow_inf': True, 'help': 'fail if any replay ratio differs from 1 by more than this (the '
+                                             'step-0 check; inf: only report, e.g. when replaying with another '
+                                             'checkpoint; NaN is refused)'})
+    examples: int = field(default=5, metadata={'min': 0, 'help': 'refusal messages to print'})
+    batch_size: int = field(default=256, metadata={'min': 1, 'help': 'records per read batch'})
 
     def validate(self) -> None:
         """Raise ValueError naming the flag when an option is out of range (nothing has run yet).
@@ -92,20 +109,28 @@ class CheckOptions:
 
 
 def load_model(path: str):
-    """Load a TinyAgent checkpoint for replay (:func:`agentrl.model.load_checkpoint`).
+    """Load the replay scorer of ``--model``: a TinyAgent checkpoint or a Hugging Face model folder.
+
+    Uses :func:`agentrl.engines.scorer.load_scorer` (a checkpoint's config is validated and
+    bounded before anything is allocated).
+
+    Returns:
+        :class:`agentrl.checks.Scorer`.
 
     Raises:
-        FileNotFoundError: no file at ``path``.
+        FileNotFoundError: nothing at ``path``, or a folder without ``config.json``.
         ValueError: not a TinyAgent checkpoint, or a config out of bounds (one line, naming
-            ``--model``).
+            ``--model``). ImportError: a Hugging Face folder without the ``hf`` extra.
     """
-    from .. import model as model_mod
+    from ..engines.scorer import load_scorer
     if not os.path.exists(path):
-        raise FileNotFoundError(f'--model {path!r} does not exist; pass a TinyAgent checkpoint (model.pt)')
+        raise FileNotFoundError(f'--model {path!r} does not exist; pass a TinyAgent checkpoint (model.pt) or a '
+                                'Hugging Face model folder')
     try:
-        return model_mod.load_checkpoint(path)
+        return load_scorer(path)
     except ValueError as e:
-        raise ValueError(f'--model {e}') from None
+        msg = str(e)
+        raise ValueError(msg if msg.startswith('--model') else f'--model {msg}') from None
 
 
 @lru_cache(maxsize=1)
@@ -273,20 +298,50 @@ def _expected(opts: CheckOptions, base, prov, model_vocab):
     return exp
 
 
-def _replay(rec, net, tol: float):
-    """Replay one sampled record; return its RecordReplay or raise NotReplayableError."""
+def _not_replayable(e: Exception):
     from .. import checks
-    try:
-        return checks.replay_check([rec], net, tol=tol).records[0]
-    except checks.RecordError as e:
-        if isinstance(e, checks.NotReplayableError):
-            raise
-        raise checks.NotReplayableError(f'cannot be replayed under the model: {e}', field=e.field,
-                                        fix='replay with the model (and tokenizer) that sampled the record') from None
-    except (ValueError, IndexError, RuntimeError, TypeError) as e:
-        raise checks.NotReplayableError(f'cannot be replayed under the model ({type(e).__name__}: '
-                                        f'{" ".join(str(e).split())[:160]})', field='ids',
-                                        fix='replay with the model (and tokenizer) that sampled the record') from None
+    if isinstance(e, checks.NotReplayableError):
+        return e
+    what = e.what if isinstance(e, checks.RecordError) else f'{type(e).__name__}: {" ".join(str(e).split())[:160]}'
+    return checks.NotReplayableError(f'cannot be replayed under the model ({what})',
+                                     field=getattr(e, 'field', 'ids'),
+                                     fix='replay with the model (and tokenizer) that sampled the record')
+
+
+def _replay(entries: list, scorer, tol: float, batch_size: int = 8) -> None:
+    """Replay the sampled records of ``entries`` (``[row, record, key, problems]``) in batches.
+
+    Appends the :class:`agentrl.checks.RecordReplay` results to each entry (one per scored
+    sequence: a record, or each turn of a record with ``turn_contexts``); a record the scorer
+    cannot take gets a :class:`~agentrl.checks.NotReplayableError` in its problems instead. A
+    failing batch is retried record by record, so the failure is pinned on its record.
+    """
+    from .. import checks
+    max_len = getattr(scorer, 'max_len', None)
+    todo = []
+    for e in entries:
+        rec = e[1]
+        if max_len is not None and e[1].turn_contexts is None and len(rec.ids) > max_len:
+            e[3].append(checks.NotReplayableError(
+                f"has {len(rec.ids)} tokens, more than the model's context of {max_len}", field='ids',
+                fix='replay with the model that sampled the record'))
+        else:
+            todo.append(e)
+    for start in range(0, len(todo), batch_size):
+        chunk = todo[start:start + batch_size]
+        try:
+            report = checks.replay_records([e[1] for e in chunk], scorer, tol=tol, batch_size=batch_size)
+        except (ValueError, IndexError, RuntimeError, TypeError):
+            report = None
+        if report is not None and len(report.records) == len(chunk) and all(e[1].turn_contexts is None for e in chunk):
+            for e, r in zip(chunk, report.records):
+                e.append(r)
+            continue
+        for e in chunk:                      # per record: turns of one record stay together
+            try:
+                e.extend(checks.replay_records([e[1]], scorer, tol=tol, batch_size=1).records)
+            except (ValueError, IndexError, RuntimeError, TypeError) as err:
+                e[3].append(_not_replayable(err))
 
 
 def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None) -> CheckReport:
@@ -300,20 +355,19 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
         :class:`CheckReport`; ``report.code`` is the exit code (0 ok, 1 refused).
 
     Raises:
-        ValueError: an option out of range, a ``--model`` that is not a TinyAgent checkpoint, or
-            a file that is not a trajectory file. FileNotFoundError: nothing at ``opts.path`` or
-            ``opts.model``.
+        ValueError: an option out of range, a ``--model`` that is not a TinyAgent checkpoint or
+            model folder, or a file that is not a trajectory file. FileNotFoundError: nothing at
+            ``opts.path`` or ``opts.model``.
     """
     from .. import checks, store
     opts.validate()
-    net = load_model(opts.model) if opts.model else None
-    model_vocab = getattr(net, 'vocab_size', None) if net is not None else None
-    max_len = getattr(net, 'max_len', None) if net is not None else None
+    scorer = load_model(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
                            eot_ids=tuple(opts.eot_ids), vocab_size=opts.vocab_size)
     rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples)
     seen: dict = {}          # hash of the identity (or digest) -> (digest, file, row) where first seen
     for rows in store.scan(opts.path, opts.batch_size):
+        entries = []         # [row, record, key, problems, *replays]
         for row in rows:
             rep.n += 1
             rec = row.record
@@ -322,7 +376,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
                 continue
             prov = rec.provenance
             key = checks.record_key(rec) if prov is not None else row.source
-            problems = checks.find_problems(rec, _expected(opts, base, prov, model_vocab))
+            problems = checks.find_problems(rec, _expected(opts, base, prov, getattr(scorer, 'vocab_size', None)))
             digest = checks.record_digest(rec)
             ident = hash(checks.identity(rec) if checks.has_identity(rec) else digest)
             first = seen.get(ident)
@@ -347,20 +401,20 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             rep.policies[prov.policy if prov is not None else '(none)'] += 1
             if prov is not None and prov.logp_placeholder:
                 rep.scripted += 1
-            if net is not None and not problems:
-                if prov.logp_placeholder:
-                    rep.replay_skipped['scripted (placeholder log-probs)'] += 1
-                else:
-                    try:
-                        if max_len is not None and len(rec.ids) > max_len:
-                            raise checks.NotReplayableError(
-                                f'has {len(rec.ids)} tokens, more than the model\'s context of {max_len}',
-                                field='ids', fix='replay with the model that sampled the record')
-                        rep.replays.append(_replay(rec, net, opts.tol))
-                    except checks.NotReplayableError as e:
-                        problems.append(e)
-            if problems:
-                rep.refuse(key, problems)
+            entries.append([row, rec, key, problems])
+        if scorer is not None:
+            sampled = []
+            for e in entries:
+                if not e[3]:
+                    if e[1].provenance.logp_placeholder:
+                        rep.replay_skipped['scripted (placeholder log-probs)'] += 1
+                    else:
+                        sampled.append(e)
+            _replay(sampled, scorer, opts.tol)
+        for e in entries:
+            rep.replays.extend(e[4:])
+            if e[3]:
+                rep.refuse(e[2], e[3])
         if progress is not None:
             progress(rep.n)
     return rep

@@ -808,6 +808,10 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return digest
 
 
+#: The old name of :func:`tokenizer_fingerprint`, kept one release for callers not yet renamed.
+tokenizer_digest = tokenizer_fingerprint
+
+
 def as_template(tokenizer_or_template, tools=None, **options) -> ChatTemplate:
     """Return ``tokenizer_or_template`` as a :class:`ChatTemplate`.
 

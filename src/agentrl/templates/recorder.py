@@ -204,7 +204,9 @@ class ChatRecorder:
             ``'sampled'`` always continues the recorded sequence (one forward pass scores every
             turn; the model then sees history the template would not show).
         **options: :class:`ChatTemplate` options such as ``enable_thinking=False``,
-            ``stop_tokens``, ``chat_template``; only with a tokenizer.
+            ``stop_tokens``, ``chat_template``, ``content_text`` (``'plain'``: control-token text
+            in tool, user, system and opening messages is encoded as ordinary text; ``'refuse'``:
+            :class:`~agentrl.templates.ChatTemplate` raises ``ControlTextError``); only with a tokenizer.
 
     Attributes:
         template: the :class:`ChatTemplate`.
@@ -289,8 +291,10 @@ class ChatRecorder:
         """Append one sampled policy turn, ids exactly as the engine produced them.
 
         Args:
-            ids: ``[n]`` sampled token ids, including the end-of-turn token the engine stopped at
-                (policy-owned and trained). A turn without one was cut off.
+            ids: ``[n]`` sampled token ids, including the stop token the engine stopped at
+                (policy-owned and trained). A turn without one was cut off. When that stop is not the
+                template's end-of-turn (e.g. Qwen3's ``<|endoftext|>``), it is kept and the template
+                still closes the turn: its end-of-turn follows, template-owned (mask 0, log-prob 0).
             logp: ``[n]`` float sampling log-probs (nats) of ``ids``; None records zeros and
                 marks the record's provenance ``logp_placeholder``.
             message: the turn as a parsed assistant message (e.g. with ``tool_calls``), used
@@ -361,7 +365,8 @@ class ChatRecorder:
 
         Raises:
             ValueError: an assistant message (sampled turns go through :meth:`add_turn`), a bad
-                message, or a message the template drops.
+                message (a non-text content part), or a message the template drops.
+            ControlTextError: control-token text in a message with ``content_text='refuse'``.
         """
         if isinstance(messages, dict):
             messages = [messages]

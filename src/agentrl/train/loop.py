@@ -6,6 +6,9 @@ Plain functions over a :class:`TrainConfig`: :func:`run_sft` imitates oracle dem
 writes ``OUT/sft.pt``, ``OUT/model.pt`` (checkpoints for ``agentrl rollout --policy model
 --checkpoint``), ``OUT/metrics.jsonl`` (one JSON object per step, flushed as written),
 ``OUT/reward.svg`` (reward on train and held-out tasks) and ``OUT/summary.json``.
+
+The run is three phases over one shared state: :func:`sft_phase`, :func:`grpo_phase`,
+:func:`write_summary`; :func:`train` stages them in a hidden folder and commits the files together.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import json
 import os
 import random
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -26,7 +29,8 @@ from .config import TrainConfig
 from .grpo import grpo_step
 from .sft import oracle_demos, scripted_demos, sft_step
 
-__all__ = ['TrainConfig', 'call_stats', 'evaluate', 'sample_groups', 'run_sft', 'train', 'HARDCODE_CALL']
+__all__ = ['TrainConfig', 'call_stats', 'evaluate', 'sample_groups', 'run_sft', 'train', 'sft_phase', 'grpo_phase',
+           'write_summary', 'HARDCODE_CALL']
 
 #: The reward hack's call: hard-code the public tests (agentrl spec section 3.2).
 HARDCODE_CALL = '<call> edit hardcode </call>'
@@ -198,6 +202,10 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
             if found:
                 raise ValueError(f'--out {cfg.out!r} already holds a training run ({", ".join(found)}); choose a '
                                  'new --out')
+            for old in out.glob('.train-tmp-*'):         # left by a killed run (its process is gone)
+                pid = old.name.split('-')[2]
+                if pid.isdigit() and not _alive(int(pid)):
+                    shutil.rmtree(old, ignore_errors=True)
             stage.mkdir()
             if cfg.threads > 0:
                 torch.set_num_threads(cfg.threads)
@@ -216,6 +224,16 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
         raise
     finally:
         torch.set_num_threads(threads_before)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 #: The files of a training run, in commit order (``summary.json`` last).
@@ -238,94 +256,107 @@ def _lock(folder: Path):
         os.close(fd)
 
 
-def _train(cfg: TrainConfig, on_event, folder: str) -> dict:
-    """The body of :func:`train`, under the configured thread count, writing into ``folder``."""
-    from .. import gym
-    from ..model import TinyAgent, save_checkpoint
-    emit = on_event or (lambda record: None)
-    t_start = time.time()
-    tok = gym.bugfix_tokenizer()
-    train_tasks, heldout_tasks = gym.make_tasks('train'), gym.make_tasks('heldout')
-    torch.manual_seed(cfg.seed)
-    model = TinyAgent(tok.vocab_size)
-    log = _Log(os.path.join(folder, 'metrics.jsonl'))
-    log.write({'phase': 'start', 'config': asdict(cfg), 'time': time.strftime('%Y-%m-%dT%H:%M:%S'),
-               'tokenizer': tok.fingerprint()})
-    evals, grpo_rows = [], []
+@dataclass
+class _Run:
+    """What the phases of one training run share: the model, the data, the log and the curves."""
+    cfg: TrainConfig
+    folder: str
+    model: object
+    tok: object
+    train_tasks: list
+    heldout_tasks: list
+    log: '_Log'
+    emit: object
+    evals: list = field(default_factory=list)
+    grpo_rows: list = field(default_factory=list)
 
-    def do_eval(step):
-        row = {'phase': 'eval', 'step': step}
-        for name, tasks in (('train', train_tasks), ('heldout', heldout_tasks)):
-            m = evaluate(model, tasks, tok, cfg.eval_repeats, cfg.seed + 10_000, cfg.temperature, cfg.max_turns)
-            row.update({f'{name}_{k}': v for k, v in m.items()})
-        evals.append(row)
-        log.write(row)
-        emit(row)
+    def record(self, row: dict) -> dict:
+        self.log.write(row)
+        self.emit(row)
         return row
 
-    try:
-        # SFT warm start
-        t0 = time.time()
-        demos = oracle_demos(train_tasks, tok, cfg.max_turns, cfg.reward_tests)
-        if cfg.hacker_demos:
-            hack_tasks = random.Random(cfg.seed + 1).sample(train_tasks, min(cfg.hacker_demos, len(train_tasks)))
-            demos += scripted_demos('hacker', hack_tasks, tok, cfg.max_turns, cfg.reward_tests)
+    def evaluate(self, step: int) -> dict:
+        """Evaluate on train and held-out tasks; log the ``eval`` row."""
+        cfg, row = self.cfg, {'phase': 'eval', 'step': step}
+        for name, tasks in (('train', self.train_tasks), ('heldout', self.heldout_tasks)):
+            m = evaluate(self.model, tasks, self.tok, cfg.eval_repeats, cfg.seed + 10_000, cfg.temperature,
+                         cfg.max_turns)
+            row.update({f'{name}_{k}': v for k, v in m.items()})
+        self.evals.append(row)
+        return self.record(row)
 
-        def sft_cb(step, m):
-            row = dict(m, phase='sft', step=step + 1, seconds=round(time.time() - t0, 3))
-            log.write(row)
-            emit(row)
-        sft_last = run_sft(model, demos, tok, cfg.sft_steps, cfg.sft_lr, cfg.sft_batch, cfg.seed, sft_cb)
-        sft_seconds = time.time() - t0
-        sft_path = os.path.join(folder, 'sft.pt')
-        save_checkpoint(model, sft_path)
-        after_sft = do_eval(0)
 
-        # GRPO
-        ref = None
-        if cfg.kl_coef > 0:
-            ref = copy.deepcopy(model).eval()
-            for p in ref.parameters():
-                p.requires_grad_(False)
-        opt = torch.optim.Adam(model.parameters(), lr=cfg.grpo_lr)
-        gen = torch.Generator().manual_seed(cfg.seed)
-        rng = random.Random(cfg.seed)
-        model_path = os.path.join(folder, 'model.pt')
-        save_checkpoint(model, model_path)
-        t0 = time.time()
-        for step in range(1, cfg.grpo_steps + 1):
-            ts = time.time()
-            tasks = rng.sample(train_tasks, min(cfg.tasks_per_step, len(train_tasks)))
-            trajs = sample_groups(model, tasks, cfg.group, tok, gen, cfg.temperature, cfg.max_turns,
-                                  cfg.reward_tests)
-            t_sample = time.time() - ts
-            m = grpo_step(model, opt, trajs, cfg.group, tok.pad_id, updates=cfg.updates, clip_eps=cfg.clip_eps,
-                          kl_coef=cfg.kl_coef, ref_model=ref, temperature=cfg.temperature,
-                          max_grad_norm=cfg.max_grad_norm, ratio_tol=cfg.ratio_tol)
-            row = dict(m, **call_stats(trajs), phase='grpo', step=step, sample_seconds=round(t_sample, 3),
-                       seconds=round(time.time() - ts, 3),
-                       tokens=int(sum(len(t.ids) for t in trajs)))
-            grpo_rows.append(row)
-            log.write(row)
-            emit(row)
-            if step % cfg.eval_every == 0 or step == cfg.grpo_steps:
-                do_eval(step)
-                save_checkpoint(model, model_path)
-        grpo_seconds = time.time() - t0
-    finally:
-        log.close()
+def sft_phase(run: _Run) -> tuple[dict, float, dict]:
+    """SFT warm start on oracle (and optional hacker) demonstrations; save ``sft.pt``; evaluate at step 0.
 
+    Returns:
+        ``(last SFT metrics, seconds, the step-0 evaluation row)``.
+    """
+    from ..model import save_checkpoint
+    cfg, tok, t0 = run.cfg, run.tok, time.time()
+    demos = oracle_demos(run.train_tasks, tok, cfg.max_turns, cfg.reward_tests)
+    if cfg.hacker_demos:
+        hack_tasks = random.Random(cfg.seed + 1).sample(run.train_tasks, min(cfg.hacker_demos, len(run.train_tasks)))
+        demos += scripted_demos('hacker', hack_tasks, tok, cfg.max_turns, cfg.reward_tests)
+
+    def sft_cb(step, m):
+        run.record(dict(m, phase='sft', step=step + 1, seconds=round(time.time() - t0, 3)))
+    last = run_sft(run.model, demos, tok, cfg.sft_steps, cfg.sft_lr, cfg.sft_batch, cfg.seed, sft_cb)
+    seconds = time.time() - t0
+    save_checkpoint(run.model, os.path.join(run.folder, 'sft.pt'))
+    return last, seconds, run.evaluate(0)
+
+
+def grpo_phase(run: _Run) -> float:
+    """GRPO steps from the SFT model (KL to a frozen copy); save ``model.pt`` at each evaluation.
+
+    Returns:
+        seconds spent.
+    """
+    from ..model import save_checkpoint
+    cfg, model, tok = run.cfg, run.model, run.tok
+    ref = None
+    if cfg.kl_coef > 0:
+        ref = copy.deepcopy(model).eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.grpo_lr)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    rng = random.Random(cfg.seed)
+    model_path = os.path.join(run.folder, 'model.pt')
+    save_checkpoint(model, model_path)
+    t0 = time.time()
+    for step in range(1, cfg.grpo_steps + 1):
+        ts = time.time()
+        tasks = rng.sample(run.train_tasks, min(cfg.tasks_per_step, len(run.train_tasks)))
+        trajs = sample_groups(model, tasks, cfg.group, tok, gen, cfg.temperature, cfg.max_turns, cfg.reward_tests)
+        t_sample = time.time() - ts
+        m = grpo_step(model, opt, trajs, cfg.group, tok.pad_id, updates=cfg.updates, clip_eps=cfg.clip_eps,
+                      kl_coef=cfg.kl_coef, ref_model=ref, temperature=cfg.temperature,
+                      max_grad_norm=cfg.max_grad_norm, ratio_tol=cfg.ratio_tol)
+        row = dict(m, **call_stats(trajs), phase='grpo', step=step, sample_seconds=round(t_sample, 3),
+                   seconds=round(time.time() - ts, 3), tokens=int(sum(len(t.ids) for t in trajs)))
+        run.grpo_rows.append(row)
+        run.record(row)
+        if step % cfg.eval_every == 0 or step == cfg.grpo_steps:
+            run.evaluate(step)
+            save_checkpoint(model, model_path)
+    return time.time() - t0
+
+
+def write_summary(run: _Run, sft_last: dict, sft_seconds: float, after_sft: dict, grpo_seconds: float,
+                  t_start: float) -> dict:
+    """Write ``reward.svg`` and ``summary.json`` into the run's folder; return the summary."""
     from ..io import atomic_write
     from ..viz.plots import reward_curves
-    plot_path = os.path.join(folder, 'reward.svg')
-    atomic_write(plot_path, reward_curves(
+    cfg, evals, grpo_rows = run.cfg, run.evals, run.grpo_rows
+    atomic_write(os.path.join(run.folder, 'reward.svg'), reward_curves(
         evals, grpo_rows, title=f'agentrl train (reward_tests={cfg.reward_tests}, G={cfg.group}, seed={cfg.seed})'))
-    final = evals[-1]
     n_calls = sum(r['calls'] for r in grpo_rows)
     summary = {
         'config': asdict(cfg),
         'sft': {'steps': cfg.sft_steps, 'seconds': round(sft_seconds, 3), **sft_last},
-        'after_sft': after_sft, 'final': final,
+        'after_sft': after_sft, 'final': evals[-1],
         'heldout_curve': [(e['step'], e['heldout_reward']) for e in evals],
         'train_curve': [(e['step'], e['train_reward']) for e in evals],
         'grpo': {'steps': cfg.grpo_steps, 'seconds': round(grpo_seconds, 3),
@@ -340,5 +371,26 @@ def _train(cfg: TrainConfig, on_event, folder: str) -> dict:
         'files': {'sft_checkpoint': 'sft.pt', 'checkpoint': 'model.pt', 'metrics': 'metrics.jsonl',
                   'plot': 'reward.svg'},
     }
-    atomic_write(os.path.join(folder, 'summary.json'), json.dumps(summary, indent=2))
+    atomic_write(os.path.join(run.folder, 'summary.json'), json.dumps(summary, indent=2))
     return summary
+
+
+def _train(cfg: TrainConfig, on_event, folder: str) -> dict:
+    """The body of :func:`train`: SFT, GRPO and the summary, written into ``folder`` (the staging folder)."""
+    from .. import gym
+    from ..model import TinyAgent
+    t_start = time.time()
+    tok = gym.bugfix_tokenizer()
+    torch.manual_seed(cfg.seed)
+    model = TinyAgent(tok.vocab_size)
+    log = _Log(os.path.join(folder, 'metrics.jsonl'))
+    run = _Run(cfg, folder, model, tok, gym.make_tasks('train'), gym.make_tasks('heldout'), log,
+               on_event or (lambda record: None))
+    log.write({'phase': 'start', 'config': asdict(cfg), 'time': time.strftime('%Y-%m-%dT%H:%M:%S'),
+               'tokenizer': tok.fingerprint()})
+    try:
+        sft_last, sft_seconds, after_sft = sft_phase(run)
+        grpo_seconds = grpo_phase(run)
+    finally:
+        log.close()
+    return write_summary(run, sft_last, sft_seconds, after_sft, grpo_seconds, t_start)

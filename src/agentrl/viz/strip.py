@@ -234,8 +234,8 @@ def _tokenizer_label(tok) -> str:
     name = str(getattr(tok, 'name_or_path', '') or type(tok).__name__).rstrip('/\\')
     name = Path(name).name if os.path.isabs(name) or os.path.isdir(name) else name
     try:
-        from ..templates.chat import tokenizer_digest
-        return f'{name}@{str(tokenizer_digest(tok))[:12]}'
+        from ..templates.chat import tokenizer_fingerprint
+        return f'{name}@{str(tokenizer_fingerprint(tok))[:12]}'
     except Exception:  # noqa: BLE001 - a tokenizer that cannot be digested keeps its name only
         return name
 
