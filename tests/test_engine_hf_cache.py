@@ -249,3 +249,23 @@ def test_merge_profiles_adds_chunks():
         hf.merge_profiles([one, dict(one, path='per_turn')])
     with pytest.raises(ValueError, match='no profiles'):
         hf.merge_profiles([])
+
+
+def test_row_cache_on_a_llama_model():
+    """The 4-D masks go through transformers' create_causal_mask as given, so other decoders work too."""
+    transformers = pytest.importorskip('transformers')
+    cfg = transformers.LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(cfg).eval().double()
+    s = hf.HFSampler(model, [1])
+    assert s.supports_row_cache()
+    cache = s.new_row_cache(2)
+    a, b = list(range(3, 40)), list(range(50, 60))
+    s.prefill_row(cache, 0, a[:-1])
+    s.prefill_row(cache, 1, b[:-1])
+    logits = s.decode_rows(cache, [a[-1], b[-1]])
+    with torch.no_grad():
+        for row, ids in enumerate((a, b)):
+            assert float((logits[row] - model(input_ids=torch.tensor([ids])).logits[0, -1]).abs().max()) < 1e-10
