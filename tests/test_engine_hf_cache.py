@@ -25,6 +25,7 @@ from agentrl.templates import ChatRecorder, ChatTemplate  # noqa: E402
 
 T1 = SamplingSpec()
 T07 = SamplingSpec(temperature=0.7, top_p=0.9)
+PEN = SamplingSpec(temperature=0.8, top_k=50, repetition_penalty=1.3)
 _MODELS = {}
 
 
@@ -88,7 +89,7 @@ def test_cross_turn_cache_gives_the_same_records(case, data, tmp_path_factory):
     n = data.draw(st.integers(1, 5), label='episodes')
     seeds = data.draw(st.lists(st.integers(0, 2 ** 40), min_size=n, max_size=n), label='seeds')
     ends = data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n), label='last turn')
-    spec = data.draw(st.sampled_from([T1, T07]), label='spec')
+    spec = data.draw(st.sampled_from([T1, T07, PEN]), label='spec')
     max_new = data.draw(st.integers(1, 12), label='max_new_tokens')
     batch = data.draw(st.integers(1, 5), label='batch_size')       # < n: episodes join as others leave
     prof = {}
@@ -248,3 +249,23 @@ def test_merge_profiles_adds_chunks():
         hf.merge_profiles([one, dict(one, path='per_turn')])
     with pytest.raises(ValueError, match='no profiles'):
         hf.merge_profiles([])
+
+
+def test_row_cache_on_a_llama_model():
+    """The 4-D masks go through transformers' create_causal_mask as given, so other decoders work too."""
+    transformers = pytest.importorskip('transformers')
+    cfg = transformers.LlamaConfig(vocab_size=500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = transformers.LlamaForCausalLM(cfg).eval().double()
+    s = hf.HFSampler(model, [1])
+    assert s.supports_row_cache()
+    cache = s.new_row_cache(2)
+    a, b = list(range(3, 40)), list(range(50, 60))
+    s.prefill_row(cache, 0, a[:-1])
+    s.prefill_row(cache, 1, b[:-1])
+    logits = s.decode_rows(cache, [a[-1], b[-1]])
+    with torch.no_grad():
+        for row, ids in enumerate((a, b)):
+            assert float((logits[row] - model(input_ids=torch.tensor([ids])).logits[0, -1]).abs().max()) < 1e-10

@@ -334,6 +334,8 @@ def _drive_rows(sampler, recorders, gens, after_turn, end, prof, max_context, ma
     turn_of: list[int] = []                               # row -> turn index
     current: list = []                                    # row -> the SampledTurn being sampled
     budget: list[int] = []                                # row -> its token budget for this turn
+    prompt_of: list = []                                  # row -> the turn's prompt (penalty context)
+    penalized = sampler.spec.penalized
 
     def start_turn(r: int, k: int) -> bool:
         """Bring row r up to the prompt of turn k; False when the episode has no room left."""
@@ -360,6 +362,7 @@ def _drive_rows(sampler, recorders, gens, after_turn, end, prof, max_context, ma
         turn_of[r] = k
         current[r] = SampledTurn(prompt_len=len(prompt))
         budget[r] = min(sampler.max_new_tokens, room)
+        prompt_of[r] = prompt if penalized else None
         return True
 
     while pending or episode:
@@ -371,9 +374,10 @@ def _drive_rows(sampler, recorders, gens, after_turn, end, prof, max_context, ma
             turn_of.append(0)
             current.append(None)
             budget.append(0)
+            prompt_of.append(None)
             cache.lengths[r] = 0
             if not start_turn(r, 0):
-                for lst in (episode, held, feed, turn_of, current, budget):
+                for lst in (episode, held, feed, turn_of, current, budget, prompt_of):
                     lst.pop()
         if not episode:
             break
@@ -381,8 +385,7 @@ def _drive_rows(sampler, recorders, gens, after_turn, end, prof, max_context, ma
         t0 = clock()
         logits = sampler.decode_rows(cache, feed)
         t1 = clock()
-        ctx = (PenaltyContext.of([recorders[i].prompt_ids for i in episode], [t.ids for t in current])
-               if sampler.spec.penalized else None)       # penalties: the turn's prompt and its ids so far
+        ctx = PenaltyContext.of(prompt_of, [t.ids for t in current]) if penalized else None
         ids, logp = sampler.choose(logits, [gens[i] for i in episode], context=ctx)
         ids, logp = ids.tolist(), logp.tolist()
         t2 = clock()
@@ -409,7 +412,7 @@ def _drive_rows(sampler, recorders, gens, after_turn, end, prof, max_context, ma
             for dst, src in enumerate(order):
                 if dst != src:
                     cache.move_row(src, dst)
-            for lst in (episode, held, feed, turn_of, current, budget):
+            for lst in (episode, held, feed, turn_of, current, budget, prompt_of):
                 lst[:] = [lst[src] for src in order]
 
 

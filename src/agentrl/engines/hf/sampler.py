@@ -10,8 +10,9 @@ Across turns, :meth:`HFSampler.new_row_cache` gives a cache with one row per epi
 transformers ``Cache`` whose layers keep ``[rows, kv_heads, capacity, head_dim]`` buffers, each
 row with its own length, no padding): :meth:`HFSampler.prefill_row` feeds one row a bridge or a
 prompt, :meth:`HFSampler.decode_rows` feeds every live row one token at its own position, and
-the 4-D attention masks are built here and passed as ``attention_mask={'full_attention': mask}``,
-which transformers uses as given. :func:`agentrl.engines.hf.run_chat_episodes` drives it.
+the 4-D additive attention masks are built here and passed as ``attention_mask``, which
+transformers' ``create_causal_mask`` returns as given (a prepared 4-D mask).
+:func:`agentrl.engines.hf.run_chat_episodes` drives it.
 
 Sampling is per-episode reproducible: each episode may bring its own ``torch.Generator``, which
 supplies exactly one uniform number per sampled token (inverse-CDF sampling), so an episode
@@ -396,8 +397,8 @@ class HFSampler:
         Raises:
             ValueError: empty ``ids``.
 
-        Source: transformers' ``attention_mask`` dict (``{'full_attention': 4-D mask}``), used as
-        given by the model instead of building a causal mask from a 2-D one.
+        Source: transformers' ``create_causal_mask`` (a 4-D ``attention_mask`` is used as given,
+        instead of a causal mask built from a 2-D one).
         """
         ids = [int(i) for i in ids]
         if not ids:
@@ -410,7 +411,7 @@ class HFSampler:
         mask = torch.zeros((1, 1, t, s + t), dtype=dtype, device=dev)
         mask.masked_fill_(torch.arange(s + t, device=dev)[None, :] > q[:, None], torch.finfo(dtype).min)
         kwargs = {'input_ids': torch.tensor([ids], dtype=torch.long, device=dev),
-                  'attention_mask': {'full_attention': mask}, 'position_ids': q[None], 'use_cache': True,
+                  'attention_mask': mask, 'position_ids': q[None], 'use_cache': True,
                   self._kw['cache']: cache}
         base = None if logits else self._base_model()
         self.forward_calls += 1
@@ -451,7 +452,7 @@ class HFSampler:
         mask = torch.zeros((n, 1, 1, span), dtype=dtype, device=dev)
         mask.masked_fill_((torch.arange(span, device=dev)[None, :] > cols[:, None])[:, None, None], torch.finfo(dtype).min)
         kwargs = {'input_ids': torch.as_tensor(ids, dtype=torch.long, device=dev)[:, None],
-                  'attention_mask': {'full_attention': mask}, 'position_ids': cols[:, None],
+                  'attention_mask': mask, 'position_ids': cols[:, None],
                   'use_cache': True, self._kw['cache']: cache}
         if self._kw['keep']:
             kwargs[self._kw['keep']] = 1
