@@ -69,8 +69,9 @@ def test_options_are_declared_once_and_range_checked():
     assert len(flags) == len(jp.fields(RolloutOptions)) == 21 and '--no-batch' in flags
     for f in jp.fields(RolloutOptions):
         assert f.metadata['help'], f.name
-    with pytest.raises(ValueError, match=r'^--top-p applies to --engine hf, not --engine tinyagent'):
-        RolloutOptions(top_p=0.5).validate()
+    with pytest.raises(ValueError, match=r'^--max-new-tokens applies to --engine hf, not --engine tinyagent'):
+        RolloutOptions(max_new_tokens=8).validate()
+    RolloutOptions(top_p=0.5, top_k=5, min_p=0.05).validate()      # TinyAgent samples under a full spec too
     with pytest.raises(ValueError, match=r'^--temperature must be a finite number, got nan'):
         RolloutOptions(temperature=float('nan')).validate()
     with pytest.raises(ValueError, match=r'^--chunk-size must be >= 1 and <= 100000, got 0'):
@@ -79,8 +80,8 @@ def test_options_are_declared_once_and_range_checked():
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['rollout', '--top-p', '2'], '--top-p applies to --engine hf, not --engine tinyagent'),
-    (['rollout', '--top-k', '5'], '--top-k applies to --engine hf, not --engine tinyagent'),
+    (['rollout', '--top-p', '2'], 'SamplingSpec.top_p must be in (0, 1] (1 = off), got 2.0'),
+    (['rollout', '--max-new-tokens', '5'], '--max-new-tokens applies to --engine hf, not --engine tinyagent'),
     (['rollout', '--temperature', 'inf'], '--temperature must be a finite number, got inf'),
     (['rollout', '--workers', '-1'], '--workers must be >= 0 and <= 4096, got -1'),
     (['rollout', '--seed', '-3'], '--seed must be >= 0'),
@@ -145,6 +146,18 @@ def test_in_process_run_streams_shards_and_names_no_local_path(tmp_path):
     assert agentrl('report', out).returncode == 0 and (out / 'report.html').is_file()
     arl.write_trajectories(tmp_path / 'one.parquet', list(recs.values()))
     assert 'records          36' in agentrl('check', tmp_path / 'one.parquet').stdout
+
+
+def test_tinyagent_samples_under_a_full_spec_and_check_replays_it(tmp_path):
+    out = tmp_path / 'run'
+    jr.rollout_job(RolloutOptions(policy=['model'], split='heldout', repeats=2, seed=1, top_k=40, top_p=0.9,
+                                  min_p=0.01, temperature=0.8, out=str(out)), progress=False)
+    recs = list(by_id(out / 'trajectories').values())
+    assert len(recs) == 12
+    assert {t.provenance.sampling for t in recs} == {arl.SamplingSpec(temperature=0.8, top_k=40, top_p=0.9,
+                                                                        min_p=0.01)}
+    res = agentrl('check', out, '--model', out / 'model.pt')
+    assert 'result: OK' in res.stdout, res.stdout
 
 
 def test_scripted_policies_sample_from_their_episode_seed(tmp_path):

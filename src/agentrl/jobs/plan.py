@@ -75,7 +75,7 @@ class RolloutOptions:
         chunk_size: episodes per chunk: one batch, one shard, the unit an interrupt finishes.
         engine: ``tinyagent`` or ``hf`` (the ``model`` policy is a Hugging Face causal LM).
         model: ``save_pretrained`` folder for ``engine='hf'``.
-        top_k, top_p, min_p: truncation of the ``hf`` sampler (0, 1.0, 0.0 = off).
+        top_k, top_p, min_p: truncation of the model policy's sampler, either engine (0, 1.0, 0.0 = off).
         max_new_tokens: token budget of one ``hf`` turn.
         profile: time the ``hf`` engine per turn (summary ``hf.profile``; in process only).
     """
@@ -112,10 +112,10 @@ class RolloutOptions:
                                    'builds one)', metavar='DIR', engines=('hf',),
                              wrong_engine='--model is the Hugging Face model of --engine hf; add --engine hf (or use '
                                           '--checkpoint for a TinyAgent)')
-    # top_k/top_p/min_p ranges are SamplingSpec's own (checked by hf_spec, which names the field)
-    top_k: int = _opt(0, 'hf sampler top-k, 0 = off', min=0, max=2 ** 31 - 1, engines=('hf',))
-    top_p: float = _opt(1.0, 'hf sampler nucleus mass in (0, 1], 1 = off', engines=('hf',))
-    min_p: float = _opt(0.0, 'hf sampler min-p in [0, 1), 0 = off', engines=('hf',))
+    # top_k/top_p/min_p ranges are SamplingSpec's own (checked by sampling_spec, which names the field)
+    top_k: int = _opt(0, 'sampler top-k, 0 = off', min=0, max=2 ** 31 - 1)
+    top_p: float = _opt(1.0, 'sampler nucleus mass in (0, 1], 1 = off')
+    min_p: float = _opt(0.0, 'sampler min-p in [0, 1), 0 = off')
     max_new_tokens: int = _opt(256, 'token budget of one hf turn; a turn cut there is truncated', min=1,
                                max=1 << 20, engines=('hf',))
     profile: bool = _opt(False, "print the hf engine's per-turn time split (prefill, decode, sampling, template, "
@@ -137,6 +137,7 @@ class RolloutOptions:
                 does not apply to the engine, a missing file; the message names the flag and the fix.
         """
         check_fields(self, engine=self.engine)
+        self.sampling_spec()                  # top-k/top-p/min-p ranges: SamplingSpec names the field
         bad = [p for p in self.policy if p not in POLICIES]
         if bad or not self.policy:
             raise ValueError(f'--policy {",".join(bad) or "(empty)"} is not known; choose from {",".join(POLICIES)}')
@@ -152,12 +153,11 @@ class RolloutOptions:
             if not self.model or not os.path.isfile(os.path.join(self.model, 'config.json')):
                 raise ValueError(f'--engine hf needs --model DIR with config.json (got {self.model!r}); '
                                  '`agentrl make-test-model OUT` builds a small one')
-            self.hf_spec()
             if self.profile and self.workers:
                 raise ValueError('--profile times the hf engine in this process; drop --workers')
 
-    def hf_spec(self):
-        """The :class:`~agentrl.record.SamplingSpec` of ``engine='hf'``.
+    def sampling_spec(self):
+        """The :class:`~agentrl.record.SamplingSpec` of the model policy (either engine).
 
         Raises:
             ValueError: a field out of the spec's range (the spec names it).

@@ -343,7 +343,7 @@ def _prepare(opts: RolloutOptions) -> _Prepared:
     spec = RunSpec(temperature=opts.temperature, max_turns=opts.max_turns, reward_tests=opts.reward_tests,
                    model_id=f'{model["name"]}@{model["fingerprint"]}' if model else '', batch=opts.batch,
                    engine=opts.engine, model_dir=opts.model,
-                   sampling=opts.hf_spec().to_dict() if opts.engine == 'hf' else {},
+                   sampling=opts.sampling_spec().to_dict(),
                    max_new_tokens=opts.max_new_tokens, profile=opts.profile)
     return _Prepared(opts, manifest, jobs, tasks, spec, weights, model, model_bytes)
 

@@ -30,7 +30,7 @@ class RunSpec:
         batch: TinyAgent chunks through ``rollout_batch`` (False: ``rollout`` one by one).
         engine: ``'tinyagent'`` or ``'hf'``.
         model_dir: the ``save_pretrained`` folder of the ``hf`` engine (loaded once per runner).
-        sampling: the ``hf`` sampler's :class:`~agentrl.record.SamplingSpec` as a dict.
+        sampling: the model policy's :class:`~agentrl.record.SamplingSpec` as a dict.
         max_new_tokens: token budget of one ``hf`` turn.
         profile: keep the ``hf`` engine's time split of each chunk (:attr:`EpisodeRunner.profiles`).
     """
@@ -169,7 +169,9 @@ class EpisodeRunner:
         if self.model is None:
             raise ValueError('EpisodeRunner.run: a model episode but no weights; pass the weights '
                              'of the model policy')
+        from ..record import SamplingSpec
         gens = [torch.Generator().manual_seed(j.seed) for j in jobs]
+        kw['spec'] = SamplingSpec.from_dict(self.spec.sampling) if self.spec.sampling else None
         if self.spec.batch:
             return rollouts.rollout_batch(self.model, [self._env() for _ in jobs], tasks, self.tok,
                                           temperature=self.spec.temperature, generators=gens, **kw)
