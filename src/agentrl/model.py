@@ -1,6 +1,6 @@
 """L1: TinyAgent, a small causal transformer, and the two functions every rollout needs.
 
-Source: book chapter 3 (as recovered in the agentrl spec, book.md section 1): d_model 64,
+Source: book chapter 3 (the book's TinyAgent): d_model 64,
 learned positions, causal attention, 256-position default context, fp32 throughout.
 """
 from __future__ import annotations
@@ -268,7 +268,7 @@ class TinyAgent(nn.Module):
     At initialisation the next-token distribution is close to uniform. Right padding never
     changes real positions (causal attention).
 
-    Source: book chapter 3 (agentrl spec, book.md section 1).
+    Source: book chapter 3 (the book's TinyAgent).
     """
 
     def __init__(self, vocab_size: int, max_len: int = 256, d_model: int = 64, n_layers: int = 2,

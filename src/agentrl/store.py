@@ -12,7 +12,7 @@ shard that was visible before stays readable. :class:`ShardWriter` appends numbe
 stores a resent record once (identity ``(group_id, rollout_id, attempt)``), while a retry (a new
 attempt) is a new row.
 
-Source: issue 4 (record integrity), item 6.
+Source: docs/design.md#integrity.
 
 Columns (schema version 1):
 
@@ -610,7 +610,7 @@ def write_trajectories(path: str | os.PathLike, trajs: Iterable[Trajectory], *, 
         ValueError: ``path`` is a folder (fix: use :class:`ShardWriter` for folders), or a record
             cannot be stored (see :func:`to_table`).
 
-    Source: issue 4, item 6.
+    Source: docs/design.md#integrity.
     """
     final = Path(path)
     if final.is_dir():
@@ -690,7 +690,7 @@ class ShardWriter:
         >>> with ShardWriter('out/trajs') as w:       # doctest: +SKIP
         ...     w.write(batch_0); w.write(batch_0)    # the second write stores nothing
 
-    Source: issue 4, items 5 and 6; lesson 004 (retries and resends).
+    Source: docs/design.md#integrity.
     """
 
     def __init__(self, directory: str | os.PathLike, *, fsync: bool = True):

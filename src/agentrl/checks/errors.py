@@ -4,7 +4,7 @@ Every refusal subclasses :class:`RecordError` (itself a ``ValueError``), carries
 the position and the fix as attributes, and says all three in its message, so a consumer can
 count refusals by kind (``type(err).__name__``) and a person can act on one without reading code.
 
-Source: issue 4 (record integrity), item 4: "each refusal is its own error type with a message
+Source: docs/design.md#integrity: "each refusal is its own error type with a message
 naming the field, the position and the fix".
 """
 from __future__ import annotations

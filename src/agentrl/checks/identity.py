@@ -6,7 +6,7 @@ record that was already scored. A **resend** delivers a completed result again: 
 identity and content and is stored once. Same identity with different content is neither; it is
 refused (:class:`~agentrl.checks.errors.IdentityConflictError`).
 
-Source: lesson 004 ("Preserve evidence through rendering and retries") and issue 4, item 5.
+Source: docs/design.md#integrity.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """L3: which prediction row scores which generated token.
 
-Source: lesson 004 ("Separate context from actions"), the standalone fixture; issue 4, item 1.
+Source: docs/design.md#shift, the standalone fixture; docs/design.md#integrity.
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def action_targets(ids, generated) -> list[tuple[int, int]]:
         ...                [False, False, True, True, False, False, True])
         [(1, 201), (2, 202), (5, 203)]
 
-    Source: lesson 004, fixture ``action_targets``.
+    Source: docs/design.md#shift.
     """
     ids = ids.tolist() if hasattr(ids, 'tolist') else list(ids)
     generated = list(generated)

@@ -3,7 +3,7 @@
 A call is whitespace-separated words: ``<call> read </call>``, ``<call> test </call>``,
 ``<call> submit </call>`` or ``<call> edit <op> </call>``. Anything else is malformed.
 
-Source: book chapter 4 / agentrl spec §3.1-§3.3.
+Source: book chapter 4; docs/design.md#gym.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .ops import EDIT_OPS
 
 __all__ = ['MESSAGES', 'TOOLS', 'ALL_CALLS', 'parse_call', 'StopReason']
 
-#: Fixed observation strings. Source: agentrl spec §3.1.
+#: Fixed observation strings. Source: docs/design.md#gym.
 MESSAGES = {
     'malformed': 'error : malformed call',
     'unknown_op': 'error : unknown op',
@@ -27,7 +27,7 @@ MESSAGES = {
 TOOLS = {'read': 0, 'edit': 1, 'test': 0, 'submit': 0}
 
 #: Every well-formed call text: read, test, submit, then one edit per op in sorted order
-#: (10 calls). Source: agentrl spec §3.2.
+#: (10 calls). Source: docs/design.md#gym.
 ALL_CALLS = (['<call> read </call>', '<call> test </call>', '<call> submit </call>']
              + [f'<call> edit {op} </call>' for op in sorted(EDIT_OPS)])
 
@@ -37,7 +37,7 @@ def parse_call(text):
 
     Well-formed means: a ``str`` whose whitespace-separated words are ``<call>``, a tool
     name, that tool's number of arguments (one for ``edit``, none for the others) and
-    ``</call>``. The op name of an edit is not checked here. Source: agentrl spec §3.3.
+    ``</call>``. The op name of an edit is not checked here. Source: docs/design.md#gym.
 
     Args:
         text: the policy's action (any object; non-strings are malformed).

@@ -1,6 +1,6 @@
 """``BugFixEnv``: text in, text out; a turn-limited episode of repairing one function.
 
-Source: book chapter 4 / agentrl spec §3.3.
+Source: book chapter 4; docs/design.md#gym.
 """
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ class BugFixEnv:
     When a non-submit step reaches ``max_turns`` the episode ends with stop ``budget`` and
     reward 0 (the observation is the tool's normal answer). ``step`` never raises.
 
-    Source: book chapter 4 / agentrl spec §3.3.
+    Source: book chapter 4; docs/design.md#gym.
 
     Args:
         max_turns: turn budget per episode (positive int, default 6).
@@ -230,7 +230,7 @@ class BugFixEnv:
         """Episode summary.
 
         Source: book chapter 5 (the rollout calls ``final_info(False)`` and sets
-        ``stop='truncated'`` when it cuts an episode) / agentrl spec §3.3.
+        ``stop='truncated'`` when it cuts an episode) / docs/design.md#gym.
 
         Args:
             solved: whether the episode counts as solved (the caller's verdict).

@@ -5,7 +5,7 @@ after the ``def`` line). An op "does not apply" when it returns the source uncha
 then answers ``no change``. Ops are plain text rewrites: they never raise, and on a source
 they cannot handle (no ``def`` line, unbalanced brackets, not a string) they return it as is.
 
-Source: book chapter 4 / agentrl spec §3.2.
+Source: book chapter 4; docs/design.md#gym.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def fix_boundary(body: str) -> str:
     """Toggle the strictness of every comparison: ``<`` <-> ``<=``, ``>`` <-> ``>=``.
 
     Args (of the op): ``source``, ``public_tests`` (unused). Returns the new source.
-    Source: agentrl spec §3.2.
+    Source: docs/design.md#gym.
     """
     return _sub_comparisons(body, {'<': '<=', '<=': '<', '>': '>=', '>=': '>'})
 
@@ -73,7 +73,7 @@ def flip_comparison(body: str) -> str:
     """Mirror every comparison: ``<`` <-> ``>``, ``<=`` <-> ``>=``.
 
     Args (of the op): ``source``, ``public_tests`` (unused). Returns the new source.
-    Source: agentrl spec §3.2.
+    Source: docs/design.md#gym.
     """
     return _sub_comparisons(body, {'<': '>', '>': '<', '<=': '>=', '>=': '<='})
 
@@ -83,7 +83,7 @@ def flip_sign(body: str) -> str:
     """Swap the first binary ``' + '`` / ``' - '`` (spaces on both sides).
 
     Args (of the op): ``source``, ``public_tests`` (unused). Returns the new source.
-    Source: agentrl spec §3.2.
+    Source: docs/design.md#gym.
     """
     m = _BINARY_SIGN.search(body)
     if m is None:
@@ -97,7 +97,7 @@ def swap_minmax(body: str) -> str:
     """Swap every ``min(`` with ``max(`` and vice versa.
 
     Args (of the op): ``source``, ``public_tests`` (unused). Returns the new source.
-    Source: agentrl spec §3.2.
+    Source: docs/design.md#gym.
     """
     return _MINMAX.sub(lambda m: ('max(' if m.group(1) == 'min' else 'min('), body)
 
@@ -107,7 +107,7 @@ def swap_operands(body: str) -> str:
     """In the first ``x - y``, ``x // y`` or ``x % y`` of simple names/numbers, swap x and y.
 
     Args (of the op): ``source``, ``public_tests`` (unused). Returns the new source.
-    Source: agentrl spec §3.2.
+    Source: docs/design.md#gym.
     """
     m = _SWAPPABLE.search(body)
     if m is None:
@@ -145,7 +145,7 @@ def fix_range_end(body: str) -> str:
     Applied repeatedly it keeps appending (``range(n + 1 + 1)``).
 
     Args (of the op): ``source``, ``public_tests`` (unused). Returns the new source.
-    Source: agentrl spec §3.2.
+    Source: docs/design.md#gym.
     """
     m = _RANGE.search(body)
     if m is None:
@@ -169,7 +169,7 @@ def hardcode(source, public_tests=()):
     source has a ``def`` line with plain parameters and at least one test matches their
     number, and it is the only op that adds the words ``if``, ``and`` and ``==``.
 
-    Source: book chapter 4 / agentrl spec §3.2 and §3.5 (the hacker policy's exploit).
+    Source: book chapter 4; docs/design.md#gym.
 
     Args:
         source: Python source of the function.
@@ -212,7 +212,7 @@ def hardcode(source, public_tests=()):
         return source
 
 
-#: name -> op, in sorted name order (this order feeds ``ALL_CALLS``). Source: agentrl spec §3.2.
+#: name -> op, in sorted name order (this order feeds ``ALL_CALLS``). Source: docs/design.md#gym.
 EDIT_OPS = {op.__name__: op for op in sorted(
     [fix_boundary, fix_range_end, flip_comparison, flip_sign, hardcode, swap_minmax, swap_operands],
     key=lambda f: f.__name__)}

@@ -3,7 +3,7 @@
 A policy is a callable ``policy(observations) -> action_text``; ``observations`` is the list
 of observations so far, starting with the issue, so the turn is ``len(observations)``.
 
-Source: book chapter 4 / agentrl spec §3.5.
+Source: book chapter 4; docs/design.md#gym.
 """
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def scripted_policy(kind: str, seed: int = 0, tasks=None):
 
     One ``random.Random(seed)`` belongs to the policy object and is shared across all the
     episodes it plays, so the draw order (one per blind episode, one per random turn) fixes
-    the results. Source: book chapter 4 / agentrl spec §3.5.
+    the results. Source: book chapter 4; docs/design.md#gym.
 
     Args:
         kind: ``'oracle'``, ``'blind'``, ``'random'`` or ``'hacker'``.

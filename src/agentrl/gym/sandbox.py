@@ -158,7 +158,7 @@ def _node_problem(node) -> str | None:
 def check_source(source: str) -> str | None:
     """Check task code against the sandbox's AST whitelist.
 
-    Source: agentrl spec §3.1 and §7 (the gym must survive any edit).
+    Source: docs/design.md#gym.
 
     Args:
         source: Python source text.
@@ -377,7 +377,7 @@ def _run_local(source, tests, fn_name) -> list[TestResult]:
     limit (``TOTAL_TIME_S`` bounds the whole call). A refused or failing source makes every
     test an error result.
 
-    Source: book chapter 4 / agentrl spec §3.1 and §7.
+    Source: book chapter 4; docs/design.md#gym.
 
     Args:
         source: Python source defining the function.
@@ -624,7 +624,7 @@ def run_tests(source, tests, fn_name) -> list[TestResult]:
     the worker itself under CPU and memory rlimits and a hard deadline (``HARD_DEADLINE_S``)
     after which it is killed. A refused or failing source makes every test an error result.
 
-    Source: book chapter 4 / agentrl spec §3.1 and §7.
+    Source: book chapter 4; docs/design.md#gym.
 
     Args:
         source: Python source defining the function.

@@ -4,7 +4,7 @@
 ``description``, ``inputSchema``); chapter 5 hands them to a real chat template.
 ``CODING_TOOLS`` are six production-style coding-agent tools in the same format.
 
-Source: book chapter 4.7 / agentrl spec §5 (descriptions beyond the first words are ours).
+Source: book chapter 4.7; docs/design.md#gym.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def _boolean(description: str) -> dict:
     return {'type': 'boolean', 'description': description}
 
 
-#: The gym's four tools: read, edit(op), test, submit. Source: agentrl spec §5.
+#: The gym's four tools: read, edit(op), test, submit. Source: docs/design.md#gym.
 TOOL_SCHEMAS = [
     {'name': 'read',
      'description': 'Return the current source of the function, one statement per line.',
@@ -58,8 +58,8 @@ TOOL_SCHEMAS = [
      'inputSchema': _object()},
 ]
 
-#: Six production-style coding tools (Read, Write, Edit, Bash, Glob, Grep). Source: agentrl
-#: spec §5 (Read, Edit, Bash confirmed by the book; the rest and all descriptions are ours).
+#: Six production-style coding tools (Read, Write, Edit, Bash, Glob, Grep). Source:
+#: docs/design.md#gym (Read, Edit, Bash confirmed by the book; the rest and all descriptions are ours).
 CODING_TOOLS = [
     {'name': 'Read',
      'description': 'Read a file from the local filesystem, with line numbers.',

@@ -8,7 +8,7 @@ fails on the buggy code and is not among the public inputs, so hard-coding the p
 The identifiers are chosen so that the word vocabulary lands on the book's numbers (316
 entries, ``edit`` = 224, ``swap_minmax`` = 300); renaming anything shifts those ids.
 
-Source: book chapter 4 / agentrl spec §3.4.
+Source: book chapter 4; docs/design.md#gym.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ __all__ = ['Task', 'make_tasks', 'SPLITS', 'ISSUE_TEMPLATE']
 
 #: Allowed ``make_tasks`` splits.
 SPLITS = ('train', 'heldout', 'all')
-#: Every task's issue (6 words). Source: agentrl spec §2.2 item 1, §3.4.
+#: Every task's issue (6 words). Source: docs/design.md#gym.
 ISSUE_TEMPLATE = 'issue : {fn_name} returns wrong results'
 
 
@@ -134,7 +134,7 @@ def make_tasks(split: str = 'all') -> list[Task]:
     """The BugFix tasks of one split, in the book's order.
 
     ``'all'`` gives 30 tasks, the 24 train tasks then the 6 held-out ones; ``tasks[0]`` is
-    clamp. Source: book chapter 4 / agentrl spec §3.4 (split names and sizes are ours).
+    clamp. Source: book chapter 4; docs/design.md#gym.
 
     Args:
         split: ``'train'`` (24), ``'heldout'`` (6) or ``'all'`` (30).

@@ -10,7 +10,7 @@ import tokenize
 
 __all__ = ['compact_source', 'format_results', 'format_value']
 
-#: Token types that carry no words in the compact projection. Source: agentrl spec §3.1.
+#: Token types that carry no words in the compact projection. Source: docs/design.md#gym.
 _DROPPED = frozenset({tokenize.ENCODING, tokenize.INDENT, tokenize.DEDENT, tokenize.COMMENT,
                       tokenize.ENDMARKER, tokenize.NL})
 
@@ -32,7 +32,7 @@ def compact_source(source: str) -> str:
     ``'def clamp ( value , lower , upper ) :\\nreturn min ( lower , max ( value , upper ) )'``
     (22 words and one newline, 23 tokens for the word tokenizer).
 
-    Source: book chapter 4.4 / agentrl spec §3.1.
+    Source: book chapter 4.4; docs/design.md#gym.
 
     Args:
         source: Python source text (need not be valid Python).
@@ -95,7 +95,7 @@ def format_results(results, tests) -> str:
     (``error`` if the call raised or was refused), ``want``, the expected value. Lines are
     joined by ``\\n``. Example line: ``fail 3 0 5 -> 0 want 3``.
 
-    Source: book chapter 4 / agentrl spec §3.1 (line shape deduced in §2.2).
+    Source: book chapter 4; docs/design.md#gym.
 
     Args:
         results: ``TestResult`` objects from :func:`run_tests`, one per test.

@@ -32,7 +32,7 @@ from .sft import oracle_demos, scripted_demos, sft_step
 __all__ = ['TrainConfig', 'call_stats', 'evaluate', 'sample_groups', 'run_sft', 'train', 'sft_phase', 'grpo_phase',
            'write_summary', 'HARDCODE_CALL']
 
-#: The reward hack's call: hard-code the public tests (agentrl spec section 3.2).
+#: The reward hack's call: hard-code the public tests (docs/design.md#training).
 HARDCODE_CALL = '<call> edit hardcode </call>'
 
 

@@ -29,7 +29,7 @@ def oracle_demos(tasks, tok, max_turns: int = 6, reward_tests: str = 'hidden') -
         list of Trajectory, one per task, in task order; ``provenance.logp_placeholder`` is
         True (their ``sample_logp`` must never enter an importance ratio).
 
-    Source: book chapter 5.6 (``scripted_rollout``), agentrl spec section 6 (Ch 6 warm start).
+    Source: book chapter 5.6 (``scripted_rollout``), docs/design.md#training.
     """
     return scripted_demos('oracle', tasks, tok, max_turns, reward_tests)
 

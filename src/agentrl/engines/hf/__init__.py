@@ -16,7 +16,7 @@
 torch is imported here; transformers only inside the functions that need it, with an error
 naming the extra.
 
-Source: issue 5; book chapter 5.2-5.4 and 5.8.
+Source: docs/design.md#hf-engine; book chapter 5.2-5.4 and 5.8.
 """
 from .drift import DRIFT_PROMPT, DriftExperiment, DriftRate, DriftSample, drift_experiment, drift_rate
 from .episodes import (PROFILE_KEYS, Reply, bugfix_job, bugfix_opening, bugfix_rollouts, episode_seed, format_profile,

@@ -550,7 +550,7 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
         ImportError: without the ``hf`` extra.
         ValueError: ``seeds`` of another length than ``tasks``; as :func:`run_chat_episodes`.
 
-    Source: issue 5, item 2; book chapter 5.2 (``TOOL_SCHEMAS`` as function-calling tools).
+    Source: docs/design.md#hf-engine; book chapter 5.2 (``TOOL_SCHEMAS`` as function-calling tools).
     """
     spec = spec if spec is not None else SamplingSpec()
     if template is None:
@@ -617,7 +617,7 @@ def bugfix_job(model_dir, tasks, *, spec: SamplingSpec | None = None, max_new_to
         ImportError: without the ``hf`` extra. FileNotFoundError / ValueError: as
         :func:`~agentrl.engines.hf.load_model`.
 
-    Source: issue 5, item 2 (``agentrl rollout --engine hf --model DIR``).
+    Source: docs/design.md#hf-engine.
     """
     from .models import load_model
     if device is None:

@@ -177,7 +177,7 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
         >>> path = make_test_model('/tmp/tiny-qwen3')        # a few seconds on one CPU core
         >>> model, tok = load_model(path)
 
-    Source: issue 5, item 3 (a small random Qwen3 with the real tokenizer, built in seconds).
+    Source: docs/design.md#hf-engine.
     """
     transformers = require_transformers('make_test_model')
     if hidden % heads or heads % kv_heads or layers < 1:
