@@ -17,6 +17,7 @@ from _tokenizers import load, tokenizer_path
 pytest.importorskip('transformers')
 
 import agentrl as arl  # noqa: E402
+from agentrl.sampling import episode_seed  # noqa: E402
 from agentrl import checks  # noqa: E402
 from agentrl.engines.scorer import hf_scorer, load_scorer  # noqa: E402
 from agentrl.checks.replay import replay_logp  # noqa: E402
@@ -231,12 +232,12 @@ def test_truncated_turns_have_no_end_of_turn_and_get_malformed(episodes_t1, tok)
         assert traj.info['stop'] == 'budget' and traj.reward == 0.0 and traj.info['n_invalid'] == 4
 
 
-def test_provenance_of_hf_records(episodes_t1, tok, template, model_dir):
+def test_provenance_of_hf_records(episodes_t1, tok, template, model_dir, tasks):
     for i, traj in enumerate(episodes_t1):
         p = traj.provenance
         assert p.policy == 'hf' and p.sampling == T1 and not p.logp_placeholder
         assert p.tokenizer == tokenizer_fingerprint(tok) and p.template == template.fingerprint
-        assert p.model == str(model_dir.resolve()) and p.seed == hf.episode_seed(3, i)
+        assert p.model == str(model_dir.resolve()) and p.seed == episode_seed(3, f'3/hf/{tasks[i].name}', f'3/hf/{tasks[i].name}/{i}')
         # a turn cut at its budget is closed by a template-owned <|im_end|>; the validator knows it from
         # info['template']['unterminated_turns'] and still checks every sampled end-of-turn token
         arl.validate(traj, {'tokenizer': p.tokenizer, 'template': p.template, 'eot_ids': (IM_END,)})

@@ -19,7 +19,7 @@ naming the extra.
 Source: docs/design.md#hf-engine; book chapter 5.2-5.4 and 5.8.
 """
 from .drift import DRIFT_PROMPT, DriftExperiment, DriftRate, DriftSample, drift_experiment, drift_rate
-from .episodes import (PROFILE_KEYS, Reply, bugfix_job, bugfix_opening, bugfix_rollouts, episode_seed, format_profile,
+from .episodes import (PROFILE_KEYS, Reply, bugfix_job, bugfix_opening, bugfix_rollouts, format_profile,
                        gym_call, merge_profiles, parse_tool_calls, run_chat_episodes)
 from .models import default_tokenizer_dir, load_model, make_test_model, model_id, require_transformers, score_rows
 from .sampler import HFSampler, SampledTurn, draw, processed_log_probs
@@ -27,6 +27,6 @@ from .sampler import HFSampler, SampledTurn, draw, processed_log_probs
 __all__ = ['HFSampler', 'SampledTurn', 'processed_log_probs', 'draw',
            'Reply', 'run_chat_episodes', 'format_profile', 'merge_profiles', 'PROFILE_KEYS', 'bugfix_rollouts', 'bugfix_job',
            'bugfix_opening', 'parse_tool_calls', 'gym_call',
-           'episode_seed', 'score_rows',
+           'score_rows',
            'drift_experiment', 'DriftExperiment', 'DriftSample', 'drift_rate', 'DriftRate', 'DRIFT_PROMPT',
            'make_test_model', 'load_model', 'default_tokenizer_dir', 'model_id', 'require_transformers']

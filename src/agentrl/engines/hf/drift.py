@@ -14,7 +14,7 @@ from ...record import SamplingSpec
 from ...templates import ChatTemplate, audit_drift
 from ...templates.audit import _first_diff
 from ...templates.chat import as_template
-from .episodes import episode_seed
+from ...sampling import episode_seed
 from .sampler import HFSampler
 
 __all__ = ['DRIFT_PROMPT', 'DriftSample', 'DriftExperiment', 'drift_experiment', 'DriftRate', 'drift_rate']
@@ -123,7 +123,7 @@ def drift_experiment(model, tokenizer, *, samples: int = 8, tokens: int = 128, s
     out = []
     for start in range(0, samples, batch_size):
         idx = list(range(start, min(samples, start + batch_size)))
-        gens = [torch.Generator().manual_seed(episode_seed(seed, i)) for i in idx]
+        gens = [torch.Generator().manual_seed(episode_seed(seed, f'{seed}/drift', f'{seed}/drift/{i}')) for i in idx]
         for i, t in zip(idx, sampler.sample([prompt_ids] * len(idx), gens)):
             again = template.encode(template.decode(t.ids))
             s = DriftSample(index=i, ids=list(t.ids), reencoded=again, drifted=again != t.ids)

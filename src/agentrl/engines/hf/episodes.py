@@ -18,12 +18,12 @@ import torch
 from ...gym import TOOL_SCHEMAS, BugFixEnv
 from ...model import fill_holes
 from ...record import Provenance, SamplingSpec
-from ...sampling import PenaltyContext
+from ...sampling import PenaltyContext, episode_seed
 from ...templates import ChatRecorder, ChatTemplate
 from .models import model_id as _model_id
 from .sampler import HFSampler, SampledTurn
 
-__all__ = ['Reply', 'run_chat_episodes', 'format_profile', 'merge_profiles', 'PROFILE_KEYS', 'parse_tool_calls', 'gym_call', 'episode_seed', 'bugfix_rollouts',
+__all__ = ['Reply', 'run_chat_episodes', 'format_profile', 'merge_profiles', 'PROFILE_KEYS', 'parse_tool_calls', 'gym_call', 'bugfix_rollouts',
            'bugfix_opening', 'bugfix_job']
 
 #: Given to the gym for a turn without a valid call: it answers ``MESSAGES['malformed']``.
@@ -50,14 +50,6 @@ class Reply:
     reward: float = 0.0
     info: dict | None = None
     action: object = None
-
-
-def episode_seed(seed: int, index: int) -> int:
-    """The sampling seed of episode ``index`` of a run seeded with ``seed``: ``seed * 2**20 + index``.
-
-    Source: design notes (``Provenance.seed``: the episode's own sampling seed).
-    """
-    return int(seed) * (1 << 20) + int(index)
 
 
 #: Per-turn time split keys of :func:`run_chat_episodes` ``profile`` (seconds ``_s``, counts otherwise).
@@ -522,7 +514,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
         max_new_tokens: token budget of one turn.
         max_turns: the gym's turn budget (stop ``budget``) and the loop's limit.
         reward_tests: ``'hidden'`` or ``'public'`` (see :class:`~agentrl.gym.BugFixEnv`).
-        seed: run seed; episode ``i`` samples with :func:`episode_seed` ``(seed, i)``.
+        seed: run seed; without ``seeds``, episode ``i`` of task ``t`` samples with
+            :func:`agentrl.sampling.episode_seed` ``(seed, f'{seed}/hf/{t.name}', f'{seed}/hf/{t.name}/{i}')``.
         seeds: explicit per-episode seeds instead (one int per task), e.g. to sample a subset of a
             run one by one with the seeds it had in the batch.
         batch_size: episodes per sampler call. cache: use the KV cache (False: recompute).
@@ -572,8 +565,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
         return Reply(messages=[{'role': 'tool', 'content': obs}], done=done, reward=reward, info=info,
                      action=call or '')
 
-    if seeds is None:
-        seeds = [episode_seed(seed, i) for i in range(len(tasks))]
+    if seeds is None:     # the one seed rule, over this call's identities (group = task, rollout = index)
+        seeds = [episode_seed(seed, f'{seed}/hf/{t.name}', f'{seed}/hf/{t.name}/{i}') for i, t in enumerate(tasks)]
     elif len(seeds) != len(tasks):
         raise ValueError(f'bugfix_rollouts: {len(seeds)} seeds for {len(tasks)} tasks; pass one per task')
     seeds = [int(x) for x in seeds]
