@@ -176,8 +176,9 @@ def supports_kv_cache(model) -> bool:
     if not (callable(getattr(model, 'new_cache', None)) and callable(getattr(model, 'extend', None))):
         return False
     mro = type(model).__mro__
-    owner = lambda name: next((i for i, c in enumerate(mro) if name in vars(c)), len(mro))
-    return owner('extend') <= owner('forward')
+    def defined_at(name: str) -> int:      # MRO depth of the class that defines ``name``
+        return next((i for i, c in enumerate(mro) if name in vars(c)), len(mro))
+    return defined_at('extend') <= defined_at('forward')
 
 
 def _generate_call_kv_free(model, ids, tok, spec, generator):
