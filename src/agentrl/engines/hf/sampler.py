@@ -524,6 +524,9 @@ def _row_cache_types():
         def get_max_length(self) -> int:
             return -1
 
+        def get_max_cache_shape(self) -> int:     # the same question under transformers < 5.11
+            return -1
+
         def move_row(self, src: int, dst: int, n: int) -> None:
             if self.is_initialized and n:
                 self.keys[dst, :, :n] = self.keys[src, :, :n]
