@@ -261,3 +261,13 @@ def test_sigkill_at_random_moment(tmp_path):
     for f in files:                                 # every visible shard is complete
         assert pq.read_metadata(f).num_rows == 200
     assert len(store.read_trajectories(tmp_path / 'ds')) == 200 * len(files)
+
+
+def test_ids_outside_the_column_range_name_the_record(tok, tasks):
+    import agentrl as arl
+    good = arl.scripted_rollout(arl.scripted_policy('oracle'), arl.BugFixEnv(), tasks[0], tok)
+    bad = arl.scripted_rollout(arl.scripted_policy('oracle'), arl.BugFixEnv(), tasks[1], tok)
+    bad.ids[3] = 2 ** 40
+    with pytest.raises(ValueError, match=r'^store: record 1 field ids has values outside \[-2147483648, 2147483647\]'):
+        store.to_table([good, bad])
+    assert store.to_table([good]).num_rows == 1

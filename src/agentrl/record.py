@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from array import array
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Iterator
 
 import torch
@@ -115,7 +115,7 @@ class SamplingSpec:
         The penalty fields are left out while they hold their defaults, so a record sampled
         without penalties is stored exactly as before they existed (same bytes, same digest).
         """
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}    # every field is a scalar
         for name in _PENALTY_FIELDS:
             if d[name] == _PENALTY_DEFAULTS[name]:
                 del d[name]
@@ -180,7 +180,7 @@ class Provenance:
 
     def to_dict(self) -> dict:
         """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`."""
-        d = asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}    # scalars, and the spec below
         d['sampling'] = None if self.sampling is None else self.sampling.to_dict()
         return d
 

@@ -96,28 +96,32 @@ _TEMP_RE = re.compile(r'^\..+\.tmp-(\d+)-[0-9a-f]+$')
 # ----------------------------------------------------------------------------- records -> table
 
 def _np(t, dtype, name: str, i: int) -> np.ndarray:
+    """One record's field as a flat numpy array; integer columns keep int64 here and are
+    range-checked once per column in :func:`_list_array` (one pass over all records)."""
     a = torch.as_tensor(t).detach().to('cpu').reshape(-1)
     if a.dtype.is_floating_point and not np.issubdtype(dtype, np.floating):
-        if not bool(torch.all(a == a.round())):
+        if name != 'action_mask' and not bool(torch.all(a == a.round())):   # action_mask: checked 0/1 already
             raise ValueError(f'store: record {i} field {name} holds non-integer values; {name} must hold '
                              'integers (build records with Trajectory.from_tokens)')
-    a = a.numpy()
-    if np.issubdtype(dtype, np.integer):
-        lo, hi = np.iinfo(dtype).min, np.iinfo(dtype).max
-        if a.size and (a.min() < lo or a.max() > hi):
-            raise ValueError(f'store: record {i} field {name} has values outside [{lo}, {hi}], the range '
-                             f'its column stores; check the record (ids must be token ids)')
-    return a.astype(dtype, copy=False)
+        return a.numpy().astype(dtype)
+    return a.numpy()
 
 
-def _list_array(rows: list, value_type: pa.DataType, np_dtype) -> pa.Array:
+def _list_array(rows: list, value_type: pa.DataType, np_dtype, name: str = '') -> pa.Array:
     lengths = np.fromiter((0 if r is None else len(r) for r in rows), dtype=np.int64, count=len(rows))
     offsets = np.zeros(len(rows) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
     if offsets[-1] > np.iinfo(np.int32).max:
         raise ValueError('store: more than 2**31 tokens in one file; write fewer records per shard')
     present = [r for r in rows if r is not None]
-    values = (np.concatenate(present) if present else np.zeros(0)).astype(np_dtype, copy=False)
+    values = np.concatenate(present) if present else np.zeros(0, dtype=np_dtype)
+    if np.issubdtype(np_dtype, np.integer) and values.size and values.dtype != np_dtype:
+        lo, hi = np.iinfo(np_dtype).min, np.iinfo(np_dtype).max
+        if values.min() < lo or values.max() > hi:
+            i = next(i for i, r in enumerate(rows) if r is not None and r.size and (r.min() < lo or r.max() > hi))
+            raise ValueError(f'store: record {i} field {name} has values outside [{lo}, {hi}], the range '
+                             f'its column stores; check the record (ids must be token ids)')
+    values = values.astype(np_dtype, copy=False)
     nulls = np.fromiter((r is None for r in rows), dtype=bool, count=len(rows))
     mask = pa.array(nulls) if nulls.any() else None
     return pa.ListArray.from_arrays(pa.array(offsets.astype(np.int32)), pa.array(values, type=value_type),
@@ -181,7 +185,7 @@ def to_table(trajs: Iterable[Trajectory], digests: list[str] | None = None) -> p
     arrays = []
     for f in SCHEMA:
         if f.name in np_types:
-            arrays.append(_list_array(cols[f.name], f.type.value_type, np_types[f.name]))
+            arrays.append(_list_array(cols[f.name], f.type.value_type, np_types[f.name], f.name))
         else:
             arrays.append(pa.array(cols[f.name], type=f.type))
     return pa.Table.from_arrays(arrays, schema=SCHEMA)
