@@ -502,3 +502,10 @@ def test_check_replays_per_turn_context_records(hf_model_dir, tmp_path, capsys):
     code, text, _ = check(capsys, tmp_path / 'turns.parquet', '--model', hf_model_dir, '--max-ratio-dev', '1e-5')
     assert code == 0 and text.rstrip().endswith('result: OK') and 'not replayed' not in text, text
     assert _max_dev(text) <= 1e-5
+
+
+def test_a_row_without_its_digest_is_refused(run_dir, tmp_path, capsys):
+    t = pq.read_table(next(iter(sorted((run_dir / 'trajectories').glob('part-*.parquet')))))
+    nulled = write(tmp_path / 'nulled.parquet', set_cell(t, 'digest', 0, None))
+    code, out, err = check(capsys, nulled)
+    assert code == 1 and 'digest' in (out + err) and 'is missing' in (out + err)

@@ -308,7 +308,14 @@ def test_cli_export_refusal_is_one_line(tmp_path, recs, capsys):
     assert cli('export', tmp_path / 'run', '--to', 'trl', '--out', tmp_path / 't') == 1      # data refused
     err = capsys.readouterr().err
     assert err.startswith('agentrl: error: provenance.group_id') and '--sort-groups' in err
+    assert not (tmp_path / 't').exists()                       # a refused export leaves no folder behind
     assert cli('export', tmp_path / 'run', '--to', 'trl', '--out', tmp_path / 't', '--sort-groups') == 0
+    assert cli('export', tmp_path / 'run', '--to', 'slime', '--out', tmp_path / 't', '--sort-groups') == 2
+    assert "exists and is not an empty folder" in capsys.readouterr().err   # exports never mix
+    assert sorted(p.name for p in (tmp_path / 't').iterdir()) == ['manifest.json', 'trl_batch.pt', 'trl_rollout.json']
+    assert cli('import', tmp_path / 't' / 'trl_batch.pt', '--from', 'trl', '--out', tmp_path / 'run') == 2
+    assert 'is not an empty folder; import into a new folder' in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / 'run').iterdir()) == ['trajectories.parquet']   # the run is untouched
 
 
 # ---------------------------------------------------------------------------- chat responses, real template

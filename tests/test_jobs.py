@@ -453,3 +453,17 @@ def test_train_killed_mid_run_leaves_no_run_and_the_next_run_cleans_up(tmp_path)
         ['metrics.jsonl', 'model.pt', 'reward.svg', 'sft.pt', 'summary.json']
     assert not list(out.glob('.train-tmp-*')) and s['files']['checkpoint'] == 'model.pt'
     assert json.loads((out / 'summary.json').read_text())['sft']['steps'] == 2
+
+
+def test_sigterm_during_train_leaves_no_run(tmp_path):
+    out = tmp_path / 'tc'
+    env = dict(os.environ, PYTHONPATH=str(Path(arl.__file__).parents[1]))
+    p = subprocess.Popen([sys.executable, '-m', 'agentrl', 'train', '--sft-steps', '2000', '--grpo-steps', '0',
+                          '--out', str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(out.glob('.train-tmp-*/metrics.jsonl')) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.2)
+    p.send_signal(signal.SIGTERM)
+    p.communicate(timeout=120)
+    assert p.returncode == 143
+    assert not out.exists() or not list(out.glob('.train-tmp-*')) and not (out / 'summary.json').exists()

@@ -357,7 +357,11 @@ def _row(toks: dict, get, i: int, verify: bool) -> Trajectory:
     tc = _turn_contexts(get('turn_contexts', i), T)
     info = _info(get('info', i))
     stored = get('digest', i)
-    if verify and stored is not None and _digest_np(arrays, reward) != stored:
+    if verify and stored is None:
+        raise MalformedRowError('is missing: every row agentrl writes carries the digest of its content, so a '
+                                'row without one cannot be trusted', field='digest',
+                                fix='re-run the rollout for this episode, or read with verify=False to inspect it')
+    if verify and _digest_np(arrays, reward) != stored:
         raise DigestMismatchError(
             f'the stored digest {str(stored)[:12]}... does not match the row\'s content (ids, owner, turn, '
             'action_mask, sample_logp, reward): the row was edited after writing', field='digest',

@@ -91,6 +91,9 @@ def run(args) -> int:
     kwargs = {'model': opts.model}
     if opts.source in ('vllm', 'sglang'):
         kwargs['logp_mode'] = opts.mode()
+    if os.path.exists(opts.out) and (not os.path.isdir(opts.out) or os.listdir(opts.out)):
+        raise UserError(f'--out {opts.out!r} exists and is not an empty folder; import into a new folder '
+                        '(a run folder is never overwritten)')
     records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(), **kwargs)
     os.makedirs(opts.out, exist_ok=True)
     path = store.write_trajectories(os.path.join(opts.out, 'trajectories.parquet'), records)
@@ -98,8 +101,8 @@ def run(args) -> int:
     for r in records:
         name = r.provenance.policy if r.provenance is not None else '(none)'
         policies[name] = policies.get(name, 0) + 1
-    summary = {'episodes': len(records), 'source': opts.source, 'imported_from': os.path.abspath(opts.path),
-               'trajectories': str(path), 'policies': {k: {'episodes': n} for k, n in policies.items()},
+    summary = {'episodes': len(records), 'source': opts.source, 'imported_from': os.path.basename(opts.path),
+               'trajectories': os.path.basename(path), 'policies': {k: {'episodes': n} for k, n in policies.items()},
                'options': {'from': opts.source, 'tokenizer': opts.tokenizer, 'temperature': opts.temperature}}
     atomic_write(os.path.join(opts.out, 'summary.json'), json.dumps(summary, indent=2, sort_keys=True) + '\n')
     print(f'imported {len(records)} records from {opts.source} into {path}')

@@ -24,7 +24,15 @@ def run(args) -> int:
         opts.validate()
     except ValueError as e:
         raise UserError(str(e)) from None
-    summary = run_training(opts)
+    import signal
+
+    def on_sigterm(signum, frame):            # unwind like Ctrl-C, so the staging folder is removed
+        raise SystemExit(128 + signum)
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        summary = run_training(opts)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print_summary(summary, opts.out)
     return 0
 

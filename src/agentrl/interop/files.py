@@ -23,6 +23,7 @@ skyrl-sft      ``sft.parquet``             SkyRL ``pretokenized_dataset_paths`` 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import torch
@@ -61,7 +62,7 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
     Args:
         records: agentrl records.
         framework: one of :data:`EXPORTS`.
-        out: output folder (created).
+        out: output folder: new or empty (created; removed again if the export is refused).
         pad_id: the tokenizer's pad id (verl, TRL, OpenRLHF).
         trim: drop the trailing observation (None: the framework's default).
         allow_support_mismatch: warn instead of refusing top-k/top-p log-probs.
@@ -88,53 +89,65 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
     if sort_groups:
         records = sort_by_group(records)
     out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ValueError(f'export: {str(out)!r} exists and is not an empty folder; pass a new --out '
+                         '(an export never mixes its files with another folder\'s)')
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
-    opts = {'allow_support_mismatch': allow_support_mismatch}
-    tr = {} if trim is None else {'trim': trim}
-    files = []
-    if framework == 'verl':
-        d = verl.to_verl(records, pad_id=pad_id, prompt_length=prompt_length, response_length=response_length,
-                         **tr, **opts)
-        _save_pt(verl._as_saveable(d), out / 'verl_batch.pt')
-        files.append('verl_batch.pt')
-        try:
-            from verl.protocol import DataProto
-        except ImportError:
-            DataProto = None
-        if DataProto is not None:
-            dp = DataProto.from_dict(tensors=d['batch'], non_tensors=d['non_tensor_batch'], meta_info=d['meta_info'])
-            with atomic_path(out / 'gen_batch.dp') as tmp:
-                dp.save_to_disk(tmp)
-            files.append('gen_batch.dp')
-    elif framework == 'trl':
-        d = trl.to_trl(records, pad_id=pad_id, **tr, **opts)
-        _save_pt(d, out / 'trl_batch.pt')
-        r = trl.to_trl_rollout(records, **tr, **opts)
-        _save_text(json.dumps(r), out / 'trl_rollout.json')
-        files += ['trl_batch.pt', 'trl_rollout.json']
-    elif framework == 'slime':
-        _save_pt({'samples': slime.to_slime(records, **tr, **opts)}, out / '0.pt')
-        files.append('0.pt')
-    elif framework == 'openrlhf':
-        _save_pt(openrlhf.to_openrlhf(records, pad_id=pad_id, **opts), out / 'experience.pt')
-        files.append('experience.pt')
-    elif framework == 'skyrl':
-        _save_text(json.dumps(skyrl.to_skyrl(records, **tr, **opts)), out / 'generator_output.json')
-        files.append('generator_output.json')
-    elif framework == 'prime-rl':
-        rows = prime_rl.to_prime_rl(records, **opts)
-        _save_text(''.join(json.dumps(r) + '\n' for r in rows), out / 'training_samples.jsonl')
-        files.append('training_samples.jsonl')
-    else:
-        _save_parquet(sft.to_sft(records, form='assistant_masks' if framework == 'sft' else 'loss_mask'),
-                      out / 'sft.parquet')
-        files.append('sft.parquet')
-    manifest = {'framework': framework, 'files': files, 'records': len(records), 'pad_id': pad_id,
-                'trim': trim, 'allow_support_mismatch': allow_support_mismatch, 'sort_groups': sort_groups,
-                'split_turns': split_turns,
-                'agentrl_version': __version__}
-    atomic_write(out / 'manifest.json', json.dumps(manifest, indent=2, sort_keys=True) + '\n')
-    return manifest
+    try:
+        opts = {'allow_support_mismatch': allow_support_mismatch}
+        tr = {} if trim is None else {'trim': trim}
+        files = []
+        if framework == 'verl':
+            d = verl.to_verl(records, pad_id=pad_id, prompt_length=prompt_length, response_length=response_length,
+                             **tr, **opts)
+            _save_pt(verl._as_saveable(d), out / 'verl_batch.pt')
+            files.append('verl_batch.pt')
+            try:
+                from verl.protocol import DataProto
+            except ImportError:
+                DataProto = None
+            if DataProto is not None:
+                dp = DataProto.from_dict(tensors=d['batch'], non_tensors=d['non_tensor_batch'], meta_info=d['meta_info'])
+                with atomic_path(out / 'gen_batch.dp') as tmp:
+                    dp.save_to_disk(tmp)
+                files.append('gen_batch.dp')
+        elif framework == 'trl':
+            d = trl.to_trl(records, pad_id=pad_id, **tr, **opts)
+            _save_pt(d, out / 'trl_batch.pt')
+            r = trl.to_trl_rollout(records, **tr, **opts)
+            _save_text(json.dumps(r), out / 'trl_rollout.json')
+            files += ['trl_batch.pt', 'trl_rollout.json']
+        elif framework == 'slime':
+            _save_pt({'samples': slime.to_slime(records, **tr, **opts)}, out / '0.pt')
+            files.append('0.pt')
+        elif framework == 'openrlhf':
+            _save_pt(openrlhf.to_openrlhf(records, pad_id=pad_id, **opts), out / 'experience.pt')
+            files.append('experience.pt')
+        elif framework == 'skyrl':
+            _save_text(json.dumps(skyrl.to_skyrl(records, **tr, **opts)), out / 'generator_output.json')
+            files.append('generator_output.json')
+        elif framework == 'prime-rl':
+            rows = prime_rl.to_prime_rl(records, **opts)
+            _save_text(''.join(json.dumps(r) + '\n' for r in rows), out / 'training_samples.jsonl')
+            files.append('training_samples.jsonl')
+        else:
+            _save_parquet(sft.to_sft(records, form='assistant_masks' if framework == 'sft' else 'loss_mask'),
+                          out / 'sft.parquet')
+            files.append('sft.parquet')
+        manifest = {'framework': framework, 'files': files, 'records': len(records), 'pad_id': pad_id,
+                    'trim': trim, 'allow_support_mismatch': allow_support_mismatch, 'sort_groups': sort_groups,
+                    'split_turns': split_turns,
+                    'agentrl_version': __version__}
+        atomic_write(out / 'manifest.json', json.dumps(manifest, indent=2, sort_keys=True) + '\n')
+        return manifest
+    except BaseException:      # a refusal or a failed write leaves nothing behind
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            for f in out.iterdir():
+                shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
+        raise
 
 
 def _load_pt(path: Path):
