@@ -13,6 +13,7 @@ characters in data (record fields, file names, messages) before they reach a ter
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import uuid
@@ -21,6 +22,8 @@ from typing import Iterator
 
 __all__ = ['atomic_write', 'atomic_path', 'temp_name', 'fsync_dir', 'TEMP_PREFIX', 'printable']
 
+#: The lock file of a run folder (``fcntl.flock``).
+LOCK = '.lock'
 #: Temporary files are hidden: ``.NAME.tmp-PID-RANDOM`` next to their final ``NAME``.
 TEMP_PREFIX = '.'
 
@@ -140,3 +143,45 @@ def printable(text, *, newlines: bool = False) -> str:
     """
     text = text if isinstance(text, str) else str(text)
     return (_CONTROL if newlines else _CONTROL_NL).sub(_escape, text)
+
+
+def pid_alive(pid: int) -> bool:
+    """True when process ``pid`` exists on this machine (it may belong to another user)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class FolderLockedError(ValueError):
+    """Another process is writing the folder (it holds ``FOLDER/.lock``)."""
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
+    """Hold ``folder/.lock`` (``fcntl.flock``, exclusive, non-blocking) for the block.
+
+    The lock dies with its process (also on SIGKILL), so a killed job never blocks the folder.
+
+    Raises:
+        FolderLockedError: another process holds it. Fix: wait for that job, or choose another folder.
+    """
+    import fcntl
+    path = Path(folder) / LOCK
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                raise
+            raise FolderLockedError(f'{str(folder)!r} is being written by another agentrl job (it holds '
+                                    f'{str(path)!r}); wait for it to finish, or choose another --out') from None
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield path
+    finally:
+        os.close(fd)

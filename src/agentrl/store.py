@@ -57,7 +57,7 @@ import torch
 from ._version import __version__
 from .checks.errors import DigestMismatchError, MalformedRowError, RecordError
 from .checks.identity import dedupe, record_digest
-from .io import atomic_path
+from .io import atomic_path, pid_alive
 from .record import Provenance, SamplingSpec, Trajectory
 
 __all__ = ['SCHEMA_VERSION', 'SCHEMA', 'write_trajectories', 'read_trajectories', 'iter_batches', 'scan',
@@ -657,16 +657,6 @@ def stored_identities(directory: str | os.PathLike) -> dict[tuple[str, str], int
     return out
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class ShardWriter:
     """Append records to a dataset folder as numbered shards, storing each record once.
 
@@ -723,7 +713,7 @@ class ShardWriter:
     def _remove_stale_temps(self) -> None:
         for f in self.directory.iterdir():
             m = _TEMP_RE.match(f.name)
-            if m and int(m.group(1)) != os.getpid() and not _pid_alive(int(m.group(1))):
+            if m and int(m.group(1)) != os.getpid() and not pid_alive(int(m.group(1))):
                 f.unlink(missing_ok=True)
 
     def _remember(self, f: Path) -> None:

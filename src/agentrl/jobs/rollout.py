@@ -22,7 +22,6 @@ naming the command that resumes (a second Ctrl-C stops at once).
 from __future__ import annotations
 
 import contextlib
-import errno
 import hashlib
 import io as _bytes_io
 import os
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-from ..io import atomic_write
+from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
 from .plan import (MANIFEST, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions, manifest_of, plan_chunks,
                    plan_episodes, public_options, read_manifest, resume_options)
 from .runner import EpisodeRunner, RunnerFactory, RunSpec
@@ -41,8 +40,6 @@ from .runner import EpisodeRunner, RunnerFactory, RunSpec
 __all__ = ['RunReport', 'RunInterrupted', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
            'model_fingerprint', 'LOCK']
 
-#: The lock file of a run folder (``fcntl.flock``; released when the job ends or its process dies).
-LOCK = '.lock'
 
 
 class RunInterrupted(Exception):
@@ -58,8 +55,8 @@ class RunInterrupted(Exception):
                          f'agentrl rollout --resume {out}')
 
 
-class RunLockedError(ValueError):
-    """Another job is writing the run folder (it holds ``OUT/.lock``)."""
+#: Another job is writing the run folder (it holds ``OUT/.lock``).
+RunLockedError = FolderLockedError
 
 
 @dataclass
@@ -187,31 +184,8 @@ def _progress(show: bool, total: int, done: int, label: str):
 
 # ----------------------------------------------------------------------------- run folder: lock, model
 
-@contextlib.contextmanager
-def run_lock(folder: str | os.PathLike):
-    """Hold ``folder/.lock`` (``fcntl.flock``, exclusive, non-blocking) for the block.
-
-    The lock dies with its process (also on SIGKILL), so a killed job never blocks the folder.
-
-    Raises:
-        RunLockedError: another process holds it. Fix: wait for that job, or choose another folder.
-    """
-    import fcntl
-    path = Path(folder) / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise
-            raise RunLockedError(f'{str(folder)!r} is being written by another agentrl job (it holds '
-                                 f'{str(path)!r}); wait for it to finish, or choose another --out') from None
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
-        yield path
-    finally:
-        os.close(fd)
+#: ``run_lock(folder)``: hold ``folder/.lock`` for the block (:func:`agentrl.io.folder_lock`).
+run_lock = folder_lock
 
 
 def model_fingerprint(path: str | os.PathLike) -> str:

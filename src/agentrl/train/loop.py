@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..io import LOCK, folder_lock, pid_alive
 from ..gym.calls import StopReason
 from ..stats import episode_metrics
 from .config import TrainConfig
@@ -197,14 +198,14 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
     stage = out / f'.train-tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}'
     threads_before = torch.get_num_threads()
     try:
-        with _lock(out):
+        with folder_lock(out):
             found = [n for n in _RUN_FILES if (out / n).exists()]
             if found:
                 raise ValueError(f'--out {cfg.out!r} already holds a training run ({", ".join(found)}); choose a '
                                  'new --out')
             for old in out.glob('.train-tmp-*'):         # left by a killed run (its process is gone)
                 pid = old.name.split('-')[2]
-                if pid.isdigit() and not _alive(int(pid)):
+                if pid.isdigit() and not pid_alive(int(pid)):
                     shutil.rmtree(old, ignore_errors=True)
             stage.mkdir()
             if cfg.threads > 0:
@@ -219,41 +220,15 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
         shutil.rmtree(stage, ignore_errors=True)
         if made_out:
             with contextlib.suppress(OSError):
-                (out / '.lock').unlink()
+                (out / LOCK).unlink()
                 out.rmdir()
         raise
     finally:
         torch.set_num_threads(threads_before)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 #: The files of a training run, in commit order (``summary.json`` last).
 _RUN_FILES = ('sft.pt', 'model.pt', 'metrics.jsonl', 'reward.svg', 'summary.json')
-
-
-@contextlib.contextmanager
-def _lock(folder: Path):
-    """Hold ``folder/.lock`` (``fcntl.flock``): a second job into the same folder refuses."""
-    import fcntl
-    fd = os.open(folder / '.lock', os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ValueError(f'{str(folder)!r} is being written by another agentrl job; wait for it, or choose '
-                             'another --out') from None
-        yield
-    finally:
-        os.close(fd)
 
 
 @dataclass
