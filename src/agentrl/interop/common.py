@@ -328,3 +328,32 @@ def record_from_response(prompt_ids, response_ids, response_mask, response_logp,
     lp = [0.0] * len(prompt_ids) + [float(x) for x in logp]
     return Trajectory.from_tokens(prompt_ids + response_ids, owner, turn, lp, reward, info,
                                   provenance=provenance, turn_contexts=turn_contexts)
+
+
+def prepare_export(records, caller: str, target: str, *, allow_support_mismatch: bool = False,
+                   replays_top_p: bool = False, groups: str | None = None):
+    """The checks every RL exporter runs first: some records, sampled, on the target's support, grouped.
+
+    Args:
+        records: the records (any iterable).
+        caller: the exporter's name for the message (``'to_verl'``).
+        target: the framework, as :func:`check_support` names it.
+        allow_support_mismatch, replays_top_p: see :func:`check_support`.
+        groups: when given, the target groups rows by position: :func:`check_groups` with this description.
+
+    Returns:
+        ``(records as a list, the records' temperature or None)``.
+
+    Raises:
+        ValueError: no records. RecordError: what :func:`check_exportable`, :func:`check_support` and
+            :func:`check_groups` refuse.
+    """
+    records = list(records)
+    if not records:
+        raise ValueError(f'{caller}: no records; pass at least one')
+    check_exportable(records)
+    temperature = check_support(records, target, allow_support_mismatch=allow_support_mismatch,
+                                replays_top_p=replays_top_p)
+    if groups is not None:
+        check_groups(records, groups)
+    return records, temperature

@@ -125,7 +125,7 @@ def _chat_episode(ex, tokenizer, tools, history, options):
 
 
 def _completion_episode(ex):
-    ids, owner, turn, logp, ctx, drift, placeholder = [], [], [], [], [], [], False
+    ids, owner, turn, logp, placeholder = [], [], [], [], False
     for k, e in enumerate(ex):
         r = parse_response(e['response'], e['request'], f'exchange {k} response')
         p = r['prompt_ids']

@@ -15,8 +15,7 @@ import torch
 
 from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import check_exportable, check_groups, check_support, provenance_for_import, split
-
+from .common import prepare_export, provenance_for_import, split
 __all__ = ['to_openrlhf', 'from_openrlhf']
 
 
@@ -37,12 +36,8 @@ def to_openrlhf(records, *, pad_id: int = 0, allow_support_mismatch: bool = Fals
     Raises:
         agentrl.checks.errors.RecordError: refused records, SupportMismatchError, GroupOrderError.
     """
-    records = list(records)
-    if not records:
-        raise ValueError('to_openrlhf: no records; pass at least one')
-    check_exportable(records)
-    check_support(records, 'OpenRLHF', allow_support_mismatch=allow_support_mismatch)
-    check_groups(records, 'OpenRLHF (n_samples_per_prompt contiguous rows)')
+    records, _ = prepare_export(records, 'to_openrlhf', 'OpenRLHF', allow_support_mismatch=allow_support_mismatch,
+                                groups='OpenRLHF (n_samples_per_prompt contiguous rows)')
     for i, r in enumerate(records):
         split(r, i)
     T = max(len(r.ids) for r in records)

@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 
 from ..record import OWNER, Provenance, SamplingSpec, Trajectory
-from .common import check_exportable, check_support, group_key, provenance_for_import, split
-
+from .common import group_key, prepare_export, provenance_for_import, split
 __all__ = ['to_prime_rl', 'from_prime_rl']
 
 
@@ -22,11 +21,8 @@ def to_prime_rl(records, *, env_name: str = 'agentrl', allow_support_mismatch: b
     Raises:
         agentrl.checks.errors.RecordError: refused records, SupportMismatchError.
     """
-    records = list(records)
-    if not records:
-        raise ValueError('to_prime_rl: no records; pass at least one')
-    check_exportable(records)
-    temperature = check_support(records, 'prime-rl', allow_support_mismatch=allow_support_mismatch)
+    records, temperature = prepare_export(records, 'to_prime_rl', 'prime-rl',
+                                          allow_support_mismatch=allow_support_mismatch)
     groups: dict = {}
     for i, r in enumerate(records):
         split(r, i)

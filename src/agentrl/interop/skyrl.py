@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import check_exportable, check_support, group_key, provenance_for_import, record_from_response, split
-
+from .common import group_key, prepare_export, provenance_for_import, record_from_response, split
 __all__ = ['to_skyrl', 'from_skyrl']
 
 
@@ -24,11 +23,7 @@ def to_skyrl(records, *, trim: bool = True, allow_support_mismatch: bool = False
     Raises:
         agentrl.checks.errors.RecordError: refused records, SupportMismatchError.
     """
-    records = list(records)
-    if not records:
-        raise ValueError('to_skyrl: no records; pass at least one')
-    check_exportable(records)
-    check_support(records, 'SkyRL', allow_support_mismatch=allow_support_mismatch)
+    records, _ = prepare_export(records, 'to_skyrl', 'SkyRL', allow_support_mismatch=allow_support_mismatch)
     out = {k: [] for k in ('prompt_token_ids', 'response_ids', 'rewards', 'loss_masks', 'stop_reasons',
                            'rollout_logprobs', 'trajectory_ids', 'agentrl_provenance', 'agentrl_info')}
     reps: dict = {}

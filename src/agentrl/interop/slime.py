@@ -17,8 +17,7 @@ from __future__ import annotations
 import json
 
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import (check_exportable, check_groups, check_support, group_key, provenance_for_import,
-                     record_from_response, split)
+from .common import group_key, prepare_export, provenance_for_import, record_from_response, split
 
 __all__ = ['to_slime', 'from_slime']
 
@@ -37,12 +36,8 @@ def to_slime(records, *, trim: bool = False, allow_support_mismatch: bool = Fals
     Raises:
         agentrl.checks.errors.RecordError: refused records, SupportMismatchError, GroupOrderError.
     """
-    records = list(records)
-    if not records:
-        raise ValueError('to_slime: no records; pass at least one')
-    check_exportable(records)
-    check_support(records, 'slime', allow_support_mismatch=allow_support_mismatch, replays_top_p=True)
-    check_groups(records, 'slime (n_samples_per_prompt contiguous rows)')
+    records, _ = prepare_export(records, 'to_slime', 'slime', allow_support_mismatch=allow_support_mismatch,
+                                replays_top_p=True, groups='slime (n_samples_per_prompt contiguous rows)')
     groups: dict = {}
     out = []
     for i, rec in enumerate(records):

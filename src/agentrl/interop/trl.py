@@ -24,8 +24,7 @@ import json
 import torch
 
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import (as_list, check_exportable, check_groups, check_support, provenance_for_import,
-                     record_from_response, split)
+from .common import as_list, prepare_export, provenance_for_import, record_from_response, split
 
 __all__ = ['to_trl', 'to_trl_rollout', 'from_trl', 'trl_rollout_func', 'trl_reward']
 
@@ -48,13 +47,8 @@ def to_trl_rollout(records, *, trim: bool = True, allow_support_mismatch: bool =
         agentrl.checks.errors.RecordError: refused records (see :func:`agentrl.interop.common.check_exportable`),
             SupportMismatchError, or GroupOrderError.
     """
-    records = list(records)
-    if not records:
-        raise ValueError('to_trl: no records; pass at least one')
-    check_exportable(records)
-    check_support(records, 'TRL', allow_support_mismatch=allow_support_mismatch)
-    if check_group_order:
-        check_groups(records, 'TRL (num_generations consecutive rows)')
+    records, _ = prepare_export(records, 'to_trl', 'TRL', allow_support_mismatch=allow_support_mismatch,
+                                groups='TRL (num_generations consecutive rows)' if check_group_order else None)
     out = {k: [] for k in ('prompt_ids', 'completion_ids', 'logprobs', 'env_mask', 'agentrl_reward',
                            'agentrl_provenance', 'agentrl_info')}
     for i, rec in enumerate(records):

@@ -33,8 +33,7 @@ import numpy as np
 import torch
 
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import as_list, check_exportable, check_support, provenance_for_import, record_from_response, split
-
+from .common import as_list, prepare_export, provenance_for_import, record_from_response, split
 __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl']
 
 
@@ -77,11 +76,7 @@ def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_
         ValueError: no records, a prompt longer than ``prompt_length`` (verl would left-truncate
             it) or a response longer than ``response_length`` (fix: raise the width).
     """
-    records = list(records)
-    if not records:
-        raise ValueError('to_verl: no records; pass at least one')
-    check_exportable(records)
-    temperature = check_support(records, 'verl', allow_support_mismatch=allow_support_mismatch)
+    records, temperature = prepare_export(records, 'to_verl', 'verl', allow_support_mismatch=allow_support_mismatch)
     prompts, responses, masks, logps, rewards, uids, turns, provs, infos = [], [], [], [], [], [], [], [], []
     for i, rec in enumerate(records):
         s = split(rec, i)
