@@ -21,7 +21,8 @@ RUN_BOOK = shared_dir() / 'tools' / 'run_book.py'
 @pytest.mark.parametrize('mode', ['ours', 'book'])
 def test_book_blocks_match(mode):
     if not RUN_BOOK.exists():
-        pytest.skip(f'{RUN_BOOK} not found (set AGENTRL_SHARED to the shared folder)')
+        pytest.skip(f'{RUN_BOOK} not found: the book runner lives in the project\'s shared/ folder (seeds, spec, '
+                    'tokenizers, tools) beside the clone; set AGENTRL_SHARED to it')
     pytest.importorskip('transformers')
     env = dict(os.environ, HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1', OMP_NUM_THREADS='1')
     env.setdefault('AGENTRL_TOKENIZERS', str(shared_dir() / 'tokenizers'))

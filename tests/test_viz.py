@@ -122,7 +122,8 @@ def test_hf_decoder_on_shared_qwen3(monkeypatch):
     pytest.importorskip('transformers')
     root = shared_dir() / 'tokenizers'
     if not (root / 'qwen3' / 'tokenizer.json').exists():
-        pytest.skip(f'no shared Qwen3 tokenizer under {root}')
+        pytest.skip(f'no Qwen3 tokenizer under {root}: this test reads the shared/ folder beside the clone '
+                    '(set AGENTRL_SHARED to it; the files are the Qwen/Qwen3-0.6B tokenizer)')
     monkeypatch.setenv('AGENTRL_TOKENIZERS', str(root))
     qtok = viz.strip._load_hf(str(root / 'qwen3'))
     text = '<|im_start|>user\nclamp(3, 0, 5) returns 0<|im_end|>\n<|im_start|>assistant\n<think>'

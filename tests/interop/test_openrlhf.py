@@ -7,7 +7,7 @@ here to the test model's log-probs, as ``openrlhf/models/actor.py`` does.
 import pytest
 import torch
 
-pytest.importorskip('openrlhf.trainer.ppo_utils.experience')
+pytest.importorskip('openrlhf.trainer.ppo_utils.experience', reason='OpenRLHF is not in this venv; `make test-interop` runs these tests in .venv-interop')
 
 from agentrl import interop  # noqa: E402
 from agentrl.record import OWNER  # noqa: E402

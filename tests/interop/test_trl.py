@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-trl = pytest.importorskip('trl')
+trl = pytest.importorskip('trl', reason='TRL is not in this venv; `make test-interop` runs these tests in .venv-interop')
 datasets = pytest.importorskip('datasets')
 
 from agentrl import interop  # noqa: E402

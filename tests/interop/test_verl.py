@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-pytest.importorskip('verl.protocol')
+pytest.importorskip('verl.protocol', reason='verl is not in this venv; `make test-interop` runs these tests in .venv-interop')
 pytest.importorskip('verl.workers.utils.padding')
 
 from agentrl import interop  # noqa: E402
