@@ -435,3 +435,45 @@ def test_run_chat_episodes_refuses_a_reply_without_messages(model, template):
         hf.run_chat_episodes(s, [rec], lambda i, turn, text: hf.Reply(), seeds=[0], max_turns=2)
     with pytest.raises(ValueError, match='max_turns must be >= 1'):
         hf.run_chat_episodes(s, [rec], lambda i, turn, text: hf.Reply(), max_turns=0)
+
+
+@pytest.mark.parametrize('spec', [T1, SamplingSpec(temperature=0.7), SamplingSpec(temperature=0.0),
+                                  SamplingSpec(temperature=0.8, logp_mode='raw'), T07,
+                                  SamplingSpec(repetition_penalty=1.3, temperature=0.9)],
+                         ids=['t1', 't07', 'greedy', 'raw', 'top_p', 'penalty'])
+def test_choose_in_reused_buffers_is_bit_identical_to_the_one_sampler(model, spec):
+    from agentrl.sampling import PenaltyContext, draw, processed_logp
+    sampler = hf.HFSampler(model, (), spec)
+    torch.manual_seed(0)
+    ptrs = set()
+    for n in (5, 3, 8, 2, 8):                       # shrink and grow: views of one [2, rows, V] buffer
+        logits = torch.randn(n, 2000) * 4
+        ctx = PenaltyContext.of([[1, 2, 3]] * n, [[4, 5]] * n) if spec.penalized else None
+        seeds = [7 * n + r for r in range(n)]
+        ids, logp = sampler.choose(logits, [torch.Generator().manual_seed(s) for s in seeds], context=ctx)
+        lp = processed_logp(logits, spec, ctx)
+        if spec.temperature <= 0:
+            want = lp.argmax(-1)
+        else:
+            u = torch.stack([torch.rand((), dtype=torch.float64, generator=torch.Generator().manual_seed(s))
+                             for s in seeds])
+            want = draw(lp.exp(), u)
+        if spec.logp_mode == 'raw' and spec.temperature > 0:
+            lp = torch.log_softmax(logits.double(), -1)
+        assert torch.equal(ids, want)
+        assert torch.equal(logp, lp.gather(-1, want[:, None]).squeeze(-1))
+        assert logp.dtype == torch.float64 and ids.shape == (n,)
+        if sampler._buffers is not None:
+            ptrs.add(sampler._buffers.data_ptr())
+    reused = not spec.penalized and not (spec.temperature > 0 and spec.truncated)
+    assert len(ptrs) == (2 if reused else 0)        # allocated at 5 rows, again at 8, then kept
+
+
+def test_draw_inplace_refuses_weights_it_cannot_overwrite():
+    from agentrl.sampling import draw
+    w = torch.tensor([[0.2, 0.8]])
+    with pytest.raises(ValueError, match=r'^draw: inplace=True needs contiguous float64 weights, got torch.float32$'):
+        draw(w, torch.tensor([0.5], dtype=torch.float64), inplace=True)
+    w64 = torch.tensor([[0.25, 0.75]], dtype=torch.float64)
+    assert draw(w64, torch.tensor([0.5], dtype=torch.float64), inplace=True).tolist() == [1]
+    assert w64.tolist() == [[0.25, 1.0]]             # the CDF, written over the weights

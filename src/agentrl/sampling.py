@@ -268,13 +268,17 @@ def stored_logp(logits: torch.Tensor, ids: torch.Tensor, spec: SamplingSpec,
 # the draw
 
 
-def draw(weights: torch.Tensor, u: torch.Tensor, *, caller: str = 'draw') -> torch.Tensor:
+def draw(weights: torch.Tensor, u: torch.Tensor, *, caller: str = 'draw', inplace: bool = False) -> torch.Tensor:
     """Invert each row's CDF at ``u``: the token ``i`` with ``cdf[i-1] <= u * total < cdf[i]``.
 
     Args:
         weights: ``[N, V]`` non-negative weights (probabilities; rows need not sum to 1).
         u: ``[N]`` or ``[N, 1]`` float64 uniforms in ``[0, 1)``, one per row.
         caller: the public name that raises (for the message).
+        inplace: accumulate the CDF in ``weights``' own storage (``weights`` must be a contiguous
+            float64 tensor; its values are overwritten) instead of a new ``[N, V]`` float64 tensor.
+            The same arithmetic, so the same ids; it saves one large allocation per call (the
+            HF sampler's reused buffer, :class:`agentrl.engines.hf.sampler.HFSampler`).
 
     Returns:
         ``[N]`` int64 ids; a token of weight 0 is never returned. The CDF is accumulated in
@@ -287,7 +291,12 @@ def draw(weights: torch.Tensor, u: torch.Tensor, *, caller: str = 'draw') -> tor
             logits, or every logit -inf): there is no distribution to sample from. This is the
             one edge-case policy of every engine (never a silent clamp).
     """
-    cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
+    if inplace:
+        if weights.dtype != torch.float64 or not weights.is_contiguous():
+            raise ValueError(f'{caller}: inplace=True needs contiguous float64 weights, got {weights.dtype}')
+        cdf = weights.cumsum_(-1)
+    else:
+        cdf = torch.cumsum(weights, dim=-1, dtype=torch.float64)
     total = cdf[:, -1:].contiguous()
     if not bool(torch.isfinite(total.log()).all()):            # log: 0 -> -inf, NaN and inf stay
         rows = (~((total > 0) & (total < float('inf')))).squeeze(1).nonzero().squeeze(1).tolist()

@@ -146,6 +146,7 @@ class HFSampler:
         self.forward_calls = 0
         self.tokens_generated = 0
         self.stats = dict.fromkeys(STAT_KEYS, 0)
+        self._buffers = None            # [2, rows, V] float64 sampling buffers (_log_probs)
 
     # ------------------------------------------------------------------ model calls
     @property
@@ -186,6 +187,7 @@ class HFSampler:
         forced = None if teacher is None else [teacher[r][step] for r in rows]
         return self.choose(logits, None if generators is None else [generators[r] for r in rows], forced, ctx)
 
+    @torch.no_grad()
     def choose(self, logits: torch.Tensor, generators=None, forced=None, context: PenaltyContext | None = None):
         """Pick one token per row from next-token logits, with its log-prob under the spec.
 
@@ -204,7 +206,7 @@ class HFSampler:
         Source: inverse-CDF sampling with one uniform per token (:func:`draw`), so a row draws the
         same id whichever batch it is in.
         """
-        lp = processed_log_probs(logits, self.spec, context)
+        lp, spare = self._log_probs(logits, context)
         if forced is not None:
             ids = torch.tensor(forced, dtype=torch.long, device=lp.device)
         elif self.spec.temperature <= 0:
@@ -213,10 +215,40 @@ class HFSampler:
             u = torch.stack([torch.rand((), dtype=torch.float64, generator=g) if g is not None
                              else torch.rand((), dtype=torch.float64)
                              for g in (generators if generators is not None else [None] * lp.shape[0])])
-            ids = draw(lp, u)
+            weights = lp.exp() if spare is None else torch.exp(lp, out=spare)
+            ids = _draw(weights, u, caller='draw', inplace=True)
         if self.spec.logp_mode == 'raw' and self.spec.temperature > 0:
-            lp = torch.log_softmax(logits.double(), dim=-1)
+            if spare is None:
+                lp = torch.log_softmax(logits.double(), dim=-1)
+            else:                      # the processed values are no longer needed: reuse both buffers
+                torch.log_softmax(spare.copy_(logits), dim=-1, out=lp)
         return ids, lp.gather(-1, ids[:, None]).squeeze(-1)
+
+    def _log_probs(self, logits: torch.Tensor, context):
+        """``([n, V] float64 processed log-probs, spare [n, V] float64 buffer or None)``.
+
+        A spec without penalties or truncation (the common case: temperature only) is computed in
+        two ``[rows, V]`` float64 buffers kept across calls: the same operations as
+        :func:`agentrl.sampling.processed_logp` (``double``, ``/ T``, ``log_softmax``) written with
+        ``out=``, so the values are bit-identical. At 32 rows of Qwen3's 151,669 entries each buffer
+        is 39 MiB, above glibc's largest mmap threshold (32 MiB): allocating them every step maps
+        and faults fresh pages each time (bench/RESULTS.md, "HF engine: cross-turn KV cache").
+        Other specs allocate through :func:`processed_log_probs` and return ``spare=None``.
+        """
+        spec = self.spec
+        if spec.penalized or (spec.temperature > 0 and spec.truncated):
+            return processed_log_probs(logits, spec, context), None
+        n, V = logits.shape
+        buf = self._buffers
+        if buf is None or buf.shape[1] < n or buf.shape[2] != V or buf.device != logits.device:
+            with torch.inference_mode(False):    # a normal tensor, writable in and out of inference mode
+                buf = self._buffers = torch.empty((2, n, V), dtype=torch.float64, device=logits.device)
+        x, lp = buf[0, :n], buf[1, :n]
+        x.copy_(logits)
+        if spec.temperature > 0 and spec.temperature != 1.0:
+            x.div_(spec.temperature)
+        torch.log_softmax(x, dim=-1, out=lp)
+        return lp, x
 
     def _budgets(self, prompts, max_new_tokens, teacher):
         n = len(prompts)
