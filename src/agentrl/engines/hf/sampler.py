@@ -24,7 +24,6 @@ adjacent token is drawn). The log-probs of the same ids agree to ~1e-6 either wa
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import dataclass, field
 
