@@ -318,6 +318,33 @@ def test_cli_export_refusal_is_one_line(tmp_path, recs, capsys):
     assert sorted(p.name for p in (tmp_path / 'run').iterdir()) == ['trajectories.parquet']   # the run is untouched
 
 
+def test_cli_export_refuses_what_check_refuses(tmp_path, capsys):
+    """A scripted record whose placeholder flag was edited away (its zero log-probs would pass as sampled ones)
+    passes the exporters' own refusals; export runs the check's rules first and writes nothing."""
+    import pyarrow.parquet as pq
+    from test_gate import set_cell, write
+    run = tmp_path / 'run'
+    assert cli('rollout', '--policy', 'oracle', '--split', 'heldout', '--repeats', '1', '--out', run) == 0
+    (f,) = store.data_files(run / 'trajectories')
+    t = pq.read_table(f)
+    assert t.column('logp_placeholder').to_pylist() == [True] * 6
+    write(f, set_cell(t, 'logp_placeholder', 2, False).replace_schema_metadata(t.schema.metadata))
+    p = store.read_trajectories(f)[2].provenance                       # the digest does not cover the flag
+    line = (f'{p.group_id}/{p.rollout_id}#1: MissingProvenanceError: provenance.sampling: is None on a record with '
+            'sampled tokens; nobody can tell which distribution the log-probs came from. Fix: record the SamplingSpec '
+            '(temperature, top_k, top_p, min_p, logp_mode), or set logp_placeholder=True for scripted records')
+    capsys.readouterr()
+    assert cli('check', run) == 1
+    assert f'\n  e.g. {line}\n' in capsys.readouterr().out
+    for fw in ('verl', 'sft'):
+        assert cli('export', run, '--to', fw, '--out', tmp_path / fw) == 1
+        assert capsys.readouterr().err == (f"agentrl: error: {line} (1 of 6 records refused; `agentrl check "
+                                           f"{run / 'trajectories'}` lists them all)\n")
+        assert not (tmp_path / fw).exists()                          # nothing written, no folder left behind
+    write(f, t)                                                       # the untouched run: SFT takes scripted records
+    assert cli('export', run, '--to', 'sft', '--out', tmp_path / 'sft') == 0
+
+
 # ---------------------------------------------------------------------------- chat responses, real template
 def test_vllm_chat_import_rebuilds_owners_from_the_template():
     pytest.importorskip('transformers')

@@ -7,6 +7,7 @@ import errno
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -188,14 +189,14 @@ _KILL_AT = textwrap.dedent('''
 ''')
 
 
-def _kill_then_resume(opts: dict, kill_at: int, ref: Path):
+def _kill_then_resume(opts: dict, kill_at: int, ref: Path, resume: dict | None = None):
     p = subprocess.run([sys.executable, '-c', _KILL_AT, json.dumps(opts), str(kill_at)], capture_output=True,
                        text=True, timeout=300)
     out = Path(opts['out'])
     assert p.returncode == -signal.SIGKILL, p.stderr
     before = store.stored_identities(out / 'trajectories')
     assert kill_at <= len(before) < len(by_id(ref)) and not (out / 'summary.json').exists()
-    s = jr.rollout_job(RolloutOptions(resume=str(out)), progress=False)
+    s = jr.rollout_job(RolloutOptions(resume=str(out), **(resume or {})), progress=False)
     assert (s['engine']['skipped_by_resume'], s['engine']['written']) == (len(before), len(by_id(ref)) - len(before))
     a, b = by_id(ref), by_id(out / 'trajectories')
     assert a.keys() == b.keys()                       # every episode exactly once (by_id refuses a second copy)
@@ -242,6 +243,7 @@ def test_ctrl_c_and_sigterm_keep_finished_shards_and_say_how_to_resume(tmp_path,
     assert f'agentrl: interrupted: {len(kept)} of 480 episodes are stored in {str(out)!r}' in err
     assert f'finish the run with: agentrl rollout --resume {out}' in err
     assert not (out / 'summary.json').exists() and not list(out.rglob('.*.tmp-*'))
+    assert not (out / '.lock').exists()
     if sig == signal.SIGINT:
         p = agentrl('rollout', '--resume', out)
         assert 'wrote 480 episodes to' in p.stdout
@@ -261,6 +263,55 @@ def test_resume_refuses_another_plan_or_model(tmp_path):
         jr.rollout_job(RolloutOptions(resume=str(out)), progress=False)
 
 
+def test_resume_refuses_shards_of_another_run(tmp_path):
+    """A shard dropped into a run folder from another run (same episodes, other sampler or model) is refused."""
+    import shutil
+    plan = dict(policy=['model'], split='heldout', repeats=1, chunk_size=4)
+    jr.rollout_job(RolloutOptions(**plan, out=str(tmp_path / 'a')), progress=False)
+    jr.rollout_job(RolloutOptions(**plan, temperature=0.5, out=str(tmp_path / 'hot')), progress=False)
+    shutil.copy(tmp_path / 'a' / 'model.pt', tmp_path / 'other.pt')       # the same weights under another name
+    jr.rollout_job(RolloutOptions(**plan, checkpoint=str(tmp_path / 'other.pt'), out=str(tmp_path / 'ckpt')),
+                   progress=False)
+    a = tmp_path / 'a'
+    (a / 'summary.json').unlink()                                        # as if interrupted after its shards
+    fp = jr.model_fingerprint(a / 'model.pt')
+    shard = a / 'trajectories' / 'part-000001.parquet'
+    fix = f"move part-000001.parquet out of {str(a / 'trajectories')!r} (its episodes then run again), or start a new --out"
+    for src, field, got, want in [
+            ('hot', 'sampling', {'temperature': 0.5, 'top_k': 0, 'top_p': 1.0, 'min_p': 0.0, 'logp_mode': 'processed'},
+             {'temperature': 1.0, 'top_k': 0, 'top_p': 1.0, 'min_p': 0.0, 'logp_mode': 'processed'}),
+            ('ckpt', 'model', f'other.pt@{fp}', f'model.pt@{fp}')]:
+        shutil.copy(tmp_path / src / 'trajectories' / 'part-000001.parquet', shard)
+        before = files(a)
+        with pytest.raises(ValueError) as e:
+            jr.rollout_job(RolloutOptions(resume=str(a)), progress=False)
+        assert str(e.value) == (f"--resume {str(a)!r}: {str(shard)!r} row 0: provenance.{field} is {got!r} but "
+                                f"run.json fixes {want!r} (a shard of another run); {fix}")
+        assert files(a) == before and not (a / '.lock').exists()           # nothing written
+    shard.unlink()                                                       # the fix: its episodes run again
+    s = jr.rollout_job(RolloutOptions(resume=str(a)), progress=False)
+    assert (s['engine']['skipped_by_resume'], s['engine']['written']) == (4, 2)
+    p = agentrl('rollout', '--resume', tmp_path / 'ckpt', check=False)   # run.json names the checkpoint, not its path
+    assert p.returncode == 2 and p.stderr == (f"agentrl: error: --resume {str(tmp_path / 'ckpt')!r}: run.json names "
+                                              f"the model other.pt@{fp}, not its path; pass --checkpoint FILE (that "
+                                              "model) again\n")
+
+
+def test_resume_of_a_complete_run_writes_nothing(tmp_path):
+    out = tmp_path / 'run'
+    agentrl('rollout', '--policy', 'oracle,model', '--split', 'heldout', '--repeats', '1', '--out', out)
+    before = {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob('*') if p.is_file()}
+    listing = sorted(str(p) for p in out.rglob('*'))
+    mtime = out.stat().st_mtime_ns
+    p = agentrl('rollout', '--resume', out)
+    assert p.stdout == f"{str(out)!r} is already complete: 12 of 12 episodes are stored and summary.json is written; " \
+                       "nothing to run\n" and p.stderr == ''
+    assert {p: (p.stat().st_mtime_ns, p.read_bytes()) for p in out.rglob('*') if p.is_file()} == before
+    assert sorted(str(p) for p in out.rglob('*')) == listing and out.stat().st_mtime_ns == mtime
+    with pytest.raises(jr.RunComplete, match=r"already complete: 12 of 12 episodes"):
+        jr.rollout_job(RolloutOptions(resume=str(out)), progress=False)
+
+
 # ----------------------------------------------------------------------------- run folders never damaged
 
 def test_second_rollout_into_a_locked_folder_refuses(tmp_path):
@@ -268,8 +319,37 @@ def test_second_rollout_into_a_locked_folder_refuses(tmp_path):
     out.mkdir()
     with jr.run_lock(out):
         p = agentrl('rollout', '--policy', 'oracle', '--split', 'heldout', '--repeats', '1', '--out', out, check=False)
+        assert sorted(os.listdir(out)) == ['.lock']          # the refused job leaves the holder's lock alone
     assert p.returncode == 2 and 'is being written by another agentrl job' in p.stderr
-    assert sorted(os.listdir(out)) == ['.lock']
+    assert os.listdir(out) == []                             # the holder removes it when it is done
+
+
+def test_a_finished_or_failed_job_leaves_no_lock_file(tmp_path):
+    out = tmp_path / 'run'
+    jr.rollout_job(RolloutOptions(policy=['oracle'], split='heldout', repeats=1, chunk_size=4, out=str(out)),
+                   progress=False)
+    assert sorted(os.listdir(out)) == ['run.json', 'summary.json', 'trajectories']
+
+    class Crash(Exception):
+        pass
+
+    def crash(state):
+        raise Crash
+    cut = tmp_path / 'cut'                                    # fails after its first shard: the shard is kept
+    with pytest.raises(Crash):
+        jr.rollout_job(RolloutOptions(policy=['oracle'], split='heldout', repeats=1, chunk_size=4, out=str(cut)),
+                       on_chunk=crash, progress=False)
+    assert sorted(os.listdir(cut)) == ['run.json', 'trajectories']
+    with pytest.raises(ValueError, match=r"already holds a run \(run.json, trajectories/\); pass --resume"):
+        jr.rollout_job(RolloutOptions(policy=['oracle'], split='heldout', repeats=1, out=str(cut)), progress=False)
+    assert sorted(os.listdir(cut)) == ['run.json', 'trajectories']
+    jr.rollout_job(RolloutOptions(resume=str(cut)), progress=False)
+    assert sorted(os.listdir(cut)) == ['run.json', 'summary.json', 'trajectories']
+    # a lock left by a killed job (flock dies with its process) is taken over, then removed
+    (out / '.lock').write_text('99999999')
+    with jr.run_lock(out) as lock:
+        assert lock.read_text() == str(os.getpid())
+    assert not lock.exists()
 
 
 def test_train_refuses_a_locked_or_finished_folder(tmp_path):
@@ -279,7 +359,8 @@ def test_train_refuses_a_locked_or_finished_folder(tmp_path):
     with jr.run_lock(out):
         with pytest.raises(ValueError, match='is being written by another agentrl job'):
             train(TrainConfig(sft_steps=1, grpo_steps=0, eval_repeats=1, out=str(out)))
-    assert sorted(os.listdir(out)) == ['.lock']
+        assert sorted(os.listdir(out)) == ['.lock']
+    assert os.listdir(out) == []
     (out / 'model.pt').write_bytes(b'x')
     with pytest.raises(ValueError, match=r"already holds a training run \(model.pt\)"):
         train(TrainConfig(sft_steps=1, grpo_steps=0, eval_repeats=1, out=str(out)))
@@ -322,6 +403,11 @@ def test_full_disk_while_training_leaves_no_run(tmp_path, monkeypatch):
     with pytest.raises(OSError, match='No space left on device'):
         train(TrainConfig(sft_steps=2, grpo_steps=1, group=2, tasks_per_step=1, eval_repeats=1, out=str(out)))
     assert not out.exists()
+    out.mkdir()
+    (out / 'notes.txt').write_text('mine')
+    with pytest.raises(OSError, match='No space left on device'):
+        train(TrainConfig(sft_steps=1, grpo_steps=0, eval_repeats=1, out=str(out)))
+    assert os.listdir(out) == ['notes.txt']                 # no .lock, no staging folder
 
 
 def _tmpfs(path: Path, size: str):
@@ -387,7 +473,22 @@ def hf_ref(hf_model, tmp_path_factory):
 
 
 def test_hf_kill_9_halfway_then_resume(hf_model, hf_ref, tmp_path):
-    _kill_then_resume(dict(HF_PLAN, model=str(hf_model), out=str(tmp_path / 'cut')), 3, hf_ref / 'trajectories')
+    _kill_then_resume(dict(HF_PLAN, model=str(hf_model), out=str(tmp_path / 'cut')), 3, hf_ref / 'trajectories',
+                      resume=dict(model=str(hf_model)))
+
+
+def test_hf_run_json_names_the_model_not_its_path(hf_model, hf_ref, tmp_path):
+    text = (hf_ref / 'run.json').read_text()
+    fp = jr.model_fingerprint(hf_model)
+    manifest = json.loads(text)
+    assert manifest['plan']['model'] == f'{hf_model.name}@{fp}' and str(hf_model) not in text
+    assert manifest['model'] == {'name': hf_model.name, 'fingerprint': fp}
+    with pytest.raises(ValueError, match=rf"^--resume {re.escape(repr(str(hf_ref)))}: run.json names the model "
+                                         rf"{re.escape(hf_model.name)}@{fp}, not its path; pass --model DIR \(that "
+                                         r"model\) again$"):
+        jr.rollout_job(RolloutOptions(resume=str(hf_ref)), progress=False)
+    with pytest.raises(jr.RunComplete):                   # --model given again (no --engine needed): nothing to run
+        jr.rollout_job(RolloutOptions(resume=str(hf_ref), model=str(hf_model)), progress=False)
 
 
 _HF_ON_RAY = textwrap.dedent('''
@@ -452,6 +553,7 @@ def test_train_killed_mid_run_leaves_no_run_and_the_next_run_cleans_up(tmp_path)
     assert sorted(n for n in os.listdir(out) if not n.startswith('.')) == \
         ['metrics.jsonl', 'model.pt', 'reward.svg', 'sft.pt', 'summary.json']
     assert not list(out.glob('.train-tmp-*')) and s['files']['checkpoint'] == 'model.pt'
+    assert not (out / '.lock').exists()                      # the killed run's lock is taken over, then removed
     assert json.loads((out / 'summary.json').read_text())['sft']['steps'] == 2
 
 

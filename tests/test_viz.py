@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 import xml.etree.ElementTree as ET
+from html import escape
 from pathlib import Path
 
 import pytest
@@ -281,6 +282,25 @@ def test_report_cli(run_dir, capsys):
         assert word in page
     for bad in ('https://', 'src=', 'href=', '@import', 'url('):
         assert bad not in page
+    assert 'class="notice"' not in page and 'incomplete' not in line       # a complete run
+
+
+def test_report_says_a_run_is_incomplete(tmp_path, capsys):
+    out = tmp_path / 'run'
+    assert main(['rollout', '--policy', 'oracle', '--split', 'heldout', '--repeats', '1', '--chunk-size', '4',
+                 '--out', str(out)]) == 0
+    (out / 'trajectories' / 'part-000001.parquet').unlink()              # 4 of the 6 episodes are left
+    resume = f'resume with `agentrl rollout --resume {out}`'
+    for note in (f'incomplete: 4 of 6 episodes stored; {resume}',
+                 f'incomplete: 4 of 6 episodes stored, no summary.json; {resume}'):
+        capsys.readouterr()
+        assert main(['report', str(out)]) == 0
+        line = capsys.readouterr().out
+        assert re.fullmatch(rf'wrote {re.escape(str(out))}/report\.html: 4 episodes, 1 policy, \d+ KB in '
+                            rf'\d+\.\d s; {re.escape(note)}\n', line), line
+        page = (out / 'report.html').read_text()
+        assert f'</h1><p class="notice">{escape(note)}</p><p class="meta">' in page
+        (out / 'summary.json').unlink(missing_ok=True)                   # then: interrupted before its summary
 
 
 # ----------------------------------------------------------------------------- browser

@@ -162,26 +162,51 @@ class FolderLockedError(ValueError):
 
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike) -> Iterator[Path]:
-    """Hold ``folder/.lock`` (``fcntl.flock``, exclusive, non-blocking) for the block.
+    """Hold ``folder/.lock`` (``fcntl.flock``, exclusive, non-blocking) for the block; remove it after.
 
-    The lock dies with its process (also on SIGKILL), so a killed job never blocks the folder.
+    The lock dies with its process (also on SIGKILL), so a killed job never blocks the folder. When
+    the block ends, finished or failed, the file is removed (while still locked), so a finished run
+    folder holds no ``.lock``; a job refused here leaves the holder's file alone. A job that opened
+    the file just before its holder removed it locks a file nobody can find: it sees that the path
+    no longer names its file, and starts again on the file at the path.
+
+    Yields:
+        the lock file's path (``folder/.lock``).
 
     Raises:
         FolderLockedError: another process holds it. Fix: wait for that job, or choose another folder.
     """
     import fcntl
     path = Path(folder) / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
+            os.close(fd)
             if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise
             raise FolderLockedError(f'{str(folder)!r} is being written by another agentrl job (it holds '
                                     f'{str(path)!r}); wait for it to finish, or choose another --out') from None
+        if _names(path, fd):
+            break
+        os.close(fd)                       # the holder removed it between our open and our lock: again
+    try:
         os.ftruncate(fd, 0)
         os.write(fd, str(os.getpid()).encode())
         yield path
     finally:
-        os.close(fd)
+        try:
+            if _names(path, fd):           # still ours: remove it before the lock goes
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+        finally:
+            os.close(fd)
+
+
+def _names(path: Path, fd: int) -> bool:
+    """True when ``path`` is the file open as ``fd``."""
+    try:
+        return os.path.samestat(os.stat(path), os.fstat(fd))
+    except FileNotFoundError:
+        return False

@@ -1,5 +1,11 @@
 """``agentrl export RUN --to FRAMEWORK --out PATH``: records as the batch a trainer loads (verl, TRL, slime,
-OpenRLHF, SkyRL, prime-rl, SFT), plus ``PATH/manifest.json``. The work is :func:`agentrl.interop.export`."""
+OpenRLHF, SkyRL, prime-rl, SFT), plus ``PATH/manifest.json``. The work is :func:`agentrl.interop.export`.
+
+Before anything is written, the records pass the rules ``agentrl check RUN`` runs without a model
+(:func:`agentrl.jobs.check.require_accepted`): a record the check refuses stops the export with the
+check's first refusal line and its exit code 1, and ``PATH`` is not created. The exporter's own
+refusals (placeholder log-probs for RL, support, groups) follow.
+"""
 from __future__ import annotations
 
 import os
@@ -69,7 +75,7 @@ def register(sub) -> None:
                        description='Export a run\'s records in the exact layout a trainer consumes (masks and '
                                    'log-probs moved to its alignment), with PATH/manifest.json. Refuses records '
                                    'that would train silently wrong (shifted masks, split groups, truncated-support '
-                                   'log-probs, per-turn contexts).')
+                                   'log-probs, per-turn contexts) and every record `agentrl check` refuses.')
     add_fields(p, ExportOptions)
     p.set_defaults(func=run)
 
@@ -79,6 +85,8 @@ def run(args) -> int:
     opts = from_args(ExportOptions, args)
     opts.validate()
     from .. import interop, store
+    from ..jobs.check import require_accepted
+    require_accepted(opts.source())             # what `agentrl check` refuses is never exported; nothing written yet
     records = store.read_trajectories(opts.source())
     m = interop.export(records, opts.to, opts.out, pad_id=opts.pad_id, trim=False if opts.no_trim else None,
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,

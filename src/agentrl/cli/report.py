@@ -1,4 +1,9 @@
-"""``agentrl report``: write RUN_DIR/report.html, a self-contained summary of a rollout run."""
+"""``agentrl report``: write RUN_DIR/report.html, a self-contained summary of a rollout run.
+
+A run that is not finished (``run.json`` plans more episodes than are stored, or ``summary.json``
+is missing) is reported as such, on the page and in the printed line, with the command that
+finishes it.
+"""
 from __future__ import annotations
 
 import json
@@ -99,13 +104,44 @@ def write_report(opts: ReportOptions, progress=None) -> dict:
             raise UserError(f'{spath} is not valid JSON ({e}); delete it or rerun `agentrl rollout`') from None
     if progress:
         progress.update(bar, description='rendering report')
-    html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold)
+    incomplete = incompleteness(opts.run_dir, trajs, summary is not None)
+    html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold, notice=incomplete)
     out = opts.out or os.path.join(opts.run_dir, 'report.html')
     from ..io import atomic_write
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     atomic_write(out, html)
     policies = len(viz.group_by_policy(trajs))
-    return {'out': out, 'episodes': len(trajs), 'policies': policies, 'bytes': len(html.encode())}
+    return {'out': out, 'episodes': len(trajs), 'policies': policies, 'bytes': len(html.encode()),
+            'incomplete': incomplete}
+
+
+def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:
+    """What says a rollout run is unfinished, or '' when it is complete (or not a rollout run).
+
+    A run folder with ``run.json`` planning ``N`` episodes is incomplete when fewer distinct episodes
+    ``(group_id, rollout_id)`` than ``N`` are stored, or when ``summary.json`` is missing (the job
+    was interrupted before its last write).
+
+    Returns:
+        ``'incomplete: K of N episodes stored; resume with `agentrl rollout --resume RUN_DIR`'`` (with
+        ``', no summary.json'`` after ``stored`` when that is missing), or ``''``.
+
+    Raises:
+        UserError: ``run.json`` is not a run manifest.
+    """
+    from ..jobs.plan import read_manifest
+    try:
+        manifest = read_manifest(run_dir)
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    if manifest is None:
+        return ''
+    planned = int(manifest.get('episodes') or 0)
+    stored = len({(t.provenance.group_id, t.provenance.rollout_id) for t in trajs if t.provenance is not None})
+    if stored >= planned and has_summary:
+        return ''
+    return (f'incomplete: {stored} of {planned} episodes stored{"" if has_summary else ", no summary.json"}; '
+            f'resume with `agentrl rollout --resume {run_dir}`')
 
 
 def run(args) -> int:
@@ -122,7 +158,8 @@ def run(args) -> int:
         res = write_report(opts, progress)
     policies = f"{res['policies']} polic{'y' if res['policies'] == 1 else 'ies'}"
     from ..io import printable
+    note = f"; {res['incomplete']}" if res['incomplete'] else ''
     Console().print(printable(f"wrote {res['out']}: {res['episodes']} episodes, {policies}, "
-                              f"{res['bytes'] / 1024:.0f} KB in {time.time() - t0:.1f} s"),
+                              f"{res['bytes'] / 1024:.0f} KB in {time.time() - t0:.1f} s{note}"),
                     highlight=False, markup=False, soft_wrap=True)
     return 0

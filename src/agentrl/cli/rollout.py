@@ -27,7 +27,7 @@ def register(sub) -> None:
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     from ..jobs.plan import RolloutOptions
-    from ..jobs.rollout import RunInterrupted, rollout_job
+    from ..jobs.rollout import RunComplete, RunInterrupted, rollout_job
     try:
         opts = from_args(RolloutOptions, args)
         opts.validate()
@@ -38,6 +38,10 @@ def run(args) -> int:
     except RunInterrupted as e:
         print(f'agentrl: {e}', file=sys.stderr)
         return 130
+    except RunComplete as e:                # --resume of a finished run: one line, nothing written
+        from ..io import printable
+        print(printable(e))
+        return 0
     print_summary(summary, (opts.resume or opts.out).rstrip('/'))
     if summary.get('hf', {}).get('profile'):
         from ..engines.hf import format_profile

@@ -31,7 +31,8 @@ from typing import Callable
 
 from ..io import printable
 
-__all__ = ['CheckOptions', 'CheckReport', 'run_check', 'load_model', 'count_rows']
+__all__ = ['CheckOptions', 'CheckReport', 'CheckFailedError', 'run_check', 'require_accepted', 'load_model',
+           'count_rows']
 
 #: replay kinds that mean the record's declared sampler is wrong (a defect of the record)
 SAMPLER_DEFECTS = ('logp_mode_mismatch', 'support_mismatch', 'sampler_mismatch')
@@ -283,6 +284,46 @@ class CheckReport:
         reasons = self.reasons()
         lines.append('result: ' + ('OK' if not reasons else f"FAILED ({'; '.join(reasons)})"))
         return '\n'.join(lines)
+
+
+class CheckFailedError(ValueError):
+    """Records that ``agentrl check`` refuses, met by a command that must not hand them on (``export``).
+
+    Attributes:
+        report: the :class:`CheckReport`. exit_code: 1, as ``agentrl check`` exits on a refusal.
+    """
+    exit_code = 1
+
+    def __init__(self, report: CheckReport):
+        self.report = report
+        super().__init__(f'{report.examples[0]} ({report.refused} of {report.n} records refused; '
+                         f'`agentrl check {report.path}` lists them all)')
+
+
+def require_accepted(path: str, batch_size: int = 256) -> CheckReport:
+    """Run the no-model check of ``agentrl check PATH`` and raise when it refuses a record.
+
+    The same rules, in the same order, with the same defaults as ``agentrl check PATH`` without
+    ``--model``: malformed or edited rows, the acceptance rules (provenance and sampler required,
+    the word-level tokenizer's vocabulary, padding and end-of-turn when the records use it),
+    resends stored twice and identity conflicts.
+
+    Args:
+        path: a trajectory ``.parquet`` file or a folder of shards.
+        batch_size: records per read batch (>= 1).
+
+    Returns:
+        the :class:`CheckReport` (no record refused; it may hold no records).
+
+    Raises:
+        CheckFailedError: a record is refused; the message is the check's first refusal line
+            (``KEY: KIND: field[pos]: what. Fix: ...``) with the count. FileNotFoundError,
+            ValueError: as :func:`run_check`.
+    """
+    report = run_check(CheckOptions(path=str(path), batch_size=batch_size, examples=1))
+    if report.refused:
+        raise CheckFailedError(report)
+    return report
 
 
 def _expected(opts: CheckOptions, base, prov, model_vocab):

@@ -9,8 +9,8 @@ the same way wherever it runs and the records of ``--workers 0``, ``1`` and ``2`
 for bit.
 
 The manifest ``OUT/run.json`` records the plan (the options that define the episodes, the
-chunk size and the model's name and fingerprint), so ``--resume OUT`` runs only the missing
-episodes of the same plan, and refuses a different one.
+chunk size and the model's name and fingerprint, never a local path), so ``--resume OUT`` runs
+only the missing episodes of the same plan, and refuses a different one.
 """
 from __future__ import annotations
 
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Sequence
 
 __all__ = ['POLICIES', 'SCRIPTED', 'ENGINES', 'MANIFEST', 'TRAJECTORY_DIR', 'SUMMARY', 'PLAN_FIELDS',
-           'RolloutOptions', 'EpisodeJob', 'plan_episodes', 'plan_chunks', 'read_manifest', 'manifest_of',
-           'resume_options', 'public_options', 'check_fields', 'flag_of']
+           'PATH_FIELDS', 'RolloutOptions', 'EpisodeJob', 'plan_episodes', 'plan_chunks', 'read_manifest',
+           'manifest_of', 'resume_options', 'public_options', 'check_fields', 'flag_of']
 
 #: Every policy ``agentrl rollout`` knows: four scripted ones and ``model`` (TinyAgent or HF).
 POLICIES = ('oracle', 'blind', 'random', 'hacker', 'model')
@@ -136,7 +136,8 @@ class RolloutOptions:
             ValueError: a number out of its range or not finite, an unknown name, a flag that
                 does not apply to the engine, a missing file; the message names the flag and the fix.
         """
-        check_fields(self, engine=self.engine)
+        # a resume learns its engine from run.json: resume_options' caller checks the flags against it
+        check_fields(self, engine=None if self.resume else self.engine)
         self.sampling_spec()                  # top-k/top-p/min-p ranges: SamplingSpec names the field
         bad = [p for p in self.policy if p not in POLICIES]
         if bad or not self.policy:
@@ -305,15 +306,29 @@ PLAN_FIELDS = ('policy', 'split', 'repeats', 'seed', 'checkpoint', 'temperature'
                'batch', 'engine', 'model', 'top_k', 'top_p', 'min_p', 'max_new_tokens')
 
 
+#: PLAN_FIELDS that name a model by a local path on the command line; the manifest stores the model's
+#: ``name@fingerprint`` instead (records and manifests never hold a local path), so a resume is given
+#: the path again and the model found there must have that fingerprint.
+PATH_FIELDS = ('checkpoint', 'model')
+
+
 def manifest_of(opts: RolloutOptions, episodes: int, model: dict | None) -> dict:
     """The manifest of a run (what ``OUT/run.json`` holds).
 
     Args:
         opts: the run's options. episodes: planned episodes. model: ``{'name', 'fingerprint'}``
             of the model policy (None without one).
+
+    Returns:
+        ``{'plan': {field: value for PLAN_FIELDS}, 'chunk_size', 'episodes', 'model', 'seed_rule'}``;
+        a :data:`PATH_FIELDS` flag that was given is stored as ``'name@fingerprint'`` (e.g.
+        ``'tiny-qwen3@1a2b3c4d5e6f'``), never as its path.
     """
-    return {'plan': {k: getattr(opts, k) for k in PLAN_FIELDS}, 'chunk_size': int(opts.chunk_size),
-            'episodes': int(episodes), 'model': model,
+    plan = {k: getattr(opts, k) for k in PLAN_FIELDS}
+    for k in PATH_FIELDS:
+        if plan[k]:
+            plan[k] = f'{model["name"]}@{model["fingerprint"]}' if model else Path(plan[k]).name
+    return {'plan': plan, 'chunk_size': int(opts.chunk_size), 'episodes': int(episodes), 'model': model,
             'seed_rule': 'agentrl.sampling.episode_seed(run seed, group_id, rollout_id)'}
 
 
@@ -339,16 +354,22 @@ def read_manifest(run_dir: str | os.PathLike) -> dict | None:
 def resume_options(opts: RolloutOptions) -> tuple[RolloutOptions, dict]:
     """The options to finish ``opts.resume`` with: its plan from the manifest, this command's scale-out.
 
+    The manifest names the model of ``--checkpoint`` / ``--model`` by ``name@fingerprint``, not by
+    its path (:data:`PATH_FIELDS`), so a resume of such a run is given the flag again; the job then
+    refuses a model whose fingerprint differs.
+
     Args:
         opts: options with ``resume`` set; plan flags left at their defaults or equal to the
-            manifest's (``workers``, ``address`` may differ).
+            manifest's (``workers``, ``address`` may differ; ``checkpoint`` / ``model`` given again
+            when the run used them).
 
     Returns:
         ``(options, manifest)``: ``out`` is the run folder, the plan fields and ``chunk_size``
-        are the manifest's.
+        are the manifest's (``checkpoint`` and ``model``: this command's paths).
 
     Raises:
-        ValueError: no ``run.json`` in the folder, or a plan flag that differs from it.
+        ValueError: no ``run.json`` in the folder, a plan flag that differs from it, or a run
+            sampled from a ``--checkpoint`` / ``--model`` that this command does not pass again.
     """
     run_dir = Path(opts.resume)
     if run_dir.name == TRAJECTORY_DIR and not (run_dir / MANIFEST).exists():
@@ -359,6 +380,15 @@ def resume_options(opts: RolloutOptions) -> tuple[RolloutOptions, dict]:
                          '`agentrl rollout` run')
     default = RolloutOptions()
     plan = {k: manifest['plan'][k] for k in PLAN_FIELDS if k in manifest['plan']}
+    for k in PATH_FIELDS:
+        named, mine = plan.pop(k, None), getattr(opts, k)
+        f = {x.name: x for x in fields(RolloutOptions)}[k]
+        if named and not mine:
+            raise ValueError(f'--resume {opts.resume!r}: {MANIFEST} names the model {named}, not its path; pass '
+                             f'{flag_of(f)} {f.metadata["metavar"]} (that model) again')
+        if mine and not named:
+            raise ValueError(f'--resume {opts.resume!r}: the run was planned without {flag_of(f)}, this command '
+                             f'says {mine!r}; drop the flag (resume keeps the plan) or start a new --out')
     for k, v in plan.items():
         mine = getattr(opts, k)
         if mine != v and mine != getattr(default, k):

@@ -3,7 +3,7 @@
 ``agentrl rollout`` lands here, whatever the engine (scripted, TinyAgent, Hugging Face) and the
 scale (``--workers 0``: this process; ``N``: Ray actors). Every path writes the same run folder::
 
-    OUT/.lock                       held while a job writes (a second job into OUT refuses)
+    OUT/.lock                       held while a job writes (a second job into OUT refuses); removed after
     OUT/run.json                    the plan (:func:`agentrl.jobs.plan.manifest_of`)
     OUT/model.pt                    the untrained TinyAgent (when no checkpoint is given)
     OUT/trajectories/part-*.parquet one shard per chunk, written as chunks finish
@@ -15,9 +15,12 @@ finishes and the summary is accumulated on the way.
 
 Nothing is written before every refusal check has passed (options, checkpoint, an existing run
 in ``OUT``, Ray installed). A run that fails before its first shard leaves ``OUT`` as it found
-it; after that it is resumable: ``--resume OUT`` runs only the missing episodes. Ctrl-C or
-SIGTERM finishes the chunk in hand, keeps every finished shard and raises :class:`RunInterrupted`
-naming the command that resumes (a second Ctrl-C stops at once).
+it; after that it is resumable: ``--resume OUT`` runs only the missing episodes, after checking that
+the records already there are of this plan (the provenance run.json fixes); it writes nothing when
+the run is already complete. Ctrl-C or SIGTERM finishes the chunk in hand, keeps every finished
+shard and raises :class:`RunInterrupted` naming the command that resumes (a second Ctrl-C stops
+at once). ``run.json`` names a ``--checkpoint`` or ``--model`` by ``name@fingerprint``, never by
+its path, so a resume of such a run passes that flag again.
 """
 from __future__ import annotations
 
@@ -33,11 +36,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
-from .plan import (MANIFEST, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions, manifest_of, plan_chunks,
-                   plan_episodes, public_options, read_manifest, resume_options)
+from .plan import (MANIFEST, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions, check_fields, manifest_of,
+                   plan_chunks, plan_episodes, public_options, resume_options)
 from .runner import EpisodeRunner, RunnerFactory, RunSpec
 
-__all__ = ['RunReport', 'RunInterrupted', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
+__all__ = ['RunReport', 'RunInterrupted', 'RunComplete', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
            'model_fingerprint', 'LOCK']
 
 
@@ -53,6 +56,20 @@ class RunInterrupted(Exception):
         self.out, self.done, self.total = out, done, total
         super().__init__(f'interrupted: {done} of {total} episodes are stored in {out!r}; finish the run with: '
                          f'agentrl rollout --resume {out}')
+
+
+class RunComplete(Exception):
+    """``--resume`` of a run that is already complete: its summary is written and every planned episode
+    is stored. Nothing was written (not even ``OUT/.lock``).
+
+    Attributes:
+        out: the run folder. done: episodes stored. total: episodes planned.
+    """
+
+    def __init__(self, out: str, done: int, total: int):
+        self.out, self.done, self.total = out, done, total
+        super().__init__(f'{out!r} is already complete: {done} of {total} episodes are stored and {SUMMARY} is '
+                         'written; nothing to run')
 
 
 #: Another job is writing the run folder (it holds ``OUT/.lock``).
@@ -276,6 +293,7 @@ def _prepare(opts: RolloutOptions) -> _Prepared:
     if opts.resume:
         opts, manifest = resume_options(opts)
         opts.validate()
+        check_fields(opts, engine=opts.engine)          # a flag that does not apply to the run's engine
     if opts.workers > 0:
         from ..engines.ray import require_ray
         require_ray()
@@ -343,89 +361,186 @@ def rollout_job(opts: RolloutOptions, *, on_chunk: Callable | None = None, progr
 
     Raises:
         ValueError: a bad option; ``OUT`` already holds a run (fix: ``--resume OUT`` or a new
-            ``--out``); ``--resume`` of a folder without ``run.json``, or with another plan or model.
+            ``--out``); ``--resume`` of a folder without ``run.json``, or with another plan or model,
+            or whose stored records are of another plan (an episode it does not plan, or another
+            policy, model, sampler, tokenizer, template or seed than run.json fixes: the message
+            names the shard file, the row and the field).
+        RunComplete: ``--resume`` of a complete run (summary written, every episode stored);
+            nothing is written.
         RunLockedError: another job is writing ``OUT``.
         RunInterrupted: Ctrl-C or SIGTERM; finished shards are kept, resume with ``--resume OUT``.
         OSError: a write failed (full disk); a run that had no shard yet leaves ``OUT`` as it was.
         ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
     """
-    from .. import gym, store
+    from .. import gym
     from ..stats import SummaryBuilder
     p = _prepare(opts)
     opts = p.opts
     out = Path(opts.out)
+    if p.manifest is not None:
+        _refuse_if_complete(out, p.jobs)                # nothing to run: nothing is written, not even OUT/.lock
     made_out = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     tok = gym.bugfix_tokenizer()
     t0 = time.time()
-    with run_lock(out):
-        written: list[Path] = []
-        try:
-            if p.manifest is None:
-                found = _holds_run(out, p.model_bytes is not None)      # again, under the lock
-                if found:
-                    raise ValueError(f'--out {opts.out!r} already holds a run ({", ".join(found)}); pass '
-                                     f'--resume {opts.out} to finish it, or choose a new --out')
-                written.append(atomic_write(out / MANIFEST, _json(manifest_of(opts, len(p.jobs), p.model))))
-            if p.model_bytes is not None and not (out / 'model.pt').exists():
-                written.append(atomic_write(out / 'model.pt', p.model_bytes))
-            index = {j.key: j for j in p.jobs}
-            builders = {pol: SummaryBuilder(None if pol == 'model' and opts.engine == 'hf' else tok.unk_id)
-                        for pol in opts.policy}
-            hf_prov = []
+    undone = False
+    try:
+        with run_lock(out):                             # OUT/.lock, removed when the block ends
+            written: list[Path] = []
+            try:
+                if p.manifest is None:
+                    found = _holds_run(out, p.model_bytes is not None)      # again, under the lock
+                    if found:
+                        raise ValueError(f'--out {opts.out!r} already holds a run ({", ".join(found)}); pass '
+                                         f'--resume {opts.out} to finish it, or choose a new --out')
+                    written.append(atomic_write(out / MANIFEST, _json(manifest_of(opts, len(p.jobs), p.model))))
+                index = {j.key: j for j in p.jobs}
+                builders = {pol: SummaryBuilder(None if pol == 'model' and opts.engine == 'hf' else tok.unk_id)
+                            for pol in opts.policy}
+                hf_prov = []
 
-            def add(recs):
-                by_policy: dict = {}
-                for t in recs:
-                    j = index.get((t.provenance.group_id, t.provenance.rollout_id))
-                    if j is not None:
-                        by_policy.setdefault(j.policy, ([], []))
-                        by_policy[j.policy][0].append(t)
-                        by_policy[j.policy][1].append(j.index)
-                    if not hf_prov and t.provenance.policy == 'hf':
-                        hf_prov.append(t.provenance)
-                for pol, (ts, order) in by_policy.items():
-                    builders[pol].add(ts, order)
+                def add(recs):
+                    by_policy: dict = {}
+                    for t in recs:
+                        j = index.get((t.provenance.group_id, t.provenance.rollout_id))
+                        if j is not None:
+                            by_policy.setdefault(j.policy, ([], []))
+                            by_policy[j.policy][0].append(t)
+                            by_policy[j.policy][1].append(j.index)
+                        if not hf_prov and t.provenance.policy == 'hf':
+                            hf_prov.append(t.provenance)
+                    for pol, (ts, order) in by_policy.items():
+                        builders[pol].add(ts, order)
 
-            shard_dir = out / TRAJECTORY_DIR
-            if p.manifest is not None and shard_dir.is_dir():
-                for batch in store.iter_batches(shard_dir, 256):    # what a resume finds, a batch at a time
-                    add(batch)
-            with _Signals() if handle_signals else contextlib.nullcontext() as sig:
-                report = run_chunks(p.jobs, shard_dir, p.spec, p.weights, workers=opts.workers,
-                                    address=opts.address, chunk_size=opts.chunk_size, resume=p.manifest is not None,
-                                    progress=progress, on_chunk=on_chunk, on_records=lambda c, r: add(r),
-                                    should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
-        except BaseException:
-            shards = out / TRAJECTORY_DIR
-            if not (shards.is_dir() and store.data_files(shards)):
-                _undo(out, written, made_out)       # no shard yet: leave OUT as it was
-            raise
-        done = report.skipped + report.written
-        if report.stopped:
-            raise RunInterrupted(str(opts.out), done, report.planned)
-        per_policy = {pol: b.summary().to_dict() for pol, b in builders.items() if b.n}
-        summary = {'options': public_options(opts), 'tasks': len(p.tasks), 'episodes': done,
-                   'seconds': round(time.time() - t0, 3), 'trajectories': TRAJECTORY_DIR,
-                   'tokenizer': tok.fingerprint(), 'vocab_size': tok.vocab_size, 'policies': per_policy,
-                   'model': p.model,
-                   'engine': {'workers': opts.workers, 'address': report.address, 'ray_version': report.ray_version,
-                              'chunk_size': opts.chunk_size, 'planned': report.planned,
-                              'skipped_by_resume': report.skipped, 'written': report.written,
-                              'retried': [list(r) for r in report.retried],
-                              'startup_seconds': round(report.startup_seconds, 3),
-                              'workers_started': len(report.workers),
-                              'nodes': len({w.node_id for w in report.workers if w.chunks}),
-                              'workers_died': sum(not w.alive for w in report.workers)}}
-        if hf_prov:
-            hp = hf_prov[0]
-            summary['hf'] = {'model': hp.model, 'tokenizer': hp.tokenizer, 'template': hp.template,
-                             'sampling': hp.sampling.to_dict() if hp.sampling is not None else None}
-            if report.profiles:
-                from ..engines.hf import merge_profiles
-                summary['hf']['profile'] = merge_profiles(report.profiles)
-        atomic_write(out / SUMMARY, _json(summary))
+                shard_dir = out / TRAJECTORY_DIR
+                if p.manifest is not None and shard_dir.is_dir():
+                    for batch in _stored_records(shard_dir, p, tok):    # what a resume finds, provenance checked
+                        add(batch)
+                if p.model_bytes is not None and not (out / 'model.pt').exists():
+                    written.append(atomic_write(out / 'model.pt', p.model_bytes))
+                with _Signals() if handle_signals else contextlib.nullcontext() as sig:
+                    report = run_chunks(p.jobs, shard_dir, p.spec, p.weights, workers=opts.workers,
+                                        address=opts.address, chunk_size=opts.chunk_size,
+                                        resume=p.manifest is not None, progress=progress, on_chunk=on_chunk,
+                                        on_records=lambda c, r: add(r),
+                                        should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
+            except BaseException:
+                if not _has_shards(out):
+                    _undo(out, written)       # no shard yet: leave OUT as it was
+                    undone = True
+                raise
+            done = report.skipped + report.written
+            if report.stopped:
+                raise RunInterrupted(str(opts.out), done, report.planned)
+            per_policy = {pol: b.summary().to_dict() for pol, b in builders.items() if b.n}
+            summary = {'options': public_options(opts), 'tasks': len(p.tasks), 'episodes': done,
+                       'seconds': round(time.time() - t0, 3), 'trajectories': TRAJECTORY_DIR,
+                       'tokenizer': tok.fingerprint(), 'vocab_size': tok.vocab_size, 'policies': per_policy,
+                       'model': p.model,
+                       'engine': {'workers': opts.workers, 'address': report.address,
+                                  'ray_version': report.ray_version, 'chunk_size': opts.chunk_size,
+                                  'planned': report.planned, 'skipped_by_resume': report.skipped,
+                                  'written': report.written, 'retried': [list(r) for r in report.retried],
+                                  'startup_seconds': round(report.startup_seconds, 3),
+                                  'workers_started': len(report.workers),
+                                  'nodes': len({w.node_id for w in report.workers if w.chunks}),
+                                  'workers_died': sum(not w.alive for w in report.workers)}}
+            if hf_prov:
+                hp = hf_prov[0]
+                summary['hf'] = {'model': hp.model, 'tokenizer': hp.tokenizer, 'template': hp.template,
+                                 'sampling': hp.sampling.to_dict() if hp.sampling is not None else None}
+                if report.profiles:
+                    from ..engines.hf import merge_profiles
+                    summary['hf']['profile'] = merge_profiles(report.profiles)
+            atomic_write(out / SUMMARY, _json(summary))
+    except BaseException:
+        if undone and made_out:
+            with contextlib.suppress(OSError):
+                out.rmdir()                   # empty now: run_lock has removed OUT/.lock
+        raise
     return summary
+
+
+def _has_shards(out: Path) -> bool:
+    from .. import store
+    shards = out / TRAJECTORY_DIR
+    return shards.is_dir() and bool(store.data_files(shards))
+
+
+def _refuse_if_complete(out: Path, jobs: list) -> None:
+    """Raise :class:`RunComplete` when ``out`` has its summary and every planned episode (reads only)."""
+    from .. import store
+    if not (out / SUMMARY).is_file():
+        return
+    planned = {j.key for j in jobs}
+    if planned <= set(store.stored_identities(out / TRAJECTORY_DIR)):
+        raise RunComplete(str(out), len(planned), len(planned))
+
+
+def _expected_provenance(p: _Prepared, tok) -> Callable[[EpisodeJob], dict]:
+    """What run.json fixes in the provenance of an episode's record: ``job -> {field: value}``.
+
+    ``policy``, ``model`` (``name@fingerprint``), ``sampling`` (as a dict; None for scripted
+    records), ``logp_placeholder``, ``tokenizer`` and ``template`` fingerprints and ``seed``. The
+    ``hf`` engine's tokenizer and template are loaded from ``--model`` at the first ``hf`` record.
+    """
+    from ..record import SamplingSpec
+    sampling = SamplingSpec.from_dict(p.spec.sampling).to_dict() if p.spec.sampling else None
+    word = {'tokenizer': tok.fingerprint(), 'template': tok.template_fingerprint()}
+    hf: dict = {}
+
+    def hf_fingerprints() -> dict:
+        if not hf:
+            from ..gym import TOOL_SCHEMAS
+            from ..templates import ChatTemplate
+            from ..templates.chat import load_tokenizer, tokenizer_fingerprint
+            template = ChatTemplate(load_tokenizer(str(p.opts.model)), tools=TOOL_SCHEMAS)
+            hf.update(tokenizer=tokenizer_fingerprint(template.tokenizer), template=template.fingerprint)
+        return hf
+
+    def expected(job: EpisodeJob) -> dict:
+        if job.policy != 'model':
+            return dict(policy=job.policy, model='', sampling=None, logp_placeholder=True, **word, seed=job.seed)
+        fps = hf_fingerprints() if p.opts.engine == 'hf' else word
+        return dict(policy='hf' if p.opts.engine == 'hf' else 'model', model=p.spec.model_id, sampling=sampling,
+                    logp_placeholder=False, **fps, seed=job.seed)
+    return expected
+
+
+def _stored_records(shard_dir: Path, p: _Prepared, tok):
+    """Yield the records a resume finds in ``shard_dir``, a batch at a time, each checked against run.json.
+
+    Raises:
+        ValueError: a record of an episode the plan does not hold, or whose provenance differs from
+            what run.json fixes (a shard of another run); the message names the shard file, the row,
+            the field and the fix. MalformedRowError, DigestMismatchError: a row that cannot be trusted.
+    """
+    from .. import store
+    index = {j.key: j for j in p.jobs}
+    expected = _expected_provenance(p, tok)
+    where = f'--resume {p.opts.out!r}'
+    for rows in store.scan(shard_dir, 256):
+        recs = []
+        for row in rows:
+            if row.problem is not None:
+                raise row.problem
+            prov = row.record.provenance
+            fix = (f'move {Path(row.file).name} out of {str(shard_dir)!r} (its episodes then run again), or '
+                   'start a new --out')
+            job = index.get((prov.group_id, prov.rollout_id)) if prov is not None else None
+            if job is None:
+                ident = f'{prov.group_id}/{prov.rollout_id}' if prov is not None else 'no identity'
+                raise ValueError(f'{where}: {row.source}: provenance.group_id: episode {ident} is not in the plan of '
+                                 f'{MANIFEST} (a shard of another run); {fix}')
+            for name, want in expected(job).items():
+                got = getattr(prov, name)
+                if name == 'sampling' and got is not None:
+                    got = got.to_dict()
+                if got != want:
+                    raise ValueError(f'{where}: {row.source}: provenance.{name} is {got!r} but {MANIFEST} fixes '
+                                     f'{want!r} (a shard of another run); {fix}')
+            recs.append(row.record)
+        yield recs
 
 
 def _json(obj) -> str:
@@ -433,15 +548,11 @@ def _json(obj) -> str:
     return json.dumps(obj, indent=2)
 
 
-def _undo(out: Path, written: list, made_out: bool) -> None:
-    """Remove what a failed job wrote before its first shard (so ``OUT`` is as it was)."""
+def _undo(out: Path, written: list) -> None:
+    """Remove what a failed job wrote before its first shard (so ``OUT`` is as it was, but for ``.lock``,
+    which :func:`run_lock` removes, and ``OUT`` itself, which the job removes after it)."""
     for f in written:
         with contextlib.suppress(OSError):
             Path(f).unlink()
     with contextlib.suppress(OSError):
         (out / TRAJECTORY_DIR).rmdir()
-    with contextlib.suppress(OSError):
-        (out / LOCK).unlink()
-    if made_out:
-        with contextlib.suppress(OSError):
-            out.rmdir()

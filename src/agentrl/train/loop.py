@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from ..io import LOCK, folder_lock, pid_alive
+from ..io import folder_lock, pid_alive
 from ..gym.calls import StopReason
 from ..stats import episode_metrics
 from .config import TrainConfig
@@ -170,7 +170,8 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
     The run is written into a hidden staging folder ``OUT/.train-tmp-PID-*`` (``metrics.jsonl``
     there is flushed after every record) and committed at the end, ``summary.json`` last: ``OUT``
     holds a complete run or none. Any failure (an interrupt, a full disk) removes the staging
-    folder; ``OUT/.lock`` keeps a second job out of the folder meanwhile.
+    folder; ``OUT/.lock`` keeps a second job out of the folder meanwhile and is removed when the
+    run ends (finished or failed).
 
     Returns:
         the summary dict also written to ``OUT/summary.json``: after-SFT and final evaluation
@@ -220,8 +221,7 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
         shutil.rmtree(stage, ignore_errors=True)
         if made_out:
             with contextlib.suppress(OSError):
-                (out / LOCK).unlink()
-                out.rmdir()
+                out.rmdir()                              # folder_lock has removed OUT/.lock
         raise
     finally:
         torch.set_num_threads(threads_before)

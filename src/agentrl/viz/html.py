@@ -24,6 +24,7 @@ body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans
  margin:24px;max-width:1200px}
 h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px}
 .meta{color:#555;margin:0 0 12px} .meta b{color:#222;font-weight:600}
+.notice{background:#fff4e5;border-left:4px solid #e08a00;padding:6px 10px;margin:0 0 12px}
 .legend{display:flex;flex-wrap:wrap;gap:14px;align-items:center;margin:8px 0 14px;font-size:13px;color:#444}
 .legend .tok{pointer-events:none}
 .strip{font:12px/1 "DejaVu Sans Mono",Menlo,Consolas,monospace;display:flex;flex-wrap:wrap;

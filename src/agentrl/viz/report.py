@@ -83,7 +83,7 @@ def _plot(title: str, svg: str, note: str = '') -> str:
 
 
 def report_html(trajs: list, summary: dict | None = None, run_dir: str = '', decoder=None,
-                fold: int = DEFAULT_FOLD) -> str:
+                fold: int = DEFAULT_FOLD, notice: str = '') -> str:
     """Render the report page of one run.
 
     Args:
@@ -92,6 +92,7 @@ def report_html(trajs: list, summary: dict | None = None, run_dir: str = '', dec
         run_dir: shown in the heading.
         decoder: token text for the first episode's strip (default :func:`~agentrl.viz.decoder_for`).
         fold: fold threshold of the strip.
+        notice: a line shown under the heading, e.g. that the run is incomplete ('' for none).
 
     Returns:
         A complete HTML document (string).
@@ -132,7 +133,8 @@ def report_html(trajs: list, summary: dict | None = None, run_dir: str = '', dec
     if summary.get('tokenizer'):
         facts.append(f'tokenizer <b>{escape(str(summary["tokenizer"]))}</b>')
     title = f'agentrl report: {run_dir}' if run_dir else 'agentrl report'
-    body = [f'<h1>{escape(title)}</h1><p class="meta">' + ' &middot; '.join(facts) + '</p>',
+    body = [f'<h1>{escape(title)}</h1>' + (f'<p class="notice">{escape(notice)}</p>' if notice else '')
+            + '<p class="meta">' + ' &middot; '.join(facts) + '</p>',
             '<h2>Per policy</h2>', _table(groups, stats),
             '<h2>Outcomes</h2><div class="plots">',
             _plot('Mean reward', reward), _plot('Stop reasons (share of episodes)', stops),
