@@ -7,6 +7,9 @@ shards, manifests) goes through :func:`atomic_write` or :func:`atomic_path`.
 Source: POSIX ``rename(2)`` is atomic within one file system; a temporary file in the target's
 own folder guarantees that.
 
+Reading: :func:`read_json` reads a JSON or JSONL file and names the file (and line) in every
+decode error, so a CLI reader never shows a bare ``Expecting ',' delimiter``.
+
 Terminal output: :func:`printable` is the one helper that neutralises escape and control
 characters in data (record fields, file names, messages) before they reach a terminal.
 """
@@ -14,13 +17,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import re
 import uuid
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ['atomic_write', 'atomic_path', 'temp_name', 'fsync_dir', 'TEMP_PREFIX', 'printable']
+__all__ = ['atomic_write', 'atomic_path', 'temp_name', 'fsync_dir', 'TEMP_PREFIX', 'printable', 'read_json']
 
 #: The lock file of a run folder (``fcntl.flock``).
 LOCK = '.lock'
@@ -107,6 +111,51 @@ def atomic_write(final: str | os.PathLike, data: bytes | str, *, fsync: bool = T
         with open(tmp, 'wb') as f:
             f.write(data.encode('utf-8') if isinstance(data, str) else data)
     return final
+
+
+def read_json(path: str | os.PathLike, *, fix: str, lines: bool | str = False):
+    """The JSON value of the UTF-8 file ``path`` (``lines=True``: a list, one value per non-blank line).
+
+    Args:
+        path: the file.
+        fix: what the user should do, appended to every error (e.g. ``'pass a template audit .json'``).
+        lines: True: JSON Lines, one value per line, blank lines skipped; ``'auto'``: a JSON list
+            when the text starts with ``[``, else JSON Lines.
+
+    Returns:
+        the decoded value (``dict``, ``list``, ...); a ``list`` with ``lines=True``.
+
+    Raises:
+        ValueError: ``'PATH' is not UTF-8 text (byte 0xff at offset 0); FIX`` or ``'PATH' is not
+            valid JSON (Expecting value at line 2 column 1); FIX`` (JSONL: ``'PATH' line 3 is not
+            valid JSON (...)``), one line each.
+        OSError: the file cannot be read (``FileNotFoundError`` names it).
+
+    Example:
+        ``read_json('a.json', fix='fix it')`` on a file holding ``{"x": 1`` raises
+        ``ValueError("'a.json' is not valid JSON (Expecting ',' delimiter at line 1 column 8); fix it")``.
+    """
+    raw = Path(path).read_bytes()
+    name = repr(str(path))
+    try:
+        text = raw.decode('utf-8')
+    except UnicodeDecodeError as e:
+        raise ValueError(f'{name} is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); {fix}') from None
+    if lines == 'auto':
+        lines = not text.lstrip().startswith('[')
+    if not lines:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(f'{name} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); {fix}') from None
+    out = []
+    for k, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f'{name} line {k} is not valid JSON ({e.msg} at column {e.colno}); {fix}') from None
+    return out
 
 
 # C0 and C1 control characters (ESC starts terminal escape sequences; CSI is 0x9b), DEL, and the

@@ -73,9 +73,31 @@ def _refuse_nan(args) -> None:
             raise UserError(f'--{name.replace("_", "-")} must be a finite number, got nan')
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose usage errors are one line, not argparse's usage block.
+
+    Its subparsers (``add_subparsers`` makes them of the parser's own class) inherit the rule.
+    """
+
+    def error(self, message: str):
+        """Print ``PROG: error: MESSAGE (see PROG --help)`` to stderr and exit with status 2.
+
+        ``PROG`` is the command, e.g. ``agentrl rollout`` or ``agentrl template audit``.
+
+        Raises:
+            SystemExit: always, with code 2.
+        """
+        from ..io import printable
+        self.exit(2, f'{self.prog}: error: {printable(message)} (see {self.prog} --help)\n')
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The ``agentrl`` argument parser with every subcommand module of ``agentrl.cli`` registered."""
-    parser = argparse.ArgumentParser(
+    """The ``agentrl`` argument parser with every subcommand module of ``agentrl.cli`` registered.
+
+    Every parser in it is a :class:`OneLineParser`: a usage error (unknown flag, missing
+    argument, bad choice or value) prints one line and exits with status 2.
+    """
+    parser = OneLineParser(
         prog='agentrl', description='Token-exact trajectories for agent RL: rollouts, checks, templates, pictures.')
     parser.add_argument('--version', action='version', version=f'agentrl {__version__}')
     parser.add_argument('--debug', action='store_true', help='show full tracebacks on errors')
@@ -84,6 +106,16 @@ def build_parser() -> argparse.ArgumentParser:
     for name in commands():
         import_module(f'.{name}', __package__).register(sub)
     return parser
+
+
+def _innermost(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the innermost subcommand ``args`` selected (``agentrl template audit``'s for that command)."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        name = getattr(args, subs[0].dest, None) if subs else None
+        if name not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[name]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,7 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     debug = '--debug' in argv          # accepted before or after the subcommand
     argv = [a for a in argv if a != '--debug']
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:           # argparse would blame the top parser; name the (sub)command that was given them
+        _innermost(parser, args).error(f'unrecognized arguments: {" ".join(extra)}')
     args.debug = debug
     try:
         _refuse_nan(args)

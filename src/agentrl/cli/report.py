@@ -6,7 +6,6 @@ finishes it.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import dataclass
@@ -97,11 +96,13 @@ def write_report(opts: ReportOptions, progress=None) -> dict:
     summary = None
     spath = os.path.join(opts.run_dir, 'summary.json')
     if os.path.exists(spath):
+        from ..io import read_json
         try:
-            with open(spath) as f:
-                summary = json.load(f)
+            summary = read_json(spath, fix='delete it or rerun `agentrl rollout`')
         except ValueError as e:
-            raise UserError(f'{spath} is not valid JSON ({e}); delete it or rerun `agentrl rollout`') from None
+            raise UserError(str(e)) from None
+        if not isinstance(summary, dict):
+            raise UserError(f'{spath!r} is not a run summary (a JSON object); delete it or rerun `agentrl rollout`')
     if progress:
         progress.update(bar, description='rendering report')
     incomplete = incompleteness(opts.run_dir, trajs, summary is not None)

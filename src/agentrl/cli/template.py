@@ -6,7 +6,6 @@ tokenizer's own template (``agentrl.templates``).
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 
@@ -83,11 +82,13 @@ def register(sub) -> None:
 
 
 def _load_json(path: str, flag: str):
+    """The JSON value of the file given to ``flag``; UserError ``FLAG 'PATH' is not valid JSON (...); fix``."""
+    from ..io import read_json
+    what = 'a JSON list of messages' if flag == '--messages' else 'a JSON list of tool schemas'
     try:
-        with open(path) as f:
-            return json.load(f)
-    except json.JSONDecodeError as e:
-        raise UserError(f'{flag} {path!r} is not valid JSON ({e})') from e
+        return read_json(path, fix=f'pass {what} to {flag}')
+    except ValueError as e:
+        raise UserError(f'{flag} {e}') from None
 
 
 def load_inputs(opts: TemplateAuditOptions) -> tuple:

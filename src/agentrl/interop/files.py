@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..io import atomic_path, atomic_write
+from ..io import atomic_path, atomic_write, read_json
 
 __all__ = ['EXPORTS', 'IMPORTS', 'export', 'load_export', 'import_records']
 
@@ -167,8 +167,9 @@ def load_export(path, framework: str):
     (``DataProto.load_from_disk``): import only ``.dp`` files you trust.
 
     Raises:
-        ValueError: no such file in the folder, an unknown framework, or a ``.pt`` file holding
-            objects beyond tensors and plain containers.
+        ValueError: no such file in the folder, an unknown framework, a ``.pt`` file holding
+            objects beyond tensors and plain containers, a slime file without ``samples``, or a
+            JSON/JSONL file that is not UTF-8 JSON (each names the file).
     """
     path = Path(path)
     name = {'verl': 'verl_batch.pt', 'trl': 'trl_batch.pt', 'slime': '0.pt', 'openrlhf': 'experience.pt',
@@ -184,16 +185,25 @@ def load_export(path, framework: str):
             return DataProto.load_from_disk(str(path))
         from .verl import load_verl
         return load_verl(path)
+    fix = f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
     if framework in ('trl', 'openrlhf'):
         if path.suffix == '.json':
-            return json.loads(path.read_text())
+            return read_json(path, fix=fix)
         return _load_pt(path)
     if framework == 'slime':
-        return _load_pt(path)['samples']
+        data = _load_pt(path)
+        if not isinstance(data, dict) or 'samples' not in data:
+            what = f'keys {sorted(map(str, data))}' if isinstance(data, dict) else f'a {type(data).__name__}'
+            raise ValueError(f"{str(path)!r}: samples: is missing (the file holds {what}); a slime rollout file is "
+                             f"{{'samples': [Sample.to_dict(), ...]}} (slime --save-debug-rollout-data); {fix}")
+        if not isinstance(data['samples'], (list, tuple)):
+            raise ValueError(f"{str(path)!r}: samples: is of type {type(data['samples']).__name__}, not a list of "
+                             f'Sample.to_dict() dicts; {fix}')
+        return data['samples']
     if framework == 'skyrl':
-        return json.loads(path.read_text())
+        return read_json(path, fix=fix)
     if framework == 'prime-rl':
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        return read_json(path, fix=fix, lines=True)
     raise ValueError(f'unknown framework {framework!r}; import from one of {", ".join(IMPORTS)}')
 
 
@@ -209,7 +219,9 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, **kwargs)
         **kwargs: passed to the ``from_*`` function (``logp_mode``, ``model`` ...).
 
     Raises:
-        ValueError: an unknown framework or a missing file; the importer's refusals (RecordError).
+        ValueError: an unknown framework or a missing file; a file without a field its framework
+            writes (``'PATH': response_length: is missing; ...``) or not of its shape, each naming
+            the file; the importer's refusals (RecordError).
     """
     from . import openai, openrlhf, prime_rl, skyrl, slime, trl, verl
     if framework in ('vllm', 'sglang'):
@@ -219,4 +231,11 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, **kwargs)
     data = load_export(path, framework)
     fn = {'verl': verl.from_verl, 'trl': trl.from_trl, 'slime': slime.from_slime, 'openrlhf': openrlhf.from_openrlhf,
           'skyrl': skyrl.from_skyrl, 'prime-rl': prime_rl.from_prime_rl}[framework]
-    return fn(data, spec=spec, tokenizer=tokenizer, **{k: v for k, v in kwargs.items() if k == 'model'})
+    try:
+        return fn(data, spec=spec, tokenizer=tokenizer, **{k: v for k, v in kwargs.items() if k == 'model'})
+    except (KeyError, TypeError) as e:       # a missing field or a value of the wrong type in the file
+        fix = f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
+        what = e.args[0] if e.args else ''
+        if isinstance(e, KeyError) and isinstance(what, str) and ' ' not in what:
+            raise ValueError(f'{str(path)!r}: {what}: is missing; {framework} exports carry it; {fix}') from e
+        raise ValueError(f'{str(path)!r} does not hold a {framework} export ({what}); {fix}') from e

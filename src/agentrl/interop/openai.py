@@ -24,8 +24,6 @@ re-encoding its text is the drift agentrl exists to catch.
 """
 from __future__ import annotations
 
-import json
-
 import torch
 
 from ..checks import errors as E
@@ -231,10 +229,11 @@ def _turn_starts(traj) -> list:
 
 
 def read_episodes(path) -> list:
-    """Episodes from a JSON file (a list) or a JSONL file (one episode per line)."""
-    text = open(path, encoding='utf-8').read()
-    s = text.lstrip()
-    if s.startswith('['):
-        return json.loads(s)
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    """Episodes from a JSON file (a list) or a JSONL file (one episode per line).
+
+    Raises:
+        ValueError: the file is not UTF-8 JSON/JSONL (names the file and line).
+    """
+    from ..io import read_json
+    return read_json(path, lines='auto', fix='pass a JSON list of episodes or a JSONL file, one episode per line')
 

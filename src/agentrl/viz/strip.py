@@ -404,34 +404,83 @@ def build_strip(traj: Trajectory, decoder: Decoder | None = None, *, fold: int =
                  decoded=getattr(decoder, 'name', 'custom'))
 
 
+_AUDIT_FIX = 'a template audit .json lists records {"ids": [int, ...], "owner": [name or code, ...], ...}'
+_JSON_KINDS = {bool: 'true/false', int: 'a number', float: 'a number', str: 'a string', list: 'a list',
+               dict: 'an object', type(None): 'null'}
+
+
+def _kind(v) -> str:
+    """What the JSON value ``v`` is, in JSON's words (``'a string'``, ``'an object'`` ...)."""
+    return _JSON_KINDS.get(type(v), type(v).__name__)
+
+
+def _audit_field(where: str, d: dict, key: str, n: tuple | None, ok, want: str, required: bool = False):
+    """``d[key]`` checked to be a list (its length one of ``n`` when given) whose items pass ``ok``; None if absent."""
+    if key not in d or d[key] is None:
+        if required:
+            raise ValueError(f'{where}: {key}: is missing; {_AUDIT_FIX}')
+        return None
+    v = d[key]
+    if not isinstance(v, list):
+        raise ValueError(f'{where}: {key}: is {_kind(v)}, not a list; give one {want} per token; {_AUDIT_FIX}')
+    for j, x in enumerate(v):
+        if not ok(x):
+            raise ValueError(f'{where}: {key}[{j}]: is {x!r}, not a valid {want}; {_AUDIT_FIX}')
+    if n is not None and len(v) not in n:
+        raise ValueError(f'{where}: {key}: has {len(v)} entries, ids has {n[0]}; give one per token; {_AUDIT_FIX}')
+    return v
+
+
 def load_audit(path: str) -> list:
     """Read a template audit (JSON) as trajectories: each entry needs ``ids`` and ``owner``.
 
     Accepts one object, a list of objects, or ``{"records": [...]}``; each object has ``ids``
-    ``[T]``, ``owner`` ``[T]`` (names or codes), optional ``turn`` ``[T]``, ``sample_logp`` ``[T]``
-    or ``[T-1]``, ``reward``, ``info``, ``model`` (tokenizer name) and ``drift_spans``.
+    ``[T]`` (ints >= 0), ``owner`` ``[T]`` (names or codes), optional ``turn`` ``[T]`` (ints),
+    ``sample_logp`` ``[T]`` or ``[T-1]`` (numbers), ``reward`` (number), ``info`` (object),
+    ``model`` (tokenizer name) and ``drift_spans``.
 
     Raises:
-        ValueError: the file is not such JSON (names the missing key).
+        ValueError: one line naming the file, the entry and the field: the file is not UTF-8
+            JSON, or an entry lacks ``ids``/``owner`` or has a field of the wrong type or length
+            (e.g. ``'a.json' entry 0: owner[1]: is 'bogus', not an owner name or code ...``).
     """
-    from ..record import Provenance
-    with open(path) as f:
-        data = json.load(f)
-    if isinstance(data, dict):
-        data = data.get('records', [data])
+    from ..io import read_json
+    from ..record import OWNER, Provenance
+    data = read_json(path, fix=_AUDIT_FIX)
+    if isinstance(data, dict) and 'records' in data:
+        data = data['records']
+        if not isinstance(data, list):
+            raise ValueError(f'{str(path)!r}: records: is {_kind(data)}, not a list; {_AUDIT_FIX}')
+    elif not isinstance(data, list):
+        data = [data]
+    is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)          # noqa: E731
+    is_num = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
     out = []
     for k, d in enumerate(data):
-        if not isinstance(d, dict) or 'ids' not in d or 'owner' not in d:
-            raise ValueError(f'{path}: entry {k} has no "ids" and "owner"; a template audit lists records '
-                             'with per-token ids and owners')
-        n = len(d['ids'])
-        lp = list(d.get('sample_logp') or [0.0] * n)
-        lp = lp if len(lp) == n else [0.0] + lp
+        where = f'{str(path)!r} entry {k}'
+        if not isinstance(d, dict):
+            raise ValueError(f'{where}: is {_kind(d)}, not an object with "ids" and "owner"; {_AUDIT_FIX}')
+        ids = _audit_field(where, d, 'ids', None, lambda x: is_int(x) and x >= 0, 'token id (int >= 0)', True)
+        n = len(ids)
+        is_owner = lambda x: (isinstance(x, str) and x in OWNER) or (is_int(x) and x in OWNER.values())  # noqa: E731
+        owner = _audit_field(where, d, 'owner', (n,), is_owner,
+                             f'owner name or code ({", ".join(OWNER_NAMES)} or 0-{len(OWNER) - 1})', True)
+        turn = _audit_field(where, d, 'turn', (n,), is_int, 'turn index (int)')
+        lp = _audit_field(where, d, 'sample_logp', (n, n - 1), is_num, 'number')
+        lp = [0.0] * n if lp is None else lp if len(lp) == n else [0.0] + lp
+        reward = d.get('reward', 0.0)
+        if not is_num(reward):
+            raise ValueError(f'{where}: reward: is {reward!r}, not a number; {_AUDIT_FIX}')
+        if not isinstance(d.get('info') or {}, dict):
+            raise ValueError(f'{where}: info: is {_kind(d["info"])}, not an object; {_AUDIT_FIX}')
         info = dict(d.get('info') or {})
         for key in ('drift_spans', 'refused_positions', 'task', 'tokenizer'):
             if key in d:
                 info[key] = d[key]
         prov = Provenance(policy=str(d.get('policy', 'template')), model=str(d.get('model', '')))
-        out.append(Trajectory.from_tokens(d['ids'], d['owner'], d.get('turn') or [-1] * n, lp,
-                                          float(d.get('reward', 0.0)), info, provenance=prov))
+        try:
+            out.append(Trajectory.from_tokens(ids, owner, turn or [-1] * n, lp, float(reward), info,
+                                              provenance=prov))
+        except ValueError as e:
+            raise ValueError(f'{where}: {e}') from None
     return out
