@@ -3,13 +3,15 @@
 Every module of the ``agentrl.cli`` package except this one is a subcommand: it defines
 ``register(subparsers)``, which adds its parser and sets ``func`` (called with the parsed
 namespace, returns an exit code). Help lists them in :data:`ORDER`, then alphabetically. Errors are
-printed as one line with the fix (``agentrl: error: ...``); ``--debug`` shows the traceback.
+printed as one line with the fix (``agentrl: error: ...``); ``--debug`` shows the traceback. Warnings
+are one line too (``agentrl: warning: ...``).
 """
 from __future__ import annotations
 
 import argparse
 import pkgutil
 import sys
+import warnings
 from importlib import import_module
 
 from .._version import __version__
@@ -64,6 +66,13 @@ def _error_line(e: BaseException) -> str:
     else:
         line = f'{type(e).__name__}: {_one_line(e)} (an internal error; rerun with --debug for the traceback)'
     return printable(line)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    """Show a warning as one line, ``agentrl: warning: MESSAGE`` (the category named unless a UserWarning)."""
+    from ..io import printable
+    kind = '' if issubclass(category, UserWarning) else f'{category.__name__}: '
+    print(f'agentrl: warning: {kind}{printable(message)}', file=sys.stderr if file is None else file)
 
 
 def _refuse_nan(args) -> None:
@@ -136,7 +145,10 @@ def main(argv: list[str] | None = None) -> int:
     args.debug = debug
     try:
         _refuse_nan(args)
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():     # restores the default display when the command returns
+            if not debug:
+                warnings.showwarning = _show_warning
+            return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print('agentrl: interrupted', file=sys.stderr)
         return 130

@@ -50,18 +50,26 @@ def run(args) -> int:
 
 
 def print_summary(summary: dict, out: str) -> None:
-    """Print the per-policy table and a one-line summary (``out``: the run folder as the user named it)."""
+    """Print the per-policy table and a one-line summary (``out``: the run folder as the user named it).
+
+    The ``unk obs`` column (``<unk>`` tokens of TinyAgent's word tokenizer in observations) is
+    shown only when some policy counted them; a policy that did not (the hf engine's model, whose
+    tokenizer has no unknown words) shows ``-`` there.
+    """
     from rich.console import Console
     from rich.table import Table
     table = Table(title=f"{summary['episodes']} episodes on {summary['tasks']} tasks")
+    unk = any(s.get('unknown_obs_tokens') is not None for s in summary['policies'].values())
     for col in ['policy', 'episodes', 'reward', 'stops', 'trunc', 'len mean', 'len max', 'action',
-                'unk obs', 'context/turn (ep. 0)']:
+                *(['unk obs'] if unk else []), 'context/turn (ep. 0)']:
         table.add_column(col, justify='left' if col in ('policy', 'stops') else 'right')
     for name, s in summary['policies'].items():
         stops = ' '.join(f'{k}:{v}' for k, v in s['stops'].items())
+        n_unk = s.get('unknown_obs_tokens')
         table.add_row(name, str(s['episodes']), f"{s['mean_reward']:.3f}", stops, f"{s['truncation_rate']:.2f}",
                       f"{s['length_mean']:.1f}", str(s['length_max']), f"{s['action_tokens_mean']:.1f}",
-                      str(s['unknown_obs_tokens']), f"{s['prompt_length']}:" + ','.join(map(str, s['first_context_lengths'])))
+                      *([('-' if n_unk is None else str(n_unk))] if unk else []),
+                      f"{s['prompt_length']}:" + ','.join(map(str, s['first_context_lengths'])))
     console = Console()
     if not console.is_terminal:          # piped or captured: do not squeeze the table to 80 columns
         console = Console(width=140)

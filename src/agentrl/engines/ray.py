@@ -24,12 +24,13 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
-__all__ = ['RAY_EXTRA', 'require_ray', 'WorkerInfo', 'PoolState', 'PoolReport', 'run', 'pack', 'unpack']
+__all__ = ['RAY_EXTRA', 'require_ray', 'check_address', 'WorkerInfo', 'PoolState', 'PoolReport', 'run', 'pack', 'unpack']
 
 #: The pip extra that installs Ray.
 RAY_EXTRA = 'agentrl[ray]'
@@ -186,6 +187,67 @@ def _is_loopback(address: str | None) -> bool:
     return host in _LOOPBACK or host.startswith('127.')
 
 
+def _host_port(address: str) -> tuple[str, int]:
+    """``(host, port)`` of a Ray address: ``HOST:PORT``, ``[IPv6]:PORT``, ``ray://HOST:PORT`` or a bare host.
+
+    A bare host gets Ray's default port (6379 for the GCS, 10001 for ``ray://`` clients).
+
+    Raises:
+        ValueError: the port is not a number in [1, 65535].
+    """
+    target = address.removeprefix('ray://')
+    default = '10001' if target != address else '6379'
+    if target.startswith('['):                          # [IPv6] or [IPv6]:PORT
+        host, _, rest = target[1:].partition(']')
+        port = rest.removeprefix(':') or default
+    elif target.count(':') == 1:
+        host, port = target.split(':')
+    else:                                               # a bare host or a bare IPv6 address
+        host, port = target, default
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f'--address {address!r}: the port {port!r} is not a number in [1, 65535]; pass HOST:PORT '
+                         'of a Ray head (`ray start --head` prints it), or auto')
+    return host, int(port)
+
+
+def check_address(address: str | None, timeout: float = 3.0) -> None:
+    """Refuse a Ray cluster ``address`` nothing answers at, within ``timeout`` seconds.
+
+    ``ray.init`` retries an unreachable address for minutes; one TCP connect to the head's
+    port fails at once (connection refused) or after ``timeout`` (no route, a firewall). ``None``,
+    ``'auto'`` and ``'local'`` are not checked (Ray finds or starts the cluster itself).
+
+    Args:
+        address: the ``--address`` given: ``HOST:PORT``, ``[IPv6]:PORT``, ``ray://HOST:PORT``, a
+            bare host (Ray's default port), ``auto``, ``local`` or None.
+        timeout: seconds to wait for the connection.
+
+    Raises:
+        ValueError: the port is not a number in [1, 65535].
+        ConnectionError: nothing accepts connections there, e.g. ``--address '127.0.0.1:1': no Ray
+            cluster answers there (connection refused); start one with `ray start --head` and pass
+            the address it prints, or drop --address to start a local instance``.
+    """
+    if address is None or address in ('auto', 'local'):
+        return
+    host, port = _host_port(address)
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except OSError as e:
+        if isinstance(e, ConnectionRefusedError):
+            why = 'connection refused'
+        elif isinstance(e, socket.timeout):
+            why = f'no answer within {timeout:g} s'
+        elif isinstance(e, socket.gaierror):
+            why = f'cannot resolve the host {host!r}'
+        else:
+            why = e.strerror or type(e).__name__
+        raise ConnectionError(f'--address {address!r}: no Ray cluster answers there ({why}); start one with '
+                              '`ray start --head` and pass the address it prints, or drop --address to start a '
+                              'local instance') from None
+
+
 def _connect(ray, address: str | None, num_cpus: int, object_store_mb: int | None) -> bool:
     """Start a local Ray instance (``address=None``) or join a cluster; return True if we started it."""
     if ray.is_initialized():
@@ -196,6 +258,7 @@ def _connect(ray, address: str | None, num_cpus: int, object_store_mb: int | Non
         if constants is not None and hasattr(constants, 'ENABLE_RAY_CLUSTER'):
             constants.ENABLE_RAY_CLUSTER = False   # resolve localhost to 127.0.0.1, not the routable IP
     common = dict(logging_level=logging.WARNING, log_to_driver=False, namespace='agentrl')
+    check_address(address)                           # ray.init would retry an unreachable address for minutes
     try:
         if address is None:
             kw = dict(num_cpus=num_cpus, include_dashboard=False, _node_ip_address='127.0.0.1')
@@ -253,7 +316,8 @@ def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *,
     Raises:
         ValueError: ``workers < 1``.
         ImportError: Ray is not installed. Fix: ``pip install 'agentrl[ray]'``.
-        ConnectionError: no Ray cluster at ``address``. Fix: start one, or drop ``address``.
+        ConnectionError: no Ray cluster at ``address`` (:func:`check_address`). Fix: start one, or
+            drop ``address``.
         TimeoutError: the actors did not start within ``actor_start_timeout``. Fix: fewer
             ``workers`` or a bigger cluster.
         RuntimeError: every actor died and no replacement is left; what the sink got stays.

@@ -12,7 +12,8 @@ batches and from vLLM / SGLang responses so ``agentrl check``, ``show`` and ``re
 Framework packages are never imported here (verl only inside :func:`to_verl_dataproto` and file
 loading); the layouts are written from their source at the versions named in each module.
 """
-from .common import check_groups, check_support, expected_step0_ratio, sort_by_group, split, split_turns
+from .common import (SupportMismatchWarning, check_groups, check_support, expected_step0_ratio, sort_by_group, split,
+                     split_turns)
 from .files import EXPORTS, IMPORTS, export, import_records, load_export
 from .openai import from_openai, parse_response, spec_from_request
 from .openrlhf import from_openrlhf, to_openrlhf
@@ -27,4 +28,5 @@ __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl', 'to_trl', 'to_trl_rollou
            'trl_reward', 'to_slime', 'from_slime', 'to_openrlhf', 'from_openrlhf', 'to_skyrl', 'from_skyrl',
            'to_prime_rl', 'from_prime_rl', 'to_sft', 'check_sft_row', 'SFT_FORMS', 'from_openai', 'parse_response',
            'spec_from_request', 'export', 'import_records', 'load_export', 'EXPORTS', 'IMPORTS', 'split',
-           'check_groups', 'check_support', 'expected_step0_ratio', 'sort_by_group', 'split_turns']
+           'check_groups', 'check_support', 'SupportMismatchWarning', 'expected_step0_ratio', 'sort_by_group',
+           'split_turns']

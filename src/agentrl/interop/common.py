@@ -23,8 +23,8 @@ from ..checks import errors as E
 from ..checks.acceptance import find_problems
 from ..record import OWNER, Provenance, SamplingSpec, Trajectory
 
-__all__ = ['Split', 'split', 'split_turns', 'check_exportable', 'check_support', 'expected_step0_ratio', 'check_groups',
-           'group_key', 'sort_by_group', 'record_from_response', 'provenance_for_import', 'as_list']
+__all__ = ['Split', 'split', 'split_turns', 'check_exportable', 'check_support', 'SupportMismatchWarning',
+           'expected_step0_ratio', 'check_groups', 'group_key', 'sort_by_group', 'record_from_response', 'provenance_for_import', 'as_list']
 
 _POLICY = OWNER['policy']
 
@@ -135,6 +135,19 @@ def expected_step0_ratio(spec: SamplingSpec) -> str:
             'below 1 wherever the support was cut')
 
 
+def _ratio_floor(spec: SamplingSpec) -> float:
+    """The lowest step-0 ratio :func:`expected_step0_ratio` allows (-1: unbounded, raw log-probs)."""
+    if spec.logp_mode == 'raw':
+        return -1.0
+    if spec.top_k > 0 or spec.min_p > 0:
+        return 0.0
+    return spec.top_p
+
+
+class SupportMismatchWarning(UserWarning):
+    """Exported log-probs the trainer will not reproduce at step 0 (``allow_support_mismatch=True``)."""
+
+
 def _support_ok(spec: SamplingSpec, replays_top_p: bool) -> bool:
     if spec.temperature == 0:
         return False
@@ -155,7 +168,8 @@ def check_support(records, target: str, *, allow_support_mismatch: bool = False,
     Args:
         records: records with ``provenance.sampling`` (records without one pass: nothing is declared).
         target: the framework's name (in messages).
-        allow_support_mismatch: warn (``UserWarning`` naming the expected step-0 ratio) instead of refusing.
+        allow_support_mismatch: warn instead of refusing: one :class:`SupportMismatchWarning` per
+            call, with the count of such records and the worst step-0 ratio among their samplers.
         replays_top_p: the trainer replays the top-p keep set.
 
     Returns:
@@ -167,6 +181,7 @@ def check_support(records, target: str, *, allow_support_mismatch: bool = False,
         ValueError: records declare different temperatures (a trainer has one temperature).
     """
     temps = set()
+    bad: dict = {}                                  # sampler -> indices of the records drawn under it
     for i, rec in enumerate(records):
         spec = rec.provenance.sampling if rec.provenance is not None else None
         if spec is None:
@@ -174,14 +189,23 @@ def check_support(records, target: str, *, allow_support_mismatch: bool = False,
         temps.add(spec.temperature)
         if _support_ok(spec, replays_top_p):
             continue
-        msg = (f'record {i} was sampled with {spec.to_dict()}, but {target} recomputes log_softmax(logits / T) '
-               f'over the full vocabulary; the step-0 ratio is {expected_step0_ratio(spec)}')
         if not allow_support_mismatch:
             raise E.SupportMismatchError(
-                msg, field='provenance.sampling',
+                f'record {i} was sampled with {spec.to_dict()}, but {target} recomputes log_softmax(logits / T) '
+                f'over the full vocabulary; the step-0 ratio is {expected_step0_ratio(spec)}',
+                field='provenance.sampling',
                 fix='re-score the records under a temperature-only sampler, sample with top_k=0, top_p=1, '
                     'min_p=0, or pass allow_support_mismatch=True (--allow-support-mismatch) to export anyway')
-        warnings.warn(msg, stacklevel=3)
+        bad.setdefault(spec, []).append(i)
+    if bad:                                         # one warning for all of them
+        n = sum(map(len, bad.values()))
+        first = min(min(v) for v in bad.values())
+        worst = min(bad, key=_ratio_floor)
+        samplers = f'{next(iter(bad)).to_dict()}' if len(bad) == 1 else f'{len(bad)} samplers'
+        warnings.warn(SupportMismatchWarning(
+            f'{n} of {len(records)} records (the first: record {first}) were sampled with {samplers}, but {target} '
+            f'recomputes log_softmax(logits / T) over the full vocabulary; the worst step-0 ratio is '
+            f'{expected_step0_ratio(worst)}'), stacklevel=3)
     if len(temps) > 1:
         raise ValueError(f'records declare temperatures {sorted(temps)}; {target} scores every row at one '
                          'temperature: export each temperature separately')

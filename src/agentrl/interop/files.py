@@ -24,12 +24,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
 
 from .. import __version__
 from ..io import atomic_path, atomic_write, read_json
+from .common import SupportMismatchWarning
 
 __all__ = ['EXPORTS', 'IMPORTS', 'export', 'load_export', 'import_records']
 
@@ -65,7 +67,8 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
         out: output folder: new or empty (created; removed again if the export is refused).
         pad_id: the tokenizer's pad id (verl, TRL, OpenRLHF).
         trim: drop the trailing observation (None: the framework's default).
-        allow_support_mismatch: warn instead of refusing top-k/top-p log-probs.
+        allow_support_mismatch: warn instead of refusing top-k/top-p log-probs (one
+            :class:`~agentrl.interop.common.SupportMismatchWarning` per export).
         sort_groups: reorder records so each group is contiguous (stable) before export.
         prompt_length, response_length: verl's fixed widths (None: the longest).
         split_turns: replace records with per-turn contexts by one row per turn (not for verl and TRL,
@@ -113,9 +116,11 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
                     dp.save_to_disk(tmp)
                 files.append('gen_batch.dp')
         elif framework == 'trl':
-            d = trl.to_trl(records, pad_id=pad_id, **tr, **opts)
-            _save_pt(d, out / 'trl_batch.pt')
             r = trl.to_trl_rollout(records, **tr, **opts)
+            with warnings.catch_warnings():                 # the same records: warned about just above
+                warnings.simplefilter('ignore', SupportMismatchWarning)
+                d = trl.to_trl(records, pad_id=pad_id, **tr, **opts)
+            _save_pt(d, out / 'trl_batch.pt')
             _save_text(json.dumps(r), out / 'trl_rollout.json')
             files += ['trl_batch.pt', 'trl_rollout.json']
         elif framework == 'slime':

@@ -295,8 +295,9 @@ def _prepare(opts: RolloutOptions) -> _Prepared:
         opts.validate()
         check_fields(opts, engine=opts.engine)          # a flag that does not apply to the run's engine
     if opts.workers > 0:
-        from ..engines.ray import require_ray
+        from ..engines.ray import check_address, require_ray
         require_ray()
+        check_address(opts.address)          # before anything is written: ray.init would hang on it
     out = Path(opts.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f'--out {opts.out!r} is a file; pass a folder')
