@@ -65,6 +65,72 @@ def test_rollout_bad_input_is_one_line(tmp_path, args, message):
     assert len(p.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize('argv, err', [
+    ([], 'agentrl: error: the following arguments are required: COMMAND (see agentrl --help)'),
+    (['rollout', '--bogus', '1'], 'agentrl rollout: error: unrecognized arguments: --bogus 1 (see agentrl rollout --help)'),
+    (['rollout', '--repeats', 'x'],
+     "agentrl rollout: error: argument --repeats: invalid int value: 'x' (see agentrl rollout --help)"),
+    (['rollout', '--engine', 'vllm'], "agentrl rollout: error: argument --engine: invalid choice: 'vllm' (choose from "
+                                      "'tinyagent', 'hf') (see agentrl rollout --help)"),
+    (['show'], 'agentrl show: error: the following arguments are required: path (see agentrl show --help)'),
+    (['check', 'x', '--max-ratio-dev'],
+     'agentrl check: error: argument --max-ratio-dev: expected one argument (see agentrl check --help)'),
+    (['template', 'audit'], 'agentrl template audit: error: the following arguments are required: TOKENIZER '
+                            '(see agentrl template audit --help)'),
+    (['template', 'audit', 'tok', '--thinking'], 'agentrl template audit: error: unrecognized arguments: --thinking '
+                                                 '(see agentrl template audit --help)'),
+    (['export', 'run', '--to', 'megatron'], "agentrl export: error: argument --to: invalid choice: 'megatron' (choose "
+                                            "from 'verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'sft', "
+                                            "'skyrl-sft') (see agentrl export --help)"),
+    (['bogus'], "agentrl: error: argument COMMAND: invalid choice: 'bogus' (choose from 'rollout', 'check', 'show', "
+                "'report', 'train', 'template', 'drift', 'make-test-model', 'export', 'import') (see agentrl --help)"),
+    (['rollout', '--policy', '\x1b[2J'], None),            # not argparse's: checked by the job, also one line
+])
+def test_usage_errors_are_one_line(argv, err, capsys):
+    """argparse's usage errors: one line naming the (sub)command and where its help is, exit code 2."""
+    from agentrl.cli.main import main
+    if err is None:
+        assert main(argv + ['--out', '/nonexistent/x']) == 2
+        assert capsys.readouterr().err == "agentrl: error: --policy \\x1b[2J is not known; choose from " \
+                                          'oracle,blind,random,hacker,model\n'
+        return
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    cap = capsys.readouterr()
+    assert e.value.code == 2 and cap.out == '' and cap.err == err + '\n'
+
+
+def test_usage_error_in_a_real_process():
+    p = run('drift', '--samples', 'many', check=False)
+    assert p.returncode == 2 and p.stdout == ''
+    assert p.stderr == "agentrl drift: error: argument --samples: invalid int value: 'many' (see agentrl drift --help)\n"
+
+
+def _policy_summary(unk):
+    return {'episodes': 2, 'mean_reward': 0.5, 'stops': {'submitted': 2}, 'truncation_rate': 0.0, 'length_mean': 40.0,
+            'length_max': 44, 'action_tokens_mean': 12.5, 'unknown_obs_tokens': unk, 'prompt_length': 30,
+            'first_context_lengths': [30, 52]}
+
+
+def test_summary_table_shows_unknown_observations_only_where_counted(capsys):
+    """The hf engine's model counts no <unk> observation tokens: no `None` in its row, no column when none counted."""
+    from agentrl.cli.rollout import print_summary
+    run_summary = {'episodes': 2, 'tasks': 1, 'trajectories': 'trajectories', 'seconds': 1.25,
+                   'policies': {'model': _policy_summary(None)}}
+    print_summary(run_summary, 'run')
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == ('┃ policy ┃ episodes ┃ reward ┃ stops       ┃ trunc ┃ len mean ┃ len max ┃ action ┃ '
+                        'context/turn (ep. 0) ┃')
+    assert lines[4] == ('│ model  │        2 │  0.500 │ submitted:2 │  0.00 │     40.0 │      44 │   12.5 │ '
+                        '            30:30,52 │')
+    run_summary['policies']['oracle'] = _policy_summary(3)
+    print_summary(run_summary, 'run')
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].endswith('┃ action ┃ unk obs ┃ context/turn (ep. 0) ┃')
+    assert lines[4].endswith('│   12.5 │       - │             30:30,52 │') and lines[4].startswith('│ model ')
+    assert lines[5].endswith('│   12.5 │       3 │             30:30,52 │') and lines[5].startswith('│ oracle ')
+
+
 def test_version():
     assert run('--version').stdout.strip() == f'agentrl {arl.__version__}'
 

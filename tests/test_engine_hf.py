@@ -393,7 +393,8 @@ def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys, mon
     assert cli('rollout', '--engine', 'hf', '--model', model_dir, '--split', 'heldout', '--repeats', '1',
                '--max-new-tokens', '8', '--max-turns', '2', '--temperature', '0.7', '--top-p', '0.9',
                '--out', out) == 0
-    assert 'wrote 6 episodes to' in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert 'wrote 6 episodes to' in text and 'unk obs' not in text and 'None' not in text
     summary = json.loads((out / 'summary.json').read_text())
     from agentrl.jobs.rollout import model_fingerprint
     name = f'{model_dir.name}@{model_fingerprint(model_dir)}'       # a name and a fingerprint, never a local path

@@ -148,7 +148,8 @@ def test_check_refuses_one_identity_with_two_contents(run_dir, tmp_path, capsys)
     code, out, _ = check(capsys, tmp_path / 'conflict.parquet')
     assert code == 1 and re.search(r'^  IdentityConflictError +1$', out, re.M), out
     key = recs[0].provenance
-    assert f'identity {key.group_id}/{key.rollout_id}#1 is already taken by' in out
+    assert key.rollout_id.startswith(f'{key.group_id}/')           # printed once, not as group/group/k
+    assert f'identity {key.rollout_id}#1 is already taken by' in out and f'{key.group_id}/{key.rollout_id}' not in out
 
 
 @pytest.mark.parametrize('value', [-7, 10**6])
@@ -182,7 +183,13 @@ def test_check_refuses_a_nan_reward(run_dir, tmp_path, capsys):
     store.write_trajectories(tmp_path / 'nan.parquet', recs)
     code, out, _ = check(capsys, tmp_path / 'nan.parquet')
     assert code == 1 and re.search(r'^  NonFiniteRewardError +1$', out, re.M), out
-    assert 'reward: is nan, not a finite number' in out
+    prov = recs[2].provenance
+    assert (prov.group_id, prov.rollout_id) == ('0/model/triangle', '0/model/triangle/0')
+    assert ('  e.g. 0/model/triangle/0#1: NonFiniteRewardError: reward: is nan, not a finite number; it would poison '
+            'every advantage of its group. Fix: score the episode again, or drop it before training') in out.splitlines()
+    assert checks.record_key(recs[2]) == '0/model/triangle/0#1'
+    prov.group_id, prov.rollout_id = 'g', 'r7'                       # a rollout id of its own: group/rollout#attempt
+    assert checks.record_key(recs[2]) == 'g/r7#1'
 
 
 def test_check_refuses_a_row_edited_after_writing(run_dir, tmp_path, capsys):

@@ -203,8 +203,15 @@ def test_support_mismatch_refused_or_warned():
     rs = [episode(k, spec=spec, group=f'g{k}') for k in range(2)]
     with pytest.raises(E.SupportMismatchError, match=r'step-0 ratio is each token.s kept mass, in \[0.9, 1\]'):
         interop.to_verl(rs, pad_id=PAD)
-    with pytest.warns(UserWarning, match=r'in \[0.9, 1\]'):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
         d = interop.to_verl(rs, pad_id=PAD, allow_support_mismatch=True)
+    assert [(w.category, str(w.message)) for w in caught] == [(interop.SupportMismatchWarning, (
+        "2 of 2 records (the first: record 0) were sampled with {'temperature': 0.7, 'top_k': 0, 'top_p': 0.9, "
+        "'min_p': 0.0, 'logp_mode': 'processed'}, but verl recomputes log_softmax(logits / T) over the full "
+        "vocabulary; the worst step-0 ratio is each token's kept mass, in [0.9, 1] (top_p=0.9); below 1 wherever "
+        'the nucleus cut'))]
+    assert issubclass(interop.SupportMismatchWarning, UserWarning)
     assert d['meta_info']['temperature'] == 0.7
     interop.to_slime(rs)                             # slime replays the top-p keep set
     with pytest.raises(E.SupportMismatchError):
@@ -301,6 +308,21 @@ def test_cli_export_import_check(tmp_path, recs, capsys):
     assert cli('check', tmp_path / 'shifted' / 'trajectories.parquet', '--eot-id', EOT) == 1
     out = capsys.readouterr().out
     assert 'EndOfTurnNotTrainedError' in out and 'FAILED (6 of 6 records refused)' in out
+
+
+@pytest.mark.parametrize('fw', ['trl', 'verl'])
+def test_cli_export_warns_once_per_export(tmp_path, capsys, fw):
+    """--allow-support-mismatch: one warning line for the export (count, worst ratio), not one per record."""
+    rs = [episode(k, spec=SamplingSpec(temperature=0.7, top_p=0.8 if k == 3 else 0.9), group=f'g{k}')
+          for k in range(6)]
+    rs[5].provenance.sampling = SamplingSpec(temperature=0.7)          # temperature only: exact at step 0
+    store.write_trajectories(tmp_path / 'run' / 'trajectories.parquet', rs)
+    assert cli('export', tmp_path / 'run', '--to', fw, '--out', tmp_path / 'x', '--allow-support-mismatch') == 0
+    target = {'trl': 'TRL', 'verl': 'verl'}[fw]
+    assert capsys.readouterr().err == (
+        f'agentrl: warning: 5 of 6 records (the first: record 0) were sampled with 2 samplers, but {target} recomputes '
+        "log_softmax(logits / T) over the full vocabulary; the worst step-0 ratio is each token's kept mass, in "
+        '[0.8, 1] (top_p=0.8); below 1 wherever the nucleus cut\n')
 
 
 def test_cli_export_refusal_is_one_line(tmp_path, recs, capsys):
@@ -419,6 +441,55 @@ def test_pt_files_load_without_running_code(tmp_path):
     torch.save({'samples': [_Obj()]}, tmp_path / '0.pt')
     with pytest.raises(ValueError, match="holds objects beyond tensors, lists and dicts .* weights_only=True"):
         interop.import_records(tmp_path / '0.pt', 'slime')
+
+
+def test_import_of_a_malformed_file_is_one_line(tmp_path, recs, capsys):
+    """A file without the field its framework writes, or not UTF-8 JSON: one line naming the file and the field."""
+    def refused(path, fw):
+        assert cli('import', path, '--from', fw, '--out', tmp_path / 'out') == 2
+        err = capsys.readouterr().err
+        assert err.count('\n') == 1 and not (tmp_path / 'out').exists()
+        return err
+
+    def fix(fw):
+        return f'pass the file (or folder) `agentrl export --to {fw}` or {fw} wrote'
+
+    torch.save({'rollouts': []}, tmp_path / '0.pt')
+    assert refused(tmp_path / '0.pt', 'slime') == (
+        f"agentrl: error: {str(tmp_path / '0.pt')!r}: samples: is missing (the file holds keys ['rollouts']); a slime "
+        "rollout file is {'samples': [Sample.to_dict(), ...]} (slime --save-debug-rollout-data); " + fix('slime') + '\n')
+    torch.save([1, 2], tmp_path / '0.pt')
+    assert "samples: is missing (the file holds a list); " in refused(tmp_path / '0.pt', 'slime')
+    torch.save({'samples': 3}, tmp_path / '0.pt')
+    assert refused(tmp_path / '0.pt', 'slime') == (
+        f"agentrl: error: {str(tmp_path / '0.pt')!r}: samples: is of type int, not a list of Sample.to_dict() dicts; "
+        + fix('slime') + '\n')
+    sample = interop.to_slime(recs)[0]
+    del sample['response_length']
+    torch.save({'samples': [sample]}, tmp_path / '0.pt')
+    assert refused(tmp_path / '0.pt', 'slime') == (
+        f"agentrl: error: {str(tmp_path / '0.pt')!r}: response_length: is missing; slime exports carry it; "
+        + fix('slime') + '\n')
+    (tmp_path / 'generator_output.json').write_text('{"prompt_token_ids": [[1, 2]],')
+    assert refused(tmp_path / 'generator_output.json', 'skyrl') == (
+        f"agentrl: error: {str(tmp_path / 'generator_output.json')!r} is not valid JSON (Expecting property name "
+        "enclosed in double quotes at line 1 column 31); " + fix('skyrl') + '\n')
+    (tmp_path / 'training_samples.jsonl').write_bytes(b'{}\n\n{"a": "\xff"}\n')
+    assert refused(tmp_path / 'training_samples.jsonl', 'prime-rl') == (
+        f"agentrl: error: {str(tmp_path / 'training_samples.jsonl')!r} is not UTF-8 text (byte 0xff at offset 11); "
+        + fix('prime-rl') + '\n')
+    (tmp_path / 'training_samples.jsonl').write_text('{}\n\n{"a": 1\n')
+    assert refused(tmp_path / 'training_samples.jsonl', 'prime-rl') == (
+        f"agentrl: error: {str(tmp_path / 'training_samples.jsonl')!r} line 3 is not valid JSON (Expecting ',' "
+        "delimiter at column 8); " + fix('prime-rl') + '\n')
+    (tmp_path / 'episodes.jsonl').write_text('{"exchanges": []}\n{"exchanges": [}\n')
+    assert refused(tmp_path / 'episodes.jsonl', 'vllm') == (
+        f"agentrl: error: {str(tmp_path / 'episodes.jsonl')!r} line 2 is not valid JSON (Expecting value at column "
+        "16); pass a JSON list of episodes or a JSONL file, one episode per line\n")
+    (tmp_path / 'episodes.json').write_text(' [{"exchanges": []},')
+    assert refused(tmp_path / 'episodes.json', 'sglang') == (
+        f"agentrl: error: {str(tmp_path / 'episodes.json')!r} is not valid JSON (Expecting value at line 1 column "
+        "21); pass a JSON list of episodes or a JSONL file, one episode per line\n")
 
 
 def test_cli_flags_checked_in_one_line(tmp_path, recs, capsys):

@@ -187,6 +187,40 @@ def test_missing_ray_names_the_extra(monkeypatch, tmp_path):
     assert not (tmp_path / 'run').exists()          # nothing written before the error
 
 
+def test_ray_address_is_checked_without_ray():
+    """None, auto and local are Ray's to resolve; a bad port is refused before any connection."""
+    for address in (None, 'auto', 'local'):
+        assert ray_pool.check_address(address) is None
+    assert ray_pool._host_port('10.0.0.5:6380') == ('10.0.0.5', 6380)
+    assert ray_pool._host_port('ray://head') == ('head', 10001)
+    assert ray_pool._host_port('head') == ('head', 6379)
+    assert ray_pool._host_port('[::1]:7000') == ('::1', 7000) and ray_pool._host_port('::1') == ('::1', 6379)
+    with pytest.raises(ValueError, match=r"^--address '127\.0\.0\.1:x': the port 'x' is not a number in \[1, 65535\]; "
+                                         r'pass HOST:PORT of a Ray head \(`ray start --head` prints it\), or auto$'):
+        ray_pool.check_address('127.0.0.1:x')
+    port = _free_port()
+    with pytest.raises(ConnectionError, match=rf"^--address '127\.0\.0\.1:{port}': no Ray cluster answers there "
+                                              r'\(connection refused\); start one'):
+        ray_pool.check_address(f'127.0.0.1:{port}')
+
+
+@needs_ray
+def test_unreachable_address_is_refused_before_anything_is_written(tmp_path, capsys):
+    """Nothing listens at --address: one line at once (ray.init would retry for minutes), no OUT folder."""
+    from agentrl.cli.main import main
+    address = f'127.0.0.1:{_free_port()}'
+    t0 = time.monotonic()
+    assert main(['rollout', '--policy', 'oracle', '--workers', '1', '--address', address,
+                 '--out', str(tmp_path / 'run')]) == 2
+    assert time.monotonic() - t0 < 60
+    assert capsys.readouterr().err == (
+        f"agentrl: error: --address '{address}': no Ray cluster answers there (connection refused); start one with "
+        '`ray start --head` and pass the address it prints, or drop --address to start a local instance\n')
+    assert not (tmp_path / 'run').exists()
+    with pytest.raises(ConnectionError, match=rf"^--address '{address}': no Ray cluster answers there"):
+        ray_pool.run([[]], lambda: None, lambda c, r: None, workers=1, address=address)
+
+
 # ----------------------------------------------------------------------------- a real Ray cluster
 
 def _free_port() -> int:

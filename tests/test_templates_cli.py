@@ -61,6 +61,14 @@ def test_audit_bad_files(cached_loader, tmp_path, capsys):
     bad.write_text('{"messages": 3}')
     assert main(['template', 'audit', path, '--messages', str(bad)]) == 2
     assert 'must hold a non-empty JSON list of messages' in capsys.readouterr().err
+    bad.write_text('[{"role": "user", "content": "x"}')
+    assert main(['template', 'audit', path, '--messages', str(bad)]) == 2
+    assert capsys.readouterr().err == (f"agentrl: error: --messages {str(bad)!r} is not valid JSON (Expecting ',' "
+                                       'delimiter at line 1 column 34); pass a JSON list of messages to --messages\n')
+    bad.write_bytes(b'[\xff]')
+    assert main(['template', 'audit', path, '--tools', str(bad)]) == 2
+    assert capsys.readouterr().err == (f'agentrl: error: --tools {str(bad)!r} is not UTF-8 text (byte 0xff at offset '
+                                       '1); pass a JSON list of tool schemas to --tools\n')
     bad.write_text('[{"role": "robot", "content": "x"}]')
     assert main(['template', 'audit', path, '--messages', str(bad)]) == 2
     assert '["role"] is \'robot\'' in capsys.readouterr().err

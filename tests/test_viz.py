@@ -269,6 +269,60 @@ def test_show_template_audit_json(tmp_path, capsys):
     assert out.read_text().count('class="cell ') == 5 and 'cell o-policy marked' in out.read_text()
 
 
+AUDIT_FIX = 'a template audit .json lists records {"ids": [int, ...], "owner": [name or code, ...], ...}'
+OWNER_WANT = 'owner name or code (template, prompt, policy, tool or 0-3)'
+
+
+@pytest.mark.parametrize('content, message', [
+    (b'{"ids": [1, 2', "is not valid JSON (Expecting ',' delimiter at line 1 column 14); " + AUDIT_FIX),
+    (b'\xff\xfe{}', 'is not UTF-8 text (byte 0xff at offset 0); ' + AUDIT_FIX),
+    (b'{"records": 3}', ': records: is a number, not a list; ' + AUDIT_FIX),
+    (b'[1]', ' entry 0: is a number, not an object with "ids" and "owner"; ' + AUDIT_FIX),
+    (b'{"owner": ["prompt"]}', ' entry 0: ids: is missing; ' + AUDIT_FIX),
+    (b'{"ids": 5, "owner": ["prompt"]}',
+     ' entry 0: ids: is a number, not a list; give one token id (int >= 0) per token; ' + AUDIT_FIX),
+    (b'{"ids": [1, -2], "owner": ["prompt", "policy"]}',
+     ' entry 0: ids[1]: is -2, not a valid token id (int >= 0); ' + AUDIT_FIX),
+    (b'{"ids": [1, 2], "owner": ["prompt", "bogus"]}',
+     f" entry 0: owner[1]: is 'bogus', not a valid {OWNER_WANT}; " + AUDIT_FIX),
+    (b'{"ids": [1, 2], "owner": ["prompt", [2]]}', f' entry 0: owner[1]: is [2], not a valid {OWNER_WANT}; ' + AUDIT_FIX),
+    (b'{"ids": [1, 2], "owner": ["prompt", "policy"], "turn": [0]}',
+     ' entry 0: turn: has 1 entries, ids has 2; give one per token; ' + AUDIT_FIX),
+    (b'{"ids": [1, 2], "owner": ["prompt", "policy"], "reward": "x"}', " entry 0: reward: is 'x', not a number; " + AUDIT_FIX),
+    (b'{"ids": [1, 2], "owner": ["prompt", "policy"], "info": [1]}', ' entry 0: info: is a list, not an object; ' + AUDIT_FIX),
+    (b'{"ids": [], "owner": []}', ' entry 0: ids is empty: a trajectory needs at least its first context token'),
+])
+def test_show_malformed_audit_is_one_line(tmp_path, capsys, content, message):
+    """A template audit that is not UTF-8 JSON of records: one line naming the file, the entry and the field."""
+    path = tmp_path / 'audit.json'
+    path.write_bytes(content)
+    sep = '' if message.startswith((':', ' ')) else ' '
+    want = f'agentrl: error: {str(path)!r}{sep}{message}\n'
+    assert main(['show', str(path), '-o', str(tmp_path / 'a.svg')]) == 2
+    assert capsys.readouterr().err == want
+    assert not (tmp_path / 'a.svg').exists()
+    with pytest.raises(ValueError) as e:
+        viz.load_audit(str(path))
+    assert f'agentrl: error: {e.value}\n' == want
+
+
+def test_report_names_a_damaged_summary(run_dir, tmp_path, capsys):
+    run = tmp_path / 'run'
+    shutil.copytree(run_dir / 'trajectories', run / 'trajectories')
+    summary = run / 'summary.json'
+    fix = 'delete it or rerun `agentrl rollout`'
+    for content, why in [(b'{"episodes": ', 'is not valid JSON (Expecting value at line 1 column 14)'),
+                         (b'{"x": "\xe9"}', 'is not UTF-8 text (byte 0xe9 at offset 7)')]:
+        summary.write_bytes(content)
+        assert main(['report', str(run)]) == 2
+        assert capsys.readouterr().err.strip() == f'agentrl: error: {str(summary)!r} {why}; {fix}'
+    summary.write_text('[1, 2]')
+    assert main(['report', str(run)]) == 2
+    assert capsys.readouterr().err.strip() == (f'agentrl: error: {str(summary)!r} is not a run summary (a JSON '
+                                               f'object); {fix}')
+    assert not (run / 'report.html').exists()
+
+
 def test_report_cli(run_dir, capsys):
     assert main(['report', str(run_dir)]) == 0
     line = capsys.readouterr().out.strip().splitlines()[-1]

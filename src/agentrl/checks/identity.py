@@ -49,13 +49,17 @@ def has_identity(record: Trajectory) -> bool:
 
 
 def record_key(record: Trajectory) -> str:
-    """Identity as one string, ``'group/rollout#attempt'``; e.g. ``'g3/r7#2'``.
+    """Identity as one string for messages, ``'group/rollout#attempt'``; e.g. ``'g3/r7#2'``.
+
+    A rollout id that already starts with ``group/`` (agentrl's own runs name rollouts
+    ``group_id + '/k'``) is not prefixed again: ``'0/model/clamp/3#1'``, not
+    ``'0/model/clamp/0/model/clamp/3#1'``. Compare identities with :func:`identity`, not this label.
 
     Raises:
         MissingProvenanceError: as :func:`identity`.
     """
     g, r, a = identity(record)
-    return f'{g}/{r}#{a}'
+    return f'{r}#{a}' if g and r.startswith(f'{g}/') else f'{g}/{r}#{a}'
 
 
 def _bytes(t, dtype) -> bytes:
