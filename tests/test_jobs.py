@@ -212,14 +212,30 @@ def test_kill_9_halfway_then_resume_stores_every_episode_once(tmp_path):
     assert s['policies'] == ref['policies'] and s['episodes'] == 48
 
 
-def _wait_for_shard(folder: Path, proc, timeout=120.0):
-    t = time.time()
-    while time.time() - t < timeout:
-        if folder.is_dir() and store.data_files(folder):
-            return
-        assert proc.poll() is None, proc.communicate()
+def _catches(pid: int, sig: int) -> bool:
+    """True when process ``pid`` runs a handler of its own for ``sig`` (Linux: SigCgt of /proc/PID/status)."""
+    status = Path(f'/proc/{pid}/status')
+    if not Path('/proc/self/status').exists():
+        return True                                  # no /proc: rely on the marker alone
+    for line in status.read_text().splitlines():
+        if line.startswith('SigCgt:'):
+            return bool(int(line.split()[1], 16) >> (sig - 1) & 1)
+    return False
+
+
+def _wait_until_ready(proc, ready, what: str, timeout: float = 900.0) -> None:
+    """Wait until ``ready()``: a marker the child writes after it installs its signal handlers.
+
+    Never signals on a deadline: a child that exits first, or shows no marker within ``timeout``,
+    fails the test with its output (a signal sent before the handler is installed would kill it).
+    """
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if proc.poll() is not None:
+            raise AssertionError(f'the child exited with {proc.returncode} before {what}: {proc.communicate()}')
+        if time.monotonic() > deadline:
+            raise AssertionError(f'no {what} within {timeout:.0f} s')
         time.sleep(0.05)
-    raise AssertionError('no shard written in time')
 
 
 @pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
@@ -231,9 +247,13 @@ def test_ctrl_c_and_sigterm_keep_finished_shards_and_say_how_to_resume(tmp_path,
                             stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        _wait_for_shard(out / 'trajectories', proc)
+        # the first shard is written inside the job's signal-handling block (jobs.rollout._Signals):
+        # once it exists, SIGINT and SIGTERM reach the job's handler, not Python's default
+        _wait_until_ready(proc, lambda: (out / 'trajectories').is_dir() and store.data_files(out / 'trajectories'),
+                          'the first shard')
+        assert _catches(proc.pid, signal.SIGTERM)          # _Signals installs SIGINT and SIGTERM together
         proc.send_signal(sig)
-        _, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -562,10 +582,15 @@ def test_sigterm_during_train_leaves_no_run(tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(arl.__file__).parents[1]))
     p = subprocess.Popen([sys.executable, '-m', 'agentrl', 'train', '--sft-steps', '2000', '--grpo-steps', '0',
                           '--out', str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not list(out.glob('.train-tmp-*/metrics.jsonl')) and time.time() < deadline and p.poll() is None:
-        time.sleep(0.2)
-    p.send_signal(signal.SIGTERM)
-    p.communicate(timeout=120)
-    assert p.returncode == 143
+    try:
+        # metrics.jsonl is written after `agentrl train` installs its SIGTERM handler; the handler is
+        # checked too, so the signal never reaches a child still importing torch (exit -15, not 143)
+        _wait_until_ready(p, lambda: list(out.glob('.train-tmp-*/metrics.jsonl')) and _catches(p.pid, signal.SIGTERM),
+                          "train's first metrics")
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, err
     assert not out.exists() or not list(out.glob('.train-tmp-*')) and not (out / 'summary.json').exists()
