@@ -279,9 +279,13 @@ def ray_env():
     """Environment of every Ray process of these tests: token auth with a token of their own.
 
     Ray 2.5x enables token auth for clusters it starts; passing the token in the environment
-    keeps head, worker node and drivers agreeing without touching ``~/.ray/auth_token``.
+    keeps head, worker node and drivers agreeing without touching ``~/.ray/auth_token``. Ray runs
+    its workers at nice 15 unless ``RAY_worker_niceness`` says otherwise: on a loaded machine the
+    test's own processes (nice 0) would starve the actors, which then take minutes to start or die
+    while starting; the cluster runs them at nice 0, like the local instance agentrl starts.
     """
-    return dict(os.environ, RAY_USAGE_STATS_ENABLED='0', RAY_AUTH_MODE='token', RAY_AUTH_TOKEN=uuid.uuid4().hex)
+    return dict(os.environ, RAY_USAGE_STATS_ENABLED='0', RAY_AUTH_MODE='token', RAY_AUTH_TOKEN=uuid.uuid4().hex,
+                RAY_worker_niceness='0')
 
 
 @pytest.fixture(scope='module')
@@ -351,14 +355,21 @@ def test_workers_0_gives_the_records_of_workers_1(one_worker, tmp_path):
     assert (out / 'model.pt').read_bytes() == (one_worker / 'model.pt').read_bytes()
 
 
-@needs_ray
-def test_killed_worker_loses_nothing(cluster, ray_env, tmp_path, weights, monkeypatch):
-    """SIGKILL one actor's process mid-run: 200 episodes, each once; its unfinished ones are attempt 2."""
-    for k in ('RAY_AUTH_MODE', 'RAY_AUTH_TOKEN', 'RAY_USAGE_STATS_ENABLED'):
-        monkeypatch.setenv(k, ray_env[k])
+# The in-process Ray drivers of these tests run in a child process: Ray reads its token-auth
+# settings (RAY_AUTH_MODE, RAY_AUTH_TOKEN) once per process, when it is first imported, and keeps
+# them. A test process that imported Ray earlier without this cluster's token (another test, another
+# module of the same pytest worker) is refused by the cluster ("Authentication token is missing or
+# incorrect", raised by ray.init as ConnectionError); which tests share a process varies with load
+# under pytest-xdist. A child of its own starts from ray_env.
+_KILLED_WORKER = textwrap.dedent('''
+    import json, os, signal, sys
+    import torch
+    import agentrl as arl
+    from agentrl.jobs import plan as jp, rollout as jr, runner as jrun
+
+    out, address, weights_file = sys.argv[1:4]
+    weights = torch.load(weights_file, weights_only=True)
     jobs = jp.plan_episodes(['model'], [t.name for t in arl.make_tasks('all')][:25], 8, seed=11)
-    assert len(jobs) == 200
-    spec = jrun.RunSpec(model_id='tiny')
     killed = {}
 
     def kill_one(state):
@@ -368,25 +379,98 @@ def test_killed_worker_loses_nothing(cluster, ray_env, tmp_path, weights, monkey
         killed['pid'] = victim.pid
         os.kill(victim.pid, signal.SIGKILL)
 
-    rep = jr.run_chunks(jobs, tmp_path / 'trajs', spec, weights, workers=2, address=cluster, chunk_size=8,
+    rep = jr.run_chunks(jobs, out, jrun.RunSpec(model_id='tiny'), weights, workers=2, address=address, chunk_size=8,
                         progress=False, on_chunk=kill_one)
-    assert killed and rep.written == 200 and rep.resends == 0
-    assert sum(not w.alive for w in rep.workers) == 1 and len(rep.workers) == 3   # one replaced
+    print(json.dumps({'killed': killed.get('pid'), 'written': rep.written, 'resends': rep.resends,
+                      'retried': rep.retried, 'workers': [[w.pid, w.alive, w.lost] for w in rep.workers]}))
+''')
+
+
+def _driver(script: str, *args, env) -> dict:
+    """Run the Ray driver ``script`` in a child process with ``env``; its last stdout line, as JSON."""
+    p = subprocess.run([sys.executable, '-c', script, *map(str, args)], capture_output=True, text=True, timeout=600,
+                       env=dict(env, PYTHONPATH=str(Path(arl.__file__).parents[1])))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+@needs_ray
+def test_killed_worker_loses_nothing(cluster, ray_env, tmp_path, weights):
+    """SIGKILL one actor's process mid-run: 200 episodes, each once; its unfinished ones are attempt 2."""
+    torch.save(weights, tmp_path / 'weights.pt')
+    rep = _driver(_KILLED_WORKER, tmp_path / 'trajs', cluster, tmp_path / 'weights.pt', env=ray_env)
+    jobs = jp.plan_episodes(['model'], [t.name for t in arl.make_tasks('all')][:25], 8, seed=11)
+    assert len(jobs) == 200
+    assert rep['killed'] and rep['written'] == 200 and rep['resends'] == 0
+    workers = rep['workers']
+    assert sum(not alive for _, alive, _ in workers) == 1 and len(workers) == 3    # one replaced
     stored = by_id(tmp_path / 'trajs')
     assert len(stored) == 200 and set(stored) == {j.key for j in jobs}
     twice = {k for k, t in stored.items() if t.provenance.attempt == 2}
     # the episodes lost with the killed worker (its unfinished chunks: those in flight when it was
     # killed, less any that had just finished) are stored once, as attempt 2; all others as attempt 1
-    victim = next(w for w in rep.workers if not w.alive)
-    assert victim.pid == killed['pid'] and twice and twice == set(victim.lost)
-    assert {(g, r) for g, r, _ in rep.retried} == twice and {a for _, _, a in rep.retried} == {2}
+    [(pid, _, lost)] = [w for w in workers if not w[1]]
+    assert pid == rep['killed'] and twice and twice == {tuple(k) for k in lost}
+    assert {(g, r) for g, r, _ in rep['retried']} == twice and {a for _, _, a in rep['retried']} == {2}
     assert {t.provenance.attempt for k, t in stored.items() if k not in twice} == {1}
     # a retry samples what the lost attempt would have: the store equals a run without faults
-    ref = jr.run_chunks(jobs, tmp_path / 'ref', spec, weights, workers=0, chunk_size=8, progress=False)
+    ref = jr.run_chunks(jobs, tmp_path / 'ref', jrun.RunSpec(model_id='tiny'), weights, workers=0, chunk_size=8,
+                        progress=False)
     assert ref.written == 200
     expected = by_id(tmp_path / 'ref')
     for k, t in stored.items():
         assert_same(t, expected[k], same_attempt=k not in twice)
+
+
+_START_FAILS = textwrap.dedent('''
+    import functools, json, operator, sys
+    from agentrl.engines import ray as ray_pool
+
+    state = ray_pool.PoolState()
+    try:
+        ray_pool.run([], functools.partial(operator.truediv, 1, 0), lambda c, r: None, workers=1, address=sys.argv[1],
+                     max_replacements=2, state=state)
+        error = None
+    except RuntimeError as e:
+        error = str(e)
+    print(json.dumps({'error': error, 'alive': [w.alive for w in state.workers]}))
+''')
+
+
+@needs_ray
+def test_actors_that_die_while_starting_are_replaced_then_reported(cluster, ray_env):
+    """A runner that cannot be built: each actor dies while starting; replaced up to the budget, then one line."""
+    rep = _driver(_START_FAILS, cluster, env=ray_env)
+    assert rep['alive'] == [False, False, False]
+    assert rep['error'].startswith('no Ray worker started (3 tried; each died while starting: ZeroDivisionError: '
+                                   'division by zero); fix the cause'), rep['error']
+
+
+_STALE_AUTH = textwrap.dedent('''
+    import json, os, sys
+    import ray                                    # imported before the token is in the environment
+    from agentrl.engines import ray as ray_pool
+
+    os.environ.update(RAY_AUTH_MODE='token', RAY_AUTH_TOKEN=sys.argv[2])
+    try:
+        ray_pool.run([], lambda: None, lambda c, r: None, workers=1, address=sys.argv[1])
+        error = None
+    except ConnectionError as e:
+        error = str(e)
+    print(json.dumps({'error': error}))
+''')
+
+
+@needs_ray
+def test_a_driver_without_the_token_is_told_how_to_join(cluster, ray_env):
+    """The failure mode of an in-process driver whose Ray was imported without the cluster's token: one line."""
+    env = {k: v for k, v in ray_env.items() if k not in ('RAY_AUTH_MODE', 'RAY_AUTH_TOKEN')}
+    rep = _driver(_STALE_AUTH, cluster, ray_env['RAY_AUTH_TOKEN'], env=env)
+    assert rep['error'] == (
+        f"could not join the Ray cluster at --address '{cluster}' (Failed to connect to Ray cluster at {cluster}); it "
+        'answers but refused this driver: with token authentication (the default of clusters Ray 2.5x starts) give '
+        "this process the cluster's token in RAY_AUTH_TOKEN before it imports ray; else check it is a Ray head "
+        f'(`ray status --address {cluster}`)')
 
 
 _KILL_DRIVER = textwrap.dedent('''

@@ -19,6 +19,13 @@ loopback address (it sets ``ray._private.ray_constants.ENABLE_RAY_CLUSTER = Fals
 which only changes how localhost is resolved). Ray 2.5x turns on token authentication for the
 local clusters it starts (and writes ``~/.ray/auth_token``); set ``RAY_AUTH_MODE`` and
 ``RAY_AUTH_TOKEN`` to choose otherwise. Every node of a cluster needs agentrl and torch installed.
+
+Priority: Ray starts its worker processes at nice 15, so on a busy machine any normal-priority
+process starves them (actors that take minutes to start, or die while starting). The actors do
+the run's work, so a local instance started here runs them at nice 0 (``RAY_worker_niceness=0``
+unless set); a cluster keeps what its ``ray start`` was given (start it with
+``RAY_worker_niceness=0`` in the environment for the same). An actor that dies while starting is
+replaced like one that dies mid-run.
 """
 from __future__ import annotations
 
@@ -253,6 +260,8 @@ def _connect(ray, address: str | None, num_cpus: int, object_store_mb: int | Non
     if ray.is_initialized():
         return False
     os.environ.setdefault('RAY_USAGE_STATS_ENABLED', '0')
+    if address is None:                   # the raylet started here reads it: actors at normal priority
+        os.environ.setdefault('RAY_worker_niceness', '0')
     if _is_loopback(address):
         constants = getattr(getattr(ray, '_private', None), 'ray_constants', None)
         if constants is not None and hasattr(constants, 'ENABLE_RAY_CLUSTER'):
@@ -268,8 +277,14 @@ def _connect(ray, address: str | None, num_cpus: int, object_store_mb: int | Non
         else:
             ray.init(address=address, **common)
     except ConnectionError as e:
-        raise ConnectionError(f'could not join the Ray cluster at --address {address!r} ({e}); start one with '
-                              '`ray start --head`, or drop --address to start a local instance') from None
+        if address in (None, 'auto', 'local'):
+            raise ConnectionError(f'could not join the Ray cluster at --address {address!r} ({e}); start one with '
+                                  '`ray start --head`, or drop --address to start a local instance') from None
+        # something answers there (check_address): a Ray head that refused us, or not a Ray head
+        raise ConnectionError(f'could not join the Ray cluster at --address {address!r} ({e}); it answers but '
+                              'refused this driver: with token authentication (the default of clusters Ray 2.5x '
+                              "starts) give this process the cluster's token in RAY_AUTH_TOKEN before it imports "
+                              f'ray; else check it is a Ray head (`ray status --address {address}`)') from None
     return True
 
 
@@ -320,7 +335,8 @@ def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *,
             drop ``address``.
         TimeoutError: the actors did not start within ``actor_start_timeout``. Fix: fewer
             ``workers`` or a bigger cluster.
-        RuntimeError: every actor died and no replacement is left; what the sink got stays.
+        RuntimeError: every actor died (while starting, or later with no replacement left); what
+            the sink got stays.
         ray.exceptions.RayTaskError: a chunk raised inside an actor (its traceback is attached).
     """
     if workers < 1:
@@ -334,6 +350,7 @@ def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *,
     replacements = 2 * workers if max_replacements is None else max_replacements
     handles: dict[int, object] = {}
     stopped = False
+    start_errors: list[str] = []                            # why actors died while starting
     try:
         factory_ref = ray.put(runner_factory)
 
@@ -344,18 +361,39 @@ def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *,
                                            max_task_retries=0).remote(factory_ref)
             return i
 
-        def await_started(indices) -> None:
-            refs = [handles[i].where.remote() for i in indices]
-            try:
-                infos = ray.get(refs, timeout=actor_start_timeout)
-            except ray.exceptions.GetTimeoutError:
+        def await_started(indices) -> list:
+            """Wait for the actors ``indices``; return those that died while starting (marked dead)."""
+            refs = {handles[i].where.remote(): i for i in indices}
+            _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=actor_start_timeout)
+            if pending:
                 free = ray.available_resources().get('CPU', 0)
-                raise TimeoutError(f'{len(indices)} Ray workers did not start within {actor_start_timeout:.0f} s '
+                raise TimeoutError(f'{len(pending)} Ray workers did not start within {actor_start_timeout:.0f} s '
                                    f'(each needs {cpus_per_worker} CPU; the cluster has {free} free); use fewer '
-                                   '--workers or add nodes') from None
-            for i, info in zip(indices, infos):
+                                   '--workers or add nodes')
+            died = []
+            for ref, i in refs.items():
                 w = state.workers[i]
+                try:
+                    info = ray.get(ref)
+                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+                    w.alive = False
+                    died.append(i)
+                    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+                    start_errors.append(lines[-1][:300] if lines else type(e).__name__)   # the cause, last
+                    log.warning('Ray worker %d died while starting: %s', i, type(e).__name__)
+                    continue
                 w.pid, w.host, w.node_id = info['pid'], info['host'], info['node_id']
+            return died
+
+        def start(n: int) -> None:
+            """Start ``n`` actors; replace (within ``replacements``) those that die while starting."""
+            nonlocal replacements
+            todo = [spawn() for _ in range(n)]
+            while todo:
+                died = await_started(todo)
+                k = min(len(died), replacements)
+                replacements -= k
+                todo = [spawn() for _ in range(k)]
 
         def resubmit(i: int, chunk, err) -> None:
             nonlocal replacements
@@ -371,15 +409,19 @@ def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *,
             ray.kill(handles[i], no_restart=True)
             if replacements > 0:
                 replacements -= 1
-                k = spawn()
                 try:
-                    await_started([k])
+                    start(1)
                 except TimeoutError as e:   # no room for it: go on with the survivors
                     log.warning('replacement Ray worker did not start: %s', e)
+                    k = len(state.workers) - 1
                     state.workers[k].alive = False
                     ray.kill(handles[k], no_restart=True)
 
-        await_started([spawn() for _ in range(workers)])
+        start(workers)
+        if not any(w.alive for w in state.workers):
+            raise RuntimeError(f'no Ray worker started ({len(state.workers)} tried; each died while starting: '
+                               f'{start_errors[-1]}); fix the cause (every node needs agentrl and torch) and '
+                               'run again')
         startup = time.perf_counter() - t_start
         inflight: dict = {}                                 # ref -> (worker index, chunk)
         while queue or inflight:
