@@ -352,7 +352,8 @@ def test_cli_export_refuses_what_check_refuses(tmp_path, capsys):
     assert t.column('logp_placeholder').to_pylist() == [True] * 6
     write(f, set_cell(t, 'logp_placeholder', 2, False).replace_schema_metadata(t.schema.metadata))
     p = store.read_trajectories(f)[2].provenance                       # the digest does not cover the flag
-    line = (f'{p.group_id}/{p.rollout_id}#1: MissingProvenanceError: provenance.sampling: is None on a record with '
+    assert p.rollout_id.startswith(f'{p.group_id}/')                   # the id printed once
+    line = (f'{p.rollout_id}#1: MissingProvenanceError: provenance.sampling: is None on a record with '
             'sampled tokens; nobody can tell which distribution the log-probs came from. Fix: record the SamplingSpec '
             '(temperature, top_k, top_p, min_p, logp_mode), or set logp_placeholder=True for scripted records')
     capsys.readouterr()

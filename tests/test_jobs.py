@@ -308,6 +308,14 @@ def test_resume_refuses_shards_of_another_run(tmp_path):
         assert str(e.value) == (f"--resume {str(a)!r}: {str(shard)!r} row 0: provenance.{field} is {got!r} but "
                                 f"run.json fixes {want!r} (a shard of another run); {fix}")
         assert files(a) == before and not (a / '.lock').exists()           # nothing written
+    jr.rollout_job(RolloutOptions(**plan, seed=5, out=str(tmp_path / 'seeded')), progress=False)
+    shutil.copy(tmp_path / 'seeded' / 'trajectories' / 'part-000001.parquet', shard)
+    rid = store.read_trajectories(shard)[0].provenance.rollout_id
+    assert rid.startswith('5/model/') and rid.count('/model/') == 1
+    with pytest.raises(ValueError) as e:
+        jr.rollout_job(RolloutOptions(resume=str(a)), progress=False)
+    assert str(e.value) == (f"--resume {str(a)!r}: {str(shard)!r} row 0: provenance.group_id: episode {rid} is not in "
+                            f"the plan of run.json (a shard of another run); {fix}")
     shard.unlink()                                                       # the fix: its episodes run again
     s = jr.rollout_job(RolloutOptions(resume=str(a)), progress=False)
     assert (s['engine']['skipped_by_resume'], s['engine']['written']) == (4, 2)

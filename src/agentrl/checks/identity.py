@@ -18,7 +18,7 @@ import torch
 from ..record import Provenance, Trajectory
 from .errors import IdentityConflictError, MissingProvenanceError
 
-__all__ = ['identity', 'has_identity', 'record_key', 'record_digest', 'new_attempt', 'is_resend',
+__all__ = ['identity', 'has_identity', 'record_key', 'episode_key', 'record_digest', 'new_attempt', 'is_resend',
            'dedupe']
 
 
@@ -59,7 +59,16 @@ def record_key(record: Trajectory) -> str:
         MissingProvenanceError: as :func:`identity`.
     """
     g, r, a = identity(record)
-    return f'{r}#{a}' if g and r.startswith(f'{g}/') else f'{g}/{r}#{a}'
+    return f'{episode_key(g, r)}#{a}'
+
+
+def episode_key(group_id: str, rollout_id: str) -> str:
+    """An episode ``(group_id, rollout_id)`` as one string for messages: ``'group/rollout'``.
+
+    A rollout id that already starts with ``group/`` is printed alone: ``episode_key('0/model/clamp',
+    '0/model/clamp/3')`` is ``'0/model/clamp/3'``; ``episode_key('g3', 'r7')`` is ``'g3/r7'``.
+    """
+    return rollout_id if group_id and rollout_id.startswith(f'{group_id}/') else f'{group_id}/{rollout_id}'
 
 
 def _bytes(t, dtype) -> bytes:

@@ -530,7 +530,8 @@ def _stored_records(shard_dir: Path, p: _Prepared, tok):
                    'start a new --out')
             job = index.get((prov.group_id, prov.rollout_id)) if prov is not None else None
             if job is None:
-                ident = f'{prov.group_id}/{prov.rollout_id}' if prov is not None else 'no identity'
+                from ..checks import episode_key
+                ident = episode_key(prov.group_id, prov.rollout_id) if prov is not None else 'no identity'
                 raise ValueError(f'{where}: {row.source}: provenance.group_id: episode {ident} is not in the plan of '
                                  f'{MANIFEST} (a shard of another run); {fix}')
             for name, want in expected(job).items():
