@@ -19,7 +19,7 @@ pytest.importorskip('transformers')
 import agentrl as arl  # noqa: E402
 from agentrl.sampling import episode_seed  # noqa: E402
 from agentrl import checks  # noqa: E402
-from agentrl.engines.scorer import hf_scorer, load_scorer  # noqa: E402
+from agentrl.engines.scorer import hf_scorer  # noqa: E402
 from agentrl.checks.replay import replay_logp  # noqa: E402
 from agentrl.engines import hf  # noqa: E402
 from agentrl.record import OWNER, SamplingSpec  # noqa: E402

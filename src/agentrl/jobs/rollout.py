@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
 from .plan import (MANIFEST, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions, check_fields, manifest_of,
                    plan_chunks, plan_episodes, public_options, resume_options)
-from .runner import EpisodeRunner, RunnerFactory, RunSpec
+from .runner import RunnerFactory, RunSpec
 
 __all__ = ['RunReport', 'RunInterrupted', 'RunComplete', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
            'model_fingerprint', 'LOCK']

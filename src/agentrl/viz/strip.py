@@ -11,7 +11,6 @@ whose stored mask disagrees with its owner is flagged ``mask_mismatch``.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
