@@ -205,6 +205,18 @@ def test_check_refuses_a_row_edited_after_writing(run_dir, tmp_path, capsys):
     assert len(store.read_trajectories(path, verify=False)) == t.num_rows
 
 
+@pytest.mark.parametrize('name, value', [('sampling', '{"temperature": 0.5}'), ('group_id', 'g-edited'),
+                                         ('policy', 'other')])
+def test_check_refuses_edited_provenance(run_dir, tmp_path, capsys, name, value):
+    t = table(run_dir)
+    path = write(tmp_path / 'prov.parquet', set_cell(t, name, 3, value).replace_schema_metadata(t.schema.metadata))
+    code, out, _ = check(capsys, path)
+    assert code == 1 and re.search(r'^  DigestMismatchError +1$', out, re.M) and 'result: OK' not in out, out
+    assert (f"'{path}' row 3: digest: the stored digest {t.column('digest')[3].as_py()[:12]}... does not match the "
+            "row's content (ids, owner, turn, action_mask, sample_logp, reward, provenance, task, info, "
+            'turn_contexts): the row was edited after writing') in out
+
+
 def test_check_fails_non_finite_ratios_and_thresholds(run_dir, tmp_path, capsys):
     state = torch.load(run_dir / 'model.pt', weights_only=True)
     state['state_dict'] = {k: torch.full_like(v, float('nan')) for k, v in state['state_dict'].items()}

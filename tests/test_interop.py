@@ -341,17 +341,19 @@ def test_cli_export_refusal_is_one_line(tmp_path, recs, capsys):
 
 
 def test_cli_export_refuses_what_check_refuses(tmp_path, capsys):
-    """A scripted record whose placeholder flag was edited away (its zero log-probs would pass as sampled ones)
+    """A scripted record written without its placeholder flag (its zero log-probs would pass as sampled ones)
     passes the exporters' own refusals; export runs the check's rules first and writes nothing."""
     import pyarrow.parquet as pq
-    from test_gate import set_cell, write
+    from test_gate import write
     run = tmp_path / 'run'
     assert cli('rollout', '--policy', 'oracle', '--split', 'heldout', '--repeats', '1', '--out', run) == 0
     (f,) = store.data_files(run / 'trajectories')
     t = pq.read_table(f)
     assert t.column('logp_placeholder').to_pylist() == [True] * 6
-    write(f, set_cell(t, 'logp_placeholder', 2, False).replace_schema_metadata(t.schema.metadata))
-    p = store.read_trajectories(f)[2].provenance                       # the digest does not cover the flag
+    recs = store.read_trajectories(f)
+    recs[2].provenance.logp_placeholder = False                       # a writer that lost the flag (an edit of the
+    store.write_trajectories(f, recs)                                 # file itself is a digest mismatch)
+    p = store.read_trajectories(f)[2].provenance
     assert p.rollout_id.startswith(f'{p.group_id}/')                   # the id printed once
     line = (f'{p.rollout_id}#1: MissingProvenanceError: provenance.sampling: is None on a record with '
             'sampled tokens; nobody can tell which distribution the log-probs came from. Fix: record the SamplingSpec '

@@ -1,5 +1,6 @@
 """L4 store: exact round trip, atomic files, shards that survive SIGKILL, resends stored once."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from agentrl import store
+from agentrl import checks, store
 from agentrl.checks import IdentityConflictError, new_attempt
 from agentrl.record import Provenance, SamplingSpec, Trajectory
 
@@ -178,6 +179,62 @@ def test_anonymous_records_dedupe_by_content(tmp_path):
     w = store.ShardWriter(tmp_path, fsync=False)
     w.write([a, b, a])
     assert len(store.read_trajectories(tmp_path)) == 2
+
+
+def _old_rule_file(path, recs):
+    """A file as agentrl wrote it before digest version 2: the bare content digest in ``digest``."""
+    t = store.to_table(recs)
+    old = [checks.record_digest(r) for r in recs]
+    t = t.set_column(t.schema.get_field_index('digest'), t.schema.field('digest'), pa.array(old, pa.string()))
+    pq.write_table(t, path)
+    return old
+
+
+def test_digest_v2_covers_provenance_info_and_turn_contexts(tmp_path):
+    recs = [make(0), make(1)]
+    path = tmp_path / 'a.parquet'
+    store.write_trajectories(path, recs)
+    t = pq.read_table(path)
+    d = t.column('digest').to_pylist()
+    assert [x[:3] for x in d] == ['v2:', 'v2:'] and [len(x) for x in d] == [68, 68]
+    assert [store.content_digest(x) for x in d] == [checks.record_digest(r) for r in recs]
+    edits = {'policy': 'other', 'sampling': '{"temperature": 1.0}', 'group_id': 'g9', 'tokenizer': 'x',
+             'model': 'big', 'attempt': 7, 'seed': 3, 'logp_placeholder': True, 'info': '{"task": "task1"}',
+             'task': 'task9', 'template': 't', 'rollout_id': 'r9', 'agentrl_version': '0', 'turn_contexts': '[]'}
+    for name, value in edits.items():
+        col = t.column(name).to_pylist()
+        col[1] = value
+        i = t.schema.get_field_index(name)
+        pq.write_table(t.set_column(i, t.schema.field(i), pa.array(col, t.schema.field(i).type)), path)
+        msg = (f"'{path}' row 1: digest: the stored digest {d[1][:12]}... does not match the row's content "
+               '(ids, owner, turn, action_mask, sample_logp, reward, provenance, task, info, turn_contexts): the '
+               'row was edited after writing. Fix: re-run the rollout for this episode; never edit a stored '
+               'record in place')
+        with pytest.raises(checks.DigestMismatchError, match=f'^{re.escape(msg)}$'):
+            store.read_trajectories(path)
+        assert len(store.read_trajectories(path, verify=False)) == 2
+
+
+def test_files_with_the_old_digest_rule_still_verify(tmp_path):
+    recs = [make(0), make(1)]
+    path = tmp_path / 'old.parquet'
+    old = _old_rule_file(path, recs)
+    for a, b in zip(recs, store.read_trajectories(path)):
+        assert_same(a, b)
+    w = store.ShardWriter(tmp_path / 'ds', fsync=False)     # an old shard's records are still known as stored
+    _old_rule_file(tmp_path / 'ds' / 'part-000000.parquet', recs)
+    w = store.ShardWriter(tmp_path / 'ds', fsync=False)
+    assert w.write(recs) is None and w.n_resent == 2
+    t = pq.read_table(path)
+    col = t.column('reward').to_pylist()
+    col[0] = 5.0
+    pq.write_table(t.set_column(t.schema.get_field_index('reward'), t.schema.field('reward'),
+                                pa.array(col, pa.float64())), path)
+    msg = (f"'{path}' row 0: digest: the stored digest {old[0][:12]}... does not match the row's content (ids, "
+           'owner, turn, action_mask, sample_logp, reward): the row was edited after writing. Fix: re-run the '
+           'rollout for this episode; never edit a stored record in place')
+    with pytest.raises(checks.DigestMismatchError, match=f'^{re.escape(msg)}$'):
+        store.read_trajectories(path)
 
 
 def test_datasets_and_pyarrow_load(tmp_path):

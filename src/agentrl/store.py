@@ -37,8 +37,15 @@ attempt                 int32               identity (null: the record had no pr
 seed                    int64               episode seed (nullable)
 agentrl_version         string              library version that built the record
 turn_contexts           string              JSON ``[[start, [ids...]], ...]`` or null
-digest                  string              :func:`agentrl.checks.record_digest` of the row
+digest                  string              ``v2:<content>:<row>`` (see below)
 ======================  ==================  ===============================================
+
+The ``digest`` of a row written by this version is ``'v2:' + content + ':' + row``: ``content`` is
+:func:`agentrl.checks.record_digest` (ids, owner, turn, action_mask, sample_logp, reward; what
+deduplication compares) and ``row`` is sha256 (32 hex digits) of ``content`` and the sorted-key
+JSON of every other stored column (provenance, ``task``, ``info``, ``turn_contexts``) as stored, so
+an edit of any cell is a :class:`~agentrl.checks.errors.DigestMismatchError`. Files written before
+digest version 2 store the bare 32-digit content digest; such a row is verified with that rule.
 """
 from __future__ import annotations
 
@@ -75,6 +82,10 @@ _TOKEN_COLUMNS = [  # name, arrow value type, numpy dtype on disk, torch dtype i
     ('sample_logp', pa.float32(), np.float32, torch.float32),
 ]
 _STRING_PROV = ('tokenizer', 'template', 'model', 'group_id', 'rollout_id', 'agentrl_version')
+#: Stored columns covered by the row part of a version-2 digest (everything but tokens, reward, digest).
+_ROW_DIGEST_COLUMNS = ('task', 'policy', 'info', 'tokenizer', 'template', 'sampling', 'model', 'logp_placeholder',
+                       'group_id', 'rollout_id', 'attempt', 'seed', 'agentrl_version', 'turn_contexts')
+_DIGEST_V2 = 'v2:'
 
 #: The Arrow schema of a trajectory file (metadata includes the schema version).
 SCHEMA = pa.schema(
@@ -142,7 +153,8 @@ def to_table(trajs: Iterable[Trajectory], digests: list[str] | None = None) -> p
     Args:
         trajs: records; ``ids [T]``, ``owner``/``turn`` ``[T]`` or None, ``action_mask`` and
             ``sample_logp`` ``[T-1]``.
-        digests: precomputed :func:`agentrl.checks.record_digest` per record (computed if None).
+        digests: precomputed :func:`agentrl.checks.record_digest` (content digest) per record
+            (computed if None); the stored ``digest`` adds the row part (see the module docs).
 
     Returns:
         ``pyarrow.Table`` with the schema version in its metadata.
@@ -180,7 +192,7 @@ def to_table(trajs: Iterable[Trajectory], digests: list[str] | None = None) -> p
         cols['seed'].append(None if p is None or p.seed is None else int(p.seed))
         cols['turn_contexts'].append(None if t.turn_contexts is None else _json(
             [[int(s), torch.as_tensor(c).tolist()] for s, c in t.turn_contexts], 'turn_contexts', i))
-        cols['digest'].append(digests[i])
+        cols['digest'].append(_row_digest(digests[i], {c: cols[c][i] for c in _ROW_DIGEST_COLUMNS}))
     np_types = {name: dtype for name, _, dtype, _ in _TOKEN_COLUMNS}
     arrays = []
     for f in SCHEMA:
@@ -260,6 +272,24 @@ def _digest_np(arrays: dict, reward: float) -> str:
     h.update(b'reward')
     h.update(np.float64(reward).tobytes())
     return h.hexdigest()[:32]
+
+
+def _row_digest(content: str, stored: dict) -> str:
+    """Version-2 stored digest: ``'v2:' + content + ':' + sha256(content, sorted-key JSON of ``stored``)[:32]``.
+
+    ``stored`` maps each :data:`_ROW_DIGEST_COLUMNS` name to its stored cell value (str, int, bool or None).
+    """
+    import hashlib
+    payload = json.dumps({c: stored.get(c) for c in _ROW_DIGEST_COLUMNS}, sort_keys=True, separators=(',', ':'))
+    row = hashlib.sha256(f'agentrl-row-v2\0{content}\0{payload}'.encode()).hexdigest()[:32]
+    return f'{_DIGEST_V2}{content}:{row}'
+
+
+def content_digest(stored: str | None) -> str | None:
+    """The content part (:func:`agentrl.checks.record_digest`) of a stored ``digest`` of either version."""
+    if isinstance(stored, str) and stored.startswith(_DIGEST_V2):
+        return stored[len(_DIGEST_V2):].split(':', 1)[0]
+    return stored
 
 
 def _bad(field: str, what: str, fix: str) -> MalformedRowError:
@@ -361,11 +391,17 @@ def _row(toks: dict, get, i: int, verify: bool) -> Trajectory:
         raise MalformedRowError('is missing: every row agentrl writes carries the digest of its content, so a '
                                 'row without one cannot be trusted', field='digest',
                                 fix='re-run the rollout for this episode, or read with verify=False to inspect it')
-    if verify and _digest_np(arrays, reward) != stored:
-        raise DigestMismatchError(
-            f'the stored digest {str(stored)[:12]}... does not match the row\'s content (ids, owner, turn, '
-            'action_mask, sample_logp, reward): the row was edited after writing', field='digest',
-            fix='re-run the rollout for this episode; never edit a stored record in place')
+    if verify:
+        content = _digest_np(arrays, reward)
+        v2 = isinstance(stored, str) and stored.startswith(_DIGEST_V2)
+        want = _row_digest(content, {c: get(c, i) for c in _ROW_DIGEST_COLUMNS}) if v2 else content
+        if want != stored:
+            what = ('ids, owner, turn, action_mask, sample_logp, reward, provenance, task, info, turn_contexts'
+                    if v2 else 'ids, owner, turn, action_mask, sample_logp, reward')
+            raise DigestMismatchError(
+                f'the stored digest {str(stored)[:12]}... does not match the row\'s content ({what}): the row was '
+                'edited after writing', field='digest',
+                fix='re-run the rollout for this episode; never edit a stored record in place')
     fields = {name: None if a is None else torch.from_numpy(a) for name, a in arrays.items()}
     return Trajectory(ids=fields['ids'], action_mask=fields['action_mask'], sample_logp=fields['sample_logp'],
                       reward=reward, info=info, owner=fields.get('owner'), turn=fields.get('turn'),
@@ -725,7 +761,7 @@ class ShardWriter:
         g, r, a, d = (t.get(c, [None] * n) for c in ('group_id', 'rollout_id', 'attempt', 'digest'))
         for gi, ri, ai, di in zip(g, r, a, d):
             key = ('id', gi or '', ri or '', int(ai)) if ai is not None and (gi or ri) else ('digest', di)
-            self._seen[key] = di
+            self._seen[key] = content_digest(di)
 
     def write(self, trajs: Iterable[Trajectory]) -> Path | None:
         """Store the new records of ``trajs`` as one shard.
