@@ -132,6 +132,8 @@ def test_hf_decoder_on_shared_qwen3(monkeypatch):
     owner = ['template'] * 3 + ['prompt'] * (len(ids) - 7) + ['template'] * 3 + ['policy']
     t = Trajectory.from_tokens(ids, owner, [-1] * len(ids), [0.0] * len(ids), 0.0, {},
                                provenance=Provenance(policy='hf', model='Qwen/Qwen3-0.6B', tokenizer='f' * 16))
+    assert viz.build_strip(t).decoded == 'ids'          # the model's tokenizer is not the one of the fingerprint
+    t.provenance.tokenizer = ''                          # no fingerprint: the model name is trusted
     s = viz.build_strip(t)
     assert s.decoded.startswith('hf:') and ''.join(c.text for c in s.cells) == text
     assert s.cells[-1].text == '<think>' and s.cells[-1].mask == 1
@@ -142,6 +144,54 @@ def test_hf_decoder_on_shared_qwen3(monkeypatch):
         return
     t.provenance = Provenance(policy='hf', tokenizer=tokenizer_fingerprint(qtok))
     assert ''.join(c.text for c in viz.build_strip(t).cells) == text
+
+
+def _qwen3_run(tmp_path):
+    """A file of one HF record tokenized with the shared Qwen3 tokenizer, its model folder gone; or skip."""
+    pytest.importorskip('transformers')
+    from agentrl.templates.chat import find_tokenizer_dir, tokenizer_fingerprint
+    try:
+        folder = find_tokenizer_dir('qwen3', hub=False)
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    qtok = viz.strip._load_hf(str(folder))
+    ids = qtok('<|im_start|>user\nclamp<|im_end|>\n', add_special_tokens=False).input_ids
+    t = Trajectory.from_tokens(ids, ['template'] + ['prompt'] * (len(ids) - 3) + ['template'] * 2, [-1] * len(ids),
+                               [0.0] * len(ids), 0.0, {}, provenance=Provenance(
+                                   policy='hf', model=str(tmp_path / 'gone'), tokenizer=tokenizer_fingerprint(qtok)))
+    path = tmp_path / 'hf.parquet'
+    store.write_trajectories(path, [t])
+    return path, tokenizer_fingerprint(qtok)
+
+
+def test_show_finds_the_records_tokenizer_and_refuses_another(tmp_path, capsys, monkeypatch):
+    path, fp = _qwen3_run(tmp_path)
+    monkeypatch.delenv('AGENTRL_TOKENIZERS', raising=False)
+    assert main(['show', str(path), '--width', '120']) == 0          # found from the fingerprint (shared/tokenizers)
+    cap = capsys.readouterr()
+    assert 'clamp' in ANSI.sub('', cap.out) and '#151644' not in cap.out and 'note:' not in cap.err
+    tiny = Path(__file__).parent / 'assets' / 'tiny-chat'
+    from agentrl.templates.chat import tokenizer_fingerprint
+    tiny_fp = tokenizer_fingerprint(viz.strip._load_hf(str(tiny)))
+    assert main(['show', str(path), '--tokenizer', str(tiny)]) == 2
+    assert capsys.readouterr().err == (
+        f"agentrl: error: --tokenizer {str(tiny)!r} has fingerprint {tiny_fp} but the record was tokenized with "
+        f'{fp}, so its token text would be wrong; pass the tokenizer the record was sampled with, or none (it is '
+        'then found from the provenance)\n')
+
+
+def test_show_notes_a_tokenizer_it_cannot_find(tmp_path, capsys, monkeypatch):
+    pytest.importorskip('transformers')
+    t = Trajectory.from_tokens([151644, 872, 151645], ['template', 'prompt', 'template'], [-1] * 3, [0.0] * 3, 0.0,
+                               {}, provenance=Provenance(policy='hf', model=str(tmp_path / 'gone'),
+                                                         tokenizer='f' * 16))
+    store.write_trajectories(tmp_path / 'hf.parquet', [t])
+    assert main(['show', str(tmp_path / 'hf.parquet'), '--width', '120']) == 0
+    cap = capsys.readouterr()
+    assert '#151645' in ANSI.sub('', cap.out)
+    assert cap.err == ("note: no tokenizer with the record's fingerprint ffffffffffffffff was found "
+                       '($AGENTRL_TOKENIZERS, ../shared/tokenizers, the hub); showing ids: pass --tokenizer DIR (the '
+                       'tokenizer the records were sampled with) for token text\n')
 
 
 # ----------------------------------------------------------------------------- SVG

@@ -30,7 +30,8 @@ class ShowOptions:
         fold: fold tool/template runs longer than this many tokens (0 = never).
         width: terminal columns for ``term`` (default: the terminal's, at most 120).
         tokenizer: token text from this tokenizer (a Hugging Face folder or model id found
-            offline); default: chosen from the record's provenance.
+            offline; refused when its fingerprint is not the record's); default: chosen from the
+            record's provenance (:func:`agentrl.viz.decoder_for`), else ids with a note on stderr.
     """
     path: str
     episode: int = 0
@@ -86,8 +87,9 @@ def register(sub) -> None:
                    help='fold tool/template runs longer than this many tokens; 0 = never (default: 40)')
     p.add_argument('--width', type=int, default=None, help='terminal columns for term (default: terminal width)')
     p.add_argument('--tokenizer', default=None,
-                   help='decode token text with this tokenizer (HF folder or model id, offline); '
-                        'default: from the record provenance')
+                   help='decode token text with this tokenizer (HF folder or model id, offline); refused when '
+                        "its fingerprint is not the record's; default: the tokenizer with the record's "
+                        'fingerprint ($AGENTRL_TOKENIZERS, ../shared/tokenizers, the hub), else ids and a note')
     p.set_defaults(func=run)
 
 
@@ -179,7 +181,17 @@ def run(args) -> int:
     t0 = time.time()
     with err.status(f'reading {escape(opts.path)}', spinner='dots'):
         traj, count = load_record(opts)
-        decoder = viz.decoder_for(traj, opts.tokenizer)
+        try:
+            decoder = viz.decoder_for(traj, opts.tokenizer)
+        except ValueError as e:          # a tokenizer that does not load, or not the records' one
+            raise UserError(f'--{e}') from None
+    fp = traj.provenance.tokenizer if traj.provenance is not None else ''
+    if decoder is viz.id_decoder and fp:
+        from ..io import printable
+        print(printable(f"note: no tokenizer with the record's fingerprint {fp} was found ($AGENTRL_TOKENIZERS, "
+                        '../shared/tokenizers, the hub); showing ids: pass --tokenizer DIR (the tokenizer the '
+                        'records were sampled with) for token text'), file=sys.stderr)
+    with err.status('drawing', spinner='dots'):
         strip = viz.build_strip(traj, decoder, fold=opts.fold, marks=refusal_marks(traj))
     label = f'episode {opts.episode}' + (f' of {opts.policy}' if opts.policy else '') + f' ({count} in file)'
     if fmt == 'term':

@@ -239,24 +239,51 @@ def _tokenizer_label(tok) -> str:
         return name
 
 
-def _hf_by_digest(fp: str) -> Decoder | None:
-    """The tokenizer under ``$AGENTRL_TOKENIZERS`` whose digest is ``fp`` (agentrl.templates), or None."""
-    root = os.environ.get('AGENTRL_TOKENIZERS', '')
-    if not (fp and root and os.path.isdir(root)):
-        return None
+def _hf_fingerprint(tok) -> str | None:
+    """:func:`agentrl.templates.chat.tokenizer_fingerprint` of an HF tokenizer, or None when it cannot be taken."""
     try:
         from ..templates.chat import tokenizer_fingerprint
-    except ImportError:
+        return tokenizer_fingerprint(tok)
+    except Exception:  # noqa: BLE001 - a tokenizer that cannot be digested matches no fingerprint
         return None
-    folders = [str(sub) for sub in sorted(Path(root).iterdir()) if (sub / 'tokenizer.json').exists()]
-    loaded = [k for k, v in _LOADED.items() if v is not None]
-    for name in loaded + [f for f in folders if f not in _LOADED]:     # already loaded ones first
-        tok = _load_hf(name)
+
+
+def _digest_candidates(model: str) -> list:
+    """Tokenizer folders to try for a fingerprint, in the project's lookup order: the family told from
+    ``model`` (:func:`~agentrl.templates.chat.find_tokenizer_dir`, the hub allowed), every folder under
+    ``$AGENTRL_TOKENIZERS``, then each known family found locally (``../shared/tokenizers`` ...)."""
+    try:
+        from ..templates.chat import TOKENIZER_FAMILIES, find_tokenizer_dir, tokenizer_family
+    except ImportError:
+        return []
+    out = []
+    fam = tokenizer_family(model) if model else None
+    if fam:
         try:
-            if tok is not None and tokenizer_fingerprint(tok) == fp:
-                return hf_decoder(tok)
-        except Exception:  # noqa: BLE001 - a tokenizer that cannot be digested is not the one
-            continue
+            out.append(str(find_tokenizer_dir(fam, hub=True)))
+        except (FileNotFoundError, OSError):
+            pass
+    root = os.environ.get('AGENTRL_TOKENIZERS', '')
+    if root and os.path.isdir(root):
+        out += [str(sub) for sub in sorted(Path(root).iterdir()) if (sub / 'tokenizer.json').exists()]
+    for f in TOKENIZER_FAMILIES:
+        try:
+            out.append(str(find_tokenizer_dir(f, hub=False)))
+        except (FileNotFoundError, OSError):
+            pass
+    return list(dict.fromkeys(out))
+
+
+def _hf_by_digest(fp: str, model: str = '') -> Decoder | None:
+    """The tokenizer whose digest is ``fp`` (:func:`_digest_candidates`, already loaded ones first), or None."""
+    if not fp:
+        return None
+    folders = _digest_candidates(model)
+    loaded = [k for k, v in _LOADED.items() if v is not None]
+    for name in loaded + [f for f in folders if f not in _LOADED]:
+        tok = _load_hf(name)
+        if tok is not None and _hf_fingerprint(tok) == fp:
+            return hf_decoder(tok)
     return None
 
 
@@ -274,32 +301,49 @@ def decoder_for(traj: Trajectory, tokenizer=None) -> Decoder:
     or a name/folder); TinyAgent's word tokenizer when the record's provenance fingerprint is
     that tokenizer's, or when the record has no tokenizer fingerprint and every id fits its
     vocabulary; the HF tokenizer named by ``provenance.model`` (or ``info['tokenizer']``) when it
-    loads offline; the tokenizer under ``$AGENTRL_TOKENIZERS`` whose digest
-    (:func:`agentrl.templates.chat.tokenizer_fingerprint`) equals the record's fingerprint; else ids
-    (``#<id>``).
+    loads offline and its fingerprint is the record's (or the record has none); the tokenizer
+    whose digest (:func:`agentrl.templates.chat.tokenizer_fingerprint`) equals the record's
+    fingerprint, looked up as :func:`agentrl.templates.chat.find_tokenizer_dir` does (the family
+    told from ``provenance.model``, the hub allowed; ``$AGENTRL_TOKENIZERS``; each family in
+    ``../shared/tokenizers``); else ids (``#<id>``, the decoder :data:`id_decoder`).
 
     Returns:
         A callable ``ids -> list[str]`` with a ``name`` attribute saying which was chosen.
+
+    Raises:
+        ValueError: an explicit ``tokenizer`` that cannot be loaded offline, or whose fingerprint
+            differs from the record's ``provenance.tokenizer`` (its text would be wrong).
     """
-    if tokenizer is not None:
-        if hasattr(tokenizer, 'itos'):
-            return word_decoder(tokenizer)
-        dec = hf_decoder(tokenizer)
-        if dec is None:
-            raise ValueError(f'tokenizer {tokenizer!r} could not be loaded offline; pass a local folder '
-                             'with tokenizer.json (or set $AGENTRL_TOKENIZERS)')
-        return dec
     prov = traj.provenance
     fp = (prov.tokenizer if prov else '') or ''
+    if tokenizer is not None:
+        if hasattr(tokenizer, 'itos'):
+            dec = word_decoder(tokenizer)
+            try:
+                got = tokenizer.fingerprint()
+            except Exception:  # noqa: BLE001 - a word tokenizer without a fingerprint is not compared
+                got = None
+        else:
+            tok = tokenizer if hasattr(tokenizer, 'decode') else _load_hf(str(tokenizer))
+            if tok is None:
+                raise ValueError(f'tokenizer {tokenizer!r} could not be loaded offline; pass a local folder '
+                                 'with tokenizer.json (or set $AGENTRL_TOKENIZERS)')
+            dec, got = hf_decoder(tok), _hf_fingerprint(tok)
+        if fp and got and got != fp:
+            name = tokenizer if isinstance(tokenizer, str) else dec.name
+            raise ValueError(f'tokenizer {name!r} has fingerprint {got} but the record was tokenized with {fp}, so '
+                             'its token text would be wrong; pass the tokenizer the record was sampled with, or '
+                             'none (it is then found from the provenance)')
+        return dec
     word_fp = _word_fingerprint()
     if word_fp is not None and fp == word_fp:
         return word_decoder()
     for name in ((traj.info or {}).get('tokenizer'), prov.model if prov else None):
         if isinstance(name, str) and name and not name.startswith('TinyAgent'):
-            dec = hf_decoder(name)
-            if dec is not None:
-                return dec
-    dec = _hf_by_digest(fp) if fp else None
+            tok = _load_hf(name)
+            if tok is not None and (not fp or _hf_fingerprint(tok) == fp):
+                return hf_decoder(tok)
+    dec = _hf_by_digest(fp, prov.model if prov else '') if fp else None
     if dec is not None:
         return dec
     if word_fp is not None and not fp:
