@@ -3,6 +3,7 @@
 The checks against the real packages (TRL, verl) are in tests/interop/ (their own venv).
 """
 import json
+import re
 import warnings
 
 import pytest
@@ -219,6 +220,30 @@ def test_support_mismatch_refused_or_warned():
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         interop.to_trl_rollout([episode(0, spec=SamplingSpec(temperature=1.0, top_k=5, logp_mode='raw'))])
+
+
+def test_greedy_records_refused_for_rl_with_the_right_reason():
+    """Greedy (temperature 0) records: the message says why (argmax picks), not a top-k/top-p kept mass."""
+    rs = [episode(k, spec=SamplingSpec(temperature=0.0), group=f'g{k}') for k in range(2)]
+    msg = ("provenance.sampling: record 0 was decoded greedily (temperature 0): its tokens are argmax picks, "
+           "not samples, and its stored log-probs are the argmax's at temperature 1, not the probability of the token "
+           'under the sampler that chose it; a policy-gradient update in verl on them is biased. Fix: sample RL '
+           'records with temperature > 0 (e.g. 1.0), export greedy records for SFT (--to sft), or pass '
+           'allow_support_mismatch=True (--allow-support-mismatch) to export them scored at temperature 1 '
+           '(step-0 ratio exactly 1)')
+    with pytest.raises(E.SupportMismatchError, match=f'^{re.escape(msg)}$'):
+        interop.to_verl(rs, pad_id=PAD)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        d = interop.to_verl(rs, pad_id=PAD, allow_support_mismatch=True)
+    assert [str(w.message) for w in caught] == [
+        "2 of 2 records (the first: record 0) were sampled with {'temperature': 0.0, 'top_k': 0, 'top_p': 1.0, "
+        "'min_p': 0.0, 'logp_mode': 'processed'}, but verl recomputes log_softmax(logits / T) over the full "
+        "vocabulary; the worst step-0 ratio is exactly 1 when scored at temperature 1 (the stored log-prob is the "
+        "argmax's at temperature 1), but the tokens are argmax picks, not samples of that distribution: the update "
+        'is biased']
+    assert d['meta_info']['temperature'] == 1.0       # never 0: the trainer divides the logits by it
+    assert len(interop.to_sft(rs)) == 2
 
 
 def test_placeholder_logp_refused_for_rl_but_fine_for_sft():

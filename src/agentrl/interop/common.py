@@ -124,8 +124,14 @@ def expected_step0_ratio(spec: SamplingSpec) -> str:
     kept mass: in ``[top_p, 1]`` under top-p alone, in ``(0, 1]`` otherwise. Raw log-probs at
     ``T != 1`` are ``log_softmax(logits)``: the ratio is unbounded either way.
 
+    Greedy records (``temperature == 0``) store the argmax's log-prob at temperature 1: scored at
+    ``T = 1`` the ratio is exactly 1, but the tokens were never sampled from that distribution.
+
     Source: vLLM ``logprobs_mode`` (processed vs raw); trl#6789.
     """
+    if spec.temperature == 0:
+        return ('exactly 1 when scored at temperature 1 (the stored log-prob is the argmax\'s at temperature 1), '
+                'but the tokens are argmax picks, not samples of that distribution: the update is biased')
     if spec.logp_mode == 'raw':
         return (f'raw log-probs at temperature {spec.temperature}: the ratio per token is '
                 f'softmax(logits/{spec.temperature}) / softmax(logits), not 1 and not bounded')
@@ -137,6 +143,8 @@ def expected_step0_ratio(spec: SamplingSpec) -> str:
 
 def _ratio_floor(spec: SamplingSpec) -> float:
     """The lowest step-0 ratio :func:`expected_step0_ratio` allows (-1: unbounded, raw log-probs)."""
+    if spec.temperature == 0:
+        return 1.0
     if spec.logp_mode == 'raw':
         return -1.0
     if spec.top_k > 0 or spec.min_p > 0:
@@ -163,7 +171,10 @@ def check_support(records, target: str, *, allow_support_mismatch: bool = False,
     Every trainer here recomputes ``log_softmax(logits / T)`` over the full vocabulary (slime replays
     the top-p keep set, ``replays_top_p=True``). Stored log-probs equal that only when they are
     ``processed`` with no truncation (``top_k == 0``, ``top_p == 1``, ``min_p == 0``), or ``raw`` at
-    ``T == 1``.
+    ``T == 1``. Greedy records (``temperature == 0``) are refused: their stored log-probs are the
+    argmax's at temperature 1, not the probability of a sampler that drew the token (the argmax is
+    never drawn at random), so a policy-gradient update on them is biased; allowed, they are scored
+    at temperature 1 (step-0 ratio exactly 1).
 
     Args:
         records: records with ``provenance.sampling`` (records without one pass: nothing is declared).
@@ -173,7 +184,8 @@ def check_support(records, target: str, *, allow_support_mismatch: bool = False,
         replays_top_p: the trainer replays the top-p keep set.
 
     Returns:
-        The sampling temperature all records share (None when none declares one).
+        The sampling temperature all records share (None when none declares one); greedy records
+        count as temperature 1.0 (the temperature their stored log-probs were taken at).
 
     Raises:
         agentrl.checks.errors.SupportMismatchError: a record's declared sampler differs from the
@@ -186,9 +198,18 @@ def check_support(records, target: str, *, allow_support_mismatch: bool = False,
         spec = rec.provenance.sampling if rec.provenance is not None else None
         if spec is None:
             continue
-        temps.add(spec.temperature)
+        temps.add(1.0 if spec.temperature == 0 else spec.temperature)
         if _support_ok(spec, replays_top_p):
             continue
+        if not allow_support_mismatch and spec.temperature == 0:
+            raise E.SupportMismatchError(
+                f'record {i} was decoded greedily (temperature 0): its tokens are argmax picks, not samples, and '
+                'its stored log-probs are the argmax\'s at temperature 1, not the probability of the token under '
+                f'the sampler that chose it; a policy-gradient update in {target} on them is biased',
+                field='provenance.sampling',
+                fix='sample RL records with temperature > 0 (e.g. 1.0), export greedy records for SFT (--to sft), '
+                    'or pass allow_support_mismatch=True (--allow-support-mismatch) to export them scored at '
+                    'temperature 1 (step-0 ratio exactly 1)')
         if not allow_support_mismatch:
             raise E.SupportMismatchError(
                 f'record {i} was sampled with {spec.to_dict()}, but {target} recomputes log_softmax(logits / T) '
