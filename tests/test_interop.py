@@ -151,6 +151,27 @@ def test_round_trips_bit_exact(recs, trim):
         assert_round_trip(recs, interop.from_prime_rl(interop.to_prime_rl(recs)), False)
 
 
+def test_round_trips_rebuild_owners_from_the_mask(recs):
+    """What a round trip keeps (docs/interop.md): ids, mask, log-probs, rewards, provenance and turns exactly;
+    owners are rebuilt from the mask, so template tokens become prompt (before the first sampled token) or tool."""
+    a = recs[1]
+    assert a.owner.tolist() == [0, 1, 1, 0, 0, 2, 2, 2, 2, 0, 0, 3, 0, 0, 2, 2, 2, 2, 2, 0, 0]
+    rebuilt = [1, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 3, 3]
+    backs = {'verl': interop.from_verl(interop.to_verl(recs, pad_id=PAD, trim=False)),
+             'trl': interop.from_trl(interop.to_trl(recs, pad_id=PAD, trim=False)),
+             'trl_rollout': interop.from_trl(interop.to_trl_rollout(recs, trim=False)),
+             'slime': interop.from_slime(interop.to_slime(recs, trim=False)),
+             'skyrl': interop.from_skyrl(interop.to_skyrl(recs, trim=False)),
+             'openrlhf': interop.from_openrlhf(interop.to_openrlhf(recs)),
+             'prime_rl': interop.from_prime_rl(interop.to_prime_rl(recs))}
+    for fw, back in backs.items():
+        b = back[1]
+        assert (fw, b.owner.tolist()) == (fw, rebuilt)
+        assert (fw, b.turn.tolist()) == (fw, a.turn.tolist())
+        assert (fw, b.info) == (fw, a.info)
+        assert_round_trip(recs, back, False)
+
+
 def test_import_without_agentrl_fields_rebuilds_owner_and_turns(recs):
     d = interop.to_verl(recs, pad_id=PAD, trim=False)
     del d['non_tensor_batch']['agentrl_provenance'], d['non_tensor_batch']['agentrl_info']
