@@ -221,7 +221,7 @@ def test_files_with_the_old_digest_rule_still_verify(tmp_path):
     old = _old_rule_file(path, recs)
     for a, b in zip(recs, store.read_trajectories(path)):
         assert_same(a, b)
-    w = store.ShardWriter(tmp_path / 'ds', fsync=False)     # an old shard's records are still known as stored
+    (tmp_path / 'ds').mkdir()                               # an old shard's records are still known as stored
     _old_rule_file(tmp_path / 'ds' / 'part-000000.parquet', recs)
     w = store.ShardWriter(tmp_path / 'ds', fsync=False)
     assert w.write(recs) is None and w.n_resent == 2

@@ -68,7 +68,7 @@ from .io import atomic_path, pid_alive
 from .record import Provenance, SamplingSpec, Trajectory
 
 __all__ = ['SCHEMA_VERSION', 'SCHEMA', 'write_trajectories', 'read_trajectories', 'iter_batches', 'scan',
-           'StoredRow', 'data_files', 'ShardWriter', 'stored_identities', 'to_table', 'from_table']
+           'StoredRow', 'data_files', 'ShardWriter', 'stored_identities', 'to_table', 'from_table', 'content_digest']
 
 #: Version of the row layout below; stored in each file's metadata as ``agentrl.schema_version``.
 SCHEMA_VERSION = 1
@@ -286,7 +286,11 @@ def _row_digest(content: str, stored: dict) -> str:
 
 
 def content_digest(stored: str | None) -> str | None:
-    """The content part (:func:`agentrl.checks.record_digest`) of a stored ``digest`` of either version."""
+    """The content part (:func:`agentrl.checks.record_digest`, 32 hex digits) of a stored ``digest``.
+
+    A version-2 digest ``'v2:<content>:<row>'`` gives ``<content>``; an older bare digest (or None) is
+    returned as is. Raises nothing.
+    """
     if isinstance(stored, str) and stored.startswith(_DIGEST_V2):
         return stored[len(_DIGEST_V2):].split(':', 1)[0]
     return stored
