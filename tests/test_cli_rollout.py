@@ -56,7 +56,7 @@ def test_rollout_help_documents_every_flag():
 
 @pytest.mark.parametrize('args, message', [
     (['--policy', 'oracle,wizard'], 'agentrl: error: --policy wizard is not known; choose from oracle,blind,random,hacker,model'),
-    (['--repeats', '0'], 'agentrl: error: --repeats must be >= 1, got 0'),
+    (['--repeats', '0'], 'agentrl: error: --repeats must be >= 1 and <= 100000, got 0'),
     (['--checkpoint', '/nonexistent/model.pt'], "agentrl: error: --checkpoint '/nonexistent/model.pt' does not exist"),
 ])
 def test_rollout_bad_input_is_one_line(tmp_path, args, message):
@@ -98,6 +98,53 @@ def test_usage_errors_are_one_line(argv, err, capsys):
         main(argv)
     cap = capsys.readouterr()
     assert e.value.code == 2 and cap.out == '' and cap.err == err + '\n'
+
+
+@pytest.mark.parametrize('argv, err', [
+    (['rollout', '--out', ''], '--out is empty; pass a path (`.` for the current folder)'),
+    (['rollout', '--out', '  '], '--out is empty; pass a path (`.` for the current folder)'),
+    (['rollout', '--resume', ''], '--resume is empty; pass a path (`.` for the current folder)'),
+    (['rollout', '--checkpoint', ' '], '--checkpoint is empty; pass a path (`.` for the current folder)'),
+    (['rollout', '--engine', 'hf', '--model', ''], '--model is empty; pass a path (`.` for the current folder)'),
+    (['rollout', '--address', ''], '--address is empty; pass a value or drop the flag'),
+    (['show', ''], 'PATH is empty; pass a path (`.` for the current folder)'),
+    (['report', 'x', '--out', ''], '--out is empty; pass a path (`.` for the current folder)'),
+    (['drift', '--model', 'x', '--tokenizer', ''], '--tokenizer is empty; pass a path (`.` for the current folder)'),
+    (['template', 'audit', ''], 'TOKENIZER is empty; pass a path (`.` for the current folder)'),
+    (['make-test-model', ' '], 'OUT is empty; pass a path (`.` for the current folder)'),
+    (['export', 'r', '--to', 'sft', '--out', ''], '--out is empty; pass a path (`.` for the current folder)'),
+    (['import', 'p', '--out', '', '--tokenizer', 't'], '--out is empty; pass a path (`.` for the current folder)'),
+    (['train', '--out', ''], '--out is empty; pass a path (`.` for the current folder)'),
+    (['rollout', '--repeats', '100000000'], '--repeats must be >= 1 and <= 100000, got 100000000'),
+    (['rollout', '--policy', 'oracle,,blind'],
+     "--policy 'oracle,,blind' has an empty name; separate the names by single commas, e.g. oracle,model"),
+    (['drift', '--model', '/nonexistent', '--samples', '0'], None),
+])
+def test_empty_paths_and_unbounded_counts_are_refused(argv, err, capsys, tmp_path, monkeypatch):
+    """An empty path (any command, any path flag) is refused before anything runs; nothing is written."""
+    from agentrl.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    if err is None:             # a non-empty bad path still gets its own message
+        assert main(argv) == 2 and 'Traceback' not in capsys.readouterr().err
+        return
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f'agentrl: error: {err}\n'
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_report_of_a_run_stopped_before_its_first_shard_says_what_works(tmp_path, capsys, monkeypatch):
+    """`agentrl report D` on a run killed before any shard suggests --resume (D exists, `--out D` is refused)."""
+    from agentrl.cli.main import main
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'D' / 'trajectories').mkdir(parents=True)
+    (tmp_path / 'D' / 'run.json').write_text(json.dumps({'plan': {'checkpoint': 'ck.pt@0123456789ab'}, 'chunk_size': 4}))
+    assert main(['report', 'D']) == 2
+    assert capsys.readouterr().err.strip() == ('agentrl: error: D/trajectories holds no records; finish the run with '
+                                               '`agentrl rollout --resume D --checkpoint FILE`')    # after the progress line
+    (tmp_path / 'D' / 'run.json').unlink()
+    assert main(['report', 'D']) == 2
+    assert capsys.readouterr().err.strip() == ("agentrl: error: D/trajectories holds no records; remove 'D' and run "
+                                               '`agentrl rollout --out D`, or pass the folder of a run with records')
 
 
 def test_usage_error_in_a_real_process():

@@ -385,6 +385,23 @@ def test_cli_make_test_model(tmp_path, capsys):
     assert (tmp_path / 'm' / 'config.json').is_file() and (tmp_path / 'm' / 'tokenizer.json').is_file()
     assert cli('make-test-model', tmp_path / 'x', '--tokenizer', tmp_path) == 2
     assert 'has no tokenizer_config.json' in capsys.readouterr().err
+    m = tmp_path / 'm'
+    assert cli('make-test-model', m, '--tokenizer', tokenizer_path('qwen3')) == 2       # its own folder: --force
+    assert capsys.readouterr().err == (f"agentrl: error: {str(m)!r} already holds a model (config.json); pass --force "
+                                       'to replace it, or choose another folder\n')
+    assert cli('make-test-model', m, '--tokenizer', tokenizer_path('qwen3'), '--force') == 0
+    capsys.readouterr()
+    run = tmp_path / 'run'                      # any other non-empty folder (a rollout run): refused even with --force
+    (run / 'trajectories').mkdir(parents=True)
+    (run / 'run.json').write_text('{}')
+    for force in ([], ['--force']):
+        assert cli('make-test-model', run, '--tokenizer', tokenizer_path('qwen3'), *force) == 2
+        assert capsys.readouterr().err == (f"agentrl: error: OUT {str(run)!r} is not empty and is not a "
+                                           'make-test-model folder (no agentrl_test_model.json); choose a new or '
+                                           'empty folder\n')
+    assert sorted(p.name for p in run.iterdir()) == ['run.json', 'trajectories']
+    (tmp_path / 'empty').mkdir()
+    assert cli('make-test-model', tmp_path / 'empty', '--tokenizer', tokenizer_path('qwen3')) == 0
 
 
 def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys, monkeypatch):
@@ -420,9 +437,15 @@ def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys, mon
     (['rollout', '--engine', 'hf', '--model', '{model}', '--top-p', '0'], 'SamplingSpec.top_p must be in (0, 1]'),
     (['drift'], 'pass --model DIR (sample and measure) or --records PATH'),
     (['drift', '--model', '/nonexistent'], "--model '/nonexistent' has no config.json"),
+    (['drift', '--model', '{model}', '--samples', '100000000', '--tokens', '100000000'],
+     '--samples must be <= 10000, got 100000000\n'),
+    (['drift', '--model', '{model}', '--tokens', '100000000'], '--tokens must be <= 32768, got 100000000\n'),
+    (['drift', '--model', '{model}', '--tokens', '4097'], "--tokens must be <= 4096 (the context of --model '{model}'), "
+                                                         'got 4097\n'),
 ])
 def test_cli_bad_input_is_one_line(argv, message, model_dir, tmp_path, capsys):
     argv = [a.replace('{model}', str(model_dir)) for a in argv]
+    message = message.replace('{model}', str(model_dir))
     argv += ['--out', str(tmp_path)] if argv[0] == 'rollout' else []
     assert cli(*argv) == 2
     err = capsys.readouterr().err

@@ -162,6 +162,24 @@ def test_check_refuses_ids_outside_the_vocabulary(run_dir, tmp_path, capsys, val
     assert re.search(rf'TokenIdError: ids\[0\]: is {value}, not a token id \(ids are in \[0, 316\), the vocabulary', out), out
 
 
+@pytest.mark.parametrize('argv, err', [
+    (['--pad-id', '99999'], "--pad-id 99999 is outside the vocabulary of the records' tokenizer (ids 0..315); pass an "
+                            'id of that tokenizer or drop --pad-id'),
+    (['--eot-id', '316'], "--eot-id 316 is outside the vocabulary of the records' tokenizer (ids 0..315); pass an "
+                          'id of that tokenizer or drop --eot-id'),
+])
+def test_check_refuses_a_flag_id_outside_the_vocabulary(run_dir, capsys, argv, err):
+    code, out, e = check(capsys, traj(run_dir), *argv)
+    assert (code, out, e) == (2, '', f'agentrl: error: {err}\n')
+
+
+def test_export_refuses_a_pad_id_outside_the_vocabulary(run_dir, tmp_path, capsys):
+    assert main(['export', str(run_dir), '--to', 'sft', '--out', str(tmp_path / 'x'), '--pad-id', '316']) == 2
+    assert capsys.readouterr().err == ("agentrl: error: --pad-id 316 is outside the vocabulary of the records' "
+                                       'tokenizer (ids 0..315); pass its pad id (0) or drop --pad-id\n')
+    assert not (tmp_path / 'x').exists()
+
+
 def test_check_fails_a_record_the_model_cannot_replay(run_dir, tmp_path, capsys):
     recs = store.read_trajectories(traj(run_dir))
     r = recs[0]

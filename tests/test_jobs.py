@@ -275,12 +275,66 @@ def test_ctrl_c_and_sigterm_keep_finished_shards_and_say_how_to_resume(tmp_path,
 def test_resume_refuses_another_plan_or_model(tmp_path):
     out = tmp_path / 'run'
     jr.rollout_job(RolloutOptions(policy=['model'], split='heldout', repeats=1, out=str(out)), progress=False)
-    with pytest.raises(ValueError, match='the run was planned with seed=0, this command says 5'):
+    with pytest.raises(ValueError, match='the run was planned with --seed 0, this command says --seed 5; drop the flag'):
         jr.rollout_job(RolloutOptions(resume=str(out), seed=5), progress=False)
     torch.manual_seed(9)
     arl.save_checkpoint(arl.TinyAgent(316), str(out / 'model.pt'))
     with pytest.raises(ValueError, match=r'the run was sampled from model\.pt@[0-9a-f]{12}, the model there now'):
         jr.rollout_job(RolloutOptions(resume=str(out)), progress=False)
+
+
+def test_resume_refuses_every_given_flag_that_differs_from_the_plan(tmp_path, capsys):
+    """On resume a flag given on the command line must equal the plan, even when it equals the default."""
+    from agentrl.cli.main import main
+    out = tmp_path / 'run'
+    jr.rollout_job(RolloutOptions(policy=['oracle', 'model'], split='heldout', repeats=1, temperature=0.5,
+                                  chunk_size=4, out=str(out)), progress=False)
+    (out / 'summary.json').unlink()
+    before = files(out)
+    fix = 'drop the flag (resume keeps the plan) or start a new --out'
+    for argv, planned, says in [
+            (['--temperature', '1.0'], '--temperature 0.5', '--temperature 1.0'),
+            (['--policy', 'oracle,blind,random,hacker,model'], '--policy oracle,model',
+             '--policy oracle,blind,random,hacker,model'),
+            (['--repeats', '3'], '--repeats 1', '--repeats 3'),
+            (['--split', 'all'], '--split heldout', '--split all'),
+            (['--chunk-size', '32'], '--chunk-size 4', '--chunk-size 32'),
+            (['--reward-tests', 'public'], '--reward-tests hidden', '--reward-tests public')]:
+        assert main(['rollout', '--resume', str(out), *argv]) == 2
+        assert capsys.readouterr().err == (f"agentrl: error: --resume {str(out)!r}: the run was planned with {planned}, "
+                                           f"this command says {says}; {fix}\n")
+    assert main(['rollout', '--resume', str(out), '--no-batch']) == 2
+    assert capsys.readouterr().err == (f"agentrl: error: --resume {str(out)!r}: the run was planned without --no-batch, "
+                                       f"this command says with --no-batch; {fix}\n")
+    assert main(['rollout', '--resume', str(out), '--out', str(out)]) == 2
+    assert capsys.readouterr().err == (f"agentrl: error: --resume {str(out)!r} writes into that run folder; drop --out "
+                                       "(or drop --resume to start a new run in --out)\n")
+    assert files(out) == before                                     # nothing written by a refused resume
+    # flags equal to the plan and the scale-out flags are accepted
+    assert main(['rollout', '--resume', str(out), '--temperature', '0.5', '--chunk-size', '4', '--workers', '0',
+                 '--policy', 'oracle,model']) == 0
+    capsys.readouterr()
+
+
+@pytest.mark.parametrize('field, value, msg', [
+    ('repeats', 1_000_000_000, 'repeats must be >= 1 and <= 100000, got 1000000000'),
+    ('chunk_size', 0, 'chunk_size must be >= 1 and <= 100000, got 0'),
+    ('split', 'everything', "split 'everything' is not known; choose from train,heldout,all"),
+    ('temperature', 'hot', "temperature must be a float, got 'hot'"),
+    ('policy', ['oracle', ''], "policy must list policies from oracle,blind,random,hacker,model, got ['oracle', '']"),
+])
+def test_resume_refuses_a_hand_edited_plan_out_of_range(tmp_path, field, value, msg):
+    out = tmp_path / 'run'
+    jr.rollout_job(RolloutOptions(policy=['oracle'], split='heldout', repeats=1, out=str(out)), progress=False)
+    m = json.loads((out / 'run.json').read_text())
+    if field == 'chunk_size':
+        m['chunk_size'] = value
+    else:
+        m['plan'][field] = value
+    (out / 'run.json').write_text(json.dumps(m))
+    with pytest.raises(ValueError) as e:
+        jr.rollout_job(RolloutOptions(resume=str(out)), progress=False)
+    assert str(e.value) == f"{str(out / 'run.json')!r}: plan field {msg}; restore run.json or start a new --out"
 
 
 def test_resume_refuses_shards_of_another_run(tmp_path):
@@ -424,6 +478,41 @@ def test_full_disk_while_saving_the_model_leaves_no_run(tmp_path, monkeypatch):
     assert sorted(os.listdir(out)) == ['notes.txt']
 
 
+def test_full_disk_after_some_shards_says_how_to_resume(tmp_path, monkeypatch):
+    _enospc(monkeypatch, 'part-000001.parquet')
+    from agentrl import io
+    monkeypatch.setattr(store, 'atomic_path', io.atomic_path)          # the shard writer's own reference
+    out = tmp_path / 'run'
+    ckpt = tmp_path / 'ck.pt'
+    arl.save_checkpoint(arl.TinyAgent(316), str(ckpt))
+    with pytest.raises(ValueError) as e:
+        jr.rollout_job(RolloutOptions(policy=['model'], split='heldout', repeats=1, chunk_size=4, checkpoint=str(ckpt),
+                                      out=str(out)), progress=False)
+    part = out / 'trajectories' / 'part-000001.parquet'
+    tmp = re.search(r"No space left on device: '([^']+)'", str(e.value)).group(1)
+    assert tmp.startswith(str(part.parent)) and not Path(tmp).exists()
+    assert str(e.value) == (f"No space left on device: {tmp!r}; the finished shards are kept in {str(out)!r}: free "
+                            f'some space, then finish the run with: agentrl rollout --resume {out} --checkpoint {ckpt}')
+    assert len(store.stored_identities(out / 'trajectories')) == 4
+    monkeypatch.undo()
+    s = jr.rollout_job(RolloutOptions(resume=str(out), checkpoint=str(ckpt)), progress=False)     # the fix works
+    assert (s['engine']['skipped_by_resume'], s['engine']['written']) == (4, 2)
+
+
+def test_interrupt_message_names_the_model_flag_resume_needs(tmp_path, monkeypatch):
+    ckpt = tmp_path / 'my model.pt'
+    arl.save_checkpoint(arl.TinyAgent(316), str(ckpt))
+    real = jr.run_chunks
+    monkeypatch.setattr(jr, 'run_chunks', lambda *a, **k: real(*a, **{**k, 'should_stop': lambda: True}))
+    out = tmp_path / 'run'
+    with pytest.raises(jr.RunInterrupted) as e:
+        jr.rollout_job(RolloutOptions(policy=['model'], split='heldout', repeats=1, chunk_size=4, checkpoint=str(ckpt),
+                                      out=str(out)), progress=False)
+    assert str(e.value).endswith(f"; finish the run with: agentrl rollout --resume {out} --checkpoint '{ckpt}'")
+    assert jr.resume_command('r', model='m dir') == "agentrl rollout --resume r --model 'm dir'"
+    assert jr.resume_command('r') == 'agentrl rollout --resume r'
+
+
 def test_full_disk_while_training_leaves_no_run(tmp_path, monkeypatch):
     from agentrl.train import TrainConfig, train
     _enospc(monkeypatch, 'summary.json')
@@ -463,8 +552,11 @@ def test_make_test_model_refuses_an_existing_model_folder(tmp_path):
     m = tmp_path / 'm'
     m.mkdir()
     (m / 'config.json').write_text('{}')
-    p = agentrl('make-test-model', m, check=False)
-    assert p.returncode == 2 and 'already holds a model (config.json); pass --force' in p.stderr
+    for force in ([], ['--force']):         # not a folder make-test-model wrote: refused even with --force
+        p = agentrl('make-test-model', m, *force, check=False)
+        assert p.returncode == 2 and p.stderr == (f"agentrl: error: OUT {str(m)!r} is not empty and is not a "
+                                                  'make-test-model folder (no agentrl_test_model.json); choose a new '
+                                                  'or empty folder\n')
     assert (m / 'config.json').read_text() == '{}'
 
 

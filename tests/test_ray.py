@@ -505,7 +505,7 @@ def test_resume_after_the_driver_is_killed(cluster, ray_env, one_worker, tmp_pat
         assert_same(a[k], b[k])
     p = agentrl('rollout', '--resume', str(out), '--workers', '1', '--address', cluster, '--repeats', '9', check=False,
                 env=ray_env)
-    assert p.returncode == 2 and 'the run was planned with repeats=4, this command says 9' in p.stderr
+    assert p.returncode == 2 and 'the run was planned with --repeats 4, this command says --repeats 9' in p.stderr
 
 
 @needs_ray

@@ -13,6 +13,22 @@ from dataclasses import dataclass
 from .options import UserError
 
 
+#: upper bounds of --samples and --tokens (a larger value would run for hours)
+MAX_SAMPLES = 10_000
+MAX_TOKENS = 32_768
+
+
+def _context_of(model_dir: str) -> int | None:
+    """``max_position_embeddings`` of the model folder's config.json, or None when it does not say."""
+    import json
+    try:
+        with open(os.path.join(model_dir, 'config.json')) as fh:
+            n = json.load(fh).get('max_position_embeddings')
+    except (OSError, ValueError, AttributeError):
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
+
+
 @dataclass
 class DriftOptions:
     """Options of ``agentrl drift`` (one field per flag).
@@ -22,7 +38,8 @@ class DriftOptions:
         records: a rollout file or folder (Parquet, ``agentrl rollout --engine hf``) to measure.
         tokenizer: tokenizer folder for ``--records`` (default: the model folder in the records'
             provenance, or ``--model``).
-        samples: continuations to sample. tokens: token budget of each.
+        samples: continuations to sample (1 to :data:`MAX_SAMPLES`). tokens: token budget of each (1 to
+            :data:`MAX_TOKENS`, and below the model's ``max_position_embeddings`` when its config gives one).
         temperature, top_k, top_p, min_p: the sampler (default: temperature 1, no truncation).
         seed: sampling seed.
         prompt: the user message (default: the chapter's clamp request).
@@ -52,6 +69,13 @@ class DriftOptions:
             raise UserError(f'--tokenizer {self.tokenizer!r} has no tokenizer_config.json')
         if self.samples < 1 or self.tokens < 1:
             raise UserError(f'--samples and --tokens must be >= 1, got {self.samples} and {self.tokens}')
+        if self.samples > MAX_SAMPLES:
+            raise UserError(f'--samples must be <= {MAX_SAMPLES}, got {self.samples}')
+        if self.tokens > MAX_TOKENS:
+            raise UserError(f'--tokens must be <= {MAX_TOKENS}, got {self.tokens}')
+        context = self.model and _context_of(self.model)
+        if context and self.tokens > context:
+            raise UserError(f'--tokens must be <= {context} (the context of --model {self.model!r}), got {self.tokens}')
         try:
             self.spec()
         except ValueError as e:
@@ -74,8 +98,9 @@ def register(sub) -> None:
     p.add_argument('--records', metavar='PATH', default=None, help='rollout Parquet file or folder to measure')
     p.add_argument('--tokenizer', metavar='DIR', default=None,
                    help="tokenizer for --records (default: the records' model folder, or --model)")
-    p.add_argument('--samples', type=int, default=d.samples, help=f'continuations to sample (default: {d.samples})')
-    p.add_argument('--tokens', type=int, default=d.tokens, help=f'token budget per sample (default: {d.tokens})')
+    p.add_argument('--samples', type=int, default=d.samples, help=f'continuations to sample, at most {MAX_SAMPLES} (default: {d.samples})')
+    p.add_argument('--tokens', type=int, default=d.tokens, help=f'token budget per sample, at most {MAX_TOKENS} and below the '
+                   f"model's context (default: {d.tokens})")
     p.add_argument('--temperature', type=float, default=d.temperature, help='sampling temperature (default: 1.0)')
     p.add_argument('--top-k', type=int, default=d.top_k, help='top-k truncation, 0 = off (default: 0)')
     p.add_argument('--top-p', type=float, default=d.top_p, help='nucleus mass, 1 = off (default: 1.0)')

@@ -69,6 +69,22 @@ class ExportOptions:
             raise UserError(f'--out {self.out!r} is a file; pass a folder')
 
 
+def _check_pad_id(pad_id: int, records) -> None:
+    """Refuse a ``--pad-id`` outside the vocabulary of the records' tokenizer (when it is agentrl's word-level one).
+
+    Raises:
+        UserError: ``--pad-id N is outside the vocabulary ...`` (nothing written yet).
+    """
+    from ..jobs.check import _wordlevel_defaults
+    wordlevel = _wordlevel_defaults()
+    if wordlevel is None or not any(r.provenance is not None and r.provenance.tokenizer == wordlevel[0]
+                                    for r in records):
+        return
+    if pad_id >= wordlevel[3]:
+        raise UserError(f"--pad-id {pad_id} is outside the vocabulary of the records' tokenizer (ids "
+                        f'0..{wordlevel[3] - 1}); pass its pad id ({wordlevel[1]}) or drop --pad-id')
+
+
 def register(sub) -> None:
     """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     p = sub.add_parser('export', help='write records as the batch verl/TRL/slime/OpenRLHF/SkyRL/prime-rl loads',
@@ -88,6 +104,7 @@ def run(args) -> int:
     from ..jobs.check import require_accepted
     require_accepted(opts.source())             # what `agentrl check` refuses is never exported; nothing written yet
     records = store.read_trajectories(opts.source())
+    _check_pad_id(opts.pad_id, records)
     m = interop.export(records, opts.to, opts.out, pad_id=opts.pad_id, trim=False if opts.no_trim else None,
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,
                        prompt_length=opts.prompt_length, response_length=opts.response_length,

@@ -15,7 +15,7 @@ import warnings
 from importlib import import_module
 
 from .._version import __version__
-from .options import UserError
+from .options import UserError, refuse_empty
 
 #: preferred help order of the subcommand modules; others follow alphabetically
 ORDER = ['rollout', 'check', 'show', 'report', 'train', 'template', 'drift', 'make_test_model']
@@ -145,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     args.debug = debug
     try:
         _refuse_nan(args)
+        refuse_empty(_innermost(parser, args), args)     # an empty path would mean the current folder
         with warnings.catch_warnings():     # restores the default display when the command returns
             if not debug:
                 warnings.showwarning = _show_warning

@@ -8,6 +8,10 @@ from dataclasses import dataclass, field
 from .options import UserError, add_fields, check_numbers, from_args
 
 
+#: the note make_test_model writes into every folder it builds (marks a make-test-model folder)
+NOTE = 'agentrl_test_model.json'
+
+
 def _opt(default, help: str, **meta):
     return field(default=default, metadata=dict(meta, help=help))
 
@@ -25,7 +29,8 @@ class MakeTestModelOptions:
         seed: initialisation seed.
         end_of_turn_rate: about this probability of the end-of-turn token per sampled token at
             temperature 1 (so turns end); 0 = a plain random init.
-        force: replace a model already in ``out`` (without it, an existing model folder is refused).
+        force: replace a model this command wrote into ``out`` (without it, such a folder is refused;
+            any other non-empty folder is refused either way).
     """
     out: str = _opt(None, 'output folder', positional=True, metavar='OUT')
     tokenizer: str | None = _opt(None, 'tokenizer folder (default: $AGENTRL_TOKENIZERS/qwen3 or '
@@ -37,10 +42,15 @@ class MakeTestModelOptions:
     seed: int = _opt(0, 'initialisation seed', min=0, max=2 ** 63 - 1)
     end_of_turn_rate: float = _opt(0.05, 'probability of the end-of-turn token per sampled token at temperature '
                                          '1, so that turns end (0 = plain random init)', min=0.0, max=0.999999)
-    force: bool = _opt(False, 'replace the model files of an existing model folder OUT')
+    force: bool = _opt(False, 'replace the model files of a folder OUT this command wrote (any other non-empty '
+                              'folder is refused)')
 
     def validate(self) -> None:
-        """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
+        """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix.
+
+        A non-empty ``out`` is refused unless it is a folder this command wrote (it holds
+        ``agentrl_test_model.json``) and ``force`` is set.
+        """
         check_numbers(self)
         if self.tokenizer is not None and not os.path.isfile(os.path.join(self.tokenizer, 'tokenizer_config.json')):
             raise UserError(f'--tokenizer {self.tokenizer!r} has no tokenizer_config.json; pass a tokenizer folder')
@@ -49,7 +59,12 @@ class MakeTestModelOptions:
                             f'--kv-heads {self.kv_heads}')
         if os.path.exists(self.out) and not os.path.isdir(self.out):
             raise UserError(f'OUT {self.out!r} is a file; pass a folder')
-        if not self.force and os.path.isfile(os.path.join(self.out, 'config.json')):
+        if not os.path.isdir(self.out) or not os.listdir(self.out):
+            return
+        if not os.path.isfile(os.path.join(self.out, NOTE)):     # a run, a real model, anything else: never mixed
+            raise UserError(f'OUT {self.out!r} is not empty and is not a make-test-model folder (no {NOTE}); choose '
+                            'a new or empty folder')
+        if not self.force:
             raise UserError(f'{self.out!r} already holds a model (config.json); pass --force to replace it, or '
                             'choose another folder')
 
@@ -71,7 +86,7 @@ def run(args) -> int:
     from ..engines.hf import make_test_model
     path = make_test_model(opts.out, opts.tokenizer, layers=opts.layers, hidden=opts.hidden, heads=opts.heads,
                            kv_heads=opts.kv_heads, seed=opts.seed, end_of_turn_rate=opts.end_of_turn_rate or None)
-    note = json.loads((path / 'agentrl_test_model.json').read_text())
+    note = json.loads((path / NOTE).read_text())
     print(f"wrote a {opts.layers}-layer Qwen3 (hidden {opts.hidden}, {note['parameters']:,} parameters) with the "
           f"tokenizer of {os.path.basename(os.path.normpath(note['tokenizer_dir']))} to {path}")
     if note['measured_rates']:

@@ -16,7 +16,10 @@ import math
 import typing
 from dataclasses import MISSING, fields
 
-__all__ = ['UserError', 'add_fields', 'from_args', 'check_numbers', 'finite_float']
+__all__ = ['UserError', 'add_fields', 'from_args', 'check_numbers', 'finite_float', 'given_flags', 'refuse_empty']
+
+#: the namespace attribute holding the ``dest`` of every flag given on the command line
+GIVEN = '_given'
 
 
 class UserError(Exception):
@@ -53,8 +56,49 @@ def _default(f):
     return None
 
 
+def _mark_given(namespace, dest: str) -> None:
+    setattr(namespace, GIVEN, getattr(namespace, GIVEN, frozenset()) | {dest})
+
+
+class _Store(argparse._StoreAction):
+    """``store`` that also records the flag as given (:func:`given_flags`)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        _mark_given(namespace, self.dest)
+
+
+class _StoreTrue(argparse._StoreTrueAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        _mark_given(namespace, self.dest)
+
+
+class _StoreFalse(argparse._StoreFalseAction):
+    def __call__(self, parser, namespace, values, option_string=None):
+        super().__call__(parser, namespace, values, option_string)
+        _mark_given(namespace, self.dest)
+
+
+def given_flags(args: argparse.Namespace) -> frozenset:
+    """The field names whose flags were given on the command line (not left at their default).
+
+    Only flags added by :func:`add_fields` are tracked; a flag given with its default value counts
+    as given (a ``--resume`` compares every given flag with the run's plan).
+    """
+    return frozenset(getattr(args, GIVEN, frozenset()))
+
+
+def _split_list(s: str) -> list[str]:
+    # empty names are kept, so the options' validate refuses `oracle,,blind` instead of dropping one
+    return [x.strip() for x in s.split(',')]
+
+
 def add_fields(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
     """Add one argument per field of the dataclass ``cls`` (help, type, default from the field).
+
+    Every flag it adds records itself as given when it appears on the command line
+    (:func:`given_flags`), so a default can be told apart from the same value given explicitly.
 
     ``--some-name`` for ``some_name`` (``metadata['flag']`` overrides, e.g. ``--no-batch`` for a
     ``bool`` defaulting to True); a ``bool`` field is a switch; ``parse='list'`` takes
@@ -73,12 +117,12 @@ def add_fields(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
         if m.get('metavar'):
             kw['metavar'] = m['metavar']
         if t is bool or isinstance(default, bool):
-            kw['action'] = 'store_false' if default else 'store_true'
+            kw['action'] = _StoreFalse if default else _StoreTrue
             flag = m.get('flag') or '--' + f.name.replace('_', '-')
             parser.add_argument(flag, dest=f.name, **kw)
             continue
         if m.get('parse') == 'list':
-            kw['type'] = lambda s: [x.strip() for x in s.split(',') if x.strip()]
+            kw['type'] = _split_list
         elif t is float:
             kw['type'] = float          # nan and inf are refused by check_numbers, in one line
         elif t is int:
@@ -88,7 +132,8 @@ def add_fields(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
         if m.get('positional'):
             parser.add_argument(f.name, **kw)
         else:
-            parser.add_argument(m.get('flag') or '--' + f.name.replace('_', '-'), dest=f.name, default=default, **kw)
+            parser.add_argument(m.get('flag') or '--' + f.name.replace('_', '-'), dest=f.name, default=default,
+                                action=_Store, **kw)
 
 
 def from_args(cls, args: argparse.Namespace, **extra):
@@ -112,3 +157,27 @@ def check_numbers(obj) -> None:
         check_fields(obj)
     except ValueError as e:
         raise UserError(str(e)) from None
+
+
+#: metavars and names (``dest``) of the arguments that take a path
+PATH_METAVARS = ('DIR', 'FILE', 'PATH', 'OUT', 'RUN', 'RUN_DIR', 'TOKENIZER', 'FILE.json')
+PATH_DESTS = ('path', 'out', 'tokenizer', 'resume', 'checkpoint', 'run_dir', 'records', 'messages', 'tools')
+
+
+def refuse_empty(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse an empty or whitespace-only value of any text argument of ``parser`` (every command's paths).
+
+    An empty path would otherwise mean the current folder (``--out ''`` wrote a run there).
+
+    Raises:
+        UserError: ``--FLAG is empty; pass a path (`.` for the current folder)`` for a path
+            argument (``pass a value or drop the flag`` for another text flag).
+    """
+    for a in parser._actions:
+        v = getattr(args, a.dest, None) if a.dest != argparse.SUPPRESS else None
+        if not isinstance(v, str) or v.strip():
+            continue
+        name = '/'.join(a.option_strings[:1]) or (a.metavar or a.dest.upper())
+        if a.dest in PATH_DESTS or a.metavar in PATH_METAVARS:
+            raise UserError(f'{name} is empty; pass a path (`.` for the current folder)')
+        raise UserError(f'{name} is empty; pass a value or drop the flag')

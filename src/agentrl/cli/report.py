@@ -70,6 +70,20 @@ def options_from_args(args) -> ReportOptions:
     return ReportOptions(run_dir=args.run_dir, out=args.out, fold=args.fold)
 
 
+def _resume_of(run_dir: str) -> str:
+    """``agentrl rollout --resume RUN_DIR``, plus ``--checkpoint FILE`` / ``--model DIR`` when run.json names one."""
+    from ..jobs.plan import read_manifest
+    cmd = f'agentrl rollout --resume {run_dir}'
+    try:
+        plan = (read_manifest(run_dir) or {}).get('plan', {})
+    except ValueError:
+        return cmd
+    for key, flag in (('checkpoint', '--checkpoint FILE'), ('model', '--model DIR')):
+        if plan.get(key):
+            cmd += f' {flag}'
+    return cmd
+
+
 def write_report(opts: ReportOptions, progress=None) -> dict:
     """Read the run, render the page, write it atomically; return counts for the summary line."""
     from .. import store, viz
@@ -92,7 +106,10 @@ def write_report(opts: ReportOptions, progress=None) -> dict:
             raise
         raise UserError(f'{path}: {e}') from None
     if not trajs:
-        raise UserError(f'{path} holds no records; run `agentrl rollout --out {opts.run_dir}` again')
+        if os.path.isfile(os.path.join(opts.run_dir, 'run.json')):     # a run stopped before its first shard
+            raise UserError(f'{path} holds no records; finish the run with `{_resume_of(opts.run_dir)}`')
+        raise UserError(f'{path} holds no records; remove {opts.run_dir!r} and run `agentrl rollout --out '
+                        f'{opts.run_dir}`, or pass the folder of a run with records')
     summary = None
     spath = os.path.join(opts.run_dir, 'summary.json')
     if os.path.exists(spath):

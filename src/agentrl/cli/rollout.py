@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 
-from .options import UserError, add_fields, from_args
+from .options import UserError, add_fields, from_args, given_flags
 
 
 def register(sub) -> None:
@@ -30,6 +30,7 @@ def run(args) -> int:
     from ..jobs.rollout import RunComplete, RunInterrupted, rollout_job
     try:
         opts = from_args(RolloutOptions, args)
+        opts.given = given_flags(args)      # a --resume compares every flag given with the run's plan
         opts.validate()
     except ValueError as e:
         raise UserError(str(e)) from None

@@ -337,6 +337,12 @@ def _expected(opts: CheckOptions, base, prov, model_vocab):
                           vocab_size=wordlevel[3] if base.vocab_size is None else base.vocab_size)
     if exp.vocab_size is None and model_vocab is not None:
         exp = replace(exp, vocab_size=model_vocab)
+    if exp.vocab_size is not None:          # an id the tokenizer cannot produce would pass every pad test
+        for flag, ids in (('--pad-id', [] if opts.pad_id is None else [opts.pad_id]), ('--eot-id', opts.eot_ids)):
+            bad = [i for i in ids if i >= exp.vocab_size]
+            if bad:
+                raise ValueError(f'{flag} {bad[0]} is outside the vocabulary of the records\' tokenizer '
+                                 f'(ids 0..{exp.vocab_size - 1}); pass an id of that tokenizer or drop {flag}')
     return exp
 
 

@@ -23,7 +23,7 @@ from typing import Sequence
 
 __all__ = ['POLICIES', 'SCRIPTED', 'ENGINES', 'MANIFEST', 'TRAJECTORY_DIR', 'SUMMARY', 'PLAN_FIELDS',
            'PATH_FIELDS', 'RolloutOptions', 'EpisodeJob', 'plan_episodes', 'plan_chunks', 'read_manifest',
-           'manifest_of', 'resume_options', 'public_options', 'check_fields', 'flag_of']
+           'SCALE_OUT_FIELDS', 'manifest_of', 'resume_options', 'public_options', 'check_fields', 'flag_of']
 
 #: Every policy ``agentrl rollout`` knows: four scripted ones and ``model`` (TinyAgent or HF).
 POLICIES = ('oracle', 'blind', 'random', 'hacker', 'model')
@@ -83,7 +83,7 @@ class RolloutOptions:
                                      '(default: all; with --engine hf: model)', parse='list', metavar='P[,P...]')
     split: str = _opt('all', 'task split: train (24 tasks), heldout (6) or all (30)',
                       choices=('train', 'heldout', 'all'))
-    repeats: int = _opt(3, 'episodes per task and policy', min=1)
+    repeats: int = _opt(3, 'episodes per task and policy (at most 100000)', min=1, max=100_000)
     seed: int = _opt(0, 'run seed: every episode samples from episode_seed(seed, group, rollout); also the '
                         'untrained TinyAgent init', min=0, max=2 ** 63 - 1)
     out: str = _opt('runs/rollout', 'run folder: run.json, model.pt, trajectories/part-*.parquet, summary.json',
@@ -125,7 +125,7 @@ class RolloutOptions:
         if self.policy is None:
             self.policy = ['model'] if self.engine == 'hf' else list(POLICIES)
         elif isinstance(self.policy, str):
-            self.policy = [p.strip() for p in self.policy.split(',') if p.strip()]
+            self.policy = [p.strip() for p in self.policy.split(',')]     # validate refuses an empty name
         else:
             self.policy = list(self.policy)
 
@@ -139,6 +139,9 @@ class RolloutOptions:
         # a resume learns its engine from run.json: resume_options' caller checks the flags against it
         check_fields(self, engine=None if self.resume else self.engine)
         self.sampling_spec()                  # top-k/top-p/min-p ranges: SamplingSpec names the field
+        if '' in self.policy:
+            raise ValueError(f'--policy {",".join(self.policy)!r} has an empty name; separate the names by single '
+                             'commas, e.g. oracle,model')
         bad = [p for p in self.policy if p not in POLICIES]
         if bad or not self.policy:
             raise ValueError(f'--policy {",".join(bad) or "(empty)"} is not known; choose from {",".join(POLICIES)}')
@@ -179,14 +182,19 @@ def check_fields(obj, engine: str | None = None) -> None:
     Every ``int``/``float`` field must be finite (``metadata['allow_inf']`` lets ``inf`` through)
     and within ``min``/``max`` (inclusive) and above ``gt`` (exclusive); a ``choices`` field must
     hold one of them; with ``engine``, a field whose ``metadata['engines']`` excludes it must keep
-    its default (a flag that does not apply is refused, not ignored).
+    its default (a flag that does not apply is refused, not ignored); a text field must not be
+    empty or whitespace (an empty path would mean the current folder).
 
     Raises:
-        ValueError: ``--FLAG must be ...`` naming the flag, the range and the value given.
+        ValueError: ``--FLAG must be ...`` naming the flag, the range and the value given;
+            ``--FLAG is empty; ...``.
     """
     for f in fields(obj):
         v, m = getattr(obj, f.name), f.metadata
         flag = flag_of(f)
+        if isinstance(v, str) and not v.strip():
+            raise ValueError(f'{flag} is empty; pass a path (`.` for the current folder)' if m.get('metavar') in
+                             ('DIR', 'FILE', 'PATH', 'OUT', 'RUN') else f'{flag} is empty; pass a value or drop the flag')
         if 'choices' in m and v is not None and v not in m['choices']:
             raise ValueError(f'{flag} {v!r} is not known; choose from {",".join(map(str, m["choices"]))}')
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -351,7 +359,16 @@ def read_manifest(run_dir: str | os.PathLike) -> dict | None:
     return m
 
 
-def resume_options(opts: RolloutOptions) -> tuple[RolloutOptions, dict]:
+#: RolloutOptions fields a resume may change: how the missing episodes are run, not which or how they sample.
+SCALE_OUT_FIELDS = ('workers', 'address', 'profile', 'resume')
+
+
+def _shown(v) -> str:
+    """A plan value as a flag's argument (``oracle,model`` for a policy list)."""
+    return ','.join(map(str, v)) if isinstance(v, list) else str(v)
+
+
+def resume_options(opts: RolloutOptions, given: frozenset | None = None) -> tuple[RolloutOptions, dict]:
     """The options to finish ``opts.resume`` with: its plan from the manifest, this command's scale-out.
 
     The manifest names the model of ``--checkpoint`` / ``--model`` by ``name@fingerprint``, not by
@@ -359,17 +376,21 @@ def resume_options(opts: RolloutOptions) -> tuple[RolloutOptions, dict]:
     refuses a model whose fingerprint differs.
 
     Args:
-        opts: options with ``resume`` set; plan flags left at their defaults or equal to the
-            manifest's (``workers``, ``address`` may differ; ``checkpoint`` / ``model`` given again
-            when the run used them).
+        opts: options with ``resume`` set (``workers``, ``address``, ``profile`` may differ from the
+            run's: :data:`SCALE_OUT_FIELDS`; ``checkpoint`` / ``model`` given again when the run used them).
+        given: the fields whose flags the command line gave (:func:`agentrl.cli.options.given_flags`;
+            default ``opts.given`` when set): each must equal the plan's value, even when it is the
+            default. None (a call from code): the fields that differ from their defaults.
 
     Returns:
         ``(options, manifest)``: ``out`` is the run folder, the plan fields and ``chunk_size``
         are the manifest's (``checkpoint`` and ``model``: this command's paths).
 
     Raises:
-        ValueError: no ``run.json`` in the folder, a plan flag that differs from it, or a run
-            sampled from a ``--checkpoint`` / ``--model`` that this command does not pass again.
+        ValueError: no ``run.json`` in the folder, a plan value in it out of its flag's range, a
+            given flag (or ``chunk_size``) that differs from the plan, ``--out`` (the run folder is
+            ``--resume``'s), or a run sampled from a ``--checkpoint`` / ``--model`` that this
+            command does not pass again.
     """
     run_dir = Path(opts.resume)
     if run_dir.name == TRAJECTORY_DIR and not (run_dir / MANIFEST).exists():
@@ -378,23 +399,65 @@ def resume_options(opts: RolloutOptions) -> tuple[RolloutOptions, dict]:
     if manifest is None:
         raise ValueError(f'--resume {opts.resume!r}: no {MANIFEST} there; pass the --out folder of an '
                          '`agentrl rollout` run')
-    default = RolloutOptions()
+    by_name = {x.name: x for x in fields(RolloutOptions)}
+    if given is None:
+        given = getattr(opts, 'given', None)
+    if given is None:
+        default = RolloutOptions()
+        given = frozenset(k for k in by_name if getattr(opts, k) != getattr(default, k))
+    if 'out' in given:
+        raise ValueError(f'--resume {opts.resume!r} writes into that run folder; drop --out (or drop --resume to '
+                         'start a new run in --out)')
     plan = {k: manifest['plan'][k] for k in PLAN_FIELDS if k in manifest['plan']}
+    _check_plan(run_dir / MANIFEST, {**plan, 'chunk_size': manifest['chunk_size']})
     for k in PATH_FIELDS:
         named, mine = plan.pop(k, None), getattr(opts, k)
-        f = {x.name: x for x in fields(RolloutOptions)}[k]
+        f = by_name[k]
         if named and not mine:
             raise ValueError(f'--resume {opts.resume!r}: {MANIFEST} names the model {named}, not its path; pass '
                              f'{flag_of(f)} {f.metadata["metavar"]} (that model) again')
         if mine and not named:
             raise ValueError(f'--resume {opts.resume!r}: the run was planned without {flag_of(f)}, this command '
                              f'says {mine!r}; drop the flag (resume keeps the plan) or start a new --out')
-    for k, v in plan.items():
+    for k, v in {**plan, 'chunk_size': int(manifest['chunk_size'])}.items():
         mine = getattr(opts, k)
-        if mine != v and mine != getattr(default, k):
-            raise ValueError(f'--resume {opts.resume!r}: the run was planned with {k}={v!r}, this command says '
-                             f'{mine!r}; drop the flag (resume keeps the plan) or start a new --out')
+        if k in given and mine != v:
+            flag = flag_of(by_name[k])
+            if isinstance(v, bool):     # a switch: name the plan's side of it
+                theirs, says = ('without', 'with') if v == by_name[k].default else ('with', 'without')
+                raise ValueError(f'--resume {opts.resume!r}: the run was planned {theirs} {flag}, this command '
+                                 f'says {says} {flag}; drop the flag (resume keeps the plan) or start a new --out')
+            raise ValueError(f'--resume {opts.resume!r}: the run was planned with {flag} {_shown(v)}, this command '
+                             f'says {flag} {_shown(mine)}; drop the flag (resume keeps the plan) or start a new --out')
     return replace(opts, out=str(run_dir), chunk_size=int(manifest['chunk_size']), **plan), manifest
+
+
+def _check_plan(path: Path, plan: dict) -> None:
+    """Check run.json's plan values against their flags' ranges (a hand-edited manifest is refused, not run).
+
+    Raises:
+        ValueError: ``'PATH': plan field FIELD ...; restore run.json or start a new --out``.
+    """
+    by_name = {x.name: x for x in fields(RolloutOptions)}
+    for k, v in plan.items():
+        f = by_name[k]
+        probe = RolloutOptions.__new__(RolloutOptions)       # one field at a time: no __post_init__ defaults
+        try:
+            if k == 'policy':
+                if not isinstance(v, list) or not v or not all(isinstance(p, str) and p in POLICIES for p in v):
+                    raise ValueError(f'must list policies from {",".join(POLICIES)}, got {v!r}')
+                continue
+            t = type(f.default) if f.default is not None else str
+            if v is not None and (type(v) is not t and not (t is float and type(v) is int)):
+                raise ValueError(f'must be a {t.__name__}, got {v!r}')
+            for g in fields(RolloutOptions):
+                object.__setattr__(probe, g.name, _default(g) if g.name != k else v)
+            probe.policy = list(POLICIES)
+            check_fields(probe)
+        except ValueError as e:
+            msg = str(e)
+            msg = msg.split(' ', 1)[1] if msg.startswith(flag_of(f)) else msg
+            raise ValueError(f'{str(path)!r}: plan field {k} {msg}; restore {MANIFEST} or start a new --out') from None
 
 
 def public_options(opts: RolloutOptions) -> dict:

@@ -25,6 +25,7 @@ its path, so a resume of such a run passes that flag again.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io as _bytes_io
 import os
@@ -41,7 +42,7 @@ from .plan import (MANIFEST, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions
 from .runner import RunnerFactory, RunSpec
 
 __all__ = ['RunReport', 'RunInterrupted', 'RunComplete', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
-           'model_fingerprint', 'LOCK']
+           'model_fingerprint', 'resume_command', 'LOCK']
 
 
 
@@ -52,10 +53,24 @@ class RunInterrupted(Exception):
         out: the run folder. done: episodes stored. total: episodes planned.
     """
 
-    def __init__(self, out: str, done: int, total: int):
+    def __init__(self, out: str, done: int, total: int, command: str | None = None):
         self.out, self.done, self.total = out, done, total
         super().__init__(f'interrupted: {done} of {total} episodes are stored in {out!r}; finish the run with: '
-                         f'agentrl rollout --resume {out}')
+                         f'{command or resume_command(out)}')
+
+
+def resume_command(out: str, checkpoint: str | None = None, model: str | None = None) -> str:
+    """The command that finishes the run in ``out``: ``agentrl rollout --resume OUT`` plus the model flag it needs.
+
+    A run sampled from ``--checkpoint FILE`` or ``--model DIR`` stores the model's name, not its
+    path, so its resume passes the flag again (shell-quoted when needed).
+    """
+    import shlex
+    cmd = f'agentrl rollout --resume {shlex.quote(str(out))}'
+    for flag, path in (('--checkpoint', checkpoint), ('--model', model)):
+        if path:
+            cmd += f' {flag} {shlex.quote(str(path))}'
+    return cmd
 
 
 class RunComplete(Exception):
@@ -371,6 +386,8 @@ def rollout_job(opts: RolloutOptions, *, on_chunk: Callable | None = None, progr
         RunLockedError: another job is writing ``OUT``.
         RunInterrupted: Ctrl-C or SIGTERM; finished shards are kept, resume with ``--resume OUT``.
         OSError: a write failed (full disk); a run that had no shard yet leaves ``OUT`` as it was.
+        ValueError: ``No space left on device ...`` after some shards: they are kept, and the
+            message gives the ``--resume`` command that finishes the run.
         ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
     """
     from .. import gym
@@ -425,14 +442,20 @@ def rollout_job(opts: RolloutOptions, *, on_chunk: Callable | None = None, progr
                                         resume=p.manifest is not None, progress=progress, on_chunk=on_chunk,
                                         on_records=lambda c, r: add(r),
                                         should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
-            except BaseException:
+            except BaseException as e:
                 if not _has_shards(out):
                     _undo(out, written)       # no shard yet: leave OUT as it was
                     undone = True
+                elif isinstance(e, OSError) and e.errno == errno.ENOSPC:      # the finished shards are kept
+                    where = f': {e.filename!r}' if e.filename else ''
+                    raise ValueError(f'No space left on device{where}; the finished shards are kept in {opts.out!r}: '
+                                     'free some space, then finish the run with: '
+                                     f'{resume_command(opts.out, opts.checkpoint, opts.model)}') from e
                 raise
             done = report.skipped + report.written
             if report.stopped:
-                raise RunInterrupted(str(opts.out), done, report.planned)
+                raise RunInterrupted(str(opts.out), done, report.planned,
+                                     resume_command(opts.out, opts.checkpoint, opts.model))
             per_policy = {pol: b.summary().to_dict() for pol, b in builders.items() if b.n}
             summary = {'options': public_options(opts), 'tasks': len(p.tasks), 'episodes': done,
                        'seconds': round(time.time() - t0, 3), 'trajectories': TRAJECTORY_DIR,
