@@ -541,6 +541,50 @@ def test_import_of_a_malformed_file_is_one_line(tmp_path, recs, capsys):
         "21); pass a JSON list of episodes or a JSONL file, one episode per line\n")
 
 
+def test_import_of_another_frameworks_file_names_it(tmp_path, recs, capsys):
+    """A file of another framework, or of the wrong shape: one line naming the file, the entry, the field, the fix."""
+    def refused(path, fw):
+        assert cli('import', path, '--from', fw, '--out', tmp_path / 'out') == 2
+        err = capsys.readouterr().err
+        assert err.count('\n') == 1 and not (tmp_path / 'out').exists()
+        return err
+
+    for fw in ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl'):
+        interop.export(recs, fw, tmp_path / fw, pad_id=PAD)
+    trl, slime, skyrl = tmp_path / 'trl' / 'trl_batch.pt', tmp_path / 'slime' / '0.pt', tmp_path / 'skyrl'
+    prime = tmp_path / 'prime-rl' / 'training_samples.jsonl'
+    assert refused(trl, 'verl') == (
+        f"agentrl: error: {str(trl)!r}: batch: is missing; a verl batch is {{'batch': {{...}}, 'non_tensor_batch': "
+        "{...}, 'meta_info': {...}}; is this a trl file? pass --from trl\n")
+    assert refused(slime, 'openrlhf') == (
+        f"agentrl: error: {str(slime)!r}: sequences: is missing; openrlhf exports carry it; is this a slime file? "
+        "pass --from slime\n")
+    assert refused(skyrl / 'generator_output.json', 'verl') == (
+        f"agentrl: error: {str(skyrl / 'generator_output.json')!r} is JSON text, not a torch .pt file; is this a "
+        "skyrl file? pass --from skyrl\n")
+    assert refused(tmp_path / 'verl' / 'verl_batch.pt', 'prime-rl') == (
+        f"agentrl: error: {str(tmp_path / 'verl' / 'verl_batch.pt')!r} is a torch .pt file, not JSON; is this a "
+        "verl file? pass --from verl\n")
+    assert refused(skyrl / 'generator_output.json', 'prime-rl') == (
+        f"agentrl: error: {str(skyrl / 'generator_output.json')!r}: token_ids: is missing; prime-rl exports carry "
+        "it; is this a skyrl file? pass --from skyrl\n")
+    assert refused(prime, 'vllm') == (
+        f"agentrl: error: {str(prime)!r} episode 0: exchanges: is missing or empty; is this a prime-rl file? "
+        "pass --from prime-rl\n")
+    (tmp_path / 'ints.json').write_text('[1, 2]')
+    assert refused(tmp_path / 'ints.json', 'sglang') == (
+        f"agentrl: error: {str(tmp_path / 'ints.json')!r} episode 0: is a int, not {{\"exchanges\": [...]}}; pass a "
+        'JSON list of episodes {"exchanges": [{"request": ..., "response": ...}, ...]} or a JSONL file, one '
+        'episode per line\n')
+    (tmp_path / 'noreq.json').write_text('[{"exchanges": [{"request": {}, "response": {}}, {"response": {}}]}]')
+    assert refused(tmp_path / 'noreq.json', 'vllm') == (
+        f"agentrl: error: {str(tmp_path / 'noreq.json')!r} episode 0 exchange 1: request: is missing; log each "
+        'exchange as {"request": <request body>, "response": <server response>}\n')
+    assert refused(tmp_path / 'noreq.json', 'slime') == (
+        f"agentrl: error: {str(tmp_path / 'noreq.json')!r} is JSON text, not a torch .pt file; is this a file of "
+        "vLLM/SGLang episodes? pass --from vllm or --from sglang\n")
+
+
 def test_cli_flags_checked_in_one_line(tmp_path, recs, capsys):
     store.write_trajectories(tmp_path / 'run' / 'trajectories.parquet', recs)
     assert cli('export', tmp_path / 'run', '--to', 'verl', '--out', tmp_path / 'v', '--prompt-length', 0) == 2

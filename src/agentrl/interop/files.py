@@ -155,11 +155,69 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
         raise
 
 
-def _load_pt(path: Path):
-    """``torch.load`` restricted to tensors and plain containers (no code runs from the file)."""
+def guess_source(data) -> str | None:
+    """The framework whose file ``data`` looks like (by its keys), or None.
+
+    Args:
+        data: a loaded file: a dict (verl, slime, TRL, OpenRLHF, SkyRL, one vLLM/SGLang episode) or a
+            list of dicts (prime-rl rows, vLLM/SGLang episodes).
+
+    Returns:
+        ``'verl'``, ``'slime'``, ``'trl'``, ``'openrlhf'``, ``'skyrl'``, ``'prime-rl'``, ``'vllm'``
+        (vLLM or SGLang episodes) or None when no framework's keys are there. Never raises.
+    """
+    if isinstance(data, (list, tuple)) and data and isinstance(data[0], dict):
+        data = data[0]
+    if not isinstance(data, dict):
+        return None
+    keys = set(map(str, data))
+    for name, need in (('verl', {'batch', 'non_tensor_batch'}), ('slime', {'samples'}),
+                       ('trl', {'prompt_ids', 'completion_ids'}), ('openrlhf', {'sequences', 'action_mask'}),
+                       ('skyrl', {'prompt_token_ids', 'response_ids'}), ('prime-rl', {'token_ids', 'mask'}),
+                       ('vllm', {'exchanges'})):
+        if need <= keys:
+            return name
+    return None
+
+
+def source_fix(data, framework: str) -> str:
+    """The fix for a file that is not of ``framework``'s shape: the framework it looks like, if another.
+
+    Returns:
+        ``'is this a verl file? pass --from verl'`` (vLLM/SGLang episodes: ``pass --from vllm or
+        --from sglang``) when :func:`guess_source` names another framework, else ``'pass the file (or
+        folder) `agentrl export --to FRAMEWORK` or FRAMEWORK wrote'``.
+    """
+    g = guess_source(data)
+    if g == 'vllm' and framework not in ('vllm', 'sglang'):
+        return 'is this a file of vLLM/SGLang episodes? pass --from vllm or --from sglang'
+    if g is not None and g != 'vllm' and g != framework:
+        return f'is this a {g} file? pass --from {g}'
+    if framework in ('vllm', 'sglang'):
+        return ('pass a JSON list of episodes {"exchanges": [{"request": ..., "response": ...}, ...]} or a JSONL '
+                'file, one episode per line')
+    return f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
+
+
+def _load_pt(path: Path, framework: str | None = None):
+    """``torch.load`` restricted to tensors and plain containers (no code runs from the file).
+
+    Raises:
+        ValueError: the file holds objects beyond tensors and plain containers, or is JSON text
+            (names the file and, when ``framework`` is given, the framework it looks like).
+    """
     try:
         return torch.load(path, weights_only=True)
     except Exception as e:  # pickle.UnpicklingError and friends: objects beyond tensors and plain data
+        with open(path, 'rb') as f:
+            head = f.read(64).lstrip()
+        if framework is not None and head[:1] in (b'{', b'['):
+            from ..io import read_json
+            try:
+                data = read_json(path, fix='', lines='auto')
+            except ValueError:
+                data = None
+            raise ValueError(f'{str(path)!r} is JSON text, not a torch .pt file; {source_fix(data, framework)}') from e
         raise ValueError(f'{str(path)!r} holds objects beyond tensors, lists and dicts ({type(e).__name__}); '
                          'agentrl loads .pt files with weights_only=True. Fix: if you trust the file, load it '
                          'yourself with torch.load(weights_only=False) and pass the result to the from_* function') from e
@@ -190,17 +248,22 @@ def load_export(path, framework: str):
             return DataProto.load_from_disk(str(path))
         from .verl import load_verl
         return load_verl(path)
+    if framework in ('skyrl', 'prime-rl'):
+        with open(path, 'rb') as f:
+            if f.read(2) == b'PK':                  # a torch .pt (zip) file
+                data = _load_pt(path)
+                raise ValueError(f'{str(path)!r} is a torch .pt file, not JSON; {source_fix(data, framework)}')
     fix = f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
     if framework in ('trl', 'openrlhf'):
         if path.suffix == '.json':
             return read_json(path, fix=fix)
-        return _load_pt(path)
+        return _load_pt(path, framework)
     if framework == 'slime':
-        data = _load_pt(path)
+        data = _load_pt(path, framework)
         if not isinstance(data, dict) or 'samples' not in data:
             what = f'keys {sorted(map(str, data))}' if isinstance(data, dict) else f'a {type(data).__name__}'
             raise ValueError(f"{str(path)!r}: samples: is missing (the file holds {what}); a slime rollout file is "
-                             f"{{'samples': [Sample.to_dict(), ...]}} (slime --save-debug-rollout-data); {fix}")
+                             f"{{'samples': [Sample.to_dict(), ...]}} (slime --save-debug-rollout-data); {source_fix(data, framework)}")
         if not isinstance(data['samples'], (list, tuple)):
             raise ValueError(f"{str(path)!r}: samples: is of type {type(data['samples']).__name__}, not a list of "
                              f'Sample.to_dict() dicts; {fix}')
@@ -230,7 +293,14 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, **kwargs)
     """
     from . import openai, openrlhf, prime_rl, skyrl, slime, trl, verl
     if framework in ('vllm', 'sglang'):
-        return openai.from_openai(openai.read_episodes(path), tokenizer, spec=spec, source=framework, **kwargs)
+        if Path(path).is_file():
+            with open(path, 'rb') as f:
+                if f.read(2) == b'PK':              # a torch .pt (zip) file
+                    data = _load_pt(Path(path))
+                    raise ValueError(f'{str(path)!r} is a torch .pt file, not JSON; {source_fix(data, framework)}')
+        episodes = openai.read_episodes(path)
+        openai.check_episodes(episodes, repr(str(path)), source_fix(episodes, framework))
+        return openai.from_openai(episodes, tokenizer, spec=spec, source=framework, **kwargs)
     if framework not in IMPORTS:
         raise ValueError(f'unknown framework {framework!r}; import from one of {", ".join(IMPORTS)}')
     data = load_export(path, framework)
@@ -239,7 +309,7 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, **kwargs)
     try:
         return fn(data, spec=spec, tokenizer=tokenizer, **{k: v for k, v in kwargs.items() if k == 'model'})
     except (KeyError, TypeError) as e:       # a missing field or a value of the wrong type in the file
-        fix = f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
+        fix = source_fix(data, framework)
         what = e.args[0] if e.args else ''
         if isinstance(e, KeyError) and isinstance(what, str) and ' ' not in what:
             raise ValueError(f'{str(path)!r}: {what}: is missing; {framework} exports carry it; {fix}') from e

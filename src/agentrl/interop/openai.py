@@ -30,7 +30,7 @@ from ..checks import errors as E
 from ..record import OWNER, SamplingSpec, Trajectory
 from .common import provenance_for_import
 
-__all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes']
+__all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes', 'check_episodes']
 
 
 def parse_response(response: dict, request: dict | None = None, where: str = 'response') -> dict:
@@ -237,3 +237,38 @@ def read_episodes(path) -> list:
     from ..io import read_json
     return read_json(path, lines='auto', fix='pass a JSON list of episodes or a JSONL file, one episode per line')
 
+
+
+def check_episodes(episodes, name: str = 'episodes', fix: str = '') -> None:
+    """Refuse episodes not of the shape :func:`from_openai` reads, naming the episode, exchange and field.
+
+    Args:
+        episodes: the decoded file (should be a list of ``{'exchanges': [{'request': {...}, 'response':
+            {...}}, ...]}`` dicts).
+        name: the file, as printed (``"'eps.json'"``).
+        fix: what to do, appended (default: the episode shape).
+
+    Raises:
+        ValueError: one line, e.g. ``'eps.json' episode 0 exchange 1: request: is missing; FIX`` or
+            ``'eps.json' episode 0: is a int, not {"exchanges": [...]}; FIX``.
+    """
+    fix = fix or ('log each episode as {"exchanges": [{"request": <request body>, "response": <server response>}, '
+                  '...]}')
+    if not isinstance(episodes, list):
+        raise ValueError(f'{name}: is a JSON {type(episodes).__name__}, not a list of episodes; {fix}')
+    for n, ep in enumerate(episodes):
+        if not isinstance(ep, dict):
+            raise ValueError(f'{name} episode {n}: is a {type(ep).__name__}, not {{"exchanges": [...]}}; {fix}')
+        ex = ep.get('exchanges')
+        if not ex:
+            raise ValueError(f'{name} episode {n}: exchanges: is missing or empty; {fix}')
+        if not isinstance(ex, list):
+            raise ValueError(f'{name} episode {n}: exchanges: is a {type(ex).__name__}, not a list of '
+                             f'{{"request": ..., "response": ...}}; {fix}')
+        for k, e in enumerate(ex):
+            for key in ('request', 'response'):
+                v = e.get(key) if isinstance(e, dict) else None
+                if not isinstance(v, dict):
+                    what = 'is missing' if v is None else f'is a {type(v).__name__}, not an object'
+                    raise ValueError(f'{name} episode {n} exchange {k}: {key}: {what}; log each exchange as '
+                                     f'{{"request": <request body>, "response": <server response>}}')

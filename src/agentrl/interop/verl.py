@@ -210,9 +210,19 @@ def from_verl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: 
 
 
 def load_verl(path) -> dict:
-    """Read a batch written by :func:`agentrl.interop.export` (``verl_batch.pt``) back as the dict of :func:`to_verl`."""
-    from .files import _load_pt
-    d = _load_pt(path)
+    """Read a batch written by :func:`agentrl.interop.export` (``verl_batch.pt``) back as the dict of :func:`to_verl`.
+
+    Raises:
+        ValueError: the file has no ``batch``/``non_tensor_batch`` dict (names the file, the field and,
+            when it looks like another framework's file, that framework).
+    """
+    from .files import _load_pt, source_fix
+    d = _load_pt(path, 'verl')
+    for key in ('batch', 'non_tensor_batch'):
+        if not isinstance(d, dict) or not isinstance(d.get(key), dict):
+            what = 'is missing' if not isinstance(d, dict) or key not in d else f'is of type {type(d[key]).__name__}'
+            raise ValueError(f"{str(path)!r}: {key}: {what}; a verl batch is {{'batch': {{...}}, 'non_tensor_batch': "
+                             f"{{...}}, 'meta_info': {{...}}}}; {source_fix(d, 'verl')}")
     d['non_tensor_batch'] = {k: (np.array(v, dtype=np.int32) if k == '__num_turns__' else np.array(v, dtype=object))
                              for k, v in d['non_tensor_batch'].items()}
     return d
