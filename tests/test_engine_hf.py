@@ -452,6 +452,22 @@ def test_cli_bad_input_is_one_line(argv, message, model_dir, tmp_path, capsys):
     assert err.startswith(f'agentrl: error: {message}') and len(err.strip().splitlines()) == 1
 
 
+def test_cli_truncated_weights_are_one_line(model_dir, tmp_path, capsys):
+    """A cut model.safetensors: rollout and drift name the folder and the fix in one line."""
+    import shutil
+    bad = tmp_path / 'cut'
+    shutil.copytree(model_dir, bad)
+    with open(bad / 'model.safetensors', 'r+b') as f:
+        f.truncate(5000)
+    message = (f"agentrl: error: model {str(bad)!r} could not be loaded as a causal LM (SafetensorError: Error while "
+               "deserializing header: incomplete metadata, file not fully covered); if its weights are damaged or "
+               "partly copied, copy or download them again; else pass a folder written by save_pretrained\n")
+    assert cli('rollout', '--engine', 'hf', '--model', bad, '--out', tmp_path / 'run') == 2
+    assert capsys.readouterr().err == message
+    assert cli('drift', '--model', bad) == 2
+    assert capsys.readouterr().err == message
+
+
 def test_run_chat_episodes_refuses_a_reply_without_messages(model, template):
     s = hf.HFSampler(model, template.stop_ids, T1, max_new_tokens=2)
     rec = ChatRecorder(template, [{'role': 'user', 'content': 'Hi.'}])

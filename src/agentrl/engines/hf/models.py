@@ -66,7 +66,9 @@ def load_model(model_dir, *, dtype: torch.dtype = torch.float32, device: str | t
         ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
         FileNotFoundError: ``model_dir`` has no ``config.json``; pass a folder written by
             ``save_pretrained`` (``agentrl make-test-model OUT`` makes one).
-        ValueError: the folder holds no causal LM or no tokenizer (the message names which).
+        ValueError: the folder holds no causal LM, its weights cannot be read (a truncated
+            ``model.safetensors``: ``model 'DIR' could not be loaded as a causal LM (SafetensorError: ...);
+            if its weights are damaged ...``), or no tokenizer (the message names which), one line.
 
     Source: Hugging Face ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``.
     """
@@ -82,9 +84,13 @@ def load_model(model_dir, *, dtype: torch.dtype = torch.float32, device: str | t
     try:
         try:
             model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
-        except (OSError, ValueError, KeyError) as e:
-            raise ValueError(f'model {str(model_dir)!r} could not be loaded as a causal LM '
-                             f'({type(e).__name__}: {e}); pass a folder written by save_pretrained') from e
+        except ImportError:
+            raise
+        except Exception as e:  # OSError, ValueError, SafetensorError (a cut weights file), torch errors ...
+            msg = (str(e).strip().splitlines() or [''])[0]
+            raise ValueError(f'model {str(model_dir)!r} could not be loaded as a causal LM ({type(e).__name__}: '
+                             f'{msg}); if its weights are damaged or partly copied, copy or download them again; '
+                             'else pass a folder written by save_pretrained') from e
         tdir = Path(tokenizer_dir) if tokenizer_dir is not None else model_dir
         try:
             tok = load_tokenizer(str(tdir))
