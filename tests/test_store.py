@@ -130,6 +130,30 @@ def test_read_refuses_foreign_or_newer_files(tmp_path):
         store.read_trajectories(tmp_path / 'missing')
 
 
+def test_read_refuses_damaged_metadata_and_non_utf8_names(tmp_path):
+    """A footer byte flipped in a column name, or a file name that is not UTF-8: one line naming the file."""
+    import re as _re
+    import struct
+    f = tmp_path / 'part-000000.parquet'
+    store.write_trajectories(f, [make(0), make(1)])
+    b = bytearray(f.read_bytes())
+    footer = len(b) - 8 - struct.unpack('<i', b[-8:-4])[0]
+    b[b.index(b'reward', footer)] = 0xff                  # a column path in the footer, read as UTF-8
+    f.write_bytes(bytes(b))
+    with pytest.raises(ValueError, match='^' + _re.escape(
+            f"{str(f)!r} is damaged: its Parquet metadata is not UTF-8 (byte 0xff in a column name or key); re-run "
+            "the rollout that wrote it, or remove the file") + '$'):
+        store.read_trajectories(tmp_path)
+    f.unlink()
+    store.write_trajectories(f, [make(0)])
+    os.rename(f, os.path.join(os.fsencode(tmp_path), b'part-\xff.parquet'))
+    name = str(tmp_path / 'part-\udcff.parquet')
+    with pytest.raises(ValueError, match='^' + _re.escape(
+            f"{name!r}: the file name is not valid UTF-8; rename it (shards are named part-NNNNNN.parquet) or move "
+            "it out of the folder") + '$'):
+        store.read_trajectories(tmp_path)
+
+
 def test_overwrite_is_whole_file(tmp_path):
     path = tmp_path / 'a.parquet'
     store.write_trajectories(path, [make(0)])

@@ -504,7 +504,15 @@ def data_files(path: str | os.PathLike) -> list[str]:
 def _parquet(f) -> pq.ParquetFile:
     """Open ``f`` as Parquet, or raise ValueError naming the file and the fix."""
     try:
+        os.fsdecode(f).encode('utf-8')
+    except UnicodeEncodeError:            # pyarrow takes UTF-8 paths only
+        raise ValueError(f'{os.fsdecode(f)!r}: the file name is not valid UTF-8; rename it (shards are named '
+                         'part-NNNNNN.parquet) or move it out of the folder') from None
+    try:
         return pq.ParquetFile(f)
+    except UnicodeDecodeError as e:       # a damaged footer: a column name or metadata key that is not UTF-8
+        raise ValueError(f'{str(f)!r} is damaged: its Parquet metadata is not UTF-8 (byte 0x{e.object[e.start]:02x} '
+                         'in a column name or key); re-run the rollout that wrote it, or remove the file') from None
     except (pa.ArrowException, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise
@@ -516,6 +524,9 @@ def _batches(pf: pq.ParquetFile, f: str, batch_size: int) -> Iterator[pa.RecordB
     """Record batches of ``pf``; a damaged file becomes a one-line ValueError naming it."""
     try:
         yield from pf.iter_batches(batch_size=batch_size)
+    except UnicodeDecodeError as e:
+        raise ValueError(f'{f!r} is damaged: its Parquet metadata is not UTF-8 (byte 0x{e.object[e.start]:02x} '
+                         'in a column name or key); re-run the rollout that wrote it, or remove the file') from None
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f'{f!r} is damaged and cannot be read ({" ".join(str(e).split())[:120]}); re-run the '
                          'rollout that wrote it, or remove the file') from None
