@@ -407,6 +407,24 @@ def test_report_says_a_run_is_incomplete(tmp_path, capsys):
         (out / 'summary.json').unlink(missing_ok=True)                   # then: interrupted before its summary
 
 
+def test_report_and_show_say_a_run_holds_duplicates(run_dir, tmp_path, capsys):
+    """A shard copied under another name: report counts unique episodes and says check refuses the repeats."""
+    run = tmp_path / 'run'
+    shutil.copytree(run_dir, run)
+    shard = sorted((run / 'trajectories').glob('part-*.parquet'))[0]
+    n = len(store.read_trajectories(shard))
+    shutil.copy(shard, run / 'trajectories' / 'part-000009.parquet')
+    note = f'{n} duplicate records (same identity) — `agentrl check {run}` refuses them'
+    capsys.readouterr()
+    assert main(['report', str(run)]) == 0
+    line = capsys.readouterr().out
+    assert re.fullmatch(rf'wrote {re.escape(str(run))}/report\.html: 12 episodes, 2 policies, \d+ KB in '
+                        rf'\d+\.\d s; {re.escape(note)}\n', line), line
+    assert f'</h1><p class="notice">{escape(note)}</p><p class="meta">' in (run / 'report.html').read_text()
+    assert main(['show', str(run), '-o', str(tmp_path / 'a.svg')]) == 0
+    assert f'episode 0 ({12 + n} in file; {note}), ' in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------- browser
 
 CHROMIUM_FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',

@@ -122,15 +122,45 @@ def write_report(opts: ReportOptions, progress=None) -> dict:
             raise UserError(f'{spath!r} is not a run summary (a JSON object); delete it or rerun `agentrl rollout`')
     if progress:
         progress.update(bar, description='rendering report')
+    trajs, n_dup = unique_records(trajs)
     incomplete = incompleteness(opts.run_dir, trajs, summary is not None)
-    html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold, notice=incomplete)
+    notes = '; '.join(n for n in (duplicates_note(n_dup, opts.run_dir), incomplete) if n)
+    html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold, notice=notes)
     out = opts.out or os.path.join(opts.run_dir, 'report.html')
     from ..io import atomic_write
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     atomic_write(out, html)
     policies = len(viz.group_by_policy(trajs))
     return {'out': out, 'episodes': len(trajs), 'policies': policies, 'bytes': len(html.encode()),
-            'incomplete': incomplete}
+            'incomplete': notes, 'duplicates': n_dup}
+
+
+def unique_records(trajs: list) -> tuple[list, int]:
+    """The records with each identity once (the first kept), and how many repeats were dropped.
+
+    The key is the one ``agentrl check`` uses: ``(group_id, rollout_id, attempt)``
+    (:func:`agentrl.checks.identity`), or the content digest for a record without one; ``check``
+    refuses every repeat (DuplicateRecordError, or IdentityConflictError when the content differs).
+
+    Returns:
+        ``(kept, n_duplicates)``: a list of Trajectory in input order and an int >= 0.
+    """
+    from ..checks import has_identity, identity, record_digest
+    seen: set = set()
+    kept = []
+    for t in trajs:
+        key = ('id', *identity(t)) if has_identity(t) else ('digest', record_digest(t))
+        if key not in seen:
+            seen.add(key)
+            kept.append(t)
+    return kept, len(trajs) - len(kept)
+
+
+def duplicates_note(n: int, path: str) -> str:
+    """``'N duplicate records (same identity) — `agentrl check PATH` refuses them'``, or '' when ``n`` is 0."""
+    if not n:
+        return ''
+    return f'{n} duplicate record{"s" if n != 1 else ""} (same identity) — `agentrl check {path}` refuses them'
 
 
 def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:

@@ -104,7 +104,9 @@ def _policy(t) -> str:
 
 
 def load_record(opts: ShowOptions):
-    """Return ``(record, count)``: the chosen record and how many records matched."""
+    """Return ``(record, count, n_duplicates)``: the chosen record, how many records matched and how many
+    of those repeat an earlier record's identity (:func:`agentrl.cli.report.unique_records`)."""
+    from .report import unique_records
     if opts.path.lower().endswith('.json'):
         from ..viz import load_audit
         records = load_audit(opts.path)
@@ -112,7 +114,7 @@ def load_record(opts: ShowOptions):
         from .. import store
         try:
             batches = store.iter_batches(opts.path, batch_size=256)
-            records, seen, chosen = [], 0, None
+            records, seen, chosen, keys, n_dup = [], 0, None, set(), 0
             for batch in batches:
                 for t in batch:
                     if opts.policy and _policy(t) != opts.policy:
@@ -120,8 +122,11 @@ def load_record(opts: ShowOptions):
                     if seen == opts.episode:
                         chosen = t
                     seen += 1
+                    key = _key(t)
+                    n_dup += key in keys
+                    keys.add(key)
             if chosen is not None:
-                return chosen, seen
+                return chosen, seen, n_dup
             records = [None] * seen
         except ValueError as e:
             if getattr(e, 'exit_code', None) == 1:  # a refused row: its message names the file, row and field
@@ -137,7 +142,12 @@ def load_record(opts: ShowOptions):
                         f'{"s" if len(records) != 1 else ""}'
                         + (f' of policy {opts.policy}' if opts.policy else '')
                         + f'; pass --episode 0..{len(records) - 1}')
-    return records[opts.episode], len(records)
+    return records[opts.episode], len(records), unique_records(records)[1]      # an audit file's records
+
+
+def _key(t):
+    from ..checks import has_identity, identity, record_digest
+    return ('id', *identity(t)) if has_identity(t) else ('digest', record_digest(t))
 
 
 def refusal_marks(traj) -> dict:
@@ -180,7 +190,7 @@ def run(args) -> int:
     err = Console(stderr=True)
     t0 = time.time()
     with err.status(f'reading {escape(opts.path)}', spinner='dots'):
-        traj, count = load_record(opts)
+        traj, count, n_dup = load_record(opts)
         try:
             decoder = viz.decoder_for(traj, opts.tokenizer)
         except ValueError as e:          # a tokenizer that does not load, or not the records' one
@@ -193,7 +203,9 @@ def run(args) -> int:
                         'records were sampled with) for token text'), file=sys.stderr)
     with err.status('drawing', spinner='dots'):
         strip = viz.build_strip(traj, decoder, fold=opts.fold, marks=refusal_marks(traj))
-    label = f'episode {opts.episode}' + (f' of {opts.policy}' if opts.policy else '') + f' ({count} in file)'
+    from .report import duplicates_note
+    dup = f'; {duplicates_note(n_dup, opts.path)}' if n_dup else ''
+    label = f'episode {opts.episode}' + (f' of {opts.policy}' if opts.policy else '') + f' ({count} in file{dup})'
     if fmt == 'term':
         if opts.out and opts.out != '-':
             import io
