@@ -468,6 +468,27 @@ def test_cli_truncated_weights_are_one_line(model_dir, tmp_path, capsys):
     assert capsys.readouterr().err == message
 
 
+def test_cli_drift_records_with_model_and_of_a_word_level_run(model_dir, tmp_path, capsys, monkeypatch):
+    """--model with --records measures the records, then samples; a TinyAgent run is refused with what works."""
+    monkeypatch.setattr(torch.cuda, 'is_available', lambda: False)
+    hrun, wrun = tmp_path / 'hf', tmp_path / 'words'
+    assert cli('rollout', '--engine', 'hf', '--model', model_dir, '--split', 'heldout', '--repeats', '1',
+               '--max-new-tokens', '8', '--max-turns', '2', '--out', hrun) == 0
+    assert cli('rollout', '--policy', 'oracle', '--split', 'heldout', '--repeats', '1', '--out', wrun) == 0
+    capsys.readouterr()
+    assert cli('drift', '--model', model_dir, '--records', hrun, '--samples', '2', '--tokens', '8') == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f'drift over {hrun} (tokenizer {model_dir})\n6 records, ')
+    assert f'drift experiment: 2 samples of up to 8 tokens from {model_dir} ' in out
+    want = (f"agentrl: error: --records {str(wrun)!r} were sampled with agentrl's word-level tokenizer (TinyAgent or "
+            'scripted policies), which has no tokenizer folder and cannot drift (its words decode and re-encode to '
+            'the same ids); measure a run of `agentrl rollout --engine hf --model DIR`, or sample with `agentrl '
+            'drift --model DIR`\n')
+    for argv in (['--records', wrun], ['--model', model_dir, '--records', wrun]):
+        assert cli('drift', *argv) == 2
+        assert capsys.readouterr().err == want
+
+
 def test_run_chat_episodes_refuses_a_reply_without_messages(model, template):
     s = hf.HFSampler(model, template.stop_ids, T1, max_new_tokens=2)
     rec = ChatRecorder(template, [{'role': 'user', 'content': 'Hi.'}])

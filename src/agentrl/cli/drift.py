@@ -93,7 +93,9 @@ def register(sub) -> None:
     p = sub.add_parser('drift', help='retokenization drift: sample-decode-re-encode, or the rate over a rollout file',
                        description='Sample continuations with --model, decode and re-encode them, and report the '
                                    'samples that drift and their first differing tokens (book chapter 5.4); with '
-                                   '--records, report the drift rate per 1,000 policy tokens of a rollout file.')
+                                   '--records, report the drift rate per 1,000 policy tokens of a rollout file '
+                                   '(sampled by a Hugging Face model: `agentrl rollout --engine hf`); with both, '
+                                   "measure the records with --model's tokenizer (unless --tokenizer), then sample.")
     p.add_argument('--model', metavar='DIR', default=None, help='model folder to sample from')
     p.add_argument('--records', metavar='PATH', default=None, help='rollout Parquet file or folder to measure')
     p.add_argument('--tokenizer', metavar='DIR', default=None,
@@ -133,6 +135,13 @@ def _tokenizer_dirs_with(fingerprint: str) -> list:
 
 
 def _tokenizer_for_records(opts: DriftOptions, records):
+    from ..gym.vocab import bugfix_tokenizer
+    fps = {r.provenance.tokenizer for r in records if r.provenance is not None and r.provenance.tokenizer}
+    if bugfix_tokenizer().fingerprint() in fps:   # TinyAgent / scripted records: no Hugging Face tokenizer folder
+        raise UserError(f"--records {opts.records!r} were sampled with agentrl's word-level tokenizer (TinyAgent or "
+                        'scripted policies), which has no tokenizer folder and cannot drift (its words decode and '
+                        're-encode to the same ids); measure a run of `agentrl rollout --engine hf --model DIR`, '
+                        'or sample with `agentrl drift --model DIR`')
     from ..engines.hf import require_transformers
     from ..templates import load_tokenizer, tokenizer_fingerprint
     require_transformers('agentrl drift --records')
