@@ -217,7 +217,15 @@ def test_check_refuses_a_row_edited_after_writing(run_dir, tmp_path, capsys):
     path = write(tmp_path / 'edited.parquet', set_cell(t, 'reward', row, 1.0).replace_schema_metadata(t.schema.metadata))
     code, out, _ = check(capsys, path)
     assert code == 1 and re.search(r'^  DigestMismatchError +1$', out, re.M), out
-    assert f"'{path}' row {row}: digest: the stored digest" in out and 'edited after writing' in out
+    what = (r"digest: the stored digest [0-9a-f]{12}\.\.\. does not match the row's content \(ids, owner, turn, "
+            r'action_mask, sample_logp, reward\): the row was edited after writing\. Fix: re-run the rollout for '
+            r'this episode; never edit a stored record in place')
+    where = re.escape(f"'{path}' row {row}")                       # the row is named once, then the kind
+    assert re.search(rf'^  e\.g\. {where}: DigestMismatchError: {what}$', out, re.M), out
+    assert main(['export', str(path), '--to', 'verl', '--out', str(tmp_path / 'v')]) == 1       # refused by check
+    err = capsys.readouterr().err
+    assert re.fullmatch(rf'agentrl: error: {where}: DigestMismatchError: {what} \(1 of {t.num_rows} records '
+                        rf'refused; `agentrl check {re.escape(str(path))}` lists them all\)\n', err), err
     with pytest.raises(checks.DigestMismatchError, match=rf"^'{re.escape(path)}' row {row}: digest: "):
         store.read_trajectories(path)
     assert len(store.read_trajectories(path, verify=False)) == t.num_rows
@@ -284,7 +292,11 @@ def test_malformed_row_is_one_line_in_every_reader(run_dir, tmp_path, capsys, co
     with pytest.raises(checks.MalformedRowError):
         next(store.iter_batches(path, 4))
     code, out, _ = check(capsys, path)
-    assert code == 1 and re.search(r'^  MalformedRowError +1$', out, re.M) and where in out, out
+    named = f"'{path}' row 0: MalformedRowError: {message}"          # check and export name the row once
+    assert code == 1 and re.search(r'^  MalformedRowError +1$', out, re.M) and f'  e.g. {named}' in out, out
+    assert main(['export', str(path), '--to', 'verl', '--out', str(tmp_path / 'v')]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f'agentrl: error: {named}') and err.count("row 0") == 1 and err.count('\n') == 1, err
     for argv in readers(path, run)[1:]:
         code, out, err = main(argv), *capsys.readouterr()
         err = err.strip()                        # report's transient progress display may leave a blank line

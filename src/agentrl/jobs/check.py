@@ -207,7 +207,9 @@ class CheckReport:
         self.kinds.update(p.kind for p in problems)
         for p in problems:
             if len(self.examples) < self.examples_max:
-                self.examples.append(f'{key}: {p.kind}: {p}')
+                msg = str(p)          # a row's own problem already names it ("'FILE' row N: field: ..."): once
+                msg = msg[len(key) + 2:] if msg.startswith(f'{key}: ') else msg
+                self.examples.append(f'{key}: {p.kind}: {msg}')
 
     @property
     def replay(self):
