@@ -459,7 +459,7 @@ def test_cli_check(tmp_path, capsys):
     assert main(['check', str(tmp_path / 'ok.parquet'), '--model', str(ckpt), '--expect-tokenizer', 'tokA',
                  '--max-ratio-dev', '1e-5']) == 0
     out = capsys.readouterr().out
-    assert 'records          5  (refused 0, scripted 1)' in out and 'truncation rate  0.600  (stop == truncated)' in out
+    assert 'records          5  (refused 0, scripted 1)' in out and 'truncation rate  0.600  (episodes stopped truncated or with a turn cut at its budget)' in out
     assert 'refusals by kind: none' in out and 'not replayed: 1 scripted' in out
     assert re.search(r'^  all +24 +1\.0000', out, re.M), out   # 4 records x 6 sampled tokens
     assert 'records: match 4' in out and out.rstrip().endswith('result: OK')

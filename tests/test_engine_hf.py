@@ -244,6 +244,19 @@ def test_provenance_of_hf_records(episodes_t1, tok, template, model_dir, tasks):
     assert any(t.info['truncated_turns'] for t in episodes_t1), 'the fixture should include a cut turn'
 
 
+def test_truncation_rate_counts_turns_cut_at_the_budget(episodes_t1, tmp_path, capsys):
+    """The truncation rate is the fraction of episodes truncated: stop 'truncated' or a turn cut at its budget."""
+    from agentrl import stats
+    cut = sum(bool(t.info['truncated_turns']) for t in episodes_t1)
+    assert 0 < cut and all(t.info['stop'] != 'truncated' for t in episodes_t1)
+    assert [stats.is_truncated(t) for t in episodes_t1] == [bool(t.info['truncated_turns']) for t in episodes_t1]
+    assert stats.PolicySummary.of(episodes_t1).truncation_rate == cut / len(episodes_t1)
+    arl.write_trajectories(tmp_path / 'hf.parquet', episodes_t1)
+    assert cli('check', tmp_path / 'hf.parquet') == 0
+    assert (f'truncation rate  {cut / len(episodes_t1):.3f}  (episodes stopped truncated or with a turn cut at its '
+            'budget)') in capsys.readouterr().out.splitlines()
+
+
 def test_function_calls_drive_the_gym(model, tok, template, tasks):
     """Scripted turns (teacher-forced through the real model) exercise parsing, the gym and the bridge."""
     script = ['<think>\nRead first.\n</think>\n\n<tool_call>\n{"name":"read","arguments":{}}\n</tool_call>',

@@ -13,7 +13,7 @@ from .gym.calls import StopReason
 from .record import OWNER, Trajectory
 
 __all__ = ['StopReason', 'context_lengths', 'PolicySummary', 'SummaryBuilder', 'policy_summary',
-           'episode_metrics']
+           'episode_metrics', 'is_truncated']
 
 
 def context_lengths(traj: Trajectory) -> list[int]:
@@ -31,6 +31,18 @@ def _unknown_obs(traj: Trajectory, unk_id: int) -> int:
     return int(((traj.ids == unk_id) & observed).sum())
 
 
+def is_truncated(traj: Trajectory) -> bool:
+    """Whether an episode was truncated: it stopped ``truncated`` (TinyAgent: the next call would
+    not fit the context) or a turn was cut at its token budget (Hugging Face engine:
+    ``info['truncated_turns']`` not empty, e.g. ``--max-new-tokens`` reached without an end-of-turn token).
+
+    The truncation rate (rollout table, ``summary.json``, ``agentrl check``, the report) is the
+    fraction of episodes for which this holds: of episodes, not of turns.
+    """
+    info = traj.info or {}
+    return info.get('stop') == StopReason.TRUNCATED.value or bool(info.get('truncated_turns'))
+
+
 @dataclass
 class PolicySummary:
     """Statistics of one policy's episodes.
@@ -39,7 +51,8 @@ class PolicySummary:
         episodes: number of episodes.
         mean_reward: mean episode reward.
         stops: stop reason -> count (:class:`StopReason` values), sorted by reason.
-        truncation_rate: fraction of episodes that stopped ``truncated``.
+        truncation_rate: fraction of episodes that were truncated (:func:`is_truncated`: stopped
+            ``truncated``, or a turn cut at its token budget).
         length_mean, length_max: tokens per episode (``len(ids)``).
         action_tokens_mean: mean policy-owned (trained) tokens per episode.
         unknown_obs_tokens: ``<unk>`` tokens in prompt and tool spans (None: not counted).
@@ -109,6 +122,7 @@ class SummaryBuilder:
         self.action = 0.0
         self.unknown = 0
         self.stops: Counter = Counter()
+        self.truncated = 0
         self._first = None      # (order, prompt_length, context lengths)
 
     def add(self, trajs, order=None) -> None:
@@ -124,6 +138,7 @@ class SummaryBuilder:
             if self.unk_id is not None:
                 self.unknown += _unknown_obs(t, self.unk_id)
             self.stops[str((t.info or {}).get('stop', StopReason.UNKNOWN))] += 1
+            self.truncated += is_truncated(t)
             if self._first is None or rank < self._first[0]:
                 self._first = (rank, int((t.turn == -1).sum()), context_lengths(t))
 
@@ -136,7 +151,7 @@ class SummaryBuilder:
         if not self.n:
             raise ValueError('SummaryBuilder.summary: no trajectories were added')
         return PolicySummary(episodes=self.n, mean_reward=self.reward / self.n, stops=dict(sorted(self.stops.items())),
-                             truncation_rate=self.stops.get(StopReason.TRUNCATED.value, 0) / self.n,
+                             truncation_rate=self.truncated / self.n,
                              length_mean=self.length / self.n, length_max=self.length_max,
                              action_tokens_mean=self.action / self.n,
                              unknown_obs_tokens=None if self.unk_id is None else self.unknown,
@@ -158,8 +173,8 @@ def episode_metrics(trajs: list[Trajectory]) -> dict:
     """Per-step episode metrics of sampled records (:meth:`PolicySummary.metrics`).
 
     Returns:
-        dict of floats: ``reward`` (mean), ``truncation_rate`` (fraction with
-        ``info['stop'] == 'truncated'``), ``length`` (mean tokens per episode),
+        dict of floats: ``reward`` (mean), ``truncation_rate`` (fraction of episodes truncated,
+        :func:`is_truncated`), ``length`` (mean tokens per episode),
         ``action_tokens`` (mean policy tokens per episode).
 
     Raises:

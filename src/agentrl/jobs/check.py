@@ -30,6 +30,7 @@ from functools import lru_cache
 from typing import Callable
 
 from ..io import printable
+from ..stats import is_truncated
 
 __all__ = ['CheckOptions', 'CheckReport', 'CheckFailedError', 'run_check', 'require_accepted', 'load_model',
            'count_rows']
@@ -179,7 +180,8 @@ class CheckReport:
         kinds: ``Counter`` of refusal kinds (error class names). examples: first messages.
         lengths, trained: tokens per record and trained tokens per record (accepted rows).
         policies, stops: ``Counter`` of ``provenance.policy`` and ``info['stop']``.
-        truncated: records with ``stop == 'truncated'``.
+        truncated: records truncated (:func:`agentrl.stats.is_truncated`: ``stop == 'truncated'`` or a
+            turn cut at its token budget).
         replays: :class:`agentrl.checks.RecordReplay` per replayed record.
         replay_skipped: ``Counter`` of why records were not replayed (scripted only).
         sampler_defects: replays whose declared sampler does not reproduce the stored log-probs.
@@ -258,7 +260,7 @@ class CheckReport:
                  f'length (tokens)  {_stats(self.lengths)}',
                  f'trained tokens   {_stats(self.trained)}',
                  'stops            ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.stops.items())) or 'none'),
-                 f'truncation rate  {self.truncated / n:.3f}  (stop == truncated)' if n else 'truncation rate  n/a']
+                 f'truncation rate  {self.truncated / n:.3f}  (episodes stopped truncated or with a turn cut at its budget)' if n else 'truncation rate  n/a']
         if self.kinds:
             lines.append('refusals by kind:')
             lines += [f'  {kind:<28} {c}' for kind, c in self.kinds.most_common()]
@@ -447,7 +449,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
                 rep.trained.append(int(rec.action_mask.float().sum()))
             stop = (rec.info or {}).get('stop')
             rep.stops[str(stop)] += 1
-            rep.truncated += stop == 'truncated'
+            rep.truncated += is_truncated(rec)
             rep.policies[prov.policy if prov is not None else '(none)'] += 1
             if prov is not None and prov.logp_placeholder:
                 rep.scripted += 1
