@@ -217,9 +217,9 @@ def test_check_refuses_a_row_edited_after_writing(run_dir, tmp_path, capsys):
     path = write(tmp_path / 'edited.parquet', set_cell(t, 'reward', row, 1.0).replace_schema_metadata(t.schema.metadata))
     code, out, _ = check(capsys, path)
     assert code == 1 and re.search(r'^  DigestMismatchError +1$', out, re.M), out
-    what = (r"digest: the stored digest [0-9a-f]{12}\.\.\. does not match the row's content \(ids, owner, turn, "
-            r'action_mask, sample_logp, reward\): the row was edited after writing\. Fix: re-run the rollout for '
-            r'this episode; never edit a stored record in place')
+    what = (r"digest: the stored digest v2:[0-9a-f]{9}\.\.\. does not match the row's content \(ids, owner, turn, "
+            r'action_mask, sample_logp, reward, provenance, task, info, turn_contexts\): the row was edited after '
+            r'writing\. Fix: re-run the rollout for this episode; never edit a stored record in place')
     where = re.escape(f"'{path}' row {row}")                       # the row is named once, then the kind
     assert re.search(rf'^  e\.g\. {where}: DigestMismatchError: {what}$', out, re.M), out
     assert main(['export', str(path), '--to', 'verl', '--out', str(tmp_path / 'v')]) == 1       # refused by check
@@ -238,8 +238,8 @@ def test_check_refuses_edited_provenance(run_dir, tmp_path, capsys, name, value)
     path = write(tmp_path / 'prov.parquet', set_cell(t, name, 3, value).replace_schema_metadata(t.schema.metadata))
     code, out, _ = check(capsys, path)
     assert code == 1 and re.search(r'^  DigestMismatchError +1$', out, re.M) and 'result: OK' not in out, out
-    assert (f"'{path}' row 3: digest: the stored digest {t.column('digest')[3].as_py()[:12]}... does not match the "
-            "row's content (ids, owner, turn, action_mask, sample_logp, reward, provenance, task, info, "
+    assert (f"'{path}' row 3: DigestMismatchError: digest: the stored digest {t.column('digest')[3].as_py()[:12]}... "
+            "does not match the row's content (ids, owner, turn, action_mask, sample_logp, reward, provenance, task, info, "
             'turn_contexts): the row was edited after writing') in out
 
 

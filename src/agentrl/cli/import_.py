@@ -40,7 +40,7 @@ class ImportOptions:
     min_p: float = _opt(0.0, 'sampler min_p (0 = off; with --temperature)', min=0.0, max=0.999999)
     logp_mode: str | None = _opt(None, "log-prob mode of the source (default: processed; vllm/sglang: raw, vLLM's "
                                        'default)', choices=('processed', 'raw'))
-    model: str = _opt('', 'model id for the provenance')
+    model: str | None = _opt(None, 'model id for the provenance')
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
@@ -88,7 +88,7 @@ def run(args) -> int:
     if opts.tokenizer:
         from ..templates import load_tokenizer
         tok = load_tokenizer(opts.tokenizer)
-    kwargs = {'model': opts.model}
+    kwargs = {'model': opts.model or ''}
     if opts.source in ('vllm', 'sglang'):
         kwargs['logp_mode'] = opts.mode()
     if os.path.exists(opts.out) and (not os.path.isdir(opts.out) or os.listdir(opts.out)):
