@@ -30,7 +30,6 @@ from functools import lru_cache
 from typing import Callable
 
 from ..io import printable
-from ..stats import is_truncated
 
 __all__ = ['CheckOptions', 'CheckReport', 'CheckFailedError', 'run_check', 'require_accepted', 'load_model',
            'count_rows']
@@ -412,6 +411,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             ``opts.path`` or ``opts.model``.
     """
     from .. import checks, store
+    from ..stats import is_truncated          # imports torch: not at CLI start-up
     opts.validate()
     scorer = load_model(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
