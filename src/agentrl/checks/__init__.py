@@ -26,7 +26,7 @@ from .errors import (DigestMismatchError, DuplicateRecordError, EndOfTurnNotTrai
                      TemplateMismatchError, TokenIdError, TokenizerMismatchError, UnknownOwnerError,
                      SamplerMismatchError, MissingGroupError, GroupSizeError,
                      UnclosedTurnError, ControlTokenInContentError)
-from .identity import (dedupe, episode_key, has_identity, identity, is_resend, new_attempt, record_digest,
+from .identity import (dedupe, dedupe_key, episode_key, has_identity, identity, is_resend, new_attempt, record_digest,
                        record_key)
 from .replay import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, RatioStats, RecordReplay, ReplayReport, Scorer,
                      classify_tokens, convert_logp, fit_sampler, replay_check, replay_logp, replay_record,
@@ -46,7 +46,7 @@ __all__ = [
     'MalformedRowError', 'NotReplayableError', 'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError',
     'UnclosedTurnError', 'ControlTokenInContentError',
     # identity
-    'identity', 'has_identity', 'record_key', 'episode_key', 'record_digest', 'new_attempt', 'is_resend', 'dedupe',
+    'identity', 'has_identity', 'record_key', 'episode_key', 'record_digest', 'new_attempt', 'is_resend', 'dedupe', 'dedupe_key',
     # replay
     'TOKEN_KINDS', 'MIN_FIT_TOKENS', 'FIT_BUDGET', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled',
     'require_trainable', 'classify_tokens', 'fit_sampler', 'RatioStats', 'RecordReplay', 'ReplayReport',

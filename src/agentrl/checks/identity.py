@@ -18,7 +18,7 @@ import torch
 from ..record import Provenance, Trajectory
 from .errors import IdentityConflictError, MissingProvenanceError
 
-__all__ = ['identity', 'has_identity', 'record_key', 'episode_key', 'record_digest', 'new_attempt', 'is_resend',
+__all__ = ['identity', 'has_identity', 'dedupe_key', 'record_key', 'episode_key', 'record_digest', 'new_attempt', 'is_resend',
            'dedupe']
 
 
@@ -151,6 +151,22 @@ def _conflict(key: str) -> IdentityConflictError:
         fix='give the retry a new attempt with agentrl.checks.new_attempt(record)')
 
 
+def dedupe_key(record: Trajectory, digest: str | None = None) -> tuple:
+    """The key under which records count as the same: ``('id', group_id, rollout_id, attempt)`` for a
+    record with an identity (:func:`has_identity`), else ``('digest', content digest)``.
+
+    Args:
+        record: a Trajectory. digest: its :func:`record_digest` when already computed.
+
+    Returns:
+        a hashable tuple. Used by :func:`dedupe`, ``agentrl check`` (duplicates and identity
+        conflicts) and ``agentrl report`` (records counted once).
+    """
+    if has_identity(record):
+        return ('id', *identity(record))
+    return ('digest', digest if digest is not None else record_digest(record))
+
+
 def dedupe(records, seen: dict | None = None) -> tuple[list[Trajectory], int]:
     """Drop resends, keep retries, refuse identity conflicts.
 
@@ -173,7 +189,7 @@ def dedupe(records, seen: dict | None = None) -> tuple[list[Trajectory], int]:
     kept, n_resends = [], 0
     for rec in records:
         digest = record_digest(rec)
-        key = ('id', *identity(rec)) if has_identity(rec) else ('digest', digest)
+        key = dedupe_key(rec, digest)
         old = seen.get(key)
         if old is None:
             seen[key] = digest

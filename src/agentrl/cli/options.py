@@ -60,24 +60,24 @@ def _mark_given(namespace, dest: str) -> None:
     setattr(namespace, GIVEN, getattr(namespace, GIVEN, frozenset()) | {dest})
 
 
-class _Store(argparse._StoreAction):
-    """``store`` that also records the flag as given (:func:`given_flags`)."""
+class _Given:
+    """Mixin for an argparse action: also record the flag as given (:func:`given_flags`)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         super().__call__(parser, namespace, values, option_string)
         _mark_given(namespace, self.dest)
 
 
-class _StoreTrue(argparse._StoreTrueAction):
-    def __call__(self, parser, namespace, values, option_string=None):
-        super().__call__(parser, namespace, values, option_string)
-        _mark_given(namespace, self.dest)
+class _Store(_Given, argparse._StoreAction):
+    pass
 
 
-class _StoreFalse(argparse._StoreFalseAction):
-    def __call__(self, parser, namespace, values, option_string=None):
-        super().__call__(parser, namespace, values, option_string)
-        _mark_given(namespace, self.dest)
+class _StoreTrue(_Given, argparse._StoreTrueAction):
+    pass
+
+
+class _StoreFalse(_Given, argparse._StoreFalseAction):
+    pass
 
 
 def given_flags(args: argparse.Namespace) -> frozenset:

@@ -139,17 +139,17 @@ def unique_records(trajs: list) -> tuple[list, int]:
     """The records with each identity once (the first kept), and how many repeats were dropped.
 
     The key is the one ``agentrl check`` uses: ``(group_id, rollout_id, attempt)``
-    (:func:`agentrl.checks.identity`), or the content digest for a record without one; ``check``
+    (:func:`agentrl.checks.dedupe_key`), or the content digest for a record without one; ``check``
     refuses every repeat (DuplicateRecordError, or IdentityConflictError when the content differs).
 
     Returns:
         ``(kept, n_duplicates)``: a list of Trajectory in input order and an int >= 0.
     """
-    from ..checks import has_identity, identity, record_digest
+    from ..checks import dedupe_key
     seen: set = set()
     kept = []
     for t in trajs:
-        key = ('id', *identity(t)) if has_identity(t) else ('digest', record_digest(t))
+        key = dedupe_key(t)
         if key not in seen:
             seen.add(key)
             kept.append(t)

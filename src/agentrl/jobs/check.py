@@ -430,7 +430,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             key = checks.record_key(rec) if prov is not None else row.source
             problems = checks.find_problems(rec, _expected(opts, base, prov, getattr(scorer, 'vocab_size', None)))
             digest = checks.record_digest(rec)
-            ident = hash(checks.identity(rec) if checks.has_identity(rec) else digest)
+            ident = hash(checks.dedupe_key(rec, digest))
             first = seen.get(ident)
             if first is None:
                 seen[ident] = (digest, row.file, row.row)
