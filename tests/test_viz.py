@@ -30,7 +30,7 @@ from agentrl import store, viz
 from agentrl.cli.main import main
 from agentrl.record import Provenance, Trajectory
 
-from conftest import shared_dir
+from _tokenizers import tokenizer_path
 
 GOLDEN = Path(__file__).parent / 'golden' / 'oracle_clamp.svg'
 REGEN = os.environ.get('AGENTRL_REGEN_GOLDEN') == '1'
@@ -121,12 +121,10 @@ def test_display_text():
 
 def test_hf_decoder_on_shared_qwen3(monkeypatch):
     pytest.importorskip('transformers')
-    root = shared_dir() / 'tokenizers'
-    if not (root / 'qwen3' / 'tokenizer.json').exists():
-        pytest.skip(f'no Qwen3 tokenizer under {root}: this test reads the shared/ folder beside the clone '
-                    '(set AGENTRL_SHARED to it; the files are the Qwen/Qwen3-0.6B tokenizer)')
+    qdir = tokenizer_path('qwen3')          # $AGENTRL_TOKENIZERS, ../shared/tokenizers, the hub; else a skip
+    root = qdir.parent
     monkeypatch.setenv('AGENTRL_TOKENIZERS', str(root))
-    qtok = viz.strip._load_hf(str(root / 'qwen3'))
+    qtok = viz.strip._load_hf(str(qdir))
     text = '<|im_start|>user\nclamp(3, 0, 5) returns 0<|im_end|>\n<|im_start|>assistant\n<think>'
     ids = qtok(text, add_special_tokens=False).input_ids
     owner = ['template'] * 3 + ['prompt'] * (len(ids) - 7) + ['template'] * 3 + ['policy']
