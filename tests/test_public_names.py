@@ -1,0 +1,19 @@
+"""Every public name of agentrl, of each subpackage ``__init__`` and of the core modules still imports.
+
+The golden list (``tests/golden/public_names.json``) was taken before the structure split (issue 21): a module that
+moves its code elsewhere must keep re-exporting these names, so callers and the book's code do not change.
+"""
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+GOLDEN = json.loads((Path(__file__).parent / 'golden' / 'public_names.json').read_text())
+
+
+@pytest.mark.parametrize('module', sorted(GOLDEN))
+def test_public_names_still_import(module):
+    mod = importlib.import_module(module)
+    missing = [n for n in GOLDEN[module] if not hasattr(mod, n)]
+    assert missing == [], f'{module} lost public names {missing}; re-export them from their new module'
