@@ -169,9 +169,9 @@ def test_draw_one_edge_case_policy():
     with pytest.raises(ValueError, match=r'draw: rows \[1, 2, 3\] have no distribution to sample from'):
         draw(w, torch.zeros(4, dtype=torch.float64))
     assert draw(w[:1], torch.tensor([0.999999999999], dtype=torch.float64)).tolist() == [1]   # never the 0-weight tail
-    from agentrl.engines.hf import sampler as hfs
+    from agentrl.sampling import choose              # the one chooser (HFSampler.choose): same message
     with pytest.raises(ValueError, match=r'draw: rows \[0\] have no distribution'):
-        hfs.draw(torch.full((1, 3), -math.inf, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
+        choose(torch.full((1, 3), -math.inf, dtype=torch.float64), SamplingSpec(), torch.zeros(1, dtype=torch.float64))
     with pytest.raises(ValueError, match=r'sample: rows \[0\] have no distribution'):
         sample(torch.tensor([[float('nan'), 0.0]]), SamplingSpec(top_p=0.5))
 
