@@ -86,6 +86,7 @@ class HFSampler:
         stats: :data:`STAT_KEYS` counters over the sampler's life: tokens fed in prompt forward
             passes and their seconds, tokens fed in decode steps (one per row and step), decode
             steps and their seconds, seconds spent choosing tokens.
+        scratch: the :class:`~agentrl.sampling.Scratch` buffers :meth:`choose` reuses across steps.
 
     Raises:
         ValueError: ``max_new_tokens < 1``.
