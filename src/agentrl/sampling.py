@@ -1,4 +1,4 @@
-"""L1: the one sampler: seeds, processed log-probs, the draw and the token log-prob gather.
+"""L1: the one sampler: seeds, processed log-probs, the draw, the one per-step chooser and the token log-prob gather.
 
 Every engine (TinyAgent, Hugging Face) and every replay (checks, trainer) uses this module, so a
 record's ``sample_logp`` and its replay come from the same arithmetic.
