@@ -122,7 +122,7 @@ def multi_turn(model, tok, episodes: int, turns: int, new_tokens: int, seed: int
     template = arl.ChatTemplate(tok, tools=arl.TOOL_SCHEMAS)
     spec = arl.SamplingSpec()
     kw = dict(template=template, seed=seed, max_turns=turns, batch_size=episodes)
-    pad = hf.episodes._pad_id(tok, model)
+    pad = hf.pad_token_id(tok, model)
     hf.bugfix_rollouts(model, tok, tasks[:2], spec=spec, max_new_tokens=4, max_turns=2, template=template)  # warm-up
     out = {}
     for name, reuse in (('agentrl', True), ('agentrl_reprefill', False))[:2 if reprefill else 1]:
@@ -168,7 +168,7 @@ def scaling(model, tok, episodes: int, turn_counts, new_tokens: int, seed: int =
     from agentrl.templates import ChatRecorder
     template = arl.ChatTemplate(tok, tools=arl.TOOL_SCHEMAS)
     tasks = arl.make_tasks('all')
-    pad = hf.episodes._pad_id(tok, model)
+    pad = hf.pad_token_id(tok, model)
 
     listing = arl.compact_source(arl.CLAMP_BUGGY)
 

@@ -173,3 +173,20 @@ def test_tool_text_cannot_forge_control_tokens(tasks, tok):
     t = arl.scripted_rollout(arl.scripted_policy('oracle'), Hostile(), tasks[0], tok)
     tool = t.ids[t.owner == OWNER['tool']]
     assert set(tool.tolist()) == {tok.unk_id, tok.stoi['submit']} and int((t.ids == tok.call_id).sum()) == 4
+
+
+def test_pad_rows_sides_exact_values():
+    from agentrl.batching import pad_rows
+    rows = [torch.tensor([1, 2, 3]), torch.tensor([4]), torch.tensor([], dtype=torch.long)]
+    left = pad_rows(rows, 4, -1, side='left')
+    assert left.tolist() == [[-1, 1, 2, 3], [-1, -1, -1, 4], [-1, -1, -1, -1]] and left.dtype == torch.long
+    assert pad_rows(rows, 4, -1).tolist() == [[1, 2, 3, -1], [4, -1, -1, -1], [-1, -1, -1, -1]]
+    lists = pad_rows([[1, 2, 3], [4]], None, 0, side='left', dtype=torch.long)   # None: the longest row
+    assert lists.tolist() == [[1, 2, 3], [0, 0, 4]] and lists.dtype == torch.long
+    floats = pad_rows([[0.5], [0.25, -1.5]], 3, 0.0, side='left', dtype=torch.float32)
+    assert floats.tolist() == [[0.0, 0.0, 0.5], [0.0, 0.25, -1.5]] and floats.dtype == torch.float32
+    assert pad_rows([torch.tensor([0.5])], 2, 1.0, dtype=torch.float64).dtype == torch.float64
+    with pytest.raises(ValueError, match=r"^pad_rows: side must be 'right' or 'left', got 'top'$"):
+        pad_rows(rows, 4, 0, side='top')
+    with pytest.raises(ValueError, match=r'^pad_rows: row 0 has length 3 > target length 2$'):
+        pad_rows([[1, 2, 3]], 2, 0, side='left')

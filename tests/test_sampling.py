@@ -169,9 +169,9 @@ def test_draw_one_edge_case_policy():
     with pytest.raises(ValueError, match=r'draw: rows \[1, 2, 3\] have no distribution to sample from'):
         draw(w, torch.zeros(4, dtype=torch.float64))
     assert draw(w[:1], torch.tensor([0.999999999999], dtype=torch.float64)).tolist() == [1]   # never the 0-weight tail
-    from agentrl.engines.hf import sampler as hfs
+    from agentrl.sampling import choose              # the one chooser (HFSampler.choose): same message
     with pytest.raises(ValueError, match=r'draw: rows \[0\] have no distribution'):
-        hfs.draw(torch.full((1, 3), -math.inf, dtype=torch.float64), torch.zeros(1, dtype=torch.float64))
+        choose(torch.full((1, 3), -math.inf, dtype=torch.float64), SamplingSpec(), torch.zeros(1, dtype=torch.float64))
     with pytest.raises(ValueError, match=r'sample: rows \[0\] have no distribution'):
         sample(torch.tensor([[float('nan'), 0.0]]), SamplingSpec(top_p=0.5))
 
@@ -325,3 +325,28 @@ def test_rollouts_refuse_penalties_and_conflicting_temperature(untrained, tasks,
         arl.rollout_batch(untrained, [arl.BugFixEnv()], tasks[:1], tok, spec=SamplingSpec(repetition_penalty=1.3))
     with pytest.raises(ValueError, match=r'rollout: temperature=0.5 disagrees with spec.temperature=0.7'):
         arl.rollout(untrained, arl.BugFixEnv(), tasks[0], tok, temperature=0.5, spec=SamplingSpec(temperature=0.7))
+
+
+@pytest.mark.parametrize('spec', [SamplingSpec(), SamplingSpec(temperature=0.7), SamplingSpec(temperature=0.0),
+                                  SamplingSpec(temperature=0.8, logp_mode='raw'), SamplingSpec(top_p=0.8),
+                                  SamplingSpec(repetition_penalty=1.3, temperature=0.9)],
+                         ids=['t1', 't07', 'greedy', 'raw', 'top_p', 'penalty'])
+def test_choose_is_the_one_chooser(spec):
+    from agentrl.sampling import PenaltyContext, Scratch, choose, stored_logp, uniforms
+    torch.manual_seed(3)
+    scratch = Scratch()
+    for n in (4, 2, 6):
+        logits = torch.randn(n, 50) * 3
+        ctx = PenaltyContext.of([[1, 2]] * n, [[3]] * n) if spec.penalized else None
+        u = None if spec.temperature <= 0 else uniforms(n, torch.Generator().manual_seed(n))
+        ids, lp = choose(logits, spec, u, context=ctx)
+        ids2, lp2 = choose(logits, spec, u, context=ctx, buffers=scratch)       # in reused buffers: bit-identical
+        assert torch.equal(ids, ids2) and torch.equal(lp, lp2) and lp.dtype == torch.float64
+        assert torch.equal(lp, stored_logp(logits, ids, spec, ctx))
+        forced_ids, forced_lp = choose(logits, spec, None, context=ctx, forced=ids.tolist())
+        assert torch.equal(forced_ids, ids) and torch.equal(forced_lp, lp)
+        # sample is choose on its float32 path, with one uniform draw per row
+        s_ids, s_lp = sample(logits, spec, generator=torch.Generator().manual_seed(n), context=ctx)
+        c_ids, c_lp = choose(logits, spec, u, context=ctx, dtype=torch.float32, caller='sample')
+        assert torch.equal(s_ids, c_ids) and torch.equal(s_lp, c_lp.float()) and s_lp.dtype == torch.float32
+    assert (scratch.tensor is None) == (spec.penalized or spec.truncated and spec.temperature > 0)

@@ -9,28 +9,48 @@ from .record import Batch, Trajectory
 __all__ = ['pad_rows', 'collate']
 
 
-def pad_rows(rows, length: int, value) -> torch.Tensor:
-    """Right-pad 1-D tensors to a common length.
+def pad_rows(rows, length: int | None, value, side: str = 'right', *, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Pad 1-D rows to a common length, on the right (records, trainer batches) or the left (prompts).
 
     Args:
-        rows: sequence of 1-D tensors (same dtype).
-        length: target length, >= every row's length.
+        rows: sequence of 1-D tensors (same dtype), or of lists of Python numbers (one
+            ``torch.tensor`` call: lists of ints give int64, of floats float32).
+        length: target length, >= every row's length; None: the longest row's.
         value: padding value.
+        side: ``'right'`` (row ``b`` at ``[b, :len]``) or ``'left'`` (at ``[b, length - len:]``, the
+            layout of a batch of prompts that generate at the same last column).
+        dtype: the result's dtype (default: the rows').
 
     Returns:
-        ``[B, length]`` tensor with the rows' dtype.
+        ``[B, length]`` tensor.
 
     Raises:
-        ValueError: no rows, a row that is not 1-D, or a row longer than ``length``.
+        ValueError: no rows, a row that is not 1-D, a row longer than ``length``, or another ``side``.
+
+    Example:
+        >>> pad_rows([[1, 2], [3]], 3, 0, side='left').tolist()
+        [[0, 1, 2], [0, 0, 3]]
     """
+    if side not in ('right', 'left'):
+        raise ValueError(f"pad_rows: side must be 'right' or 'left', got {side!r}")
     if len(rows) == 0:
         raise ValueError('pad_rows: no rows to pad; pass at least one 1-D tensor')
+    lists = not isinstance(rows[0], torch.Tensor)
+    if length is None:
+        length = max(len(r) for r in rows)
     for i, r in enumerate(rows):
-        if r.dim() != 1:
+        if not lists and r.dim() != 1:
             raise ValueError(f'pad_rows: row {i} has shape {tuple(r.shape)}; rows must be 1-D')
         if len(r) > length:
             raise ValueError(f'pad_rows: row {i} has length {len(r)} > target length {length}')
-    return torch.stack([F.pad(r, (0, length - len(r)), value=value) for r in rows])
+    if lists:                                       # one tensor from padded lists (the rollouts' hot path)
+        fill = [value]
+        rows = [list(r) + fill * (length - len(r)) if side == 'right' else fill * (length - len(r)) + list(r)
+                for r in rows]
+        return torch.tensor(rows, dtype=dtype)
+    out = torch.stack([F.pad(r, (0, length - len(r)) if side == 'right' else (length - len(r), 0), value=value)
+                       for r in rows])
+    return out if dtype is None else out.to(dtype)
 
 
 def collate(trajs: list[Trajectory], pad_id: int, max_len: int | None = None) -> Batch:

@@ -11,6 +11,7 @@ import copy
 
 import torch
 
+from .batching import pad_rows
 from .gym.calls import StopReason
 from .model import fill_holes
 from .record import Provenance, SamplingSpec, TokenLog, Trajectory
@@ -282,12 +283,6 @@ def rollout(model, env, task, tok, max_turns: int = 6, temperature: float = 1.0,
     return make_trajectory(episode, model_provenance(model, tok, spec))
 
 
-def pad_right(rows: list[list[int]], value: int) -> torch.Tensor:
-    """Right-pad lists of ints -> ``[B, max_len]`` int64."""
-    T = max(len(r) for r in rows)
-    return torch.tensor([r + [value] * (T - len(r)) for r in rows], dtype=torch.long)
-
-
 def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: float = 1.0,
                   generator=None, cache: bool = True, max_active: int | None = None,
                   generators=None, *, spec: SamplingSpec | None = None, identities=None) -> list[Trajectory]:
@@ -435,7 +430,7 @@ def _drive_kv_free(model, sched, tok, spec, generator) -> None:
     while active:
         rows = [episodes[b].ids + calls[b][0] for b in active]
         last = torch.tensor([len(r) - 1 for r in rows])
-        logits = model(pad_right(rows, tok.pad_id))[torch.arange(len(rows)), last]
+        logits = model(pad_rows(rows, None, tok.pad_id, dtype=torch.long))[torch.arange(len(rows)), last]
         next_ids, logps = _draw(logits, spec, generator, active)
         dead = []
         for r, (b, i, lp) in enumerate(zip(active, next_ids.tolist(), logps.tolist())):
@@ -473,7 +468,7 @@ def _drive_cached(model, sched, tok, spec, generator) -> None:
     while active:
         if pending:
             rows = torch.tensor(list(pending))
-            fed = pad_right(list(pending.values()), pad)                  # [P, t]
+            fed = pad_rows(list(pending.values()), None, pad, dtype=torch.long)     # [P, t]
             ids = next_ids[:, None].repeat(1, fed.shape[1])
             ids[rows] = fed
             n_new = torch.ones(len(active), dtype=torch.long)

@@ -1,4 +1,4 @@
-"""L1: the one sampler: seeds, processed log-probs, the draw and the token log-prob gather.
+"""L1: the one sampler: seeds, processed log-probs, the draw, the one per-step chooser and the token log-prob gather.
 
 Every engine (TinyAgent, Hugging Face) and every replay (checks, trainer) uses this module, so a
 record's ``sample_logp`` and its replay come from the same arithmetic.
@@ -17,7 +17,7 @@ import torch
 from .record import SamplingSpec
 
 __all__ = ['episode_seed', 'support_mask', 'PenaltyContext', 'apply_penalties', 'processed_logp', 'stored_logp',
-           'draw', 'uniforms', 'sample', 'token_logp']
+           'draw', 'uniforms', 'Scratch', 'choose', 'sample', 'token_logp']
 
 _SEED_DOMAIN = b'agentrl/episode-seed/v1'
 
@@ -324,6 +324,110 @@ def uniforms(n: int, generator=None, generators=None, device=None) -> torch.Tens
     return torch.cat([torch.rand(1, 1, generator=g, dtype=torch.float64, device=device) for g in generators])
 
 
+class Scratch:
+    """Two ``[rows, V]`` float64 buffers kept across :func:`choose` calls (its temperature-only path).
+
+    At 32 rows of Qwen3's 151,669 entries each buffer is 39 MiB, above glibc's largest mmap
+    threshold (32 MiB): allocating them every step maps and faults fresh pages each time
+    (bench/RESULTS.md, "HF engine: cross-turn KV cache"). The buffers grow to the most rows seen
+    and are reallocated for another vocabulary or device.
+
+    Attributes:
+        tensor: the ``[2, rows, V]`` float64 storage, or None before the first use.
+    """
+
+    def __init__(self):
+        self.tensor = None
+
+    def views(self, logits: torch.Tensor):
+        """``(x, lp)``: two ``[n, V]`` float64 views for ``[n, V]`` logits."""
+        n, V = logits.shape
+        buf = self.tensor
+        if buf is None or buf.shape[1] < n or buf.shape[2] != V or buf.device != logits.device:
+            with torch.inference_mode(False):    # a normal tensor, writable in and out of inference mode
+                buf = self.tensor = torch.empty((2, n, V), dtype=torch.float64, device=logits.device)
+        return buf[0, :n], buf[1, :n]
+
+
+def _processed64(logits, spec, context, buffers):
+    """``(processed log-probs [n, V] float64, spare [n, V] float64 buffer or None)``.
+
+    Specs without penalties or truncation are computed in ``buffers`` (when given) with the same
+    operations as :func:`processed_logp` (``double``, ``/ T``, ``log_softmax``) written with
+    ``out=``, so the values are bit-identical; other specs allocate through :func:`processed_logp`.
+    """
+    if buffers is None or spec.penalized or (spec.temperature > 0 and spec.truncated):
+        return processed_logp(logits, spec, context), None
+    x, lp = buffers.views(logits)
+    x.copy_(logits)
+    if spec.temperature > 0 and spec.temperature != 1.0:
+        x.div_(spec.temperature)
+    torch.log_softmax(x, dim=-1, out=lp)
+    return lp, x
+
+
+def _fast32(spec: SamplingSpec) -> bool:
+    return not spec.penalized and (spec.temperature <= 0 or (not spec.truncated and spec.logp_mode == 'processed'))
+
+
+def choose(logits: torch.Tensor, spec: SamplingSpec, uniforms, *, context: PenaltyContext | None = None,
+           buffers: Scratch | None = None, forced=None, dtype: torch.dtype = torch.float64, caller: str = 'draw'):
+    """The one per-step token chooser: one token per row and the log-prob the record stores.
+
+    Greedy (temperature 0) takes the argmax of the processed log-probs (no uniform used); every
+    other spec inverts each row's CDF at its uniform (:func:`draw`); ``forced`` scores given ids
+    (teacher forcing). The stored log-prob is the processed one, or the raw ``log_softmax`` of the
+    unmodified logits with ``spec.logp_mode == 'raw'`` (greedy stores the processed one).
+
+    Args:
+        logits: ``[n, V]`` float next-token logits.
+        spec: the declared sampler.
+        uniforms: ``[n]`` or ``[n, 1]`` float64 in ``[0, 1)``, one per row (None when greedy or forced).
+        context: the rows' :class:`PenaltyContext` when ``spec.penalized``.
+        buffers: a :class:`Scratch` to compute temperature-only specs in (the HF engine's hot path;
+            bit-identical to the allocating path).
+        forced: optional ``[n]`` ids to score instead of drawing.
+        dtype: ``torch.float64`` (default): every value in float64, equal to :func:`processed_logp`
+            / :func:`stored_logp`. ``torch.float32``: greedy and temperature-only ``processed``
+            specs without penalties take the float32 path of :func:`sample` (``softmax(logits / T)``,
+            ``log(probs[id])``: the TinyAgent records); other specs are computed in float64.
+        caller: the public name that raises (for messages).
+
+    Returns:
+        ``(ids [n] int64, logp [n])``: ``logp`` float64, or float32 on the float32 path.
+
+    Raises:
+        ValueError: a row with no distribution (:func:`draw`); penalties without ``context``.
+
+    Source: inverse-CDF sampling with one uniform per token, so a row draws the same id whichever
+    batch it is in; docs/design.md#hf-engine.
+    """
+    if dtype == torch.float32 and _fast32(spec):
+        x = logits.float()
+        if spec.temperature <= 0:
+            lp = torch.log_softmax(x, dim=-1)
+            ids = lp.argmax(dim=-1) if forced is None else torch.as_tensor(forced, dtype=torch.long, device=lp.device)
+            return ids, lp.gather(-1, ids[:, None]).squeeze(-1)
+        probs = torch.softmax(x if spec.temperature == 1 else x / spec.temperature, dim=-1)  # x/1 == x
+        ids = draw(probs, uniforms, caller=caller) if forced is None else \
+            torch.as_tensor(forced, dtype=torch.long, device=probs.device)
+        return ids, probs.gather(-1, ids[:, None]).squeeze(-1).log()
+    lp, spare = _processed64(logits, spec, context, buffers)
+    if forced is not None:
+        ids = torch.as_tensor(forced, dtype=torch.long, device=lp.device)
+    elif spec.temperature <= 0:
+        ids = lp.argmax(dim=-1)
+    else:
+        weights = lp.exp() if spare is None else torch.exp(lp, out=spare)
+        ids = draw(weights, uniforms, caller=caller, inplace=True)
+    if spec.logp_mode == 'raw' and spec.temperature > 0:
+        if spare is None:
+            lp = torch.log_softmax(logits.double(), dim=-1)
+        else:                      # the processed values are no longer needed: reuse both buffers
+            torch.log_softmax(spare.copy_(logits), dim=-1, out=lp)
+    return ids, lp.gather(-1, ids[:, None]).squeeze(-1)
+
+
 def sample(logits: torch.Tensor, spec: SamplingSpec | None = None, *, generator=None, generators=None,
            context: PenaltyContext | None = None, caller: str = 'sample'):
     """Draw one token per row under ``spec`` and return the log-prob the record stores.
@@ -338,12 +442,12 @@ def sample(logits: torch.Tensor, spec: SamplingSpec | None = None, *, generator=
         caller: the public name that raises (for messages).
 
     Returns:
-        ``(ids [B] int64, logp [B])``. Temperature-only specs (no truncation, no penalty,
-        ``processed``) take the float32 path: ``probs = softmax(logits / T)``,
-        ``logp = log(probs[ids])`` float32 (equal to ``log_softmax`` to about 1e-7); every other
-        spec draws from :func:`processed_logp` (float64) and returns :func:`stored_logp` as
-        float32. Greedy (temperature 0): the argmax of the penalised logits, its temperature-1
-        log-prob, no random number drawn.
+        ``(ids [B] int64, logp [B] float32)``: :func:`choose` with ``dtype=torch.float32``.
+        Temperature-only specs (no truncation, no penalty, ``processed``) take the float32 path:
+        ``probs = softmax(logits / T)``, ``logp = log(probs[ids])`` (equal to ``log_softmax`` to
+        about 1e-7); every other spec draws from :func:`processed_logp` (float64) and returns
+        :func:`stored_logp` as float32. Greedy (temperature 0): the argmax of the penalised
+        logits, its temperature-1 log-prob, no random number drawn.
 
     Raises:
         ValueError: logits not 2-D; ``generator`` and ``generators`` both given, or not one per
@@ -361,25 +465,9 @@ def sample(logits: torch.Tensor, spec: SamplingSpec | None = None, *, generator=
     if generators is not None and (generator is not None or len(generators) != B):
         raise ValueError(f'{caller}: pass generator or one generator per row ({B}), '
                          f'got generator={generator!r} and {len(generators)} generators')
-    if spec.temperature <= 0:
-        lp = processed_logp(logits, spec, context) if spec.penalized else torch.log_softmax(logits.float(), dim=-1)
-        ids = lp.argmax(dim=-1)
-        return ids, lp.gather(-1, ids[:, None]).squeeze(-1).float()
-    if not spec.truncated and not spec.penalized and spec.logp_mode == 'processed':
-        logits = logits.float()
-        T = spec.temperature
-        probs = torch.softmax(logits if T == 1 else logits / T, dim=-1)  # x/1 == x
-        u = (torch.rand(B, 1, generator=generator, dtype=torch.float64, device=probs.device) if generators is None
-             else uniforms(B, None, generators, probs.device))
-        ids = draw(probs, u, caller=caller)
-        return ids, probs.gather(-1, ids[:, None]).squeeze(-1).log()
-    lp = processed_logp(logits, spec, context)
-    ids = draw(lp.exp(), uniforms(B, generator, generators, lp.device), caller=caller)
-    if spec.logp_mode == 'raw':
-        out = torch.log_softmax(logits.double(), dim=-1).gather(-1, ids[:, None]).squeeze(-1)
-    else:
-        out = lp.gather(-1, ids[:, None]).squeeze(-1)
-    return ids, out.float()
+    u = None if spec.temperature <= 0 else uniforms(B, generator, generators, logits.device)
+    ids, lp = choose(logits, spec, u, context=context, dtype=torch.float32, caller=caller)
+    return ids, lp.float()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..checks import errors as E
+from ..gym.calls import StopReason
 from ..record import OWNER, SamplingSpec, Trajectory
 from .common import provenance_for_import
 
@@ -220,7 +221,10 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
 
 
 def _stop(finish) -> str:
-    return 'truncated' if finish == 'length' else 'submitted' if finish in ('stop', 'tool_calls', None) else str(finish)
+    """``info['stop']`` of an OpenAI ``finish_reason``: ``length`` -> truncated; ``stop``/``tool_calls``/None -> submitted."""
+    if finish == 'length':
+        return StopReason.TRUNCATED
+    return StopReason.SUBMITTED if finish in ('stop', 'tool_calls', None) else str(finish)
 
 
 def _turn_starts(traj) -> list:

@@ -14,6 +14,7 @@ import json
 import torch
 
 from ..batching import pad_rows
+from ..gym.calls import StopReason
 from ..record import Provenance, SamplingSpec, Trajectory
 from .common import prepare_export, provenance_for_import, split
 __all__ = ['to_openrlhf', 'from_openrlhf']
@@ -50,7 +51,7 @@ def to_openrlhf(records, *, pad_id: int = 0, allow_support_mismatch: bool = Fals
         'rewards': rewards, 'scores': rewards.clone(),
         'response_length': torch.tensor([int(r.action_mask.sum()) for r in records], dtype=torch.long),
         'total_length': torch.tensor([len(r.ids) for r in records], dtype=torch.long),
-        'truncated': torch.tensor([(r.info or {}).get('stop') == 'truncated' for r in records]),
+        'truncated': torch.tensor([(r.info or {}).get('stop') == StopReason.TRUNCATED for r in records]),
         'agentrl_provenance': [None if r.provenance is None else r.provenance.to_json() for r in records],
         'agentrl_info': [json.dumps(r.info, sort_keys=True, default=str) for r in records],
     }

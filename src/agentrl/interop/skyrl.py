@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+from ..gym.calls import StopReason
 from ..record import Provenance, SamplingSpec, Trajectory
 from .common import group_key, prepare_export, provenance_for_import, record_from_response, split
 __all__ = ['to_skyrl', 'from_skyrl']
@@ -36,7 +37,7 @@ def to_skyrl(records, *, trim: bool = True, allow_support_mismatch: bool = False
         out['response_ids'].append(rec.ids[s.P:end].tolist())
         out['rewards'].append(float(rec.reward))
         out['loss_masks'].append(rec.action_mask[s.P - 1:end - 1].long().tolist())
-        out['stop_reasons'].append('length' if (rec.info or {}).get('stop') == 'truncated' else 'stop')
+        out['stop_reasons'].append('length' if (rec.info or {}).get('stop') == StopReason.TRUNCATED else 'stop')
         out['rollout_logprobs'].append(rec.sample_logp[s.P - 1:end - 1].tolist())
         out['trajectory_ids'].append({'instance_id': g, 'repetition_id': reps[g]})
         out['agentrl_provenance'].append(None if rec.provenance is None else rec.provenance.to_json())
@@ -72,7 +73,7 @@ def from_skyrl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model:
             if lp is not None and mask and mask[-1] == 1 and lp[-1] == 0.0 and len(lp) == len(mask):
                 mask[-1] = 0          # the EOS SkyRL appended: not sampled
         info = json.loads(infos[b]) if infos[b] else {
-            'source': 'skyrl', 'stop': 'truncated' if data['stop_reasons'][b] == 'length' else data['stop_reasons'][b]}
+            'source': 'skyrl', 'stop': StopReason.TRUNCATED if data['stop_reasons'][b] == 'length' else data['stop_reasons'][b]}
         r = data['rewards'][b]
         out.append(record_from_response(data['prompt_token_ids'][b], data['response_ids'][b], mask, lp,
                                         reward=float(sum(r) if isinstance(r, (list, tuple)) else r), info=info,

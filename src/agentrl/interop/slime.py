@@ -16,10 +16,14 @@ from __future__ import annotations
 
 import json
 
+from ..gym.calls import StopReason
 from ..record import Provenance, SamplingSpec, Trajectory
 from .common import group_key, prepare_export, provenance_for_import, record_from_response, split
 
 __all__ = ['to_slime', 'from_slime']
+
+#: slime's ``Sample.Status.TRUNCATED`` value (slime's word, not an agentrl stop reason).
+_SLIME_TRUNCATED = 'truncated'
 
 
 def to_slime(records, *, trim: bool = False, allow_support_mismatch: bool = False) -> list[dict]:
@@ -57,7 +61,7 @@ def to_slime(records, *, trim: bool = False, allow_support_mismatch: bool = Fals
             'reward': float(rec.reward),
             'loss_mask': rec.action_mask[s.P - 1:end - 1].long().tolist(),
             'rollout_log_probs': rec.sample_logp[s.P - 1:end - 1].tolist(),
-            'status': 'truncated' if stop == 'truncated' else 'completed',
+            'status': _SLIME_TRUNCATED if stop == StopReason.TRUNCATED else 'completed',
             'metadata': {'agentrl_provenance': None if prov is None else prov.to_json(),
                          'agentrl_info': json.dumps(rec.info, sort_keys=True, default=str)},
         })
@@ -91,7 +95,7 @@ def from_slime(samples, *, spec: SamplingSpec | None = None, tokenizer=None, mod
                                          rollout_id=str(d.get('index', b)), tokenizer=tokenizer, model=model,
                                          placeholder=lp is None)
         info = json.loads(meta['agentrl_info']) if meta.get('agentrl_info') else {
-            'source': 'slime', 'stop': 'truncated' if status == 'truncated' else str(status)}
+            'source': 'slime', 'stop': StopReason.TRUNCATED if status == _SLIME_TRUNCATED else str(status)}
         reward = d.get('reward')
         reward = float(reward if not isinstance(reward, dict) else next(iter(reward.values()), 0.0) or 0.0)
         out.append(record_from_response(tokens[:len(tokens) - R], tokens[len(tokens) - R:], mask, lp, reward=reward,

@@ -23,6 +23,7 @@ import json
 
 import torch
 
+from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
 from .common import as_list, prepare_export, provenance_for_import, record_from_response, split
 
@@ -84,23 +85,15 @@ def to_trl(records, *, pad_id: int, trim: bool = True, allow_support_mismatch: b
     """
     d = to_trl_rollout(records, trim=trim, allow_support_mismatch=allow_support_mismatch,
                        check_group_order=check_group_order)
-    B = len(d['prompt_ids'])
-    Pm = max(len(p) for p in d['prompt_ids'])
-    Cm = max(len(c) for c in d['completion_ids'])
-    prompt_ids = torch.full((B, Pm), pad_id, dtype=torch.long)
-    prompt_mask = torch.zeros(B, Pm, dtype=torch.long)
-    completion_ids = torch.full((B, Cm), pad_id, dtype=torch.long)
-    completion_mask = torch.zeros(B, Cm, dtype=torch.long)
-    tool_mask = torch.ones(B, Cm, dtype=torch.long)
-    logps = torch.zeros(B, Cm, dtype=torch.float32)
-    for b in range(B):
-        p, c = d['prompt_ids'][b], d['completion_ids'][b]
-        prompt_ids[b, Pm - len(p):] = torch.tensor(p)
-        prompt_mask[b, Pm - len(p):] = 1
-        completion_ids[b, :len(c)] = torch.tensor(c)
-        completion_mask[b, :len(c)] = 1
-        tool_mask[b, :len(c)] = torch.tensor(d['env_mask'][b])
-        logps[b, :len(c)] = torch.tensor(d['logprobs'][b], dtype=torch.float32)
+    P, C = d['prompt_ids'], d['completion_ids']
+    long = torch.long
+    prompt_ids = pad_rows(P, None, pad_id, side='left', dtype=long)
+    prompt_mask = pad_rows([[1] * len(p) for p in P], prompt_ids.shape[1], 0, side='left', dtype=long)
+    completion_ids = pad_rows(C, None, pad_id, dtype=long)
+    Cm = completion_ids.shape[1]
+    completion_mask = pad_rows([[1] * len(c) for c in C], Cm, 0, dtype=long)
+    tool_mask = pad_rows(d['env_mask'], Cm, 1, dtype=long)                    # TRL pads tool_mask with 1
+    logps = pad_rows(d['logprobs'], Cm, 0.0, dtype=torch.float32)
     return {'prompt_ids': prompt_ids, 'prompt_mask': prompt_mask, 'completion_ids': completion_ids,
             'completion_mask': completion_mask, 'tool_mask': tool_mask, 'sampling_per_token_logps': logps,
             'rewards': torch.tensor(d['agentrl_reward'], dtype=torch.float32),

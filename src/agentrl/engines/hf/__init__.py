@@ -4,9 +4,12 @@
   padding, correct ``position_ids`` and a KV cache; sampled ids plus their log-probs under the
   declared :class:`~agentrl.record.SamplingSpec` (``processed`` mode); stops at the template's
   end-of-turn token (kept) or at ``max_new_tokens`` (the turn is marked truncated).
-- :func:`run_chat_episodes`, :func:`bugfix_rollouts`: multi-turn episodes recorded with
-  :class:`~agentrl.templates.ChatRecorder`; the BugFix gym through real function calling; each
-  episode keeps its KV cache row across turns (continuous batching); ``profile=`` gives the time split.
+- :func:`run_chat_episodes`: multi-turn episodes recorded with :class:`~agentrl.templates.ChatRecorder`,
+  answered by any ``respond`` (no gym in it); each episode keeps its KV cache row across turns
+  (continuous batching); ``profile=`` gives the time split (:mod:`.profile`).
+- :func:`bugfix_rollouts`, :func:`bugfix_job`: the BugFix gym through real function calling, on the
+  engine-agnostic :class:`~agentrl.engines.bugfix.BugFixAdapter` (re-exported here with
+  :func:`parse_tool_calls`, :func:`gym_call`, :func:`bugfix_opening`).
 - :func:`score_rows`: logits at chosen rows from one plain forward pass (the scorer that
   :func:`agentrl.engines.scorer.hf_scorer` hands to :func:`agentrl.checks.replay_records`, the step-0
   proof).
@@ -18,15 +21,19 @@ naming the extra.
 
 Source: docs/design.md#hf-engine; book chapter 5.2-5.4 and 5.8.
 """
+from ...templates.chat import require_hf as require_transformers  # noqa: F401 (cli/drift.py's name; use templates' require_hf)
+from ..bugfix import BugFixAdapter, bugfix_opening, gym_call, parse_tool_calls
+from ..episode import EpisodeState, Reply
+from .bugfix import bugfix_job, bugfix_rollouts
 from .drift import DRIFT_PROMPT, DriftExperiment, DriftRate, DriftSample, drift_experiment, drift_rate
-from .episodes import (PROFILE_KEYS, Reply, bugfix_job, bugfix_opening, bugfix_rollouts, format_profile,
-                       gym_call, merge_profiles, parse_tool_calls, run_chat_episodes)
-from .models import default_tokenizer_dir, load_model, make_test_model, model_id, require_transformers, score_rows
-from .sampler import HFSampler, SampledTurn, draw, processed_log_probs
+from .episodes import run_chat_episodes
+from .models import default_tokenizer_dir, load_model, make_test_model, model_id, pad_token_id, score_rows
+from .profile import PROFILE_KEYS, format_profile, merge_profiles
+from .sampler import HFSampler, SampledTurn
 
-__all__ = ['HFSampler', 'SampledTurn', 'processed_log_probs', 'draw',
-           'Reply', 'run_chat_episodes', 'format_profile', 'merge_profiles', 'PROFILE_KEYS', 'bugfix_rollouts', 'bugfix_job',
-           'bugfix_opening', 'parse_tool_calls', 'gym_call',
+__all__ = ['HFSampler', 'SampledTurn',
+           'Reply', 'EpisodeState', 'run_chat_episodes', 'format_profile', 'merge_profiles', 'PROFILE_KEYS',
+           'bugfix_rollouts', 'bugfix_job', 'BugFixAdapter', 'bugfix_opening', 'parse_tool_calls', 'gym_call',
            'score_rows',
            'drift_experiment', 'DriftExperiment', 'DriftSample', 'drift_rate', 'DriftRate', 'DRIFT_PROMPT',
-           'make_test_model', 'load_model', 'default_tokenizer_dir', 'model_id', 'require_transformers']
+           'make_test_model', 'load_model', 'default_tokenizer_dir', 'model_id', 'pad_token_id', 'require_transformers']

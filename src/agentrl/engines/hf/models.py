@@ -16,18 +16,14 @@ import torch
 
 from ...templates.chat import find_tokenizer_dir, load_tokenizer, require_hf
 
-__all__ = ['require_transformers', 'load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id', 'score_rows',
-           'forward_kwargs', 'TOKENIZER_FILES']
+__all__ = ['load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id', 'score_rows',
+           'forward_kwargs', 'pad_token_id', 'TOKENIZER_FILES']
 
 #: Files copied from a tokenizer folder into a test model's folder (when present).
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json',
                    'added_tokens.json', 'chat_template.jinja', 'chat_template.json', 'tokenizer.model',
                    'LICENSE', 'LICENSE-MODEL', 'LICENSE-CODE', 'NOTICE', 'USE_POLICY.md', 'PROVENANCE.md')
 _TEST_MODEL_NOTE = 'agentrl_test_model.json'
-
-
-#: The one transformers import check (``pip install agentrl[hf]`` named in its error).
-require_transformers = require_hf
 
 
 def _dtype_kwarg(transformers) -> str:
@@ -72,7 +68,7 @@ def load_model(model_dir, *, dtype: torch.dtype = torch.float32, device: str | t
 
     Source: Hugging Face ``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained``.
     """
-    transformers = require_transformers('load_model')
+    transformers = require_hf('load_model')
     model_dir = Path(model_dir)
     if not (model_dir / 'config.json').is_file():
         raise FileNotFoundError(f'--model {str(model_dir)!r} has no config.json; pass a folder written by '
@@ -185,7 +181,7 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
 
     Source: docs/design.md#hf-engine.
     """
-    transformers = require_transformers('make_test_model')
+    transformers = require_hf('make_test_model')
     if hidden % heads or heads % kv_heads or layers < 1:
         raise ValueError(f'make_test_model: hidden ({hidden}) must be divisible by heads ({heads}), heads by '
                          f'kv_heads ({kv_heads}), and layers ({layers}) >= 1')
@@ -317,3 +313,13 @@ def score_rows(model, ids: torch.Tensor, attention_mask: torch.Tensor, rows: lis
             lg = torch.tanh(lg / cap) * cap
         out.append(lg.cpu())
     return out
+
+
+def pad_token_id(tokenizer, model) -> int:
+    """The id to pad prompts with: the tokenizer's pad id, else the model config's, else EOS, else 0."""
+    config = getattr(model, 'config', None)
+    for cand in (getattr(tokenizer, 'pad_token_id', None), getattr(config, 'pad_token_id', None),
+                 getattr(tokenizer, 'eos_token_id', None)):
+        if cand is not None:
+            return int(cand)
+    return 0

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...batching import pad_rows
 from ...record import SamplingSpec
-from ...sampling import PenaltyContext, processed_logp
-from ...sampling import draw as _draw
-from .models import forward_kwargs, require_transformers
+from ...sampling import PenaltyContext, Scratch, choose
+from ...templates.chat import require_hf
+from .models import forward_kwargs
 
-__all__ = ['SampledTurn', 'HFSampler', 'processed_log_probs', 'draw', 'STAT_KEYS']
+__all__ = ['SampledTurn', 'HFSampler', 'STAT_KEYS']
 
 #: Counters of :attr:`HFSampler.stats` (``_s``: wall seconds).
 STAT_KEYS = ('prefill_tokens', 'prefill_s', 'decode_tokens', 'decode_steps', 'decode_s', 'sample_s')
@@ -62,36 +63,6 @@ class SampledTurn:
     prompt_len: int = 0
 
 
-def processed_log_probs(logits: torch.Tensor, spec: SamplingSpec, context: PenaltyContext | None = None) -> torch.Tensor:
-    """Log-probs of the distribution the sampler draws from: :func:`agentrl.sampling.processed_logp`.
-
-    Args:
-        logits: ``[N, V]`` float logits of the positions to sample.
-        spec: the sampler (penalties, temperature, then top-k / top-p / min-p, renormalised).
-        context: the rows' :class:`~agentrl.sampling.PenaltyContext` when ``spec`` has penalties.
-
-    Returns:
-        ``[N, V]`` float64 log-probs; ``-inf`` outside the support.
-    """
-    return processed_logp(logits, spec, context)
-
-
-def draw(logp: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Inverse-CDF sampling from log-probs: :func:`agentrl.sampling.draw` on ``exp(logp)``.
-
-    Args:
-        logp: ``[N, V]`` float64 log-probs (``-inf`` allowed).
-        uniforms: ``[N]`` float64 in ``[0, 1)``.
-
-    Returns:
-        ``[N]`` int64 (a token of probability 0 is never returned).
-
-    Raises:
-        ValueError: a row with no distribution (NaN, inf, or every entry -inf).
-    """
-    return _draw(logp.exp(), uniforms, caller='draw')
-
-
 class HFSampler:
     """Sample assistant turns from a Hugging Face causal LM, token-in/token-out.
 
@@ -115,6 +86,7 @@ class HFSampler:
         stats: :data:`STAT_KEYS` counters over the sampler's life: tokens fed in prompt forward
             passes and their seconds, tokens fed in decode steps (one per row and step), decode
             steps and their seconds, seconds spent choosing tokens.
+        scratch: the :class:`~agentrl.sampling.Scratch` buffers :meth:`choose` reuses across steps.
 
     Raises:
         ValueError: ``max_new_tokens < 1``.
@@ -145,7 +117,7 @@ class HFSampler:
         self.forward_calls = 0
         self.tokens_generated = 0
         self.stats = dict.fromkeys(STAT_KEYS, 0)
-        self._buffers = None            # [2, rows, V] float64 sampling buffers (_log_probs)
+        self.scratch = Scratch()        # [2, rows, V] float64 sampling buffers (sampling.choose)
 
     # ------------------------------------------------------------------ model calls
     @property
@@ -155,7 +127,7 @@ class HFSampler:
         return p.device if p is not None else torch.device('cpu')
 
     def _new_cache(self):
-        DynamicCache = require_transformers('HFSampler').DynamicCache
+        DynamicCache = require_hf('HFSampler').DynamicCache
         try:
             return DynamicCache(config=self.model.config)
         except TypeError:  # pragma: no cover - transformers < 4.56
@@ -186,6 +158,16 @@ class HFSampler:
         forced = None if teacher is None else [teacher[r][step] for r in rows]
         return self.choose(logits, None if generators is None else [generators[r] for r in rows], forced, ctx)
 
+    @property
+    def _buffers(self):
+        """The ``[2, rows, V]`` float64 storage of :attr:`scratch` (None before the first use)."""
+        return self.scratch.tensor
+
+    @_buffers.setter
+    def _buffers(self, value) -> None:
+        self.scratch = Scratch()
+        self.scratch.tensor = value
+
     @torch.no_grad()
     def choose(self, logits: torch.Tensor, generators=None, forced=None, context: PenaltyContext | None = None):
         """Pick one token per row from next-token logits, with its log-prob under the spec.
@@ -199,55 +181,15 @@ class HFSampler:
                 its ids so far) when the spec has penalties.
 
         Returns:
-            ``(ids [n] int64, logp [n] float64)``: ``logp`` is the processed log-prob, or the raw
-            ``log_softmax`` with ``spec.logp_mode == 'raw'``.
-
-        Source: inverse-CDF sampling with one uniform per token (:func:`draw`), so a row draws the
-        same id whichever batch it is in.
+            ``(ids [n] int64, logp [n] float64)``: :func:`agentrl.sampling.choose` in float64, in
+            the sampler's reused :attr:`scratch` buffers.
         """
-        lp, spare = self._log_probs(logits, context)
-        if forced is not None:
-            ids = torch.tensor(forced, dtype=torch.long, device=lp.device)
-        elif self.spec.temperature <= 0:
-            ids = lp.argmax(dim=-1)
-        else:
+        u = None
+        if forced is None and self.spec.temperature > 0:
             u = torch.stack([torch.rand((), dtype=torch.float64, generator=g) if g is not None
                              else torch.rand((), dtype=torch.float64)
-                             for g in (generators if generators is not None else [None] * lp.shape[0])])
-            weights = lp.exp() if spare is None else torch.exp(lp, out=spare)
-            ids = _draw(weights, u, caller='draw', inplace=True)
-        if self.spec.logp_mode == 'raw' and self.spec.temperature > 0:
-            if spare is None:
-                lp = torch.log_softmax(logits.double(), dim=-1)
-            else:                      # the processed values are no longer needed: reuse both buffers
-                torch.log_softmax(spare.copy_(logits), dim=-1, out=lp)
-        return ids, lp.gather(-1, ids[:, None]).squeeze(-1)
-
-    def _log_probs(self, logits: torch.Tensor, context):
-        """``([n, V] float64 processed log-probs, spare [n, V] float64 buffer or None)``.
-
-        A spec without penalties or truncation (the common case: temperature only) is computed in
-        two ``[rows, V]`` float64 buffers kept across calls: the same operations as
-        :func:`agentrl.sampling.processed_logp` (``double``, ``/ T``, ``log_softmax``) written with
-        ``out=``, so the values are bit-identical. At 32 rows of Qwen3's 151,669 entries each buffer
-        is 39 MiB, above glibc's largest mmap threshold (32 MiB): allocating them every step maps
-        and faults fresh pages each time (bench/RESULTS.md, "HF engine: cross-turn KV cache").
-        Other specs allocate through :func:`processed_log_probs` and return ``spare=None``.
-        """
-        spec = self.spec
-        if spec.penalized or (spec.temperature > 0 and spec.truncated):
-            return processed_log_probs(logits, spec, context), None
-        n, V = logits.shape
-        buf = self._buffers
-        if buf is None or buf.shape[1] < n or buf.shape[2] != V or buf.device != logits.device:
-            with torch.inference_mode(False):    # a normal tensor, writable in and out of inference mode
-                buf = self._buffers = torch.empty((2, n, V), dtype=torch.float64, device=logits.device)
-        x, lp = buf[0, :n], buf[1, :n]
-        x.copy_(logits)
-        if spec.temperature > 0 and spec.temperature != 1.0:
-            x.div_(spec.temperature)
-        torch.log_softmax(x, dim=-1, out=lp)
-        return lp, x
+                             for g in (generators if generators is not None else [None] * logits.shape[0])])
+        return choose(logits, self.spec, u, context=context, buffers=self.scratch, forced=forced)
 
     def _budgets(self, prompts, max_new_tokens, teacher):
         n = len(prompts)
@@ -313,12 +255,8 @@ class HFSampler:
 
     def _left_pad(self, rows):
         """Left-pad id lists: ``(ids [B, L], attention_mask [B, L], position_ids [B, L])`` on the model's device."""
-        L = max(len(r) for r in rows)
-        ids = torch.full((len(rows), L), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), L), dtype=torch.long)
-        for b, r in enumerate(rows):
-            ids[b, L - len(r):] = torch.tensor(r, dtype=torch.long)
-            mask[b, L - len(r):] = 1
+        ids = pad_rows(rows, None, self.pad_id, side='left', dtype=torch.long)
+        mask = pad_rows([[1] * len(r) for r in rows], ids.shape[1], 0, side='left', dtype=torch.long)
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
         dev = self.device
         return ids.to(dev), mask.to(dev), pos.to(dev)
@@ -393,7 +331,7 @@ class HFSampler:
 
     def new_row_cache(self, max_rows: int):
         """An empty ``RowCache`` for up to ``max_rows`` episodes at once (see :meth:`prefill_row`)."""
-        RowCache, _ = _row_cache_types()
+        from .row_cache import RowCache
         return RowCache(_n_layers(self.model), max_rows)
 
     def _mask_dtype(self):
@@ -494,116 +432,6 @@ class HFSampler:
         for r in range(n):
             cache.lengths[r] += 1
         return out if out.dtype == torch.float64 else out.float()
-
-# ---------------------------------------------------------------------------- cross-turn KV cache
-_ROW_CACHE_TYPES: dict = {}
-
-
-def _row_cache_types():
-    """``(RowCache, RowLayer)``: the cache classes, built on first use (transformers is imported lazily)."""
-    if _ROW_CACHE_TYPES:
-        return _ROW_CACHE_TYPES['cache'], _ROW_CACHE_TYPES['layer']
-    require_transformers('RowCache')
-    from transformers.cache_utils import Cache, CacheLayerMixin
-
-    class RowLayer(CacheLayerMixin):
-        """One layer's keys and values: ``[R, H_kv, S, D]`` buffers, row ``r`` real in ``[:lengths[r]]``."""
-
-        def __init__(self, owner):
-            super().__init__()
-            self.owner = owner
-
-        def lazy_initialization(self, key_states, value_states):
-            o = self.owner
-            shape = (o.max_rows, key_states.shape[1], o.capacity, key_states.shape[3])
-            self.keys = key_states.new_zeros(shape)
-            self.values = value_states.new_zeros(shape)
-            self.device = key_states.device
-            self.is_initialized = True
-
-        def _fit(self, capacity: int) -> None:
-            if self.keys.shape[2] >= capacity:
-                return
-            for name in ('keys', 'values'):
-                old = getattr(self, name)
-                new = old.new_zeros(old.shape[:2] + (capacity,) + old.shape[3:])
-                new[:, :, :old.shape[2]] = old
-                setattr(self, name, new)
-
-        def update(self, key_states, value_states, *args, **kwargs):
-            if not self.is_initialized:
-                self.lazy_initialization(key_states, value_states)
-            o = self.owner
-            self._fit(o.capacity)
-            r0, n, span = o.plan_rows, o.plan_n, o.plan_span
-            if o.plan_start is not None:            # one row, t new tokens from column plan_start
-                s, t = o.plan_start, key_states.shape[2]
-                self.keys[r0, :, s:s + t] = key_states[0]
-                self.values[r0, :, s:s + t] = value_states[0]
-            else:                                   # n rows [r0, r0 + n), one token each at its own column
-                rows, cols = o.plan_index
-                self.keys[rows, :, cols] = key_states[:, :, 0]
-                self.values[rows, :, cols] = value_states[:, :, 0]
-            return self.keys[r0:r0 + n, :, :span], self.values[r0:r0 + n, :, :span]
-
-        def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-            return self.owner.plan_span, 0
-
-        def get_seq_length(self) -> int:
-            return self.owner.plan_span
-
-        def get_max_length(self) -> int:
-            return -1
-
-        def get_max_cache_shape(self) -> int:     # the same question under transformers < 5.11
-            return -1
-
-        def move_row(self, src: int, dst: int, n: int) -> None:
-            if self.is_initialized and n:
-                self.keys[dst, :, :n] = self.keys[src, :, :n]
-                self.values[dst, :, :n] = self.values[src, :, :n]
-
-    class RowCache(Cache):
-        """A KV cache of up to ``max_rows`` episodes, each row with its own length (no padding).
-
-        Row ``r`` holds the keys and values of its first ``lengths[r]`` tokens at columns
-        ``[0, lengths[r])``; a row is shortened by lowering its length (the template rewrote
-        history) and re-filled from there. Forward calls either feed one row several tokens
-        (:meth:`HFSampler.prefill_row`) or rows ``[0, n)`` one token each at their own column
-        (:meth:`HFSampler.decode_rows`); the attention mask (built by the sampler) hides every
-        column at or beyond a row's length. Capacity grows by 1.25x in chunks of 64 columns
-        (one copy), never shrinks.
-
-        Source: transformers ``Cache`` / ``CacheLayerMixin`` (the layer ``update`` protocol);
-        the row layout of :class:`agentrl.model.KVCache`.
-        """
-
-        def __init__(self, n_layers: int, max_rows: int, chunk: int = 64):
-            self.max_rows = int(max_rows)
-            self.chunk = int(chunk)
-            self.capacity = self.chunk
-            self.lengths = [0] * self.max_rows
-            self.plan_rows = self.plan_n = self.plan_span = 0
-            self.plan_start = None
-            self.plan_index = None
-            super().__init__(layers=[RowLayer(self) for _ in range(n_layers)])
-
-        def reserve(self, columns: int) -> None:
-            """Make room for ``columns`` positions per row (grows by >= 1.25x, in chunks)."""
-            if columns > self.capacity:
-                want = max(columns, int(self.capacity * 1.25))
-                self.capacity = -(-want // self.chunk) * self.chunk
-
-        def move_row(self, src: int, dst: int) -> None:
-            """Copy row ``src`` (its ``lengths[src]`` columns) into row ``dst``."""
-            n = self.lengths[src]
-            for layer in self.layers:
-                layer.move_row(src, dst, n)
-            self.lengths[dst] = n
-
-    _ROW_CACHE_TYPES.update(cache=RowCache, layer=RowLayer)
-    return RowCache, RowLayer
-
 
 def _n_layers(model) -> int:
     cfg = getattr(model, 'config', None)
