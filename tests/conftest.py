@@ -38,3 +38,18 @@ def tasks():
 def tok(tasks):
     import agentrl as arl
     return arl.build_tokenizer(tasks)
+
+
+# ---------------------------------------------------------------------------- the 'slow' marker
+#: whole files that are slow (each test starts Ray, a vLLM server or a subprocess job)
+SLOW_FILES = ('tests/test_ray.py', 'tests/vllm/')
+_SLOW = {line.strip() for line in (ROOT / 'tests' / 'slow_tests.txt').read_text().splitlines()
+         if line.strip() and not line.startswith('#')}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the tests of ``tests/slow_tests.txt`` and ``SLOW_FILES`` as ``slow`` (``pytest -m "not slow"``: the quick loop)."""
+    for item in items:
+        rel = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
+        if rel.startswith(SLOW_FILES) or f'{rel}::{item.originalname}' in _SLOW:
+            item.add_marker(pytest.mark.slow)
