@@ -74,7 +74,7 @@ class _Block(nn.Module):
         a few dozen tiny ops).
         """
         N, D = x.shape
-        H, B, S, Dh = self.n_heads, K.shape[0], K.shape[2], D // self.n_heads
+        H, B, Dh = self.n_heads, K.shape[0], D // self.n_heads
         h = F.layer_norm(x, (D,), self.ln1.weight, self.ln1.bias, self.ln1.eps)
         q, k, v = F.linear(h, self.qkv.weight, self.qkv.bias).view(N, 3, H, Dh).unbind(1)   # [N, H, Dh]
         K.view(-1, Dh).index_copy_(0, plan.slots, k.reshape(N * H, Dh))    # one row copy per head
