@@ -279,7 +279,7 @@ def test_datasets_and_pyarrow_load(tmp_path):
 
 CHILD = textwrap.dedent('''
     import os, sys, time
-    import agentrl.store as st
+    import agentrl.store.write as st   # the writer's module: _write_temp is patched below
     sys.path.insert(0, sys.argv[2])
     from test_store import make
     mode = sys.argv[3]
