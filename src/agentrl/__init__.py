@@ -20,7 +20,7 @@ _EXPORTS = {
     'format_results': 'gym', 'TestResult': 'gym', 'EDIT_OPS': 'gym', 'MESSAGES': 'gym', 'ALL_CALLS': 'gym',
     'scripted_policy': 'gym',
     # L1 tokenizer and model (chapters 3, 5)
-    'SPECIALS': 'tokenizer', 'Tokenizer': 'tokenizer', 'build_tokenizer': 'tokenizer',
+    'SPECIALS': 'tokenizer', 'Tokenizer': 'tokenizer', 'build_tokenizer': 'gym.vocab',
     'TinyAgent': 'model', 'sequence_log_probs': 'model', 'sample_next': 'model', 'KVCache': 'kv_cache',
     'save_checkpoint': 'checkpoint', 'load_checkpoint': 'checkpoint',
     # L2 rollout and collate (chapter 5)
