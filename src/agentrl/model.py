@@ -32,6 +32,10 @@ def __getattr__(name):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__():
+    return sorted(set(globals()) | _FROM_CHECKPOINT)
+
+
 class _Block(nn.Module):
     """Pre-LayerNorm transformer block: causal self-attention and a GELU MLP."""
 

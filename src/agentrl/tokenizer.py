@@ -19,6 +19,10 @@ def __getattr__(name):
         return import_module('.gym.vocab', __package__).build_tokenizer
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
+
+def __dir__():
+    return sorted(set(globals()) | {'build_tokenizer'})
+
 #: Special tokens with fixed ids 0..7. Source: book chapter 5.5.
 SPECIALS = ['<pad>', '<bos>', '<unk>', '<obs>', '</obs>', '<call>', '</call>', '<nl>']
 _SPECIAL_SET = frozenset(SPECIALS)
