@@ -362,4 +362,3 @@ def test_scan_rows_carry_the_digest_they_were_verified_with(tmp_path):
     assert [r.digest for r in rows] == [checks.record_digest(t) for t in recs]
     assert all(len(r.digest) == 32 for r in rows)
     assert [r.digest for batch in store.scan(tmp_path / 'a.parquet', verify=False) for r in batch] == [None] * 3
-

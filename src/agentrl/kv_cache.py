@@ -10,8 +10,9 @@ import torch
 
 __all__ = ['KVCache', 'fill_holes']
 
+
 class KVCache:
-    """Incremental key/value cache of a :class:`TinyAgent` for a batch of ragged rows.
+    """Incremental key/value cache of a :class:`~agentrl.model.TinyAgent` for a batch of ragged rows.
 
     Row ``b`` holds the keys and values of its first ``lengths[b]`` tokens; rows may differ in
     length (episodes at different points) and rows can be dropped (:meth:`drop` in place,

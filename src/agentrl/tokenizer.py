@@ -13,16 +13,6 @@ from importlib import import_module
 
 __all__ = ['SPECIALS', 'Tokenizer', 'build_tokenizer']
 
-
-def __getattr__(name):
-    if name == 'build_tokenizer':           # its old place; the gym imports this module, not the reverse
-        return import_module('.gym.vocab', __package__).build_tokenizer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | {'build_tokenizer'})
-
 #: Special tokens with fixed ids 0..7. Source: book chapter 5.5.
 SPECIALS = ['<pad>', '<bos>', '<unk>', '<obs>', '</obs>', '<call>', '</call>', '<nl>']
 _SPECIAL_SET = frozenset(SPECIALS)
@@ -97,3 +87,13 @@ class Tokenizer:
         """Fingerprint of the word-level 'template': ``<bos>`` issue, ``<obs> ... </obs>`` wrappers."""
         rule = 'bos+prompt; policy call; <obs> tool </obs>; agentrl.rollouts.Episode'
         return hashlib.sha256(rule.encode()).hexdigest()[:16]
+
+
+def __getattr__(name):
+    if name == 'build_tokenizer':           # its old place; the gym imports this module, not the reverse
+        return import_module('.gym.vocab', __package__).build_tokenizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | {'build_tokenizer'})

@@ -48,13 +48,14 @@ def _hub_reachable(timeout: float = 1.5) -> bool:
             _HUB_REACHABLE['ok'] = False
     return _HUB_REACHABLE['ok']
 
+
 def find_tokenizer_dir(family: str, *, hub: bool = True) -> Path:
     """The folder of a real tokenizer family (``'qwen3'``, ``'deepseek-v3'``, ``'llama3'``).
 
     The one lookup order (tests, ``make-test-model``, ``viz``):
-    1-2. ``<root>/<family>`` for each root of :func:`tokenizer_roots` (``$AGENTRL_TOKENIZERS``,
-       ``$AGENTRL_SHARED/tokenizers``, ``../shared/tokenizers`` next to the repository and next to
-       the working directory);
+    1. ``$AGENTRL_TOKENIZERS/<family>``;
+    2. ``$AGENTRL_SHARED/tokenizers/<family>``, then ``../shared/tokenizers/<family>`` next to the
+       repository (and next to the working directory): the roots of :func:`tokenizer_roots`;
     3. the Hugging Face hub for families with an ungated repo (:data:`TOKENIZER_FAMILIES`), only when
        ``huggingface_hub`` is installed, ``HF_HUB_OFFLINE`` is not set and huggingface.co answers
        within 1.5 s (files already in the local hub cache are used without a connection).
@@ -120,17 +121,20 @@ def candidate_dirs(model: str = '', *, hub: bool = False) -> list[Path]:
         Folders (``Path``), each holding ``tokenizer_config.json`` or ``tokenizer.json``.
     """
     out = []
-    fam = tokenizer_family(model) if model else None
-    families = ([(fam, hub)] if fam else []) + [(f, False) for f in TOKENIZER_FAMILIES]
-    for i, (f, use_hub) in enumerate(families):
-        if i == (1 if fam else 0):           # after the model's own family: the $AGENTRL_TOKENIZERS folders
-            root = os.environ.get('AGENTRL_TOKENIZERS', '')
-            if root and os.path.isdir(root):
-                out += [sub for sub in sorted(Path(root).iterdir()) if (sub / 'tokenizer.json').exists()]
+
+    def add(family: str, use_hub: bool) -> None:
         try:
-            out.append(find_tokenizer_dir(f, hub=use_hub))
+            out.append(find_tokenizer_dir(family, hub=use_hub))
         except (FileNotFoundError, OSError):
             pass
+    fam = tokenizer_family(model) if model else None
+    if fam:
+        add(fam, hub)
+    root = os.environ.get('AGENTRL_TOKENIZERS', '')
+    if root and os.path.isdir(root):
+        out += [sub for sub in sorted(Path(root).iterdir()) if (sub / 'tokenizer.json').exists()]
+    for f in TOKENIZER_FAMILIES:
+        add(f, False)
     return list(dict.fromkeys(out))
 
 
@@ -150,6 +154,7 @@ def _from_hub(repo_id: str) -> Path | None:
         return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=_TOKENIZER_FILES, etag_timeout=5))
     except Exception:  # noqa: BLE001 - any hub failure means "not available"
         return None
+
 
 def require_hf(what: str = 'agentrl.templates'):
     """Import transformers (and check jinja2), or raise an ImportError that names the extra.

@@ -47,6 +47,7 @@ def flatten_content(content: Any, where: str = 'content') -> Any:
                              'audio yet); send text parts, or describe the non-text input in text')
     return ''.join(out)
 
+
 def function_tools(schemas: Iterable[dict] | None) -> list[dict] | None:
     """Convert MCP-style tool schemas to the function-calling format chat templates read.
 
