@@ -91,7 +91,7 @@ def test_sample_next_inverse_cdf_matches_the_distribution():
 
 def test_locate_inverts_the_cdf_in_float64():
     """Exact intervals, zero weights skipped, a 1e-9 token after a 0.999 mass keeps its interval."""
-    from agentrl.model import locate
+    from agentrl.sampling import draw as locate
     probs = torch.tensor([[0.5, 0.0, 0.3, 0.2], [0.999, 1e-9, 0.0, 0.001 - 1e-9]])
     cdf = probs.double().cumsum(-1)
     u = torch.tensor([[0.0], [float(cdf[1, 0] + 0.5e-9) / float(cdf[1, -1])]], dtype=torch.float64)

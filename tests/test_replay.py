@@ -70,6 +70,16 @@ def test_penalised_records_replay_to_one(peaked, spec):
     assert rep.ok and rep.overall.n == 30 and rep.overall.max_abs_dev <= 1e-5
 
 
+def test_replay_record_of_a_penalised_record_matches_replay_check(peaked):
+    """replay_record (precomputed logits) replays penalties against each turn's context, as replay_check does."""
+    rec = records(peaked, SamplingSpec(repetition_penalty=1.3), n=1)[0]
+    with torch.no_grad():
+        logits = peaked(rec.ids[None])[0]
+    one = checks.replay_record(rec, logits)
+    assert one.ok and one.key == 'g/r0#1' and one.stats.n == 10 and one.stats.max_abs_dev <= 1e-5
+    assert torch.equal(one.rows, checks.replay_check([rec], peaked).records[0].rows)
+
+
 def test_penalty_left_out_of_the_declaration_is_a_sampler_mismatch(peaked):
     """Sampled with repetition_penalty=1.3, declared without: the replay finds the penalty, not a new policy."""
     trajs = records(peaked, SamplingSpec(repetition_penalty=1.3))

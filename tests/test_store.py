@@ -279,7 +279,7 @@ def test_datasets_and_pyarrow_load(tmp_path):
 
 CHILD = textwrap.dedent('''
     import os, sys, time
-    import agentrl.store as st
+    import agentrl.store.write as st   # the writer's module: _write_temp is patched below
     sys.path.insert(0, sys.argv[2])
     from test_store import make
     mode = sys.argv[3]
@@ -352,3 +352,13 @@ def test_ids_outside_the_column_range_name_the_record(tok, tasks):
     with pytest.raises(ValueError, match=r'^store: record 1 field ids has values outside \[-2147483648, 2147483647\]'):
         store.to_table([good, bad])
     assert store.to_table([good]).num_rows == 1
+
+
+def test_scan_rows_carry_the_digest_they_were_verified_with(tmp_path):
+    """StoredRow.digest is checks.record_digest of its record (no second hash needed); None without verify."""
+    recs = [make(k) for k in range(3)]
+    store.write_trajectories(tmp_path / 'a.parquet', recs)
+    rows = [r for batch in store.scan(tmp_path / 'a.parquet', 2) for r in batch]
+    assert [r.digest for r in rows] == [checks.record_digest(t) for t in recs]
+    assert all(len(r.digest) == 32 for r in rows)
+    assert [r.digest for batch in store.scan(tmp_path / 'a.parquet', verify=False) for r in batch] == [None] * 3

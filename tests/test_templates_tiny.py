@@ -12,7 +12,7 @@ import agentrl as arl  # noqa: E402
 import agentrl.templates as tt  # noqa: E402
 from agentrl import checks  # noqa: E402
 from agentrl.record import OWNER, SamplingSpec  # noqa: E402
-from agentrl.templates import chat  # noqa: E402
+from agentrl.templates import chat, loading  # noqa: E402
 
 
 def test_tiny_tokenizer_is_small_and_qwen_style():
@@ -35,7 +35,7 @@ def test_find_tokenizer_dir_order_and_message(tmp_path, monkeypatch):
     assert chat.find_tokenizer_dir('qwen3') == tmp_path / 'qwen3'
     assert chat.find_tokenizer_dir('Qwen/Qwen3-8B') == tmp_path / 'qwen3'       # a model id names its family
     monkeypatch.setenv('AGENTRL_SHARED', str(tmp_path / 'nowhere'))
-    monkeypatch.setattr(chat, '__file__', str(tmp_path / 'a' / 'b' / 'c' / 'chat.py'))
+    monkeypatch.setattr(loading, '__file__', str(tmp_path / 'a' / 'b' / 'c' / 'loading.py'))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=r'no llama3 tokenizer found \(tried .*\); set AGENTRL_TOKENIZERS to '
                                                 r'a folder holding llama3/ .* the upstream repo is gated'):

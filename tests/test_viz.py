@@ -124,7 +124,7 @@ def test_hf_decoder_on_shared_qwen3(monkeypatch):
     qdir = tokenizer_path('qwen3')          # $AGENTRL_TOKENIZERS, ../shared/tokenizers, the hub; else a skip
     root = qdir.parent
     monkeypatch.setenv('AGENTRL_TOKENIZERS', str(root))
-    qtok = viz.strip._load_hf(str(qdir))
+    qtok = viz.decoders._load_hf(str(qdir))
     text = '<|im_start|>user\nclamp(3, 0, 5) returns 0<|im_end|>\n<|im_start|>assistant\n<think>'
     ids = qtok(text, add_special_tokens=False).input_ids
     owner = ['template'] * 3 + ['prompt'] * (len(ids) - 7) + ['template'] * 3 + ['policy']
@@ -152,7 +152,7 @@ def _qwen3_run(tmp_path):
         folder = find_tokenizer_dir('qwen3', hub=False)
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    qtok = viz.strip._load_hf(str(folder))
+    qtok = viz.decoders._load_hf(str(folder))
     ids = qtok('<|im_start|>user\nclamp<|im_end|>\n', add_special_tokens=False).input_ids
     t = Trajectory.from_tokens(ids, ['template'] + ['prompt'] * (len(ids) - 3) + ['template'] * 2, [-1] * len(ids),
                                [0.0] * len(ids), 0.0, {}, provenance=Provenance(
@@ -170,7 +170,7 @@ def test_show_finds_the_records_tokenizer_and_refuses_another(tmp_path, capsys, 
     assert 'clamp' in ANSI.sub('', cap.out) and '#151644' not in cap.out and 'note:' not in cap.err
     tiny = Path(__file__).parent / 'assets' / 'tiny-chat'
     from agentrl.templates.chat import tokenizer_fingerprint
-    tiny_fp = tokenizer_fingerprint(viz.strip._load_hf(str(tiny)))
+    tiny_fp = tokenizer_fingerprint(viz.decoders._load_hf(str(tiny)))
     assert main(['show', str(path), '--tokenizer', str(tiny)]) == 2
     assert capsys.readouterr().err == (
         f"agentrl: error: --tokenizer {str(tiny)!r} has fingerprint {tiny_fp} but the record was tokenized with "

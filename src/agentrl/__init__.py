@@ -20,9 +20,9 @@ _EXPORTS = {
     'format_results': 'gym', 'TestResult': 'gym', 'EDIT_OPS': 'gym', 'MESSAGES': 'gym', 'ALL_CALLS': 'gym',
     'scripted_policy': 'gym',
     # L1 tokenizer and model (chapters 3, 5)
-    'SPECIALS': 'tokenizer', 'Tokenizer': 'tokenizer', 'build_tokenizer': 'tokenizer',
-    'TinyAgent': 'model', 'sequence_log_probs': 'model', 'sample_next': 'model', 'KVCache': 'model',
-    'save_checkpoint': 'model', 'load_checkpoint': 'model',
+    'SPECIALS': 'tokenizer', 'Tokenizer': 'tokenizer', 'build_tokenizer': 'gym.vocab',
+    'TinyAgent': 'model', 'sequence_log_probs': 'model', 'sample_next': 'model', 'KVCache': 'kv_cache',
+    'save_checkpoint': 'checkpoint', 'load_checkpoint': 'checkpoint',
     # L2 rollout and collate (chapter 5)
     'MAX_CALL_TOKENS': 'rollouts', 'Episode': 'rollouts', 'make_trajectory': 'rollouts',
     'scripted_rollout': 'rollouts', 'generate_call': 'rollouts', 'rollout': 'rollouts',
@@ -42,7 +42,7 @@ __all__ = sorted(_EXPORTS) + ['__version__']
 
 
 #: subpackages and modules reachable as ``arl.<name>`` without an explicit import
-_SUBMODULES = {'record', 'tokenizer', 'gym', 'model', 'rollouts', 'batching', 'templates', 'checks', 'stats',
+_SUBMODULES = {'record', 'tokenizer', 'gym', 'model', 'kv_cache', 'checkpoint', 'rollouts', 'batching', 'templates', 'checks', 'stats',
                'store', 'viz', 'train', 'engines', 'jobs', 'cli'}
 
 

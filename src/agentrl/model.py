@@ -2,20 +2,38 @@
 
 Source: book chapter 3 (the book's TinyAgent): d_model 64,
 learned positions, causal attention, 256-position default context, fp32 throughout.
+The ragged cache is :mod:`agentrl.kv_cache`; checkpoints are :mod:`agentrl.checkpoint`
+(``save_checkpoint``/``load_checkpoint`` stay importable from here).
 """
 from __future__ import annotations
 
-import os
+from importlib import import_module
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .kv_cache import KVCache, _Plan, fill_holes
 from .record import SamplingSpec
-from .sampling import draw, sample, token_logp
+from .sampling import sample, token_logp
 
-__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'locate', 'sequence_log_probs', 'sample_next', 'save_checkpoint',
+__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'sequence_log_probs', 'sample_next', 'save_checkpoint',
            'load_checkpoint']
+
+#: names of :mod:`agentrl.checkpoint` still importable from here (loaded on first use: the
+#: checkpoint module imports this one)
+_FROM_CHECKPOINT = frozenset({'save_checkpoint', 'load_checkpoint', 'checkpoint_config', 'CHECKPOINT_BOUNDS',
+                              'MAX_CHECKPOINT_PARAMS'})
+
+
+def __getattr__(name):
+    if name in _FROM_CHECKPOINT:
+        return getattr(import_module('.checkpoint', __package__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | _FROM_CHECKPOINT)
 
 
 class _Block(nn.Module):
@@ -60,22 +78,24 @@ class _Block(nn.Module):
         a few dozen tiny ops).
         """
         N, D = x.shape
-        H, B, S, Dh = self.n_heads, K.shape[0], K.shape[2], D // self.n_heads
+        H, B, Dh = self.n_heads, K.shape[0], D // self.n_heads
         h = F.layer_norm(x, (D,), self.ln1.weight, self.ln1.bias, self.ln1.eps)
         q, k, v = F.linear(h, self.qkv.weight, self.qkv.bias).view(N, 3, H, Dh).unbind(1)   # [N, H, Dh]
-        K.view(-1, Dh).index_copy_(0, plan.slot, k.reshape(N * H, Dh))    # one row copy per head
-        V.view(-1, Dh).index_copy_(0, plan.slot, v.reshape(N * H, Dh))
+        K.view(-1, Dh).index_copy_(0, plan.slots, k.reshape(N * H, Dh))    # one row copy per head
+        V.view(-1, Dh).index_copy_(0, plan.slots, v.reshape(N * H, Dh))
         # one query per row (the last new token): a batched matrix-vector product over the cache
-        scores = torch.matmul((q[:B] * self.scale)[:, :, None], K.transpose(-1, -2)).add_(plan.mask)  # [B, H, 1, S]
+        scores = torch.matmul((q[:B] * self.scale)[:, :, None], K.transpose(-1, -2))      # [B, H, 1, S]
+        scores.add_(plan.last_mask)
         y = torch.matmul(torch.softmax(scores, dim=-1), V).view(B, D)
         if N > B:             # the other new tokens of rows that got several: padded causal block
-            Ks, Vs = (K, V) if plan.sel is None else (K.index_select(0, plan.sel), V.index_select(0, plan.sel))
-            Q, te = Ks.shape[0], plan.te
-            qp = q.new_zeros(Q, te, H, Dh)
-            qp[plan.qr, plan.qj] = q[B:] * self.scale
-            scores = torch.matmul(qp.transpose(1, 2), Ks.transpose(-1, -2)).add_(plan.emask)   # [Q, H, te, S]
-            ye = torch.matmul(torch.softmax(scores, dim=-1), Vs)                                # [Q, H, te, Dh]
-            y = torch.cat([y, ye.transpose(1, 2)[plan.qr, plan.qj].reshape(N - B, D)])
+            rows = plan.extra_rows
+            Ks, Vs = (K, V) if rows is None else (K.index_select(0, rows), V.index_select(0, rows))
+            qrow, qoff = plan.extra_query_row, plan.extra_query_offset
+            qp = q.new_zeros(Ks.shape[0], plan.extra_width, H, Dh)
+            qp[qrow, qoff] = q[B:] * self.scale
+            scores = torch.matmul(qp.transpose(1, 2), Ks.transpose(-1, -2)).add_(plan.extra_mask)  # [Q, H, t-1, S]
+            ye = torch.matmul(torch.softmax(scores, dim=-1), Vs)                                     # [Q, H, t-1, Dh]
+            y = torch.cat([y, ye.transpose(1, 2)[qrow, qoff].reshape(N - B, D)])
         return F.linear(y, self.proj.weight, self.proj.bias)
 
     def mlp_cached(self, x):
@@ -83,175 +103,6 @@ class _Block(nn.Module):
         fc1, fc2 = self.mlp[0], self.mlp[2]
         h = F.layer_norm(x, (x.shape[-1],), self.ln2.weight, self.ln2.bias, self.ln2.eps)
         return F.linear(F.gelu(F.linear(h, fc1.weight, fc1.bias)), fc2.weight, fc2.bias)
-
-
-class KVCache:
-    """Incremental key/value cache of a :class:`TinyAgent` for a batch of ragged rows.
-
-    Row ``b`` holds the keys and values of its first ``lengths[b]`` tokens; rows may differ in
-    length (episodes at different points) and rows can be dropped (:meth:`drop` in place,
-    :meth:`keep` with a compacting copy) when their episodes end. Memory grows with the longest
-    row: the position axis is extended as rows grow (:meth:`reserve`: by at least 1.25x, in
-    multiples of ``chunk`` positions; never preallocated at ``max_len``, since attention reads
-    every allocated position) and trimmed by :meth:`keep`. About ``n_layers * 2 * d_model * 4`` bytes per
-    position and row (1 KB for the default TinyAgent). Build one with :meth:`TinyAgent.new_cache`;
-    fill it with :meth:`TinyAgent.extend`.
-
-    Args:
-        n_layers: blocks of the model. batch: rows B (>= 0). n_heads, head_dim: H and Dh.
-        max_len: the model's context length. dtype, device: of the key and value tensors.
-        chunk: positions the capacity is rounded up to (>= 1).
-
-    Attributes:
-        k, v: one ``[B, H, S, Dh]`` float tensor per block (``S`` = capacity >= longest row).
-        lengths: ``[B]`` int64, tokens held per row.
-        max_len: the model's context length (capacity never exceeds it).
-        tokens: free slot for single-row users to remember which ids the cache holds
-            (:func:`agentrl.rollouts.generate_call` uses it to check a cache matches its prefix).
-
-    Raises:
-        ValueError: ``batch < 0`` or ``chunk < 1``.
-    """
-
-    def __init__(self, n_layers: int, batch: int, n_heads: int, head_dim: int, max_len: int,
-                 dtype=torch.float32, device=None, chunk: int = 16):
-        if batch < 0 or chunk < 1:
-            raise ValueError(f'KVCache needs batch >= 0 and chunk >= 1, got {batch}, {chunk}')
-        self.max_len, self.chunk = max_len, chunk
-        self.k = [torch.zeros(batch, n_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.v = [torch.zeros(batch, n_heads, 0, head_dim, dtype=dtype, device=device) for _ in range(n_layers)]
-        self.lengths = torch.zeros(batch, dtype=torch.long, device=device)
-        self.tokens = None
-
-    @property
-    def batch_size(self) -> int:
-        """Number of rows B."""
-        return self.lengths.shape[0]
-
-    @property
-    def capacity(self) -> int:
-        """Allocated positions S per row (>= the longest row, <= ``max_len``)."""
-        return self.k[0].shape[2] if self.k else 0
-
-    def nbytes(self) -> int:
-        """Bytes held by the key and value tensors."""
-        return sum(t.numel() * t.element_size() for t in self.k + self.v)
-
-    def reserve(self, need: int) -> None:
-        """Grow the position axis to hold ``need`` positions.
-
-        The new capacity is ``need`` or 1.25x the old capacity, whichever is larger, rounded up to
-        ``chunk`` and capped at ``max_len``: at most about 1.25x the longest row plus a chunk, and
-        the copies made by growing add up to O(longest row) per row.
-        """
-        cap = self.capacity
-        if need <= cap:
-            return
-        new = min(self.max_len, -(-max(need, cap + cap // 4) // self.chunk) * self.chunk)
-        for kv in (self.k, self.v):             # one tensor at a time: peak = cache + one tensor
-            for i, t in enumerate(kv):
-                grown = t.new_empty(t.shape[0], t.shape[1], new, t.shape[3])
-                grown[:, :, :cap].copy_(t)
-                grown[:, :, cap:].zero_()       # never-written slots must be finite (masked, weight 0)
-                kv[i] = grown
-
-    def keep(self, rows, extra: int = 0) -> None:
-        """Keep only ``rows`` (in the given order), then append ``extra`` empty rows; trim capacity.
-
-        Used when episodes leave the batch (their rows are dropped) and others join (empty rows
-        at the end). One copy of the kept part of the cache; capacity shrinks to the longest kept
-        row rounded up to ``chunk``.
-
-        Args:
-            rows: list or ``[R]`` int64 tensor of row indices in ``[0, B)``.
-            extra: number of empty rows (length 0) to append.
-
-        Raises:
-            IndexError: a row index outside ``[0, B)``.
-        """
-        rows = torch.as_tensor(rows, dtype=torch.long, device=self.lengths.device)
-        lengths = self.lengths[rows]
-        longest = int(lengths.max()) if len(rows) else 0
-        cap = min(self.capacity, -(-longest // self.chunk) * self.chunk)
-
-        def pick(t):
-            used = t[:, :, :cap]
-            if not extra:
-                return used.index_select(0, rows)
-            out = t.new_empty(len(rows) + extra, *used.shape[1:])
-            torch.index_select(used, 0, rows, out=out[:len(rows)])     # one copy, straight into place
-            out[len(rows):].zero_()
-            return out
-        for kv in (self.k, self.v):             # one tensor at a time: peak = cache + one tensor
-            for i, t in enumerate(kv):
-                kv[i] = pick(t)
-        self.lengths = torch.cat([lengths, lengths.new_zeros(extra)]) if extra else lengths
-
-    def drop(self, dead) -> list[int]:
-        """Drop the ``dead`` rows (ended episodes) in place, copying only the rows that move.
-
-        The last kept rows move into the holes (:func:`fill_holes`) and the row axis is narrowed
-        (a view: the memory is reused, and released at the next :meth:`reserve` or :meth:`keep`);
-        unlike :meth:`keep`, no copy of the whole cache and the capacity is not trimmed.
-
-        Args:
-            dead: row indices in ``[0, B)`` (any order, no repeats).
-
-        Returns:
-            ``order``: new row ``r`` holds what old row ``order[r]`` held.
-
-        Raises:
-            IndexError: a row index outside ``[0, B)``. ValueError: a repeated index.
-        """
-        dead = list(dead)
-        B = self.batch_size
-        if len(set(dead)) != len(dead):
-            raise ValueError(f'KVCache.drop: repeated row indices in {dead}')
-        if any(not 0 <= d < B for d in dead):
-            raise IndexError(f'KVCache.drop: row index out of range [0, {B}) in {dead}')
-        order = fill_holes(B, dead)
-        n = len(order)
-        moves = [(r, o) for r, o in enumerate(order) if r != o]
-        if moves:
-            dst = torch.tensor([m[0] for m in moves], device=self.lengths.device)
-            src = torch.tensor([m[1] for m in moves], device=self.lengths.device)
-            for kv in (self.k, self.v):
-                for t in kv:
-                    t.index_copy_(0, dst, t.index_select(0, src))
-            self.lengths[dst] = self.lengths[src]
-        for kv in (self.k, self.v):
-            for i, t in enumerate(kv):
-                kv[i] = t[:n]
-        self.lengths = self.lengths[:n]
-        return order
-
-
-def fill_holes(n: int, dead) -> list[int]:
-    """Row order after dropping ``dead`` rows of ``n`` by moving the last kept rows into the holes.
-
-    Returns ``order``: new row ``r`` is old row ``order[r]``; rows before the first hole keep their
-    place, so only ``len(dead)`` rows move (what :meth:`KVCache.drop` copies). Rollout drivers
-    reorder their live episodes with the same rule, so every path samples rows in one order.
-    """
-    dead = set(dead)
-    n_keep = n - len(dead)
-    order = list(range(n_keep))
-    tail = [r for r in range(n_keep, n) if r not in dead]
-    for hole, r in zip((d for d in sorted(dead) if d < n_keep), tail):
-        order[hole] = r
-    return order
-
-
-class _Plan:
-    """Index plan of one :meth:`TinyAgent.extend` call, shared by every block.
-
-    pos: position of each packed new token; slot: ``[N * H]`` rows of the flattened
-    ``[B * H * S, Dh]`` cache its keys and values go to; mask: additive ``[B, 1, 1, S]`` mask of
-    the last-token queries; for the other new tokens: sel (the rows that have them, or None for every row), qr,
-    qj (each token's query row and offset), te (padded count), emask (additive ``[Q, 1, te, S]``
-    causal mask).
-    """
-    __slots__ = ('pos', 'slot', 'mask', 'sel', 'qr', 'qj', 'te', 'emask')
 
 
 class TinyAgent(nn.Module):
@@ -367,7 +218,7 @@ class TinyAgent(nn.Module):
         B = cache.batch_size
         if ids.dim() != 2 or ids.shape[0] != B:
             raise ValueError(f'TinyAgent.extend expects ids [B, t] with B = {B} cache rows, got {tuple(ids.shape)}')
-        t, dev = ids.shape[1], ids.device
+        t = ids.shape[1]
         lengths = cache.lengths
         if n_new is not None and t > 1:
             lo, hi = (int(v) for v in torch.aminmax(n_new)) if B else (1, t)
@@ -381,33 +232,8 @@ class TinyAgent(nn.Module):
             raise ValueError(f'sequence length {need} exceeds TinyAgent.max_len={self.max_len}; '
                              'build the model with a larger max_len or cap the episode length')
         cache.reserve(need)
-        S, H, dtype = cache.capacity, self.blocks[0].n_heads, self.head.weight.dtype
-        keys = torch.arange(S, device=dev)
-        plan = _Plan()
-        inf = torch.tensor(float('-inf'), dtype=dtype, device=dev)
-        plan.mask = torch.where(keys >= ends[:, None, None, None], inf, 0.0)              # [B, 1, 1, S]
-        rows = torch.arange(B, device=dev)
-        last_ids = ids[:, t - 1] if n_new is None else ids[rows, n_new - 1]
-        if t == 1:
-            crow, plan.pos, tok_ids = rows, lengths, last_ids
-        else:
-            n = torch.full((B,), t, device=dev) if n_new is None else n_new
-            extra = torch.arange(t - 1, device=dev) < (n - 1)[:, None]                # [B, t-1]
-            er, ej = extra.nonzero(as_tuple=True)                                # [Ne] each
-            has = extra[:, 0]
-            if int(has.sum()) * 2 > B:          # most rows: attend over the whole cache, no copy
-                plan.sel, plan.qr, qlen = None, er, lengths
-            else:                               # a few rows: gather their cache rows
-                plan.sel = has.nonzero().squeeze(1)
-                plan.qr, qlen = (has.long().cumsum(0) - 1)[er], lengths[plan.sel]
-            plan.qj, plan.te = ej, t - 1
-            qpos = qlen[:, None] + torch.arange(t - 1, device=dev)                  # [Q, te]
-            plan.emask = torch.where(keys > qpos[:, None, :, None], inf, 0.0)       # [Q, 1, te, S]
-            crow = torch.cat([rows, er])
-            plan.pos = torch.cat([ends - 1, lengths[er] + ej])
-            tok_ids = torch.cat([last_ids, ids[er, ej]])
-        plan.slot = ((crow[:, None] * H + torch.arange(H, device=dev)) * S + plan.pos[:, None]).view(-1)
-        x = F.embedding(tok_ids, self.tok_emb.weight) + F.embedding(plan.pos, self.pos_emb.weight)   # [N, D]
+        plan = _Plan.build(cache, ids, n_new, ends, self.blocks[0].n_heads, self.head.weight.dtype)
+        x = F.embedding(plan.token_ids, self.tok_emb.weight) + F.embedding(plan.positions, self.pos_emb.weight)
         for i, block in enumerate(self.blocks):
             x = x + block.attend_cached(x, cache.k[i], cache.v[i], plan)
             x = x + block.mlp_cached(x)
@@ -462,134 +288,3 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
     """
     spec = SamplingSpec(temperature=max(float(temperature), 0.0))
     return sample(logits, spec, generator=generator, generators=generators, caller='sample_next')
-
-
-def locate(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """Invert each row's CDF at ``u`` (the book's name for :func:`agentrl.sampling.draw`).
-
-    Args:
-        probs: ``[B, V]`` non-negative weights (rows need not sum to 1; at least one > 0).
-        u: ``[B, 1]`` float64 uniforms in ``[0, 1)``.
-
-    Returns:
-        ``[B]`` int64 ids; a token of weight 0 is never returned (float64 CDF).
-
-    Raises:
-        ValueError: a row whose weights do not sum to a finite positive number.
-    """
-    return draw(probs, u, caller='sample_next')
-
-
-def save_checkpoint(model: TinyAgent, path: str) -> None:
-    """Save weights and config to ``path`` through :func:`agentrl.io.atomic_path` (never a half-written file).
-
-    Raises:
-        OSError: the write failed (full disk, read-only folder); no temporary file is left.
-    """
-    from .io import atomic_path
-    with atomic_path(path) as tmp:
-        torch.save({'config': model.config(), 'state_dict': model.state_dict()}, tmp)
-
-
-#: Bounds on a checkpoint's config, checked before anything is allocated (TinyAgent is a toy:
-#: the defaults are V=316, max_len=256, d_model=64, 2 layers, 4 heads, about 0.11 M parameters).
-CHECKPOINT_BOUNDS = {'vocab_size': (1, 1 << 20), 'max_len': (2, 1 << 16), 'd_model': (1, 4096),
-                     'n_layers': (1, 64), 'n_heads': (1, 256)}
-#: Most parameters a checkpoint may declare (2**27 float32 = 512 MiB).
-MAX_CHECKPOINT_PARAMS = 1 << 27
-
-
-def _param_count(cfg: dict) -> int:
-    """Parameters of ``TinyAgent(**cfg)`` without building it (embeddings, blocks, final norm, head)."""
-    V, L, d, n = cfg['vocab_size'], cfg['max_len'], cfg['d_model'], cfg['n_layers']
-    block = 2 * 2 * d + (3 * d * d + 3 * d) + (d * d + d) + (4 * d * d + 4 * d) + (4 * d * d + d)
-    return V * d + L * d + n * block + 2 * d + (d * V + V)
-
-
-def checkpoint_config(cfg, where: str = 'checkpoint') -> dict:
-    """Validate and bound a TinyAgent config before anything is allocated.
-
-    Args:
-        cfg: the checkpoint's ``config`` dict (keys of :meth:`TinyAgent.config`; ``max_len``,
-            ``d_model``, ``n_layers`` and ``n_heads`` default to the constructor's).
-        where: how to name the checkpoint in errors (its path).
-
-    Returns:
-        the config as a dict of ints, every value within :data:`CHECKPOINT_BOUNDS`.
-
-    Raises:
-        ValueError: not a dict, an unknown key, a value that is not an int or out of bounds,
-            ``d_model`` not divisible by ``n_heads``, or more than :data:`MAX_CHECKPOINT_PARAMS`
-            parameters. Fix: save the model with :func:`save_checkpoint`.
-    """
-    fix = 'save the model with agentrl.model.save_checkpoint'
-    if not isinstance(cfg, dict):
-        raise ValueError(f'{where}: config is a {type(cfg).__name__}, not a dict; {fix}')
-    unknown = sorted(map(str, set(cfg) - set(CHECKPOINT_BOUNDS)))
-    if unknown:
-        raise ValueError(f'{where}: config has unknown keys {unknown[:5]} (known: {", ".join(CHECKPOINT_BOUNDS)}); '
-                         f'{fix}')
-    defaults = {'max_len': 256, 'd_model': 64, 'n_layers': 2, 'n_heads': 4}
-    if 'vocab_size' not in cfg:
-        raise ValueError(f'{where}: config has no vocab_size; {fix}')
-    out = {}
-    for key, (lo, hi) in CHECKPOINT_BOUNDS.items():
-        v = cfg.get(key, defaults.get(key))
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-            raise ValueError(f'{where}: config {key} is {v!r}, not an int in [{lo}, {hi}]; {fix}')
-        out[key] = v
-    if out['d_model'] % out['n_heads']:
-        raise ValueError(f'{where}: config d_model {out["d_model"]} is not divisible by n_heads {out["n_heads"]}; '
-                         f'{fix}')
-    n = _param_count(out)
-    if n > MAX_CHECKPOINT_PARAMS:
-        raise ValueError(f'{where}: config asks for {n:,} parameters ({4 * n / 2**30:.1f} GiB), more than the '
-                         f'{MAX_CHECKPOINT_PARAMS:,} a TinyAgent checkpoint may hold; {fix}')
-    return out
-
-
-def load_checkpoint(path: str) -> TinyAgent:
-    """Load a TinyAgent saved by :func:`save_checkpoint`, or a plain dict of ``state_dict``,
-    ``vocab_size`` and (optional, default 256) ``max_len``.
-
-    The file is read with ``torch.load(weights_only=True)`` (no code runs); the config is
-    validated and bounded (:func:`checkpoint_config`), and every weight's name and shape is
-    compared with the config, before the model is allocated.
-
-    Raises:
-        FileNotFoundError: no file at ``path``.
-        ValueError: the file is not an agentrl TinyAgent checkpoint, its config is malformed or
-            out of bounds, or its weights do not fit the config (one line naming the file).
-    """
-    if not os.path.exists(path):
-        raise FileNotFoundError(f'checkpoint {path!r} not found; pass the model.pt written by `agentrl train`')
-    try:
-        state = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as e:   # not a torch file at all (text, truncated, another pickle)
-        raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (torch.load failed: '
-                         f'{type(e).__name__}); pass model.pt from `agentrl train` or `agentrl rollout`') from None
-    if isinstance(state, dict) and 'config' in state and 'state_dict' in state:
-        cfg = checkpoint_config(state['config'], repr(path))
-    elif isinstance(state, dict) and 'state_dict' in state and 'vocab_size' in state:
-        cfg = checkpoint_config({'vocab_size': state['vocab_size'], 'max_len': state.get('max_len', 256)}, repr(path))
-    else:
-        raise ValueError(f'{path!r} is not an agentrl TinyAgent checkpoint (expected keys config and state_dict, '
-                         'or state_dict, vocab_size and max_len)')
-    weights = state['state_dict']
-    if not isinstance(weights, dict) or not all(torch.is_tensor(v) for v in weights.values()):
-        raise ValueError(f'{path!r}: state_dict is not a dict of tensors; save the model with '
-                         'agentrl.model.save_checkpoint')
-    with torch.device('meta'):
-        want = {k: tuple(v.shape) for k, v in TinyAgent(**cfg).state_dict().items()}
-    missing = sorted(set(want) - set(weights))
-    extra = sorted(map(str, set(weights) - set(want)))
-    if missing or extra:
-        raise ValueError(f'{path!r}: state_dict does not fit the config {cfg} (missing {missing[:3]}, '
-                         f'unexpected {extra[:3]}); save the model with agentrl.model.save_checkpoint')
-    for k, shape in want.items():
-        if tuple(weights[k].shape) != shape:
-            raise ValueError(f'{path!r}: weight {k} has shape {list(weights[k].shape)}, but the config {cfg} '
-                             f'needs {list(shape)}; save the model with agentrl.model.save_checkpoint')
-    model = TinyAgent(**cfg)
-    model.load_state_dict(weights)
-    return model.eval()

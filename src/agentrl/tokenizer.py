@@ -1,13 +1,15 @@
 """L1: TinyAgent's word-level tokenizer (book chapter 5.5).
 
 A token is a whitespace-separated word; a newline is the special word ``<nl>``. Every string
-has exactly one segmentation, so this tokenizer cannot drift (chapter 5.4). Depends on the
-gym only to enumerate the vocabulary.
+has exactly one segmentation, so this tokenizer cannot drift (chapter 5.4). It knows nothing of
+the gym: the BugFix vocabulary is enumerated by :func:`agentrl.gym.vocab.build_tokenizer`
+(still importable from here, loaded on first use).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+from importlib import import_module
 
 __all__ = ['SPECIALS', 'Tokenizer', 'build_tokenizer']
 
@@ -87,27 +89,11 @@ class Tokenizer:
         return hashlib.sha256(rule.encode()).hexdigest()[:16]
 
 
-def build_tokenizer(tasks) -> Tokenizer:
-    """Build the tokenizer that covers all text the BugFix gym can produce for ``tasks``.
+def __getattr__(name):
+    if name == 'build_tokenizer':           # its old place; the gym imports this module, not the reverse
+        return import_module('.gym.vocab', __package__).build_tokenizer
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
-    Enumerates every well-formed call, every fixed message, the test-output words, the
-    integers -20..150, and for each task its issue plus the ``read`` and ``test`` observations
-    of the buggy source and of the source after each edit op. Pass all 30 tasks (train and
-    held-out) so held-out function names get ids. Source: book chapter 5.5.
 
-    Returns:
-        Tokenizer with specials first, then the words in Python string order
-        (316 entries for ``make_tasks('all')``).
-    """
-    from . import gym
-    texts = [*gym.ALL_CALLS, *gym.MESSAGES.values(), 'pass fail -> want error True False']
-    texts += [str(i) for i in range(-20, 151)]
-    for task in tasks:
-        texts.append(task.issue)
-        for op in (None, *gym.EDIT_OPS.values()):
-            source = task.source if op is None else op(task.source, task.public_tests)
-            results = gym.run_tests(source, task.public_tests, task.fn_name)
-            texts.append(gym.compact_source(source))
-            texts.append(gym.format_results(results, task.public_tests))
-    words = {w for text in texts for w in text.split()} - set(SPECIALS)
-    return Tokenizer(sorted(words))
+def __dir__():
+    return sorted(set(globals()) | {'build_tokenizer'})

@@ -9,8 +9,9 @@ message names the field, the position and the fix.
   acceptance validator, an ordered tuple of named rules (:data:`RULES`).
 * :func:`replay_records` (over a :class:`Scorer`), :func:`replay_check`: recompute log-probs under
   the declared sampler (per-turn contexts included) and classify mismatches (log-prob mode,
-  support, sampler, policy change, non-finite); :func:`require_sampled`, :func:`require_trainable`:
-  may a record enter an importance ratio.
+  support, sampler, policy change, non-finite; :mod:`agentrl.checks.classify`);
+  :func:`require_sampled`, :func:`require_trainable` (:mod:`agentrl.checks.gate`): may a record
+  enter an importance ratio.
 * :func:`new_attempt`, :func:`is_resend`, :func:`dedupe`: retry vs resend identity.
 
 The exports are listed explicitly: no submodule name is rebound (``agentrl.checks.acceptance``
@@ -26,11 +27,12 @@ from .errors import (DigestMismatchError, DuplicateRecordError, EndOfTurnNotTrai
                      TemplateMismatchError, TokenIdError, TokenizerMismatchError, UnknownOwnerError,
                      SamplerMismatchError, MissingGroupError, GroupSizeError,
                      UnclosedTurnError, ControlTokenInContentError)
-from .identity import (dedupe, dedupe_key, episode_key, has_identity, identity, is_resend, new_attempt, record_digest,
-                       record_key)
-from .replay import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, RatioStats, RecordReplay, ReplayReport, Scorer,
-                     classify_tokens, convert_logp, fit_sampler, replay_check, replay_logp, replay_record,
-                     replay_records, require_sampled, require_trainable, support_mask)
+from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, classify_tokens, convert_logp, fit_sampler, replay_logp,
+                       support_mask)
+from .gate import require_sampled, require_trainable
+from .identity import (dedupe, dedupe_key, digest_arrays, episode_key, has_identity, identity, is_resend, new_attempt,
+                       record_digest, record_key)
+from .replay import RatioStats, RecordReplay, ReplayReport, Scorer, replay_check, replay_record, replay_records
 from .targets import action_targets
 
 __all__ = [
@@ -46,7 +48,8 @@ __all__ = [
     'MalformedRowError', 'NotReplayableError', 'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError',
     'UnclosedTurnError', 'ControlTokenInContentError',
     # identity
-    'identity', 'has_identity', 'record_key', 'episode_key', 'record_digest', 'new_attempt', 'is_resend', 'dedupe', 'dedupe_key',
+    'identity', 'has_identity', 'record_key', 'episode_key', 'record_digest', 'digest_arrays', 'new_attempt', 'is_resend',
+    'dedupe', 'dedupe_key',
     # replay
     'TOKEN_KINDS', 'MIN_FIT_TOKENS', 'FIT_BUDGET', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled',
     'require_trainable', 'classify_tokens', 'fit_sampler', 'RatioStats', 'RecordReplay', 'ReplayReport',

@@ -13,13 +13,14 @@ from __future__ import annotations
 import hashlib
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from ..record import Provenance, Trajectory
 from .errors import IdentityConflictError, MissingProvenanceError
 
-__all__ = ['identity', 'has_identity', 'dedupe_key', 'record_key', 'episode_key', 'record_digest', 'new_attempt', 'is_resend',
-           'dedupe']
+__all__ = ['identity', 'has_identity', 'dedupe_key', 'record_key', 'episode_key', 'record_digest', 'digest_arrays',
+           'new_attempt', 'is_resend', 'dedupe']
 
 
 def identity(record: Trajectory) -> tuple[str, str, int]:
@@ -71,10 +72,41 @@ def episode_key(group_id: str, rollout_id: str) -> str:
     return rollout_id if group_id and rollout_id.startswith(f'{group_id}/') else f'{group_id}/{rollout_id}'
 
 
-def _bytes(t, dtype) -> bytes:
-    if t is None:
+#: The digested fields, in hashing order: (name hashed, record field, dtype of the hashed bytes).
+DIGEST_FIELDS = (('ids', 'ids', np.int64), ('owner', 'owner', np.int64), ('turn', 'turn', np.int64),
+                 ('mask', 'action_mask', np.float32), ('logp', 'sample_logp', np.float32))
+_TORCH_DTYPES = {np.int64: torch.int64, np.float32: torch.float32}
+
+
+def _field_bytes(a, dtype) -> bytes:
+    """The bytes of one field as ``dtype`` (C order); ``b'<none>'`` for None."""
+    if a is None:
         return b'<none>'
-    return torch.as_tensor(t).detach().to('cpu', dtype).contiguous().numpy().tobytes()
+    if isinstance(a, np.ndarray):
+        return (a if a.dtype == dtype else a.astype(dtype)).tobytes()
+    return torch.as_tensor(a).detach().to('cpu', _TORCH_DTYPES[dtype]).contiguous().numpy().tobytes()
+
+
+def digest_arrays(fields: dict, reward: float) -> str:
+    """The content digest of a record given as its fields: the one digest rule (:func:`record_digest`).
+
+    Args:
+        fields: ``{'ids', 'owner', 'turn', 'action_mask', 'sample_logp'}`` -> a numpy array, a torch
+            tensor, a list, or None (a missing key counts as None). Hashed as int64 (ids, owner,
+            turn) and float32 (mask, log-probs) bytes; numpy arrays are hashed without torch
+            (the store's reader), tensors are converted on the CPU.
+        reward: the episode reward, hashed as float64.
+
+    Returns:
+        str, 32 lowercase hex digits (sha256).
+    """
+    h = hashlib.sha256()
+    for name, field, dtype in DIGEST_FIELDS:
+        h.update(name.encode())
+        h.update(_field_bytes(fields.get(field), dtype))
+    h.update(b'reward')
+    h.update(np.float64(reward).tobytes())
+    return h.hexdigest()[:32]
 
 
 def record_digest(record: Trajectory) -> str:
@@ -83,20 +115,12 @@ def record_digest(record: Trajectory) -> str:
     Covers ``ids`` (as int64), ``owner``, ``turn`` (int64), ``action_mask``, ``sample_logp``
     (float32 bit patterns) and ``reward`` (float64); not ``info`` (it may carry timings) and not
     provenance (the identity is compared separately). Two records with equal digests are the
-    same result.
+    same result. The bytes are those of :func:`digest_arrays` (the store verifies rows with it).
 
     Returns:
         str, 32 lowercase hex digits.
     """
-    h = hashlib.sha256()
-    for name, t, dt in (('ids', record.ids, torch.int64), ('owner', record.owner, torch.int64),
-                        ('turn', record.turn, torch.int64), ('mask', record.action_mask, torch.float32),
-                        ('logp', record.sample_logp, torch.float32)):
-        h.update(name.encode())
-        h.update(_bytes(t, dt))
-    h.update(b'reward')
-    h.update(torch.tensor(float(record.reward), dtype=torch.float64).numpy().tobytes())
-    return h.hexdigest()[:32]
+    return digest_arrays({field: getattr(record, field) for _, field, _ in DIGEST_FIELDS}, float(record.reward))
 
 
 def new_attempt(record: Trajectory | Provenance, **changes) -> Provenance:

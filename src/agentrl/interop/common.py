@@ -24,7 +24,8 @@ from ..checks.acceptance import find_problems
 from ..record import OWNER, Provenance, SamplingSpec, Trajectory
 
 __all__ = ['Split', 'split', 'split_turns', 'check_exportable', 'check_support', 'SupportMismatchWarning',
-           'expected_step0_ratio', 'check_groups', 'group_key', 'sort_by_group', 'record_from_response', 'provenance_for_import', 'as_list']
+           'expected_step0_ratio', 'check_groups', 'group_key', 'sort_by_group', 'record_from_response',
+           'provenance_for_import', 'as_list', 'guess_source', 'source_fix']
 
 _POLICY = OWNER['policy']
 
@@ -402,3 +403,73 @@ def prepare_export(records, caller: str, target: str, *, allow_support_mismatch:
     if groups is not None:
         check_groups(records, groups)
     return records, temperature
+
+
+# ----------------------------------------------------------------------------- loaded files
+
+def guess_source(data) -> str | None:
+    """The framework whose file ``data`` looks like (by its keys), or None.
+
+    Args:
+        data: a loaded file: a dict (verl, slime, TRL, OpenRLHF, SkyRL, one vLLM/SGLang episode) or a
+            list of dicts (prime-rl rows, vLLM/SGLang episodes).
+
+    Returns:
+        ``'verl'``, ``'slime'``, ``'trl'``, ``'openrlhf'``, ``'skyrl'``, ``'prime-rl'``, ``'vllm'``
+        (vLLM or SGLang episodes) or None when no framework's keys are there. Never raises.
+    """
+    if isinstance(data, (list, tuple)) and data and isinstance(data[0], dict):
+        data = data[0]
+    if not isinstance(data, dict):
+        return None
+    keys = set(map(str, data))
+    for name, need in (('verl', {'batch', 'non_tensor_batch'}), ('slime', {'samples'}),
+                       ('trl', {'prompt_ids', 'completion_ids'}), ('openrlhf', {'sequences', 'action_mask'}),
+                       ('skyrl', {'prompt_token_ids', 'response_ids'}), ('prime-rl', {'token_ids', 'mask'}),
+                       ('vllm', {'exchanges'})):
+        if need <= keys:
+            return name
+    return None
+
+
+def source_fix(data, framework: str) -> str:
+    """The fix for a file that is not of ``framework``'s shape: the framework it looks like, if another.
+
+    Returns:
+        ``'is this a verl file? pass --from verl'`` (vLLM/SGLang episodes: ``pass --from vllm or
+        --from sglang``) when :func:`guess_source` names another framework, else ``'pass the file (or
+        folder) `agentrl export --to FRAMEWORK` or FRAMEWORK wrote'``.
+    """
+    g = guess_source(data)
+    if g == 'vllm' and framework not in ('vllm', 'sglang'):
+        return 'is this a file of vLLM/SGLang episodes? pass --from vllm or --from sglang'
+    if g is not None and g != 'vllm' and g != framework:
+        return f'is this a {g} file? pass --from {g}'
+    if framework in ('vllm', 'sglang'):
+        return ('pass a JSON list of episodes {"exchanges": [{"request": ..., "response": ...}, ...]} or a JSONL '
+                'file, one episode per line')
+    return f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
+
+
+def _load_pt(path, framework: str | None = None):
+    """``torch.load`` restricted to tensors and plain containers (no code runs from the file).
+
+    Raises:
+        ValueError: the file holds objects beyond tensors and plain containers, or is JSON text
+            (names the file and, when ``framework`` is given, the framework it looks like).
+    """
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as e:  # pickle.UnpicklingError and friends: objects beyond tensors and plain data
+        with open(path, 'rb') as f:
+            head = f.read(64).lstrip()
+        if framework is not None and head[:1] in (b'{', b'['):
+            from ..io import read_json
+            try:
+                data = read_json(path, fix='', lines='auto')
+            except ValueError:
+                data = None
+            raise ValueError(f'{str(path)!r} is JSON text, not a torch .pt file; {source_fix(data, framework)}') from e
+        raise ValueError(f'{str(path)!r} holds objects beyond tensors, lists and dicts ({type(e).__name__}); '
+                         'agentrl loads .pt files with weights_only=True. Fix: if you trust the file, load it '
+                         'yourself with torch.load(weights_only=False) and pass the result to the from_* function') from e

@@ -31,7 +31,7 @@ import torch
 
 from .. import __version__
 from ..io import atomic_path, atomic_write, read_json
-from .common import SupportMismatchWarning
+from .common import SupportMismatchWarning, _load_pt, guess_source, source_fix  # noqa: F401 - old place
 
 __all__ = ['EXPORTS', 'IMPORTS', 'export', 'load_export', 'import_records']
 
@@ -56,6 +56,53 @@ def _save_parquet(rows: list, path: Path) -> None:
         pq.write_table(table, tmp)
 
 
+def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict, opts: dict,
+                 prompt_length: int | None, response_length: int | None) -> list:
+    """Write ``framework``'s files for ``records`` into ``out`` (see :func:`export`); return their names."""
+    from . import openrlhf, prime_rl, sft, skyrl, slime, trl, verl
+    files = []
+    if framework == 'verl':
+        d = verl.to_verl(records, pad_id=pad_id, prompt_length=prompt_length, response_length=response_length,
+                         **tr, **opts)
+        _save_pt(verl._as_saveable(d), out / 'verl_batch.pt')
+        files.append('verl_batch.pt')
+        try:
+            from verl.protocol import DataProto
+        except ImportError:
+            DataProto = None
+        if DataProto is not None:
+            dp = DataProto.from_dict(tensors=d['batch'], non_tensors=d['non_tensor_batch'], meta_info=d['meta_info'])
+            with atomic_path(out / 'gen_batch.dp') as tmp:
+                dp.save_to_disk(tmp)
+            files.append('gen_batch.dp')
+    elif framework == 'trl':
+        r = trl.to_trl_rollout(records, **tr, **opts)
+        with warnings.catch_warnings():                 # the same records: warned about just above
+            warnings.simplefilter('ignore', SupportMismatchWarning)
+            d = trl.to_trl(records, pad_id=pad_id, **tr, **opts)
+        _save_pt(d, out / 'trl_batch.pt')
+        _save_text(json.dumps(r), out / 'trl_rollout.json')
+        files += ['trl_batch.pt', 'trl_rollout.json']
+    elif framework == 'slime':
+        _save_pt({'samples': slime.to_slime(records, **tr, **opts)}, out / '0.pt')
+        files.append('0.pt')
+    elif framework == 'openrlhf':
+        _save_pt(openrlhf.to_openrlhf(records, pad_id=pad_id, **opts), out / 'experience.pt')
+        files.append('experience.pt')
+    elif framework == 'skyrl':
+        _save_text(json.dumps(skyrl.to_skyrl(records, **tr, **opts)), out / 'generator_output.json')
+        files.append('generator_output.json')
+    elif framework == 'prime-rl':
+        rows = prime_rl.to_prime_rl(records, **opts)
+        _save_text(''.join(json.dumps(r) + '\n' for r in rows), out / 'training_samples.jsonl')
+        files.append('training_samples.jsonl')
+    else:
+        _save_parquet(sft.to_sft(records, form='assistant_masks' if framework == 'sft' else 'loss_mask'),
+                      out / 'sft.parquet')
+        files.append('sft.parquet')
+    return files
+
+
 def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None = None,
            allow_support_mismatch: bool = False, sort_groups: bool = False, prompt_length: int | None = None,
            response_length: int | None = None, split_turns: bool = False) -> dict:
@@ -78,7 +125,6 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
         ValueError: an unknown framework, ``split_turns`` for verl or TRL, or a refusal of the exporter (a RecordError names the
             record, the field and the fix).
     """
-    from . import openrlhf, prime_rl, sft, skyrl, slime, trl, verl
     from .common import sort_by_group
     if framework not in EXPORTS:
         raise ValueError(f'unknown framework {framework!r}; export to one of {", ".join(EXPORTS)}')
@@ -100,46 +146,7 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
     try:
         opts = {'allow_support_mismatch': allow_support_mismatch}
         tr = {} if trim is None else {'trim': trim}
-        files = []
-        if framework == 'verl':
-            d = verl.to_verl(records, pad_id=pad_id, prompt_length=prompt_length, response_length=response_length,
-                             **tr, **opts)
-            _save_pt(verl._as_saveable(d), out / 'verl_batch.pt')
-            files.append('verl_batch.pt')
-            try:
-                from verl.protocol import DataProto
-            except ImportError:
-                DataProto = None
-            if DataProto is not None:
-                dp = DataProto.from_dict(tensors=d['batch'], non_tensors=d['non_tensor_batch'], meta_info=d['meta_info'])
-                with atomic_path(out / 'gen_batch.dp') as tmp:
-                    dp.save_to_disk(tmp)
-                files.append('gen_batch.dp')
-        elif framework == 'trl':
-            r = trl.to_trl_rollout(records, **tr, **opts)
-            with warnings.catch_warnings():                 # the same records: warned about just above
-                warnings.simplefilter('ignore', SupportMismatchWarning)
-                d = trl.to_trl(records, pad_id=pad_id, **tr, **opts)
-            _save_pt(d, out / 'trl_batch.pt')
-            _save_text(json.dumps(r), out / 'trl_rollout.json')
-            files += ['trl_batch.pt', 'trl_rollout.json']
-        elif framework == 'slime':
-            _save_pt({'samples': slime.to_slime(records, **tr, **opts)}, out / '0.pt')
-            files.append('0.pt')
-        elif framework == 'openrlhf':
-            _save_pt(openrlhf.to_openrlhf(records, pad_id=pad_id, **opts), out / 'experience.pt')
-            files.append('experience.pt')
-        elif framework == 'skyrl':
-            _save_text(json.dumps(skyrl.to_skyrl(records, **tr, **opts)), out / 'generator_output.json')
-            files.append('generator_output.json')
-        elif framework == 'prime-rl':
-            rows = prime_rl.to_prime_rl(records, **opts)
-            _save_text(''.join(json.dumps(r) + '\n' for r in rows), out / 'training_samples.jsonl')
-            files.append('training_samples.jsonl')
-        else:
-            _save_parquet(sft.to_sft(records, form='assistant_masks' if framework == 'sft' else 'loss_mask'),
-                          out / 'sft.parquet')
-            files.append('sft.parquet')
+        files = _write_files(framework, records, out, pad_id, tr, opts, prompt_length, response_length)
         manifest = {'framework': framework, 'files': files, 'records': len(records), 'pad_id': pad_id,
                     'trim': trim, 'allow_support_mismatch': allow_support_mismatch, 'sort_groups': sort_groups,
                     'split_turns': split_turns,
@@ -153,74 +160,6 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
             for f in out.iterdir():
                 shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
         raise
-
-
-def guess_source(data) -> str | None:
-    """The framework whose file ``data`` looks like (by its keys), or None.
-
-    Args:
-        data: a loaded file: a dict (verl, slime, TRL, OpenRLHF, SkyRL, one vLLM/SGLang episode) or a
-            list of dicts (prime-rl rows, vLLM/SGLang episodes).
-
-    Returns:
-        ``'verl'``, ``'slime'``, ``'trl'``, ``'openrlhf'``, ``'skyrl'``, ``'prime-rl'``, ``'vllm'``
-        (vLLM or SGLang episodes) or None when no framework's keys are there. Never raises.
-    """
-    if isinstance(data, (list, tuple)) and data and isinstance(data[0], dict):
-        data = data[0]
-    if not isinstance(data, dict):
-        return None
-    keys = set(map(str, data))
-    for name, need in (('verl', {'batch', 'non_tensor_batch'}), ('slime', {'samples'}),
-                       ('trl', {'prompt_ids', 'completion_ids'}), ('openrlhf', {'sequences', 'action_mask'}),
-                       ('skyrl', {'prompt_token_ids', 'response_ids'}), ('prime-rl', {'token_ids', 'mask'}),
-                       ('vllm', {'exchanges'})):
-        if need <= keys:
-            return name
-    return None
-
-
-def source_fix(data, framework: str) -> str:
-    """The fix for a file that is not of ``framework``'s shape: the framework it looks like, if another.
-
-    Returns:
-        ``'is this a verl file? pass --from verl'`` (vLLM/SGLang episodes: ``pass --from vllm or
-        --from sglang``) when :func:`guess_source` names another framework, else ``'pass the file (or
-        folder) `agentrl export --to FRAMEWORK` or FRAMEWORK wrote'``.
-    """
-    g = guess_source(data)
-    if g == 'vllm' and framework not in ('vllm', 'sglang'):
-        return 'is this a file of vLLM/SGLang episodes? pass --from vllm or --from sglang'
-    if g is not None and g != 'vllm' and g != framework:
-        return f'is this a {g} file? pass --from {g}'
-    if framework in ('vllm', 'sglang'):
-        return ('pass a JSON list of episodes {"exchanges": [{"request": ..., "response": ...}, ...]} or a JSONL '
-                'file, one episode per line')
-    return f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
-
-
-def _load_pt(path: Path, framework: str | None = None):
-    """``torch.load`` restricted to tensors and plain containers (no code runs from the file).
-
-    Raises:
-        ValueError: the file holds objects beyond tensors and plain containers, or is JSON text
-            (names the file and, when ``framework`` is given, the framework it looks like).
-    """
-    try:
-        return torch.load(path, weights_only=True)
-    except Exception as e:  # pickle.UnpicklingError and friends: objects beyond tensors and plain data
-        with open(path, 'rb') as f:
-            head = f.read(64).lstrip()
-        if framework is not None and head[:1] in (b'{', b'['):
-            from ..io import read_json
-            try:
-                data = read_json(path, fix='', lines='auto')
-            except ValueError:
-                data = None
-            raise ValueError(f'{str(path)!r} is JSON text, not a torch .pt file; {source_fix(data, framework)}') from e
-        raise ValueError(f'{str(path)!r} holds objects beyond tensors, lists and dicts ({type(e).__name__}); '
-                         'agentrl loads .pt files with weights_only=True. Fix: if you trust the file, load it '
-                         'yourself with torch.load(weights_only=False) and pass the result to the from_* function') from e
 
 
 def load_export(path, framework: str):

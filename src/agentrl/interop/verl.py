@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import as_list, prepare_export, provenance_for_import, record_from_response, split
+from .common import _load_pt, as_list, prepare_export, provenance_for_import, record_from_response, source_fix, split
 __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl']
 
 
@@ -216,7 +216,6 @@ def load_verl(path) -> dict:
         ValueError: the file has no ``batch``/``non_tensor_batch`` dict (names the file, the field and,
             when it looks like another framework's file, that framework).
     """
-    from .files import _load_pt, source_fix
     d = _load_pt(path, 'verl')
     for key in ('batch', 'non_tensor_batch'):
         if not isinstance(d, dict) or not isinstance(d.get(key), dict):

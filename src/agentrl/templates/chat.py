@@ -8,34 +8,25 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
-from pathlib import Path
 from typing import Any, Iterable, Sequence
+
+from .loading import (TOKENIZER_FAMILIES, find_tokenizer_dir, load_tokenizer, require_hf,  # noqa: F401 - old place
+                      tokenizer_family)
+from .messages import (PROMPT_ROLES, TOOL_ROLES, check_messages, common_prefix, common_suffix,  # noqa: F401
+                       diff_span, flatten_content, function_tools, owner_of_role)
 
 __all__ = ['ChatTemplate', 'as_template', 'function_tools', 'require_hf', 'load_tokenizer',
            'PROMPT_ROLES', 'TOOL_ROLES', 'CONTENT_TEXT_MODES', 'ControlTextError', 'find_tokenizer_dir',
            'tokenizer_family', 'TOKENIZER_FAMILIES', 'tokenizer_fingerprint', 'flatten_content']
 
-#: Roles whose content the task supplies (owner ``prompt``).
-PROMPT_ROLES = ('system', 'user', 'developer')
-#: Roles whose content an environment returns (owner ``tool``).
-TOOL_ROLES = ('tool', 'ipython', 'function', 'observation')
-_ROLES = PROMPT_ROLES + TOOL_ROLES + ('assistant',)
+
 #: Template options ChatTemplate takes by keyword; everything else goes to the template.
 _OWN_OPTIONS = ('tools', 'chat_template', 'stop_tokens', 'content_text')
 #: What happens to control-token text (``'<|im_end|>'``) inside content the policy did not sample
 #: (system, user, tool and opening messages): ``'plain'`` encodes it as ordinary text (its byte-level
 #: pieces, never the control id); ``'refuse'`` raises :class:`ControlTextError`.
 CONTENT_TEXT_MODES = ('plain', 'refuse')
-#: Tokenizer families the tests and demos use: folder name -> ungated Hugging Face repo holding the
-#: same tokenizer files (None: gated upstream, get the files yourself).
-TOKENIZER_FAMILIES = {'qwen3': 'Qwen/Qwen3-0.6B', 'deepseek-v3': 'deepseek-ai/DeepSeek-V3', 'llama3': None}
-#: Model-id prefixes (lower case) -> family folder.
-_FAMILY_PREFIXES = {'qwen/qwen3': 'qwen3', 'deepseek-ai/deepseek-v3': 'deepseek-v3',
-                    'meta-llama/meta-llama-3': 'llama3', 'qwen3': 'qwen3', 'deepseek-v3': 'deepseek-v3',
-                    'llama3': 'llama3'}
-_TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja', 'special_tokens_map.json']
 
 
 class ControlTextError(ValueError):
@@ -50,301 +41,6 @@ class ControlTextError(ValueError):
         super().__init__(f'{where}[{message}] ({role}) content holds the control-token text {token!r}: the '
                          'template would turn it into a control token (a forged turn boundary); remove it from '
                          "the content, or pass content_text='plain' to encode it as ordinary text")
-
-
-def tokenizer_family(name: str) -> str | None:
-    """The family folder (``'qwen3'`` ...) of a model id or folder name, or None.
-
-    Example: ``tokenizer_family('Qwen/Qwen3-8B') == 'qwen3'``.
-    """
-    low = str(name).lower().rstrip('/')
-    for prefix, fam in _FAMILY_PREFIXES.items():
-        if low.startswith(prefix) or low.rsplit('/', 1)[-1] == prefix:
-            return fam
-    return None
-
-
-_HUB_REACHABLE: dict = {}
-
-
-def _hub_reachable(timeout: float = 1.5) -> bool:
-    """True when huggingface.co answers a TCP connect within ``timeout`` s (cached per process)."""
-    if 'ok' not in _HUB_REACHABLE:
-        import socket
-        try:
-            socket.create_connection(('huggingface.co', 443), timeout=timeout).close()
-            _HUB_REACHABLE['ok'] = True
-        except OSError:
-            _HUB_REACHABLE['ok'] = False
-    return _HUB_REACHABLE['ok']
-
-
-def find_tokenizer_dir(family: str, *, hub: bool = True) -> Path:
-    """The folder of a real tokenizer family (``'qwen3'``, ``'deepseek-v3'``, ``'llama3'``).
-
-    The one lookup order (tests, ``make-test-model``, ``viz``):
-    1. ``$AGENTRL_TOKENIZERS/<family>``;
-    2. ``$AGENTRL_SHARED/tokenizers/<family>``, then ``../shared/tokenizers/<family>`` next to the
-       repository (and next to the working directory);
-    3. the Hugging Face hub for families with an ungated repo (:data:`TOKENIZER_FAMILIES`), only when
-       ``huggingface_hub`` is installed, ``HF_HUB_OFFLINE`` is not set and huggingface.co answers
-       within 1.5 s (files already in the local hub cache are used without a connection).
-
-    Args:
-        family: a family folder name, or a model id it can be told from (``'Qwen/Qwen3-8B'``).
-        hub: allow step 3.
-
-    Returns:
-        A folder holding ``tokenizer_config.json``.
-
-    Raises:
-        FileNotFoundError: none found; the message lists the places tried and how to get the files
-            (set ``AGENTRL_TOKENIZERS`` to a folder holding ``<family>/``, or download the hub repo).
-    """
-    fam = family if family in TOKENIZER_FAMILIES else (tokenizer_family(family) or family)
-    tried = []
-    if os.environ.get('AGENTRL_TOKENIZERS'):
-        tried.append(Path(os.environ['AGENTRL_TOKENIZERS']) / fam)
-    if os.environ.get('AGENTRL_SHARED'):
-        tried.append(Path(os.environ['AGENTRL_SHARED']) / 'tokenizers' / fam)
-    repo = Path(__file__).resolve().parents[3]            # src/agentrl/templates/chat.py -> repository
-    tried += [repo.parent / 'shared' / 'tokenizers' / fam, Path.cwd().parent / 'shared' / 'tokenizers' / fam]
-    for d in dict.fromkeys(tried):
-        if (d / 'tokenizer_config.json').is_file():
-            return d
-    repo_id = TOKENIZER_FAMILIES.get(fam)
-    if hub and repo_id:
-        got = _from_hub(repo_id)
-        if got is not None:
-            return got
-    how = (f'or let agentrl fetch the ungated hub repo {repo_id!r} (pip install huggingface_hub; online)'
-           if repo_id else 'the upstream repo is gated: download its tokenizer files yourself')
-    raise FileNotFoundError(f'no {fam} tokenizer found (tried {", ".join(map(str, dict.fromkeys(tried)))}); set '
-                            f'AGENTRL_TOKENIZERS to a folder holding {fam}/ with tokenizer.json and '
-                            f'tokenizer_config.json, {how}')
-
-
-def _from_hub(repo_id: str) -> Path | None:
-    try:
-        import huggingface_hub
-    except ImportError:
-        return None
-    try:   # the local cache first: no connection needed
-        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=_TOKENIZER_FILES,
-                                                      local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached
-        pass
-    if os.environ.get('HF_HUB_OFFLINE', '0') not in ('', '0') or not _hub_reachable():
-        return None
-    try:
-        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=_TOKENIZER_FILES, etag_timeout=5))
-    except Exception:  # noqa: BLE001 - any hub failure means "not available"
-        return None
-
-
-def flatten_content(content: Any, where: str = 'content') -> Any:
-    """List-of-parts content as the text a template renders; other content unchanged.
-
-    ``[{'type': 'text', 'text': '4'}, {'type': 'text', 'text': '2'}]`` -> ``'42'`` (parts joined with
-    nothing between them, as the OpenAI chat format concatenates them). Strings and None pass through.
-
-    Raises:
-        ValueError: a part that is not text (``image_url``, ``input_audio`` ...): multimodal input is
-            not supported; the error names the part index and its type. Also a malformed part.
-
-    Source: the OpenAI chat message format (content parts).
-    """
-    if not isinstance(content, list):
-        return content
-    out = []
-    for j, part in enumerate(content):
-        if isinstance(part, str):
-            out.append(part)
-            continue
-        kind = part.get('type') if isinstance(part, dict) else type(part).__name__
-        if kind == 'text' and isinstance(part.get('text'), str):
-            out.append(part['text'])
-        elif kind == 'text':
-            raise ValueError(f'{where}[{j}] is a text part without a string "text"; give {{"type": "text", '
-                             '"text": "..."}')
-        else:
-            raise ValueError(f'{where}[{j}] is a {kind!r} part: agentrl records text only (no images or '
-                             'audio yet); send text parts, or describe the non-text input in text')
-    return ''.join(out)
-
-
-def require_hf(what: str = 'agentrl.templates'):
-    """Import transformers (and check jinja2), or raise an ImportError that names the extra.
-
-    Returns:
-        The ``transformers`` module.
-
-    Raises:
-        ImportError: transformers or jinja2 is missing; fix with ``pip install agentrl[hf]``.
-
-    Source: design notes (heavy dependencies are extras, imported lazily).
-    """
-    try:
-        import jinja2  # noqa: F401
-        import transformers
-    except ImportError as e:  # pragma: no cover - exercised only without the extra
-        raise ImportError(f'{what} needs transformers and jinja2 ({e}); install them with '
-                          '`pip install agentrl[hf]`') from e
-    return transformers
-
-
-def load_tokenizer(name_or_path: str):
-    """Load a Hugging Face tokenizer from a local folder or a hub id.
-
-    Args:
-        name_or_path: a folder with ``tokenizer.json`` / ``tokenizer_config.json``, a family name
-            of :data:`TOKENIZER_FAMILIES` (``'qwen3'``: found by :func:`find_tokenizer_dir`), or a hub
-            id. With ``HF_HUB_OFFLINE=1`` nothing is downloaded.
-
-    Returns:
-        The ``AutoTokenizer`` instance (transformers' logging is left unchanged).
-
-    Raises:
-        ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
-        ValueError: the folder or id does not hold a tokenizer; pass a folder that contains
-            ``tokenizer.json`` or a hub id reachable from this machine.
-
-    Source: Hugging Face ``AutoTokenizer.from_pretrained``.
-    """
-    transformers = require_hf('load_tokenizer')
-    if name_or_path in TOKENIZER_FAMILIES and not os.path.isdir(name_or_path):
-        try:                                 # a family name: the one lookup (env, ../shared, hub)
-            name_or_path = str(find_tokenizer_dir(name_or_path))
-        except FileNotFoundError as e:
-            raise ValueError(str(e)) from e
-    try:
-        return transformers.AutoTokenizer.from_pretrained(name_or_path)
-    except (OSError, ValueError) as e:
-        raise ValueError(f'TOKENIZER {name_or_path!r} could not be loaded ({type(e).__name__}: {e}); '
-                         'pass a folder with tokenizer.json and tokenizer_config.json, or a hub id '
-                         '(set HF_HUB_OFFLINE=1 to forbid downloads)') from e
-
-
-def function_tools(schemas: Iterable[dict] | None) -> list[dict] | None:
-    """Convert MCP-style tool schemas to the function-calling format chat templates read.
-
-    Args:
-        schemas: dicts with ``name``, ``description``, ``inputSchema`` (MCP, as the gym's
-            ``TOOL_SCHEMAS``), or already ``{'type': 'function', 'function': {...}}``.
-
-    Returns:
-        ``[{'type': 'function', 'function': {'name', 'description', 'parameters'}}]`` or None.
-
-    Raises:
-        ValueError: a schema has neither ``function`` nor ``name``; pass MCP or OpenAI tool dicts.
-
-    Source: book chapter 5.2 (the conversion of ``arl.TOOL_SCHEMAS`` for Qwen3's template).
-    """
-    if schemas is None:
-        return None
-    out = []
-    for i, s in enumerate(schemas):
-        if not isinstance(s, dict):
-            raise ValueError(f'tools[{i}] is a {type(s).__name__}; each tool must be a dict schema')
-        if 'function' in s:
-            out.append(s)
-        elif 'name' in s:
-            out.append({'type': 'function', 'function': {
-                'name': s['name'], 'description': s.get('description', ''),
-                'parameters': s.get('inputSchema', s.get('parameters', {'type': 'object', 'properties': {}}))}})
-        else:
-            raise ValueError(f'tools[{i}] has neither "function" nor "name": pass OpenAI-style '
-                             "{'type': 'function', 'function': {...}} or MCP-style {'name', 'description', "
-                             "'inputSchema'} schemas")
-    return out
-
-
-def check_messages(messages: Any, field: str = 'messages') -> list[dict]:
-    """Validate a conversation and return a shallow copy of its messages.
-
-    List-of-parts content is flattened to its text (:func:`flatten_content`), so every template
-    sees the text (a template that only reads strings would otherwise render it empty).
-
-    Raises:
-        ValueError: not a list of dicts, a message without a known ``role``, content that is not a
-            string or a list of text parts (an image part names its index); the error names the
-            index, the field and the accepted values.
-
-    Source: the OpenAI/Hugging Face chat message format (``role``, ``content``, ``tool_calls``).
-    """
-    if not isinstance(messages, (list, tuple)):
-        raise ValueError(f'{field} must be a list of message dicts, got {type(messages).__name__}')
-    out = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise ValueError(f'{field}[{i}] must be a dict with "role" and "content", got {type(m).__name__}')
-        role = m.get('role')
-        if role not in _ROLES:
-            raise ValueError(f'{field}[{i}]["role"] is {role!r}; use one of {list(_ROLES)}')
-        c = m.get('content')
-        if c is not None and not isinstance(c, (str, list)):
-            raise ValueError(f'{field}[{i}]["content"] must be a string (or a list of content parts), '
-                             f'got {type(c).__name__}')
-        m = dict(m)
-        if isinstance(c, list):
-            m['content'] = flatten_content(c, f'{field}[{i}]["content"]')
-        out.append(m)
-    return out
-
-
-def owner_of_role(role: str) -> str:
-    """``'policy'`` for assistant, ``'tool'`` for tool roles, ``'prompt'`` for the rest."""
-    if role == 'assistant':
-        return 'policy'
-    return 'tool' if role in TOOL_ROLES else 'prompt'
-
-
-def common_prefix(a: str, b: str) -> int:
-    """Length of the longest common prefix of two strings (binary search over C comparisons)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def common_suffix(a: str, b: str, limit: int) -> int:
-    """Length of the longest common suffix of ``a`` and ``b``, at most ``limit``."""
-    n = min(len(a), len(b), limit)
-    if n <= 0:
-        return 0
-    if a[len(a) - n:] == b[len(b) - n:]:
-        return n
-    lo, hi = 0, n
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if a[len(a) - mid:] == b[len(b) - mid:]:
-            lo = mid
-        else:
-            hi = mid - 1
-    return lo
-
-
-def diff_span(text: str, other: str, sentinel: str):
-    """Where ``text`` differs from ``other`` (``text`` with one field swapped for ``sentinel``).
-
-    Returns ``(start, end, part)``: the differing span of ``text`` and the differing part of
-    ``other``, widened so that ``part`` holds the whole sentinel when ``other`` renders it (a
-    common prefix or suffix can otherwise eat its first or last characters).
-    """
-    p = common_prefix(text, other)
-    s = common_suffix(text, other, min(len(text), len(other)) - p)
-    zs = other.find(sentinel)
-    if zs >= 0:
-        p = min(p, zs)
-        s = min(s, len(other) - zs - len(sentinel))
-    return p, len(text) - s, other[p:len(other) - s]
 
 
 class ChatTemplate:
@@ -450,7 +146,7 @@ class ChatTemplate:
                 'chat_template': 'custom' if self.chat_template else 'tokenizer'}
 
     def chat_tokens(self) -> dict:
-        """What a validator needs to check a record made with this template (``Provenance.chat_tokens``).
+        """What a validator needs to check a record made with this template (``info['template']['chat_tokens']``).
 
         Returns:
             ``{'end_of_turn': [id] or [], 'stop': sorted stop ids, 'control': [[lo, hi), ...] id ranges

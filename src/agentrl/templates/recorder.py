@@ -1,22 +1,19 @@
 """L2: token-in/token-out recording of chat episodes through a real chat template.
 
 :class:`ChatRecorder` keeps the ids the policy sampled, never re-encodes them, and appends
-everything else as a **bridge**: the ids the template writes between the end of a sampled turn
-and the next generation prompt (role headers, tool-result wrappers, the generation prompt,
-plus the tool or user content inside). A bridge is found by rendering the template, so it works
-for any family; its tokens are owned by whoever wrote them when they are appended.
+everything else as a **bridge** (:mod:`agentrl.templates.bridge`: the ids the template writes
+between the end of a sampled turn and the next generation prompt, owned by whoever wrote them).
 """
 from __future__ import annotations
-
-import json
-from dataclasses import dataclass, field
 
 import torch
 
 from ..record import OWNER, Provenance, TokenLog, Trajectory
-from .chat import (ChatTemplate, as_template, check_messages, common_prefix, diff_span, owner_of_role,
-                   tokenizer_fingerprint)
-from .labels import Region, label_owners, owners_from_regions
+from .bridge import (Bridge, bridge_shape, cached_bridge, probe_stability, probe_turn_text,  # noqa: F401
+                     template_bridge)
+from .chat import as_template, tokenizer_fingerprint
+from .labels import label_owners
+from .messages import check_messages, common_prefix
 
 __all__ = ['Bridge', 'ChatRecorder', 'template_bridge', 'HISTORY_MODES']
 
@@ -26,164 +23,6 @@ __all__ = ['Bridge', 'ChatRecorder', 'template_bridge', 'HISTORY_MODES']
 HISTORY_MODES = ('template', 'sampled')
 #: Rounds (assistant turn + its observations) of recent history rendered to derive a bridge.
 _WINDOW_ROUNDS = 1
-_PROBE_TOOL = 'Probe result.'
-_PROBE_USER = 'Probe question.'
-
-
-@dataclass
-class Bridge:
-    """The template's tokens between a sampled turn's end and the next generation prompt.
-
-    Attributes:
-        text: the bridge text; for Qwen3 after a tool call
-            ``'\\n<|im_start|>user\\n<tool_response>\\n...\\n</tool_response><|im_end|>\\n<|im_start|>assistant\\n'``.
-        ids: ``[n]`` token ids of ``text``.
-        owner: ``[n]`` :data:`agentrl.record.OWNER` codes (template, prompt or tool).
-        stop: the end-of-turn text the sampled stop token stands for ('' when the turn was cut
-            off, in which case the template's end-of-turn text is part of the bridge).
-        regions: character spans of the new messages' content inside ``text``.
-    """
-    text: str
-    ids: list
-    owner: list
-    stop: str = ''
-    regions: list = field(default_factory=list)
-
-
-def template_bridge(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True,
-                    add_generation_prompt: bool = True, turn: dict | None = None) -> Bridge:
-    """Derive the bridge after the last assistant turn by rendering the template.
-
-    The last assistant turn is the turn's real message (``turn``, e.g. with ``tool_calls``) with
-    its content replaced by a sentinel ``S``; the conversation ``history + [turn] + new_messages``
-    is rendered with the generation prompt, and the bridge is the text after the turn's
-    end-of-turn token (what the template renders after ``S`` up to there, such as tool calls, was
-    sampled by the policy).
-
-    Args:
-        template: the :class:`ChatTemplate`.
-        history: messages before the sampled turn (the sampled turn itself excluded).
-        new_messages: tool results and/or user messages that follow the turn (non-empty).
-        terminated: the turn ended with the template's end-of-turn token; if not (cut off, or
-            stopped at another stop token), the end-of-turn text becomes part of the
-            (template-owned) bridge.
-        add_generation_prompt: end the bridge with the next generation prompt.
-        turn: the sampled turn as a message (``role`` assistant, ``tool_calls`` ...); default a
-            plain assistant message. Templates that read the previous turn's tool calls when they
-            render a tool result need it.
-
-    Returns:
-        :class:`Bridge`. For Qwen3 the engine stops at ``<|im_end|>`` and the template writes
-        ``\\n`` after it, so a bridge after a terminated turn starts with that ``\\n``.
-
-    Raises:
-        ValueError: the template does not render assistant content verbatim, or drops one of
-            ``new_messages`` (the error names it).
-
-    Source: book chapter 5.4 (token-in/token-out); the bridge rule is Hugging Face's rendering.
-    """
-    if not new_messages:
-        raise ValueError('new_messages is empty: a bridge needs at least one tool or user message')
-    s = template.sentinel(-1, avoid=''.join(str(m.get('content')) for m in new_messages))
-    turn_msg = dict(turn or {'role': 'assistant'}, role='assistant', content=s)
-    conv = list(history) + [turn_msg] + list(new_messages)
-    text = template.render(conv, add_generation_prompt)
-    j = text.rfind(s)
-    if j < 0 or text.count(s) != 1:
-        raise ValueError('the chat template does not render assistant content verbatim (a marker put in '
-                         '"content" did not come back once), so the bridge after a turn cannot be derived')
-    after = j + len(s)
-    eot = template.end_of_turn_text
-    k = text.find(eot, after) if eot is not None else -1
-    if k >= 0:
-        stop = eot if terminated else ''
-        b0 = k + len(stop)
-    else:
-        stop = template.leading_stop(text[after:]) if terminated else ''
-        b0 = after + len(stop)
-    bridge = text[b0:]
-    regions, cursor, base = [], 0, len(history) + 1
-    for q, m in enumerate(new_messages):
-        c = m.get('content')
-        if isinstance(c, str) and not c:
-            continue
-        k = bridge.find(c, cursor) if isinstance(c, str) else -1
-        if k >= 0 and bridge.find(c, k + 1) < 0:
-            a, b = k, k + len(c)
-        else:  # not verbatim or ambiguous: diff against a render with the content swapped out
-            z = template.sentinel(q, avoid=text)
-            other = template.render(conv[:base + q] + [dict(m, content=z)] + conv[base + q + 1:],
-                                    add_generation_prompt)
-            p, e, part = diff_span(text, other, z)
-            if z not in part or p < b0:
-                raise ValueError(f'new_messages[{q}] ({m.get("role")}) could not be located after the turn: '
-                                 'the template drops it or rewrites earlier text when it is added')
-            a, b = p - b0, e - b0
-        regions.append(Region(a, b, owner_of_role(m['role']), q))
-        cursor = b
-    ids, offsets = template.encode_offsets(bridge, regions)
-    owner, _ = owners_from_regions(offsets, regions, len(bridge))
-    return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions)
-
-
-#: Content used to check that a template inserts message content verbatim (whitespace at both
-#: ends, quotes, backslash, markup, braces, non-ASCII): if it comes back unchanged, a bridge's
-#: shape can be reused with other contents.
-_TRICKY = ' \n\t"quoted" \\ <tag> {"k": [1]} \u00e9\u00a0\U0001F600 end\n '
-
-
-def _skeleton(m: dict) -> str:
-    """A message without its content: role and the other non-empty fields (JSON)."""
-    rest = sorted((k, v) for k, v in m.items() if k != 'content' and v not in (None, '', [], {}))
-    return json.dumps([m.get('role'), rest], sort_keys=True, default=str, ensure_ascii=False)
-
-
-def bridge_shape(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True,
-                 turn: dict | None = None):
-    """The bridge as template text with one slot per new message's content, or None.
-
-    Renders the bridge with sentinels as contents, then checks with awkward contents (whitespace at
-    both ends, quotes, backslash, markup, non-ASCII) that the template inserts content verbatim.
-
-    Returns:
-        ``(parts, stop)``: ``parts`` is the bridge text split at the slots (``len(new) + 1``
-        strings); None when a content is not a string or the template transforms content (then
-        each bridge must be rendered).
-
-    Raises:
-        ValueError: as :func:`template_bridge` (a message the template drops).
-
-    Source: Hugging Face ``apply_chat_template`` (rendered twice per shape).
-    """
-    if any(not isinstance(m.get('content'), str) for m in new_messages):
-        return None
-    avoid = ''.join(m['content'] for m in new_messages)
-    zs = [template.sentinel(1000 + q, avoid=avoid) for q in range(len(new_messages))]
-    b = template_bridge(template, history, [dict(m, content=z) for m, z in zip(new_messages, zs)], terminated,
-                        turn=turn)
-    parts, rest = [], b.text
-    for z in zs:
-        if rest.count(z) != 1:
-            return None
-        head, rest = rest.split(z)
-        parts.append(head)
-    parts.append(rest)
-    tricky = [_TRICKY.replace('end', f'end{q}') for q in range(len(new_messages))]
-    t = template_bridge(template, history, [dict(m, content=c) for m, c in zip(new_messages, tricky)], terminated,
-                        turn=turn)
-    if t.text != _fill(parts, tricky)[0]:
-        return None
-    return parts, b.stop
-
-
-def _fill(parts: list, contents: list) -> tuple:
-    """Bridge text from its shape and the contents, with the content spans ``[(start, end)]``."""
-    out, spans, pos = [parts[0]], [], len(parts[0])
-    for c, tail in zip(contents, parts[1:]):
-        spans.append((pos, pos + len(c)))
-        out += [c, tail]
-        pos += len(c) + len(tail)
-    return ''.join(out), spans
 
 
 class ChatRecorder:
@@ -408,26 +247,11 @@ class ChatRecorder:
         return self.prompt_ids
 
     def _bridge(self, history: list, new: list, terminated: bool) -> Bridge:
-        """template_bridge, reusing the bridge's shape when only the contents changed."""
+        """The bridge after the last turn (:func:`~agentrl.templates.bridge.cached_bridge` unless ``cache_bridges`` is off)."""
         turn = self._messages[self._turn_index[-1]]
         if not self.cache_bridges:
             return template_bridge(self.template, history, new, terminated, turn=turn)
-        cache = self.template._cache
-        key = ('bridge', tuple(_skeleton(m) for m in history), _skeleton(turn), tuple(_skeleton(m) for m in new),
-               terminated)
-        if key not in cache:
-            if len(cache) > 512:
-                cache.clear()
-            cache[key] = bridge_shape(self.template, history, new, terminated, turn=turn)
-        shape = cache[key]
-        if shape is None:
-            return template_bridge(self.template, history, new, terminated, turn=turn)
-        parts, stop = shape
-        text, spans = _fill(parts, [m['content'] for m in new])
-        regions = [Region(a, b, owner_of_role(m['role']), q) for q, (m, (a, b)) in enumerate(zip(new, spans)) if b > a]
-        ids, offsets = self.template.encode_offsets(text, regions)
-        owner, _ = owners_from_regions(offsets, regions, len(text))
-        return Bridge(text=text, ids=ids, owner=owner, stop=stop, regions=regions)
+        return cached_bridge(self.template, history, turn, new, terminated)
 
     # ------------------------------------------------------------------ template history
     def _window(self) -> list:
@@ -539,69 +363,3 @@ class ChatRecorder:
             return self._log.freeze(reward, info, provenance=prov, turn_contexts=contexts)
         finally:
             self._log.truncate(n_before)      # finish may be called again
-
-
-def probe_turn_text(template: ChatTemplate, opening: list) -> str:
-    """What a model writes after the generation prompt, as the template renders it (incl. stop).
-
-    Renders the opening plus an assistant answer (with reasoning, then without) and keeps the
-    text between the generation prompt and the first end-of-turn token. For Qwen3 in thinking
-    mode: ``'<think>\\nProbe reasoning.\\n</think>\\n\\nProbe answer.<|im_end|>'``.
-
-    Raises:
-        ValueError: the template cannot render the opening.
-
-    Source: the template itself (its rendering of a final assistant turn).
-    """
-    ctx = template.render(opening, True)
-    for msg in ({'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'},
-                {'role': 'assistant', 'content': 'Probe answer.'}):
-        full = template.render(opening + [msg], False)
-        if full.startswith(ctx):
-            rest = full[len(ctx):]
-            hits = [(rest.find(t), t) for t in template.stop_texts if rest.find(t) >= 0]
-            if hits:
-                pos, t = min(hits)
-                return rest[:pos + len(t)]
-    return 'Probe answer.' + template.stop_texts[-1]
-
-
-def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, rounds: int = 2) -> bool:
-    """Whether appending messages with roles ``pattern`` after sampled turns keeps contexts prefixes.
-
-    Runs a ``rounds``-round probe episode: after each probe turn and bridge, the recorded text must
-    equal the template's rendering of the conversation with the generation prompt.
-
-    Args:
-        template: the :class:`ChatTemplate`.
-        opening: the episode's opening messages.
-        pattern: roles of the messages appended after each turn, e.g. ``('tool',)``.
-
-    Returns:
-        True when every probe context is a prefix of the next one.
-
-    Raises:
-        ValueError: the template cannot render the opening (a message the template drops in the
-            probe makes the pattern unstable instead).
-
-    Source: book chapter 5.3 (prefix stability; Qwen3 is stable across tool turns in thinking
-    mode, not after a new user message, and not across turns in non-thinking mode, where the
-    empty think block of the generation prompt is not kept in history).
-    """
-    turn = probe_turn_text(template, opening)
-    stop = next((t for t in template.stop_texts if turn.endswith(t)), '')
-    content = turn[:len(turn) - len(stop)]
-    recorded = template.render(opening, True)
-    msgs = list(opening)
-    for r in range(rounds):
-        new = [{'role': role, 'content': _PROBE_USER if role in ('user', 'system') else f'{_PROBE_TOOL} {r}{q}'}
-               for q, role in enumerate(pattern)]
-        try:
-            bridge = template_bridge(template, msgs, new, terminated=bool(stop))
-        except ValueError:
-            return False
-        recorded += turn + bridge.text
-        msgs = msgs + [{'role': 'assistant', 'content': content}] + new
-        if template.render(msgs, True) != recorded:
-            return False
-    return True

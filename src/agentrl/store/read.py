@@ -1,0 +1,188 @@
+"""L4: reading trajectory files: which files, streaming rows (bad rows kept as problems), records.
+
+:func:`scan` is the reader behind ``agentrl check`` (every row reported, bad or not);
+:func:`iter_batches` and :func:`read_trajectories` stop at the first row that cannot be trusted.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..checks.errors import RecordError
+from ..record import Trajectory
+from .rows import _rows
+from .schema import _check_schema
+
+__all__ = ['data_files', 'StoredRow', 'scan', 'read_trajectories', 'iter_batches']
+
+
+def data_files(path: str | os.PathLike) -> list[str]:
+    """The Parquet files of a trajectory file or dataset folder, in order.
+
+    Args:
+        path: a ``.parquet`` file, or a folder of them (shards ``part-000000.parquet`` ...), or a
+            run folder of ``agentrl rollout`` (its ``trajectories/`` shards are read). Hidden names
+            (``.``, ``_``) such as in-progress temporary files are skipped.
+
+    Returns:
+        Sorted list of file paths (str); pass it to ``datasets.load_dataset('parquet',
+        data_files=...)`` or ``pyarrow.parquet.read_table``.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``. Fix: check the path.
+    """
+    p = Path(path)
+    if p.is_dir():
+        found = sorted(str(f) for f in p.iterdir()
+                       if f.suffix == '.parquet' and not f.name.startswith(('.', '_')) and f.is_file())
+        if not found and (p / 'trajectories').is_dir() and (p / 'run.json').is_file():
+            return data_files(p / 'trajectories')          # a run folder: its shards
+        return found
+    if p.is_file():
+        return [str(p)]
+    raise FileNotFoundError(f'no trajectory file or folder at {str(p)!r}')
+
+
+def _parquet(f) -> pq.ParquetFile:
+    """Open ``f`` as Parquet, or raise ValueError naming the file and the fix."""
+    try:
+        os.fsdecode(f).encode('utf-8')
+    except UnicodeEncodeError:            # pyarrow takes UTF-8 paths only
+        raise ValueError(f'{os.fsdecode(f)!r}: the file name is not valid UTF-8; rename it (shards are named '
+                         'part-NNNNNN.parquet) or move it out of the folder') from None
+    try:
+        return pq.ParquetFile(f)
+    except UnicodeDecodeError as e:       # a damaged footer: a column name or metadata key that is not UTF-8
+        raise ValueError(f'{str(f)!r} is damaged: its Parquet metadata is not UTF-8 (byte 0x{e.object[e.start]:02x} '
+                         'in a column name or key); re-run the rollout that wrote it, or remove the file') from None
+    except (pa.ArrowException, OSError) as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise ValueError(f'{str(f)!r} is not a Parquet file ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); '
+                         'pass the trajectories.parquet written by `agentrl rollout` or a folder of its shards') from None
+
+
+def _batches(pf: pq.ParquetFile, f: str, batch_size: int) -> Iterator[pa.RecordBatch]:
+    """Record batches of ``pf``; a damaged file becomes a one-line ValueError naming it."""
+    try:
+        yield from pf.iter_batches(batch_size=batch_size)
+    except UnicodeDecodeError as e:
+        raise ValueError(f'{f!r} is damaged: its Parquet metadata is not UTF-8 (byte 0x{e.object[e.start]:02x} '
+                         'in a column name or key); re-run the rollout that wrote it, or remove the file') from None
+    except (pa.ArrowException, OSError) as e:
+        raise ValueError(f'{f!r} is damaged and cannot be read ({" ".join(str(e).split())[:120]}); re-run the '
+                         'rollout that wrote it, or remove the file') from None
+
+
+class StoredRow:
+    """One stored row as read: where it is, the record or why it could not be read.
+
+    Attributes:
+        file: the Parquet file (str). row: the row number within it (from 0).
+        record: the :class:`~agentrl.record.Trajectory`, or None when the row is malformed.
+        problem: the :class:`~agentrl.checks.RecordError` (MalformedRowError,
+            DigestMismatchError) when the row could not be trusted, else None.
+        digest: the record's content digest (:func:`agentrl.checks.record_digest`, 32 hex digits)
+            as computed when the row was verified; None when read with ``verify=False`` or bad.
+    """
+    __slots__ = ('file', 'row', 'record', 'problem', 'digest')
+
+    def __init__(self, file: str, row: int, record, problem, digest: str | None = None):
+        self.file, self.row, self.record, self.problem, self.digest = file, row, record, problem, digest
+
+    @property
+    def source(self) -> str:
+        """``"'FILE' row N"``, as error messages name the row."""
+        return f'{self.file!r} row {self.row}'
+
+
+def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True) -> Iterator[list[StoredRow]]:
+    """Stream every row of a trajectory file or folder, keeping malformed rows as problems.
+
+    The reader behind ``agentrl check``: unlike :func:`iter_batches` it does not stop at a bad
+    row, so every row can be reported.
+
+    Args:
+        path: a trajectory file or folder of shards.
+        batch_size: rows per yielded list (> 0; lists do not span files).
+        verify: compare stored digests with the rows' content (default True).
+
+    Yields:
+        list of :class:`StoredRow`, in file order then row order.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: ``batch_size`` < 1; a file that is not a trajectory file, or is damaged.
+    """
+    if batch_size < 1:
+        raise ValueError(f'batch_size must be >= 1, got {batch_size}')
+    for f in data_files(path):
+        pf = _parquet(f)
+        _check_schema(pf.schema_arrow, repr(f))
+        row = 0
+        for rb in _batches(pf, f, batch_size):
+            out = []
+            for n, rec, digest in _rows(rb, repr(f), row, verify):
+                bad = isinstance(rec, RecordError)
+                out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
+            row += rb.num_rows
+            yield out
+
+
+def read_trajectories(path: str | os.PathLike, *, verify: bool = True) -> list[Trajectory]:
+    """Read every record of a trajectory file or dataset folder.
+
+    Args:
+        path: a file written by :func:`write_trajectories` or a folder of shards.
+        verify: compare each row's stored digest with its content (default True).
+
+    Returns:
+        list of Trajectory, in file order then row order (exact round trip of what was written).
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: a file without ``agentrl.schema_version`` metadata, or with a newer version
+            (fix: upgrade agentrl), or damaged.
+        MalformedRowError, DigestMismatchError: a row that cannot be trusted (see :func:`from_table`);
+            the message names the file, the row and the field.
+    """
+    out: list[Trajectory] = []
+    for batch in iter_batches(path, 4096, verify=verify):
+        out.extend(batch)
+    return out
+
+
+def iter_batches(path: str | os.PathLike, batch_size: int = 64, *, verify: bool = True) -> Iterator[list[Trajectory]]:
+    """Stream records in lists of ``batch_size`` without loading the dataset into memory.
+
+    Args:
+        path: a trajectory file or folder of shards.
+        batch_size: records per yielded list (> 0); the last list may be shorter. Batches span
+            shard boundaries.
+        verify: compare each row's stored digest with its content (default True).
+
+    Yields:
+        list of Trajectory, in the order :func:`read_trajectories` returns them.
+
+    Raises:
+        ValueError: ``batch_size`` < 1, or a file that is not a trajectory file.
+        FileNotFoundError: nothing at ``path``.
+        MalformedRowError, DigestMismatchError: a row that cannot be trusted (see :func:`from_table`).
+    """
+    if batch_size < 1:
+        raise ValueError(f'iter_batches: batch_size must be >= 1, got {batch_size}')
+    buf: list[Trajectory] = []
+    for rows in scan(path, batch_size, verify=verify):
+        for r in rows:
+            if r.problem is not None:
+                raise r.problem
+            buf.append(r.record)
+        while len(buf) >= batch_size:
+            yield buf[:batch_size]
+            buf = buf[batch_size:]
+    if buf:
+        yield buf

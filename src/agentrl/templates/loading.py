@@ -1,0 +1,208 @@
+"""L2: where real tokenizers are found and how they load (transformers imported lazily).
+
+:func:`candidate_dirs` is the one list of tokenizer folders agentrl tries (tests, ``viz``,
+``make-test-model``); :func:`find_tokenizer_dir` finds one family in it, and
+:func:`load_tokenizer` loads a folder, family or hub id.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ['TOKENIZER_FAMILIES', 'tokenizer_family', 'tokenizer_roots', 'candidate_dirs', 'find_tokenizer_dir',
+           'require_hf', 'load_tokenizer']
+
+#: Tokenizer families the tests and demos use: folder name -> ungated Hugging Face repo holding the
+#: same tokenizer files (None: gated upstream, get the files yourself).
+TOKENIZER_FAMILIES = {'qwen3': 'Qwen/Qwen3-0.6B', 'deepseek-v3': 'deepseek-ai/DeepSeek-V3', 'llama3': None}
+#: Model-id prefixes (lower case) -> family folder.
+_FAMILY_PREFIXES = {'qwen/qwen3': 'qwen3', 'deepseek-ai/deepseek-v3': 'deepseek-v3',
+                    'meta-llama/meta-llama-3': 'llama3', 'qwen3': 'qwen3', 'deepseek-v3': 'deepseek-v3',
+                    'llama3': 'llama3'}
+_TOKENIZER_FILES = ['tokenizer.json', 'tokenizer_config.json', 'chat_template.jinja', 'special_tokens_map.json']
+
+
+def tokenizer_family(name: str) -> str | None:
+    """The family folder (``'qwen3'`` ...) of a model id or folder name, or None.
+
+    Example: ``tokenizer_family('Qwen/Qwen3-8B') == 'qwen3'``.
+    """
+    low = str(name).lower().rstrip('/')
+    for prefix, fam in _FAMILY_PREFIXES.items():
+        if low.startswith(prefix) or low.rsplit('/', 1)[-1] == prefix:
+            return fam
+    return None
+
+
+_HUB_REACHABLE: dict = {}
+
+
+def _hub_reachable(timeout: float = 1.5) -> bool:
+    """True when huggingface.co answers a TCP connect within ``timeout`` s (cached per process)."""
+    if 'ok' not in _HUB_REACHABLE:
+        import socket
+        try:
+            socket.create_connection(('huggingface.co', 443), timeout=timeout).close()
+            _HUB_REACHABLE['ok'] = True
+        except OSError:
+            _HUB_REACHABLE['ok'] = False
+    return _HUB_REACHABLE['ok']
+
+
+def find_tokenizer_dir(family: str, *, hub: bool = True) -> Path:
+    """The folder of a real tokenizer family (``'qwen3'``, ``'deepseek-v3'``, ``'llama3'``).
+
+    The one lookup order (tests, ``make-test-model``, ``viz``):
+    1. ``$AGENTRL_TOKENIZERS/<family>``;
+    2. ``$AGENTRL_SHARED/tokenizers/<family>``, then ``../shared/tokenizers/<family>`` next to the
+       repository (and next to the working directory): the roots of :func:`tokenizer_roots`;
+    3. the Hugging Face hub for families with an ungated repo (:data:`TOKENIZER_FAMILIES`), only when
+       ``huggingface_hub`` is installed, ``HF_HUB_OFFLINE`` is not set and huggingface.co answers
+       within 1.5 s (files already in the local hub cache are used without a connection).
+
+    Args:
+        family: a family folder name, or a model id it can be told from (``'Qwen/Qwen3-8B'``).
+        hub: allow step 3.
+
+    Returns:
+        A folder holding ``tokenizer_config.json``.
+
+    Raises:
+        FileNotFoundError: none found; the message lists the places tried and how to get the files
+            (set ``AGENTRL_TOKENIZERS`` to a folder holding ``<family>/``, or download the hub repo).
+    """
+    fam = family if family in TOKENIZER_FAMILIES else (tokenizer_family(family) or family)
+    tried = [root / fam for root in tokenizer_roots()]
+    for d in dict.fromkeys(tried):
+        if (d / 'tokenizer_config.json').is_file():
+            return d
+    repo_id = TOKENIZER_FAMILIES.get(fam)
+    if hub and repo_id:
+        got = _from_hub(repo_id)
+        if got is not None:
+            return got
+    how = (f'or let agentrl fetch the ungated hub repo {repo_id!r} (pip install huggingface_hub; online)'
+           if repo_id else 'the upstream repo is gated: download its tokenizer files yourself')
+    raise FileNotFoundError(f'no {fam} tokenizer found (tried {", ".join(map(str, dict.fromkeys(tried)))}); set '
+                            f'AGENTRL_TOKENIZERS to a folder holding {fam}/ with tokenizer.json and '
+                            f'tokenizer_config.json, {how}')
+
+
+def tokenizer_roots() -> list[Path]:
+    """Folders that may hold tokenizer family folders (``<root>/qwen3/``), in lookup order.
+
+    ``$AGENTRL_TOKENIZERS``; ``$AGENTRL_SHARED/tokenizers``; ``../shared/tokenizers`` next to the
+    repository this file is in, and next to the working directory (a development checkout).
+    Environment variables are read at each call; a root need not exist.
+    """
+    out = []
+    if os.environ.get('AGENTRL_TOKENIZERS'):
+        out.append(Path(os.environ['AGENTRL_TOKENIZERS']))
+    if os.environ.get('AGENTRL_SHARED'):
+        out.append(Path(os.environ['AGENTRL_SHARED']) / 'tokenizers')
+    repo = Path(__file__).resolve().parents[3]            # src/agentrl/templates/loading.py -> repository
+    out += [repo.parent / 'shared' / 'tokenizers', Path.cwd().parent / 'shared' / 'tokenizers']
+    return list(dict.fromkeys(out))
+
+
+def candidate_dirs(model: str = '', *, hub: bool = False) -> list[Path]:
+    """Every tokenizer folder agentrl would try for a record of ``model``, best first, no repeats.
+
+    Order: the family told from ``model`` (:func:`find_tokenizer_dir`; the hub only with ``hub``);
+    every folder holding ``tokenizer.json`` directly under ``$AGENTRL_TOKENIZERS``; then each family of
+    :data:`TOKENIZER_FAMILIES` found locally (:func:`tokenizer_roots`). Used to find a tokenizer by its
+    fingerprint (``agentrl.viz``). Never raises for a missing folder.
+
+    Args:
+        model: a model id or folder name (``'Qwen/Qwen3-8B'``), or ``''``.
+        hub: allow the hub download of :func:`find_tokenizer_dir` for ``model``'s family.
+
+    Returns:
+        Folders (``Path``), each holding ``tokenizer_config.json`` or ``tokenizer.json``.
+    """
+    out = []
+
+    def add(family: str, use_hub: bool) -> None:
+        try:
+            out.append(find_tokenizer_dir(family, hub=use_hub))
+        except (FileNotFoundError, OSError):
+            pass
+    fam = tokenizer_family(model) if model else None
+    if fam:
+        add(fam, hub)
+    root = os.environ.get('AGENTRL_TOKENIZERS', '')
+    if root and os.path.isdir(root):
+        out += [sub for sub in sorted(Path(root).iterdir()) if (sub / 'tokenizer.json').exists()]
+    for f in TOKENIZER_FAMILIES:
+        add(f, False)
+    return list(dict.fromkeys(out))
+
+
+def _from_hub(repo_id: str) -> Path | None:
+    try:
+        import huggingface_hub
+    except ImportError:
+        return None
+    try:   # the local cache first: no connection needed
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=_TOKENIZER_FILES,
+                                                      local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached
+        pass
+    if os.environ.get('HF_HUB_OFFLINE', '0') not in ('', '0') or not _hub_reachable():
+        return None
+    try:
+        return Path(huggingface_hub.snapshot_download(repo_id, allow_patterns=_TOKENIZER_FILES, etag_timeout=5))
+    except Exception:  # noqa: BLE001 - any hub failure means "not available"
+        return None
+
+
+def require_hf(what: str = 'agentrl.templates'):
+    """Import transformers (and check jinja2), or raise an ImportError that names the extra.
+
+    Returns:
+        The ``transformers`` module.
+
+    Raises:
+        ImportError: transformers or jinja2 is missing; fix with ``pip install agentrl[hf]``.
+
+    Source: design notes (heavy dependencies are extras, imported lazily).
+    """
+    try:
+        import jinja2  # noqa: F401
+        import transformers
+    except ImportError as e:  # pragma: no cover - exercised only without the extra
+        raise ImportError(f'{what} needs transformers and jinja2 ({e}); install them with '
+                          '`pip install agentrl[hf]`') from e
+    return transformers
+
+
+def load_tokenizer(name_or_path: str):
+    """Load a Hugging Face tokenizer from a local folder or a hub id.
+
+    Args:
+        name_or_path: a folder with ``tokenizer.json`` / ``tokenizer_config.json``, a family name
+            of :data:`TOKENIZER_FAMILIES` (``'qwen3'``: found by :func:`find_tokenizer_dir`), or a hub
+            id. With ``HF_HUB_OFFLINE=1`` nothing is downloaded.
+
+    Returns:
+        The ``AutoTokenizer`` instance (transformers' logging is left unchanged).
+
+    Raises:
+        ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
+        ValueError: the folder or id does not hold a tokenizer; pass a folder that contains
+            ``tokenizer.json`` or a hub id reachable from this machine.
+
+    Source: Hugging Face ``AutoTokenizer.from_pretrained``.
+    """
+    transformers = require_hf('load_tokenizer')
+    if name_or_path in TOKENIZER_FAMILIES and not os.path.isdir(name_or_path):
+        try:                                 # a family name: the one lookup (env, ../shared, hub)
+            name_or_path = str(find_tokenizer_dir(name_or_path))
+        except FileNotFoundError as e:
+            raise ValueError(str(e)) from e
+    try:
+        return transformers.AutoTokenizer.from_pretrained(name_or_path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f'TOKENIZER {name_or_path!r} could not be loaded ({type(e).__name__}: {e}); '
+                         'pass a folder with tokenizer.json and tokenizer_config.json, or a hub id '
+                         '(set HF_HUB_OFFLINE=1 to forbid downloads)') from e
