@@ -14,6 +14,7 @@ GOLDEN = json.loads((Path(__file__).parent / 'golden' / 'public_names.json').rea
 REMOVED = {
     'agentrl.engines.hf': {'draw': 'use agentrl.sampling.choose / agentrl.sampling.draw',
                            'processed_log_probs': 'use agentrl.sampling.processed_logp'},
+    'agentrl.model': {'locate': 'use agentrl.sampling.draw'},
 }
 
 
