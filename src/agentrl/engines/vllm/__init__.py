@@ -12,7 +12,7 @@ from .server import (CPU_HEAD_DIMS, LOGPROBS_MODES, Endpoint, VLLMError, VLLMSer
                      default_python, diagnose_log)
 
 _LAZY = {'VLLMTurn', 'vllm_rollouts', 'run_vllm_episodes', 'bugfix_vllm_rollouts', 'bugfix_template', 'checked_spec',
-         'route'}
+         'route', 'check_logp_mode'}
 
 __all__ = ['CPU_HEAD_DIMS', 'LOGPROBS_MODES', 'Endpoint', 'VLLMError', 'VLLMServer', 'ServerDied', 'check_head_dim',
            'connect', 'default_python', 'diagnose_log', 'probe_logp_mode', 'request_body', 'turn_seed',

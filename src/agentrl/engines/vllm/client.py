@@ -25,7 +25,8 @@ class ServerDied(VLLMError):
     def __init__(self, url: str, detail: str):
         super().__init__(f'vllm server {url} died mid-run ({detail}); finished episodes are kept; fix: see the '
                          'server log, restart it and rerun with --resume')
-        self.url = url
+        self.url, self.detail = url, detail
+        self.finished: dict = {}
 
 
 def turn_seed(episode_seed: int, turn: int) -> int:
@@ -90,13 +91,15 @@ class Completion:
 
 
 def session(limit: int = 256):
-    """An ``aiohttp.ClientSession`` for the turns (no total timeout: long turns on slow CPUs; ``limit`` connections)."""
+    """An ``aiohttp.ClientSession`` for the turns: no total timeout (long turns on slow CPUs), ``limit`` connections."""
     try:
         import aiohttp
     except ImportError:  # pragma: no cover - aiohttp comes with the vllm and ray extras
         raise ImportError('the vllm engine needs aiohttp: pip install "agentrl[vllm]"') from None
+    # force_close: one connection per request. A kept-alive connection that the server closes when
+    # idle (uvicorn: after 5 s) and the client reuses reads as ServerDisconnectedError.
     return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-                                 connector=aiohttp.TCPConnector(limit=limit))
+                                 connector=aiohttp.TCPConnector(limit=limit, force_close=True))
 
 
 async def _post(http, url: str, body: dict) -> bytes:

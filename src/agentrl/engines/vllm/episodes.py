@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 from dataclasses import dataclass
 from typing import Callable
 
 from ...gym import TOOL_SCHEMAS, BugFixEnv
 from ...record import Provenance, SamplingSpec
-from ...templates import ChatRecorder, ChatTemplate
+from ...templates import ChatRecorder, ChatTemplate, load_tokenizer
 from ..hf.episodes import Reply, bugfix_opening, gym_call, parse_tool_calls
 from ..hf.sampler import SampledTurn
 from .client import Completion, ServerDied, complete, probe_logp_mode, request_body, session, turn_seed
 from .server import Endpoint, VLLMError
 
 __all__ = ['VLLMTurn', 'vllm_rollouts', 'run_vllm_episodes', 'bugfix_vllm_rollouts', 'bugfix_template', 'checked_spec',
-           'route']
+           'route', 'check_logp_mode']
 
 _MALFORMED = ''
 
@@ -131,7 +132,7 @@ async def run_vllm_episodes(endpoints, recorders: list, respond: Callable, *, se
         raise others[0]
     if died:
         urls = sorted({e.url for e in died})
-        err = ServerDied(', '.join(urls), f'{len(died)} of {n} episodes lost; {died[0].args[0]}')
+        err = ServerDied(', '.join(urls), f'{len(died)} of {n} episodes lost; {died[0].detail}')
         err.finished = dict(sorted(finished.items()))
         raise err
     return out
@@ -195,6 +196,27 @@ def _turn(c: Completion, prompt_len: int, stop_ids, seed) -> VLLMTurn:
     return VLLMTurn(ids=c.ids, logp=c.logp, truncated=c.finish_reason == 'length' and not stopped,
                     prompt_len=prompt_len, finish_reason=c.finish_reason, stop_reason=c.stop_reason, url=c.url,
                     seed=seed, raw=c.raw)
+
+
+def check_logp_mode(endpoints, prompt_ids) -> str:
+    """Probe every server once (:func:`~agentrl.engines.vllm.probe_logp_mode`) and return the mode they share.
+
+    The rollout job calls it once at start-up and passes the result as ``logp_mode=`` to every
+    chunk, so chunks do not probe again.
+
+    Args:
+        endpoints: the servers. prompt_ids: ``[L]`` ids to probe with (e.g. the first episode's opening).
+
+    Returns:
+        ``'processed'`` or ``'raw'``.
+
+    Raises:
+        VLLMError: a server in a logits mode, servers in different modes, or a server that does not answer.
+    """
+    async def go():
+        async with session(limit=4) as http:
+            return await _check_modes(http, endpoints, prompt_ids)
+    return asyncio.run(go())
 
 
 def vllm_rollouts(endpoints, recorders: list, respond: Callable, *, seeds, spec: SamplingSpec | None = None,
@@ -262,5 +284,13 @@ def bugfix_vllm_rollouts(endpoints, template: ChatTemplate, tasks, *, seeds, spe
 
 
 def bugfix_template(tokenizer, **options) -> ChatTemplate:
-    """The BugFix chat template: ``tokenizer`` with the gym's ``TOOL_SCHEMAS`` as tools (as ``--engine hf``)."""
+    """The BugFix chat template: a tokenizer (or its folder, e.g. the served model's) with the gym's ``TOOL_SCHEMAS``.
+
+    The same template ``--engine hf`` builds (its fingerprint goes into the records).
+
+    Raises:
+        ImportError: without the ``hf`` extra. OSError: a folder without tokenizer files.
+    """
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = load_tokenizer(str(tokenizer))
     return ChatTemplate(tokenizer, tools=TOOL_SCHEMAS, **options)

