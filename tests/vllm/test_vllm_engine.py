@@ -1,7 +1,7 @@
 """agentrl.engines.vllm against one real vLLM CPU server (conftest): token-in/token-out records, bit for bit.
 
 The server is started once (about 30-160 s on a busy 2-core machine); the tests then take seconds.
-The last test kills it.
+test_vllm_server_death.py (last, by name) kills it.
 """
 import asyncio
 import json
@@ -170,22 +170,3 @@ def test_32_concurrent_seeded_long_prompts_do_not_kill_the_engine(server):
     out = asyncio.run(go())
     assert len(out) == 32 and all(len(c.ids) == 4 for c in out) and server.alive()
     assert '--no-enable-chunked-prefill' in server.command()
-
-
-def test_a_server_killed_mid_run_is_one_line_naming_it_and_finished_episodes_are_kept(server, template, tasks):
-    """Last: kills the session's server."""
-    done = []
-
-    def on_done(i, rec):
-        done.append(i)
-        if len(done) == 1:
-            os.killpg(server.pid, signal.SIGKILL)
-
-    with pytest.raises(vllm.ServerDied, match=rf'^vllm server {server.url} died mid-run \(\d+ of 12 episodes lost'
-                                              r'.*finished episodes are kept') as err:
-        vllm.bugfix_vllm_rollouts([server.endpoint], template, tasks[:12], seeds=list(range(12)), spec=T1,
-                                  max_new_tokens=24, max_turns=6, on_done=on_done)
-    assert '\n' not in str(err.value)
-    assert sorted(err.value.finished) == sorted(done) and done
-    assert all(r.info['tool_calls'] is not None for r in err.value.finished.values())
-    assert server.died() is not None and server.url in str(server.died())

@@ -83,17 +83,47 @@ def parse_response(response: dict, request: dict | None = None, where: str = 're
             'finish': finish, 'kind': kind}
 
 
+#: Request fields of the sampler (OpenAI / vLLM top level, or SGLang ``sampling_params``).
+_SAMPLER_FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'repetition_penalty', 'presence_penalty',
+                   'frequency_penalty')
+_PENALTIES = ('repetition_penalty', 'presence_penalty', 'frequency_penalty')
+
+
 def spec_from_request(request: dict, logp_mode: str = 'raw') -> SamplingSpec:
-    """The sampler declared in a request body (OpenAI / vLLM / SGLang ``sampling_params`` names).
+    """The sampler declared in a request body (OpenAI / vLLM top-level names, or SGLang ``sampling_params``).
+
+    Top-level fields win over ``sampling_params``. ``top_k`` <= 0 is off. When the request names a
+    penalty (repetition, presence, frequency), the spec reads all three with
+    ``penalty_semantics='vllm'`` (vLLM's and SGLang's ``apply_penalties``: presence and frequency on
+    the output tokens, repetition on prompt and output).
 
     ``logp_mode`` is not in the request: vLLM's default ``logprobs_mode`` is raw log-probs; pass
     ``'processed'`` for a server started with ``--logprobs-mode processed_logprobs``.
+
+    Raises:
+        ValueError: a value out of range (as :class:`~agentrl.record.SamplingSpec`).
     """
-    p = dict(request.get('sampling_params') or {}, **{k: v for k, v in request.items() if k in
-                                                       ('temperature', 'top_p', 'top_k', 'min_p')})
+    p = dict(request.get('sampling_params') or {}, **{k: v for k, v in request.items() if k in _SAMPLER_FIELDS})
+    p = {k: v for k, v in p.items() if v is not None}
     top_k = int(p.get('top_k') or 0)
+    pen = {}
+    if any(k in p for k in _PENALTIES):
+        pen = dict(repetition_penalty=float(p.get('repetition_penalty', 1.0)),
+                   presence_penalty=float(p.get('presence_penalty', 0.0)),
+                   frequency_penalty=float(p.get('frequency_penalty', 0.0)), penalty_semantics='vllm')
     return SamplingSpec(temperature=float(p.get('temperature', 1.0)), top_k=max(top_k, 0),
-                        top_p=float(p.get('top_p', 1.0)), min_p=float(p.get('min_p', 0.0)), logp_mode=logp_mode)
+                        top_p=float(p.get('top_p', 1.0)), min_p=float(p.get('min_p', 0.0)), logp_mode=logp_mode, **pen)
+
+
+def _template_kwargs(ex, n: int) -> dict:
+    """The episode's ``chat_template_kwargs`` (e.g. ``enable_thinking: false``), the same in every request."""
+    first = ex[0]['request'].get('chat_template_kwargs') or {}
+    for k, e in enumerate(ex[1:], 1):
+        if (e['request'].get('chat_template_kwargs') or {}) != first:
+            raise ValueError(f'episode {n} exchange {k}: chat_template_kwargs {e["request"].get("chat_template_kwargs")} '
+                             f'differ from exchange 0\'s {first}; one episode is rendered with one template: '
+                             'split it, or log the kwargs the server used')
+    return dict(first)
 
 
 def _chat_episode(ex, tokenizer, tools, history, options):
@@ -123,7 +153,8 @@ def _chat_episode(ex, tokenizer, tools, history, options):
 
 
 def _completion_episode(ex):
-    ids, owner, turn, logp, placeholder = [], [], [], [], False
+    """The episode as one sequence; ``cut`` lists the turns that ended with ``finish_reason`` "length"."""
+    ids, owner, turn, logp, placeholder, cut = [], [], [], [], False, []
     for k, e in enumerate(ex):
         r = parse_response(e['response'], e['request'], f'exchange {k} response')
         p = r['prompt_ids']
@@ -149,8 +180,10 @@ def _completion_episode(ex):
         if r['logp'] is None:
             placeholder = True
         logp += r['logp'] if r['logp'] is not None else [0.0] * len(r['ids'])
+        if r['finish'] == 'length':
+            cut.append(k)
         last = r
-    return ids, owner, turn, logp, placeholder, last
+    return ids, owner, turn, logp, placeholder, last, cut
 
 
 def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, tools=None, history: str = 'sampled',
@@ -191,7 +224,10 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             if tokenizer is None:
                 raise ValueError(f'episode {n}: chat exchanges need the tokenizer (--tokenizer) to rebuild owners '
                                  'from the chat template')
-            rec, server_ctx, drift, last = _chat_episode(ex, tokenizer, tools, history, template_options)
+            kwargs = _template_kwargs(ex, n)
+            rec, server_ctx, drift, last = _chat_episode(ex, tokenizer, tools, history, dict(template_options, **kwargs))
+            if kwargs:
+                meta['chat_template_kwargs'] = kwargs
             prov = provenance_for_import(source, spec=sp, group_id=ep.get('group_id', ''),
                                          rollout_id=ep.get('rollout_id', str(n)), tokenizer=tokenizer,
                                          model=model or req0.get('model', ''))
@@ -207,13 +243,15 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
                 traj.turn_contexts = [(s, torch.as_tensor(server_ctx[k], dtype=torch.long)) if k in drift else (s, c)
                                       for k, (s, c) in enumerate(ctxs)]
         else:
-            ids, owner, turn, logp, placeholder, last = _completion_episode(ex)
+            ids, owner, turn, logp, placeholder, last, cut = _completion_episode(ex)
             prov = provenance_for_import(source, spec=sp, group_id=ep.get('group_id', ''),
                                          rollout_id=ep.get('rollout_id', str(n)), tokenizer=tokenizer,
                                          model=model or req0.get('model', ''), placeholder=placeholder)
             meta.update(context_drift=[], finish=last['finish'])
             info = dict(ep.get('info') or {}, **{'import': meta})
             info.setdefault('stop', _stop(last['finish']))
+            if cut:     # what follows a turn cut at its budget was appended, not sampled (not trained)
+                info.setdefault('template', {})['unterminated_turns'] = cut
             traj = Trajectory.from_tokens(ids, owner, turn, logp, float(ep.get('reward', 0.0)), info, provenance=prov)
         out.append(traj)
     return out
