@@ -48,7 +48,8 @@ def test_a_harness_appended_end_of_turn_after_length_is_not_trained(server, lm):
     [rec] = interop.from_openai([ep], tok, logp_mode='processed', source='vllm')
     j = len(p0) + 3                                                     # the appended <|im_end|>
     assert rec.ids[j] == IM_END and rec.owner[j] != OWNER['policy'] and rec.action_mask[j - 1] == 0
-    assert rec.info['template']['unterminated_turns'] == [0]
+    cut = [k for k, (_, r) in enumerate(ex) if r['choices'][0]['finish_reason'] == 'length']
+    assert cut[0] == 0 and rec.info['template']['unterminated_turns'] == cut
     arl.validate(rec, {'eot_ids': (IM_END,)})                          # no EndOfTurnNotTrainedError
     lp = [x for _, r in ex for x in r['choices'][0]['logprobs']['token_logprobs']]
     assert rec.sample_logp[rec.action_mask == 1].tolist() == [float(torch.tensor(x)) for x in lp]
@@ -92,3 +93,25 @@ def test_chat_template_kwargs_are_read_from_the_requests(lm):
                                          r"differ from exchange 0's \{'enable_thinking': False\}"):
         interop.from_openai([{'exchanges': [{'request': req, 'response': resp}, {'request': req2, 'response': resp}]}],
                             tok)
+
+
+def test_sampling_fields_the_request_leaves_out_are_refused_by_name_unless_supplied(server, lm, tmp_path):
+    tok = lm[1]
+    p0 = ChatRecorder(tok, [{'role': 'user', 'content': 'Fix clamp.'}]).prompt_ids
+    [(req, resp)] = exchanges(server, lambda out: iter([(p0, {})]))
+    [rec] = interop.from_openai([{'exchanges': [{'request': req, 'response': resp}]}], tok, strict_sampling=True)
+    assert set(rec.info['import']['sampling_sources'].values()) == {'request'}     # our client sends them all
+    bare = {k: v for k, v in req.items() if k not in ('top_p', 'top_k', 'min_p')}
+    ep = {'exchanges': [{'request': bare, 'response': resp}]}
+    with pytest.raises(ValueError, match=r'^episode 0 exchange 0: request: has no top_p, top_k, min_p; the server '
+                                         r'filled them from its defaults.*--generation-config'):
+        interop.from_openai([ep], tok, strict_sampling=True)
+    gen = tmp_path / 'generation_config.json'
+    gen.write_text(json.dumps({'temperature': 0.6, 'top_k': 20, 'top_p': 0.95, 'min_p': 0.0, 'eos_token_id': IM_END}))
+    [rec] = interop.from_openai([ep], tok, strict_sampling=True, generation_config=gen)
+    assert rec.provenance.sampling == SamplingSpec(temperature=1.0, top_k=20, top_p=0.95, logp_mode='raw')
+    src = rec.info['import']['sampling_sources']
+    assert (src['temperature'], src['top_k'], src['top_p'], src['min_p']) == ('request', 'generation_config',
+                                                                              'generation_config', 'generation_config')
+    [rec] = interop.from_openai([ep], tok, strict_sampling=True, spec=SamplingSpec(top_k=20))
+    assert set(rec.info['import']['sampling_sources'].values()) == {'request', 'spec'}

@@ -25,4 +25,5 @@ def test_a_server_killed_mid_run_is_one_line_naming_it_and_finished_episodes_are
     assert '\n' not in str(err.value)
     assert sorted(err.value.finished) == sorted(done) and done
     assert all(r.info['tool_calls'] is not None for r in err.value.finished.values())
-    assert server.died() is not None and server.url in str(server.died())
+    line = str(server.died(wait=30))
+    assert line.startswith(f'vllm server {server.url} (tiny) died (exit code -9)') and '\n' not in line

@@ -89,6 +89,31 @@ _SAMPLER_FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'repetition_penalty
 _PENALTIES = ('repetition_penalty', 'presence_penalty', 'frequency_penalty')
 
 
+def sampling_sources(request: dict, spec: SamplingSpec | None = None, generation_config: dict | None = None) -> dict:
+    """Where each sampler field of an imported episode comes from: ``{field: source}``.
+
+    ``'request'`` (top level or ``sampling_params``, not null), else ``'spec'`` (``spec=`` /
+    ``--temperature`` given), else ``'generation_config'`` (the model folder's file the server read
+    without ``--generation-config vllm``), else ``'absent'`` (the server filled it from defaults
+    the logs do not show). Stored as ``info['import']['sampling_sources']``.
+    """
+    sent = dict(request.get('sampling_params') or {}, **request)
+    gen = generation_config or {}
+    return {f: 'request' if sent.get(f) is not None else 'spec' if spec is not None
+            else 'generation_config' if gen.get(f) is not None else 'absent' for f in _SAMPLER_FIELDS}
+
+
+def _generation_config(generation_config) -> dict | None:
+    """A generation-config dict, or the ``generation_config.json`` at a path (its sampler fields only)."""
+    if generation_config is None or isinstance(generation_config, dict):
+        return generation_config
+    from ..io import read_json
+    d = read_json(generation_config, fix='pass the model folder\'s generation_config.json')
+    if not isinstance(d, dict):
+        raise ValueError(f'{str(generation_config)!r}: is not a JSON object; pass a generation_config.json')
+    return {k: d[k] for k in _SAMPLER_FIELDS if d.get(k) is not None}
+
+
 def spec_from_request(request: dict, logp_mode: str = 'raw') -> SamplingSpec:
     """The sampler declared in a request body (OpenAI / vLLM top-level names, or SGLang ``sampling_params``).
 
@@ -105,6 +130,10 @@ def spec_from_request(request: dict, logp_mode: str = 'raw') -> SamplingSpec:
     """
     p = dict(request.get('sampling_params') or {}, **{k: v for k, v in request.items() if k in _SAMPLER_FIELDS})
     p = {k: v for k, v in p.items() if v is not None}
+    return _spec_of(p, logp_mode)
+
+
+def _spec_of(p: dict, logp_mode: str) -> SamplingSpec:
     top_k = int(p.get('top_k') or 0)
     pen = {}
     if any(k in p for k in _PENALTIES):
@@ -187,7 +216,8 @@ def _completion_episode(ex):
 
 
 def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, tools=None, history: str = 'sampled',
-                logp_mode: str = 'raw', source: str = 'vllm', model: str = '', **template_options) -> list[Trajectory]:
+                logp_mode: str = 'raw', source: str = 'vllm', model: str = '', generation_config=None,
+                strict_sampling: bool = False, **template_options) -> list[Trajectory]:
     """Import episodes of OpenAI-compatible exchanges as records (one per episode).
 
     Args:
@@ -201,6 +231,12 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
         logp_mode: ``'raw'`` (vLLM default) or ``'processed'``, when ``spec`` is None.
         source: provenance policy name (``'vllm'``, ``'sglang'``).
         model: model id (default: the request's ``model``).
+        generation_config: the model folder's ``generation_config.json`` (path or dict) the server
+            filled absent fields from (a server without ``--generation-config vllm``); with ``spec`` None
+            its temperature, top_p, top_k, min_p, repetition_penalty fill fields the request leaves out.
+        strict_sampling: refuse an episode whose first request leaves a sampler field out that
+            neither ``spec`` nor ``generation_config`` supplies (the server chose it; the record
+            could not declare what ran). ``info['import']['sampling_sources']`` says where each came from.
         **template_options: ChatTemplate options (``enable_thinking=False`` ...).
 
     Returns:
@@ -218,8 +254,8 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
         if not ex:
             raise ValueError(f'episode {n} has no exchanges; give [{{"request": ..., "response": ...}}, ...]')
         req0 = ex[0]['request']
-        sp = spec or spec_from_request(req0, logp_mode)
-        meta = {'source': source, 'exchanges': len(ex)}
+        sp, sources = _episode_spec(n, req0, spec, _generation_config(generation_config), logp_mode, strict_sampling)
+        meta = {'source': source, 'exchanges': len(ex), 'sampling_sources': sources}
         if 'messages' in req0:
             if tokenizer is None:
                 raise ValueError(f'episode {n}: chat exchanges need the tokenizer (--tokenizer) to rebuild owners '
@@ -255,6 +291,23 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             traj = Trajectory.from_tokens(ids, owner, turn, logp, float(ep.get('reward', 0.0)), info, provenance=prov)
         out.append(traj)
     return out
+
+
+def _episode_spec(n: int, req0: dict, spec, gen, logp_mode: str, strict: bool):
+    """``(spec, sources)`` of episode ``n`` (see :func:`from_openai`); ValueError naming absent fields when strict."""
+    sources = sampling_sources(req0, spec, gen)
+    absent = [f for f, s in sources.items() if s == 'absent']
+    if strict and absent:
+        raise ValueError(f'episode {n} exchange 0: request: has no {", ".join(absent)}; the server filled them from '
+                         'its defaults, so the record cannot declare what ran. Fix: send every sampling field, or '
+                         'pass the sampler (--temperature/--top-p/... or spec=) or the generation_config.json the '
+                         'server read (--generation-config)')
+    if spec is not None:
+        return spec, sources
+    sent = dict(req0.get('sampling_params') or {}, **{k: v for k, v in req0.items() if k in _SAMPLER_FIELDS})
+    p = dict({k: v for k, v in (gen or {}).items() if k in _SAMPLER_FIELDS},
+             **{k: v for k, v in sent.items() if v is not None})
+    return _spec_of(p, logp_mode), sources
 
 
 def _stop(finish) -> str:

@@ -307,9 +307,20 @@ class VLLMServer:
         """True while the process runs."""
         return self.proc is not None and self.proc.poll() is None
 
-    def died(self) -> VLLMError | None:
-        """None while the process runs, else the one-line error naming it, the cause from its log and the fix."""
-        if self.proc is None or self.proc.poll() is None:
+    def died(self, wait: float = 0.0) -> VLLMError | None:
+        """None while the process runs, else the one-line error naming it, the cause from its log and the fix.
+
+        Args:
+            wait: seconds to wait for the process to end (after a ``ServerDied`` its sockets close
+                before the process is reaped).
+        """
+        if self.proc is None:
+            return None
+        try:
+            self.proc.wait(wait) if wait > 0 else None
+        except subprocess.TimeoutExpired:
+            pass
+        if self.proc.poll() is None:
             return None
         return self._fail(f'died (exit code {self.proc.returncode})')
 
