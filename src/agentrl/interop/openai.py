@@ -86,7 +86,6 @@ def parse_response(response: dict, request: dict | None = None, where: str = 're
 #: Request fields of the sampler (OpenAI / vLLM top level, or SGLang ``sampling_params``).
 _SAMPLER_FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'repetition_penalty', 'presence_penalty',
                    'frequency_penalty')
-_PENALTIES = ('repetition_penalty', 'presence_penalty', 'frequency_penalty')
 
 
 def sampling_sources(request: dict, spec: SamplingSpec | None = None, generation_config: dict | None = None) -> dict:
@@ -117,8 +116,8 @@ def _generation_config(generation_config) -> dict | None:
 def spec_from_request(request: dict, logp_mode: str = 'raw') -> SamplingSpec:
     """The sampler declared in a request body (OpenAI / vLLM top-level names, or SGLang ``sampling_params``).
 
-    Top-level fields win over ``sampling_params``. ``top_k`` <= 0 is off. When the request names a
-    penalty (repetition, presence, frequency), the spec reads all three with
+    Top-level fields win over ``sampling_params``. ``top_k`` <= 0 is off. When a penalty
+    (repetition, presence, frequency) is on, the spec holds all three with
     ``penalty_semantics='vllm'`` (vLLM's and SGLang's ``apply_penalties``: presence and frequency on
     the output tokens, repetition on prompt and output).
 
@@ -135,11 +134,11 @@ def spec_from_request(request: dict, logp_mode: str = 'raw') -> SamplingSpec:
 
 def _spec_of(p: dict, logp_mode: str) -> SamplingSpec:
     top_k = int(p.get('top_k') or 0)
-    pen = {}
-    if any(k in p for k in _PENALTIES):
-        pen = dict(repetition_penalty=float(p.get('repetition_penalty', 1.0)),
-                   presence_penalty=float(p.get('presence_penalty', 0.0)),
-                   frequency_penalty=float(p.get('frequency_penalty', 0.0)), penalty_semantics='vllm')
+    pen = dict(repetition_penalty=float(p.get('repetition_penalty', 1.0)),
+               presence_penalty=float(p.get('presence_penalty', 0.0)),
+               frequency_penalty=float(p.get('frequency_penalty', 0.0)))
+    pen = dict(pen, penalty_semantics='vllm') if pen != {'repetition_penalty': 1.0, 'presence_penalty': 0.0,
+                                                          'frequency_penalty': 0.0} else {}
     return SamplingSpec(temperature=float(p.get('temperature', 1.0)), top_k=max(top_k, 0),
                         top_p=float(p.get('top_p', 1.0)), min_p=float(p.get('min_p', 0.0)), logp_mode=logp_mode, **pen)
 
