@@ -5,8 +5,7 @@ test_vllm_server_death.py (last, by name) kills it.
 """
 import asyncio
 import json
-import os
-import signal
+import sys
 import struct
 
 import pytest
@@ -61,7 +60,7 @@ def test_a_head_dim_vllm_cpu_cannot_run_is_refused_with_the_fix(tmp_path):
     (tmp_path / 'config.json').write_text(json.dumps(cfg))
     with pytest.raises(vllm.VLLMError, match=r'head_dim=16, which vLLM CPU attention does not support .*'
                                              r'agentrl make-test-model OUT --heads 2 --kv-heads 1'):
-        vllm.VLLMServer(tmp_path, python=os.sys.executable).start()
+        vllm.VLLMServer(tmp_path, python=sys.executable).start()
     with pytest.raises(vllm.VLLMError, match=r'no python at .*nope.*make test-vllm.*--vllm-python'):
         vllm.VLLMServer(tmp_path, python=tmp_path / 'nope').start()
 
