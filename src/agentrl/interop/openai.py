@@ -84,17 +84,75 @@ def parse_response(response: dict, request: dict | None = None, where: str = 're
             'finish': finish, 'kind': kind}
 
 
+#: Request fields of the sampler (OpenAI / vLLM top level, or SGLang ``sampling_params``).
+_SAMPLER_FIELDS = ('temperature', 'top_p', 'top_k', 'min_p', 'repetition_penalty', 'presence_penalty',
+                   'frequency_penalty')
+
+
+def sampling_sources(request: dict, spec: SamplingSpec | None = None, generation_config: dict | None = None) -> dict:
+    """Where each sampler field of an imported episode comes from: ``{field: source}``.
+
+    ``'request'`` (top level or ``sampling_params``, not null), else ``'spec'`` (``spec=`` /
+    ``--temperature`` given), else ``'generation_config'`` (the model folder's file the server read
+    without ``--generation-config vllm``), else ``'absent'`` (the server filled it from defaults
+    the logs do not show). Stored as ``info['import']['sampling_sources']``.
+    """
+    sent = dict(request.get('sampling_params') or {}, **request)
+    gen = generation_config or {}
+    return {f: 'request' if sent.get(f) is not None else 'spec' if spec is not None
+            else 'generation_config' if gen.get(f) is not None else 'absent' for f in _SAMPLER_FIELDS}
+
+
+def _generation_config(generation_config) -> dict | None:
+    """A generation-config dict, or the ``generation_config.json`` at a path (its sampler fields only)."""
+    if generation_config is None or isinstance(generation_config, dict):
+        return generation_config
+    from ..io import read_json
+    d = read_json(generation_config, fix='pass the model folder\'s generation_config.json')
+    if not isinstance(d, dict):
+        raise ValueError(f'{str(generation_config)!r}: is not a JSON object; pass a generation_config.json')
+    return {k: d[k] for k in _SAMPLER_FIELDS if d.get(k) is not None}
+
+
 def spec_from_request(request: dict, logp_mode: str = 'raw') -> SamplingSpec:
-    """The sampler declared in a request body (OpenAI / vLLM / SGLang ``sampling_params`` names).
+    """The sampler declared in a request body (OpenAI / vLLM top-level names, or SGLang ``sampling_params``).
+
+    Top-level fields win over ``sampling_params``. ``top_k`` <= 0 is off. When a penalty
+    (repetition, presence, frequency) is on, the spec holds all three with
+    ``penalty_semantics='vllm'`` (vLLM's and SGLang's ``apply_penalties``: presence and frequency on
+    the output tokens, repetition on prompt and output).
 
     ``logp_mode`` is not in the request: vLLM's default ``logprobs_mode`` is raw log-probs; pass
     ``'processed'`` for a server started with ``--logprobs-mode processed_logprobs``.
+
+    Raises:
+        ValueError: a value out of range (as :class:`~agentrl.record.SamplingSpec`).
     """
-    p = dict(request.get('sampling_params') or {}, **{k: v for k, v in request.items() if k in
-                                                       ('temperature', 'top_p', 'top_k', 'min_p')})
+    p = dict(request.get('sampling_params') or {}, **{k: v for k, v in request.items() if k in _SAMPLER_FIELDS})
+    p = {k: v for k, v in p.items() if v is not None}
+    return _spec_of(p, logp_mode)
+
+
+def _spec_of(p: dict, logp_mode: str) -> SamplingSpec:
     top_k = int(p.get('top_k') or 0)
+    pen = dict(repetition_penalty=float(p.get('repetition_penalty', 1.0)),
+               presence_penalty=float(p.get('presence_penalty', 0.0)),
+               frequency_penalty=float(p.get('frequency_penalty', 0.0)))
+    pen = dict(pen, penalty_semantics='vllm') if pen != {'repetition_penalty': 1.0, 'presence_penalty': 0.0,
+                                                          'frequency_penalty': 0.0} else {}
     return SamplingSpec(temperature=float(p.get('temperature', 1.0)), top_k=max(top_k, 0),
-                        top_p=float(p.get('top_p', 1.0)), min_p=float(p.get('min_p', 0.0)), logp_mode=logp_mode)
+                        top_p=float(p.get('top_p', 1.0)), min_p=float(p.get('min_p', 0.0)), logp_mode=logp_mode, **pen)
+
+
+def _template_kwargs(ex, n: int) -> dict:
+    """The episode's ``chat_template_kwargs`` (e.g. ``enable_thinking: false``), the same in every request."""
+    first = ex[0]['request'].get('chat_template_kwargs') or {}
+    for k, e in enumerate(ex[1:], 1):
+        if (e['request'].get('chat_template_kwargs') or {}) != first:
+            raise ValueError(f'episode {n} exchange {k}: chat_template_kwargs {e["request"].get("chat_template_kwargs")} '
+                             f'differ from exchange 0\'s {first}; one episode is rendered with one template: '
+                             'split it, or log the kwargs the server used')
+    return dict(first)
 
 
 def _chat_episode(ex, tokenizer, tools, history, options):
@@ -124,7 +182,8 @@ def _chat_episode(ex, tokenizer, tools, history, options):
 
 
 def _completion_episode(ex):
-    ids, owner, turn, logp, placeholder = [], [], [], [], False
+    """The episode as one sequence; ``cut`` lists the turns that ended with ``finish_reason`` "length"."""
+    ids, owner, turn, logp, placeholder, cut = [], [], [], [], False, []
     for k, e in enumerate(ex):
         r = parse_response(e['response'], e['request'], f'exchange {k} response')
         p = r['prompt_ids']
@@ -150,12 +209,15 @@ def _completion_episode(ex):
         if r['logp'] is None:
             placeholder = True
         logp += r['logp'] if r['logp'] is not None else [0.0] * len(r['ids'])
+        if r['finish'] == 'length':
+            cut.append(k)
         last = r
-    return ids, owner, turn, logp, placeholder, last
+    return ids, owner, turn, logp, placeholder, last, cut
 
 
 def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, tools=None, history: str = 'sampled',
-                logp_mode: str = 'raw', source: str = 'vllm', model: str = '', **template_options) -> list[Trajectory]:
+                logp_mode: str = 'raw', source: str = 'vllm', model: str = '', generation_config=None,
+                strict_sampling: bool = False, **template_options) -> list[Trajectory]:
     """Import episodes of OpenAI-compatible exchanges as records (one per episode).
 
     Args:
@@ -169,6 +231,12 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
         logp_mode: ``'raw'`` (vLLM default) or ``'processed'``, when ``spec`` is None.
         source: provenance policy name (``'vllm'``, ``'sglang'``).
         model: model id (default: the request's ``model``).
+        generation_config: the model folder's ``generation_config.json`` (path or dict) the server
+            filled absent fields from (a server without ``--generation-config vllm``); with ``spec`` None
+            its temperature, top_p, top_k, min_p, repetition_penalty fill fields the request leaves out.
+        strict_sampling: refuse an episode whose first request leaves a sampler field out that
+            neither ``spec`` nor ``generation_config`` supplies (the server chose it; the record
+            could not declare what ran). ``info['import']['sampling_sources']`` says where each came from.
         **template_options: ChatTemplate options (``enable_thinking=False`` ...).
 
     Returns:
@@ -186,13 +254,16 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
         if not ex:
             raise ValueError(f'episode {n} has no exchanges; give [{{"request": ..., "response": ...}}, ...]')
         req0 = ex[0]['request']
-        sp = spec or spec_from_request(req0, logp_mode)
-        meta = {'source': source, 'exchanges': len(ex)}
+        sp, sources = _episode_spec(n, req0, spec, _generation_config(generation_config), logp_mode, strict_sampling)
+        meta = {'source': source, 'exchanges': len(ex), 'sampling_sources': sources}
         if 'messages' in req0:
             if tokenizer is None:
                 raise ValueError(f'episode {n}: chat exchanges need the tokenizer (--tokenizer) to rebuild owners '
                                  'from the chat template')
-            rec, server_ctx, drift, last = _chat_episode(ex, tokenizer, tools, history, template_options)
+            kwargs = _template_kwargs(ex, n)
+            rec, server_ctx, drift, last = _chat_episode(ex, tokenizer, tools, history, dict(template_options, **kwargs))
+            if kwargs:
+                meta['chat_template_kwargs'] = kwargs
             prov = provenance_for_import(source, spec=sp, group_id=ep.get('group_id', ''),
                                          rollout_id=ep.get('rollout_id', str(n)), tokenizer=tokenizer,
                                          model=model or req0.get('model', ''))
@@ -208,16 +279,35 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
                 traj.turn_contexts = [(s, torch.as_tensor(server_ctx[k], dtype=torch.long)) if k in drift else (s, c)
                                       for k, (s, c) in enumerate(ctxs)]
         else:
-            ids, owner, turn, logp, placeholder, last = _completion_episode(ex)
+            ids, owner, turn, logp, placeholder, last, cut = _completion_episode(ex)
             prov = provenance_for_import(source, spec=sp, group_id=ep.get('group_id', ''),
                                          rollout_id=ep.get('rollout_id', str(n)), tokenizer=tokenizer,
                                          model=model or req0.get('model', ''), placeholder=placeholder)
             meta.update(context_drift=[], finish=last['finish'])
             info = dict(ep.get('info') or {}, **{'import': meta})
             info.setdefault('stop', _stop(last['finish']))
+            if cut:     # what follows a turn cut at its budget was appended, not sampled (not trained)
+                info.setdefault('template', {})['unterminated_turns'] = cut
             traj = Trajectory.from_tokens(ids, owner, turn, logp, float(ep.get('reward', 0.0)), info, provenance=prov)
         out.append(traj)
     return out
+
+
+def _episode_spec(n: int, req0: dict, spec, gen, logp_mode: str, strict: bool):
+    """``(spec, sources)`` of episode ``n`` (see :func:`from_openai`); ValueError naming absent fields when strict."""
+    sources = sampling_sources(req0, spec, gen)
+    absent = [f for f, s in sources.items() if s == 'absent']
+    if strict and absent:
+        raise ValueError(f'episode {n} exchange 0: request: has no {", ".join(absent)}; the server filled them from '
+                         'its defaults, so the record cannot declare what ran. Fix: send every sampling field, or '
+                         'pass the sampler (--temperature/--top-p/... or spec=) or the generation_config.json the '
+                         'server read (--generation-config)')
+    if spec is not None:
+        return spec, sources
+    sent = dict(req0.get('sampling_params') or {}, **{k: v for k, v in req0.items() if k in _SAMPLER_FIELDS})
+    p = dict({k: v for k, v in (gen or {}).items() if k in _SAMPLER_FIELDS},
+             **{k: v for k, v in sent.items() if v is not None})
+    return _spec_of(p, logp_mode), sources
 
 
 def _stop(finish) -> str:

@@ -1,0 +1,183 @@
+"""L4: async ``/v1/completions`` requests, token-in/token-out, with every sampling field explicit.
+
+A turn is one request whose ``prompt`` is the episode's token ids; the answer's ``token_ids`` and
+``logprobs.token_logprobs`` go into the record as they are (docs/vllm.md#token-api). Every
+sampling field is sent, so the server's defaults never decide what ran; the server runs with
+``--generation-config vllm``. Each turn's ``seed`` is :func:`turn_seed` of the episode seed.
+
+Only the standard library at import time; :func:`session` imports aiohttp.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+
+from .server import VLLMError
+
+__all__ = ['turn_seed', 'request_body', 'Completion', 'complete', 'session', 'probe_logp_mode', 'ServerDied',
+           'probe_body']
+
+
+class ServerDied(VLLMError):
+    """A server stopped answering (connection refused / reset, or its engine died: HTTP 500) mid-run."""
+
+    def __init__(self, url: str, detail: str):
+        super().__init__(f'vllm server {url} died mid-run ({detail}); finished episodes are kept; fix: see the '
+                         'server log, restart it and rerun with --resume')
+        self.url, self.detail = url, detail
+        self.finished: dict = {}
+
+
+def turn_seed(episode_seed: int, turn: int) -> int:
+    """The ``seed`` of turn ``turn`` (0-based) of an episode: blake2b over (episode seed, turn), in ``[0, 2**63)``.
+
+    A stable hash (8 bytes, person ``agentrl-vllm``, top bit cleared): the same on every machine
+    and across server restarts, different per turn, and within vLLM's int64 ``seed`` range.
+
+    Example:
+        >>> turn_seed(7, 0) == turn_seed(7, 0) != turn_seed(7, 1)
+        True
+    """
+    h = hashlib.blake2b(digest_size=8, person=b'agentrl-vllm')
+    h.update(int(episode_seed).to_bytes(8, 'big', signed=False))
+    h.update(int(turn).to_bytes(8, 'big', signed=False))
+    return int.from_bytes(h.digest(), 'big') >> 1
+
+
+def request_body(model: str, prompt_ids, spec, *, max_tokens: int, stop_ids, seed: int | None) -> dict:
+    """The ``/v1/completions`` JSON body of one turn.
+
+    Args:
+        model: the served model name. prompt_ids: ``[L]`` int token ids (the episode so far).
+        spec: the :class:`~agentrl.record.SamplingSpec` (temperature, top_k (0 = off), top_p,
+            min_p, the three penalties).
+        max_tokens: the turn's token budget (>= 1).
+        stop_ids: the template's stop ids; ``ignore_eos`` is on, so the server stops at exactly these.
+        seed: the request seed (:func:`turn_seed`), or None.
+
+    Returns:
+        dict with every sampling field explicit (n 1, no stop strings, no bias, no beam search,
+        ``min_tokens`` 0, ``skip_special_tokens`` false), ``logprobs: 0`` (the sampled token's
+        log-prob only) and ``return_token_ids`` true.
+    """
+    return {'model': model, 'prompt': [int(i) for i in prompt_ids], 'max_tokens': int(max_tokens), 'n': 1,
+            'temperature': float(spec.temperature), 'top_p': float(spec.top_p), 'top_k': int(spec.top_k),
+            'min_p': float(spec.min_p), 'repetition_penalty': float(spec.repetition_penalty),
+            'presence_penalty': float(spec.presence_penalty), 'frequency_penalty': float(spec.frequency_penalty),
+            'seed': None if seed is None else int(seed), 'stop': [], 'stop_token_ids': sorted(int(i) for i in stop_ids),
+            'ignore_eos': True, 'min_tokens': 0, 'logit_bias': None, 'allowed_token_ids': None, 'bad_words': [],
+            'use_beam_search': False, 'skip_special_tokens': False, 'spaces_between_special_tokens': False,
+            'include_stop_str_in_output': False, 'logprobs': 0, 'return_token_ids': True, 'echo': False,
+            'stream': False}
+
+
+@dataclass
+class Completion:
+    """One turn as the server answered it.
+
+    Attributes:
+        ids: ``choices[0].token_ids`` (the stop id included when the turn stopped on it).
+        logp: ``choices[0].logprobs.token_logprobs`` (floats as parsed from the JSON, nats).
+        finish_reason: ``'stop'`` or ``'length'``. stop_reason: the stop id hit, or None.
+        url: the server. raw: the response body bytes.
+    """
+    ids: list
+    logp: list
+    finish_reason: str
+    stop_reason: object
+    url: str
+    raw: bytes
+
+
+def session(limit: int = 256):
+    """An ``aiohttp.ClientSession`` for the turns: no total timeout (long turns on slow CPUs), ``limit`` connections."""
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover - aiohttp comes with the vllm and ray extras
+        raise ImportError('the vllm engine needs aiohttp: pip install "agentrl[vllm]"') from None
+    # force_close: one connection per request. A kept-alive connection that the server closes when
+    # idle (uvicorn: after 5 s) and the client reuses reads as ServerDisconnectedError.
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+                                 connector=aiohttp.TCPConnector(limit=limit, force_close=True))
+
+
+async def _post(http, url: str, body: dict) -> bytes:
+    import aiohttp
+    try:
+        async with http.post(f'{url}/v1/completions', json=body) as r:
+            raw = await r.read()
+            status = r.status
+    except (aiohttp.ClientConnectionError, ConnectionError) as e:
+        raise ServerDied(url, f'{type(e).__name__}: {e}') from None
+    if status == 200:
+        return raw
+    text = raw[:400].decode(errors='replace')
+    if status >= 500:
+        raise ServerDied(url, f'HTTP {status}: {text}')
+    raise VLLMError(f'vllm server {url}: /v1/completions answered HTTP {status}: {text}; fix: see the message')
+
+
+async def complete(http, url: str, body: dict) -> Completion:
+    """Send one turn and check the answer.
+
+    Returns:
+        :class:`Completion`.
+
+    Raises:
+        ServerDied: connection lost or HTTP >= 500 (an engine that died answers 500).
+        VLLMError: HTTP 4xx (e.g. a prompt over ``--max-model-len``); an answer without
+            ``token_ids`` / log-probs, of other lengths, or whose ``prompt_token_ids`` differ from
+            the prompt sent (the server re-tokenized it).
+    """
+    raw = await _post(http, url, body)
+    try:
+        ch = json.loads(raw)['choices'][0]
+        ids, logp = ch['token_ids'], ch['logprobs']['token_logprobs']
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise VLLMError(f'vllm server {url}: answer without choices[0].token_ids / logprobs.token_logprobs '
+                        f'({raw[:200]!r}); fix: use vLLM >= 0.10 (return_token_ids)') from None
+    if ids is None or logp is None or len(ids) != len(logp) or any(x is None for x in logp):
+        raise VLLMError(f'vllm server {url}: {len(ids or [])} token_ids but log-probs {str(logp)[:80]}; '
+                        'fix: a server that returns one log-prob per token')
+    if ch.get('prompt_token_ids') is not None and ch['prompt_token_ids'] != body['prompt']:
+        raise VLLMError(f'vllm server {url}: prompt_token_ids differ from the prompt sent; fix: send token ids')
+    return Completion(list(ids), [float(x) for x in logp], ch.get('finish_reason'), ch.get('stop_reason'), url, raw)
+
+
+def probe_body(model: str, prompt_ids, *, seed: int = 0) -> dict:
+    """The log-prob mode probe: one token, ``top_k=1`` (the processed log-prob of the kept token is exactly 0)."""
+    from ...record import SamplingSpec
+    return request_body(model, prompt_ids, SamplingSpec(temperature=1.0, top_k=1), max_tokens=1, stop_ids=(),
+                        seed=seed)
+
+
+async def probe_logp_mode(http, url: str, model: str, prompt_ids) -> str:
+    """Which log-probs the server returns: ``'processed'`` or ``'raw'`` (the record declares it).
+
+    One ``top_k=1`` request: the sampled token's processed log-prob is 0.0 (every other token is
+    masked), its raw one is the log-softmax of the unmodified logits (< 0). A second request
+    scores that token as a prompt token (``prompt_logprobs`` are raw in every mode) and the two
+    are compared.
+
+    Raises:
+        VLLMError: the values match neither mode (``raw_logits`` / ``processed_logits``: not
+            log-probs; restart with ``--logprobs-mode processed_logprobs``), or the model puts all
+            its mass on one token there (the modes cannot be told apart: probe another prompt).
+    """
+    first = await complete(http, url, probe_body(model, prompt_ids))
+    tok, value = first.ids[0], first.logp[0]
+    body = dict(probe_body(model, list(prompt_ids) + [tok]), prompt_logprobs=0)
+    raw = json.loads(await _post(http, url, body))
+    entry = raw['choices'][0]['prompt_logprobs'][-1]
+    ref = float(entry[str(tok)]['logprob'])
+    if ref > -1e-6:
+        raise VLLMError(f'vllm server {url}: the probe token has raw log-prob {ref}; the log-prob mode cannot be '
+                        'checked with this prompt; fix: probe with another prompt')
+    if value == 0.0:
+        return 'processed'
+    if abs(value - ref) <= 1e-4 * max(1.0, abs(ref)):
+        return 'raw'
+    raise VLLMError(f'vllm server {url} returns log-probs {value} for a token of raw log-prob {ref} under top_k=1: '
+                    'neither raw nor processed log-probs (a logits mode?); fix: restart it with '
+                    '--logprobs-mode processed_logprobs (or raw_logprobs)')
