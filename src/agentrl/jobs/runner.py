@@ -11,7 +11,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Sequence
 
-from .plan import EpisodeJob
+from .plan import EpisodeJob, RolloutOptions
 
 __all__ = ['RunSpec', 'EpisodeRunner', 'RunnerFactory']
 
@@ -20,31 +20,24 @@ __all__ = ['RunSpec', 'EpisodeRunner', 'RunnerFactory']
 class RunSpec:
     """What every runner needs besides the TinyAgent weights (small; sent to each actor).
 
+    The run's own options, not a restatement of them: the runner reads ``max_turns``,
+    ``reward_tests``, ``batch``, ``engine``, ``model`` (the ``hf`` folder), ``max_new_tokens``,
+    ``profile`` and the sampler (:meth:`~agentrl.jobs.plan.RolloutOptions.sampling_spec`) there.
+
     Attributes:
-        temperature: sampling temperature of the model policy.
-        max_turns: turn budget per episode.
-        reward_tests: ``'hidden'`` or ``'public'``.
+        options: the run's :class:`~agentrl.jobs.plan.RolloutOptions` (default: the defaults).
         model_id: ``provenance.model`` of model records: the model's name and fingerprint
             (``model.pt@1a2b3c4d5e6f``), never a local path.
         threads: torch intra-op threads while a chunk runs (1: reproducible, one core per worker).
-        batch: TinyAgent chunks through ``rollout_batch`` (False: ``rollout`` one by one).
-        engine: ``'tinyagent'`` or ``'hf'``.
-        model_dir: the ``save_pretrained`` folder of the ``hf`` engine (loaded once per runner).
-        sampling: the model policy's :class:`~agentrl.record.SamplingSpec` as a dict.
-        max_new_tokens: token budget of one ``hf`` turn.
-        profile: keep the ``hf`` engine's time split of each chunk (:attr:`EpisodeRunner.profiles`).
     """
-    temperature: float = 1.0
-    max_turns: int = 6
-    reward_tests: str = 'hidden'
+    options: RolloutOptions = field(default_factory=RolloutOptions)
     model_id: str = ''
     threads: int = 1
-    batch: bool = True
-    engine: str = 'tinyagent'
-    model_dir: str | None = None
-    sampling: dict = field(default_factory=dict)
-    max_new_tokens: int = 256
-    profile: bool = False
+
+    @property
+    def sampling(self):
+        """The model policy's :class:`~agentrl.record.SamplingSpec` (either engine)."""
+        return self.options.sampling_spec()
 
 
 @contextlib.contextmanager
@@ -65,7 +58,7 @@ class EpisodeRunner:
     Args:
         spec: the :class:`RunSpec`.
         weights: ``{'config': TinyAgent.config(), 'state_dict': ...}`` of the TinyAgent policy,
-            or None (no TinyAgent episodes; the ``hf`` engine loads ``spec.model_dir`` instead,
+            or None (no TinyAgent episodes; the ``hf`` engine loads ``spec.options.model`` instead,
             once, at its first model chunk).
 
     Raises:
@@ -80,7 +73,7 @@ class EpisodeRunner:
         self.tok = gym.bugfix_tokenizer()
         self.model = None
         self._hf = None
-        self.profiles: list = []            # the hf engine's time split per chunk (spec.profile)
+        self.profiles: list = []            # the hf engine's time split per chunk (options.profile)
         if weights is not None:
             from ..model import TinyAgent
             self.model = TinyAgent(**weights['config'])
@@ -89,7 +82,7 @@ class EpisodeRunner:
 
     def _env(self):
         from .. import gym
-        return gym.BugFixEnv(max_turns=self.spec.max_turns, reward_tests=self.spec.reward_tests)
+        return gym.BugFixEnv(max_turns=self.spec.options.max_turns, reward_tests=self.spec.options.reward_tests)
 
     def _task(self, name: str):
         try:
@@ -107,7 +100,7 @@ class EpisodeRunner:
             from ..gym import TOOL_SCHEMAS
             from ..templates import ChatTemplate
             device = 'cuda' if torch.cuda.is_available() else 'cpu'
-            model, tok = load_model(self.spec.model_dir, device=device)
+            model, tok = load_model(self.spec.options.model, device=device)
             self._hf = (model, ChatTemplate(tok, tools=TOOL_SCHEMAS))
         return self._hf
 
@@ -149,18 +142,18 @@ class EpisodeRunner:
         import torch
 
         from .. import gym, rollouts
+        opts = self.spec.options
         tasks = [self._task(j.task) for j in jobs]
-        kw = dict(max_turns=self.spec.max_turns)
+        kw = dict(max_turns=opts.max_turns)
         if policy != 'model':
             return [rollouts.scripted_rollout(gym.scripted_policy(policy, seed=j.seed), self._env(), t,
                                               self.tok, **kw) for j, t in zip(jobs, tasks)]
-        if self.spec.engine == 'hf':
+        if opts.engine == 'hf':
             from ..engines.hf import bugfix_rollouts
-            from ..record import SamplingSpec
             model, template = self._hf_model()
-            prof = {} if self.spec.profile else None
-            recs = bugfix_rollouts(model, template.tokenizer, tasks, spec=SamplingSpec.from_dict(self.spec.sampling),
-                                   max_new_tokens=self.spec.max_new_tokens, reward_tests=self.spec.reward_tests,
+            prof = {} if opts.profile else None
+            recs = bugfix_rollouts(model, template.tokenizer, tasks, spec=self.spec.sampling,
+                                   max_new_tokens=opts.max_new_tokens, reward_tests=opts.reward_tests,
                                    seeds=[j.seed for j in jobs], batch_size=len(jobs), template=template,
                                    model_name=self.spec.model_id, profile=prof, **kw)
             if prof:
@@ -169,14 +162,13 @@ class EpisodeRunner:
         if self.model is None:
             raise ValueError('EpisodeRunner.run: a model episode but no weights; pass the weights '
                              'of the model policy')
-        from ..record import SamplingSpec
         gens = [torch.Generator().manual_seed(j.seed) for j in jobs]
-        kw['spec'] = SamplingSpec.from_dict(self.spec.sampling) if self.spec.sampling else None
-        if self.spec.batch:
+        kw['spec'] = self.spec.sampling
+        if opts.batch:
             return rollouts.rollout_batch(self.model, [self._env() for _ in jobs], tasks, self.tok,
-                                          temperature=self.spec.temperature, generators=gens, **kw)
-        return [rollouts.rollout(self.model, self._env(), t, self.tok, temperature=self.spec.temperature,
-                                 generator=g, **kw) for t, g in zip(tasks, gens)]
+                                          generators=gens, **kw)
+        return [rollouts.rollout(self.model, self._env(), t, self.tok, generator=g, **kw)
+                for t, g in zip(tasks, gens)]
 
 
 @dataclass(frozen=True)
