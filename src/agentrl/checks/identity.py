@@ -213,21 +213,18 @@ class Deduper:
     Args:
         seen: optional ``{key: digest}`` of records already seen (as :func:`dedupe` takes it);
             updated in place.
+        compact: key by ``hash(key)`` (a 64-bit int) instead of the key, to hold millions of records.
 
     Attributes:
         seen: ``{key: digest}``. repeats: resends plus conflicts met so far (an int >= 0).
 
-    Example:
-        >>> d = Deduper(); r = Trajectory(ids=torch.tensor([1, 2]), reward=1.0,
-        ...     provenance=Provenance(group_id='g', rollout_id='r'))
-        >>> d.see(r), d.see(r), d.repeats
-        (('new', None), ('resend', None), 1)
     """
     NEW, RESEND, CONFLICT = 'new', 'resend', 'conflict'
 
-    def __init__(self, seen: dict | None = None):
+    def __init__(self, seen: dict | None = None, *, compact: bool = False):
         self.seen = {} if seen is None else seen
         self.repeats = 0
+        self._compact = compact
         self._where: dict = {}
 
     def see(self, record: Trajectory, where=None, digest: str | None = None) -> tuple[str, object]:
@@ -243,6 +240,8 @@ class Deduper:
         """
         digest = record_digest(record) if digest is None else digest
         key = dedupe_key(record, digest)
+        if self._compact:
+            key = hash(key)
         old = self.seen.get(key)
         if old is None:
             self.seen[key] = digest
