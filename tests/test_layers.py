@@ -10,7 +10,7 @@ from pathlib import Path
 import agentrl
 
 SRC = Path(agentrl.__file__).parent
-LAYER = {'record': 0, 'io': 0, '_version': 0, 'fields': 0,
+LAYER = {'record': 0, 'io': 0, '_version': 0, 'fields': 0, '_lazy': 0,
          'tokenizer': 1, 'gym': 1, 'model': 1, 'sampling': 1, 'kv_cache': 1,
          'rollouts': 2, 'batching': 2, 'templates': 2,
          'checks': 3, 'stats': 3,

@@ -217,7 +217,6 @@ class Deduper:
 
     Attributes:
         seen: ``{key: digest}``. repeats: resends plus conflicts met so far (an int >= 0).
-
     """
     NEW, RESEND, CONFLICT = 'new', 'resend', 'conflict'
 

@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass, fields  # noqa: F401 - fields: tests 
 from pathlib import Path
 from typing import Sequence
 
-from ..fields import check_fields, flag_of, option
+from .._lazy import lazy_exports
+from ..fields import check_fields, flag_of, option  # noqa: F401 - check_fields, flag_of: their old home
 
 __all__ = ['POLICIES', 'SCRIPTED', 'ENGINES', 'MANIFEST', 'TRAJECTORY_DIR', 'SUMMARY', 'PLAN_FIELDS',
            'PATH_FIELDS', 'RolloutOptions', 'EpisodeJob', 'plan_episodes', 'plan_chunks', 'read_manifest',
@@ -263,11 +264,6 @@ def public_options(opts: RolloutOptions) -> dict:
 
 
 #: names that moved to :mod:`agentrl.jobs.resume` (it imports this module, so they load on first use)
-_RESUME_NAMES = ('PLAN_FIELDS', 'PATH_FIELDS', 'SCALE_OUT_FIELDS', 'manifest_of', 'read_manifest', 'resume_options')
-
-
-def __getattr__(name):
-    if name in _RESUME_NAMES:
-        from . import resume
-        return getattr(resume, name)
-    raise AttributeError(f"module 'agentrl.jobs.plan' has no attribute {name!r}")
+__getattr__, _ = lazy_exports(__name__, dict.fromkeys(('PLAN_FIELDS', 'PATH_FIELDS', 'SCALE_OUT_FIELDS', 'manifest_of',
+                                                       'read_manifest', 'resume_options'), 'resume'),
+                              base='agentrl.jobs')

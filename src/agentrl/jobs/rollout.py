@@ -37,17 +37,16 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
 from ..fields import check_fields
 from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
-from .plan import MANIFEST, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions, plan_chunks, plan_episodes, \
-    public_options
+from .plan import MANIFEST, SUMMARY, TRAJECTORY_DIR, RolloutOptions, plan_episodes, public_options
 from .resume import RunComplete, holds_run, manifest_of, refuse_if_complete, resume_command, resume_options, \
     stored_records
-from .runner import RunnerFactory, RunSpec
+from .runner import RunReport, RunSpec, run_chunks
 
 __all__ = ['RunReport', 'RunInterrupted', 'RunComplete', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
            'model_fingerprint', 'resume_command', 'LOCK', 'Prepared', 'prepare', 'run', 'summarise', 'RunSummary',
@@ -69,129 +68,6 @@ class RunInterrupted(Exception):
 
 #: Another job is writing the run folder (it holds ``OUT/.lock``).
 RunLockedError = FolderLockedError
-
-
-@dataclass
-class RunReport:
-    """The outcome of :func:`run_chunks`.
-
-    Attributes:
-        directory: the shard folder. planned: episodes in the plan. skipped: episodes a resume
-        found stored. written: records written by this run. resends: resends skipped.
-        retried: new identities of re-run episodes. workers: the Ray actors
-        (:class:`~agentrl.engines.ray.WorkerInfo`; empty in process). seconds: wall time.
-        startup_seconds: Ray start/connect plus actor start (or the runner's set-up).
-        ray_version: Ray's version ('' in process). address: cluster address ('' in process,
-        'local' for a local instance). stopped: True when ``should_stop`` ended the run early.
-        profiles: the hf engine's time split of each chunk (in process, with ``RunSpec.profile``).
-    """
-    directory: str
-    planned: int
-    skipped: int
-    written: int
-    resends: int
-    retried: list
-    workers: list
-    seconds: float
-    startup_seconds: float
-    ray_version: str = ''
-    address: str = ''
-    stopped: bool = False
-    profiles: list = field(default_factory=list)
-
-
-def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: RunSpec,
-               weights: dict | None = None, *, workers: int = 1, address: str | None = None,
-               chunk_size: int = 32, resume: bool = False, progress: bool = True,
-               on_chunk: Callable | None = None, on_records: Callable | None = None,
-               should_stop: Callable[[], bool] | None = None, **pool) -> RunReport:
-    """Run planned episodes (in this process or on Ray actors) and stream their records into shards.
-
-    Args:
-        jobs: the plan (:func:`~agentrl.jobs.plan.plan_episodes`), attempt 1 each.
-        directory: the shard folder (a :class:`~agentrl.store.ShardWriter` folder; created).
-        spec: the :class:`~agentrl.jobs.runner.RunSpec`.
-        weights: ``{'config', 'state_dict'}`` of the TinyAgent (None: no TinyAgent episodes).
-        workers: Ray actors (>= 1), or 0 to run in this process (same chunks, same records).
-        address: see :func:`agentrl.engines.ray.run`.
-        chunk_size: episodes per chunk (one batch and one shard each).
-        resume: skip the episodes the folder already holds (any attempt); the others run as
-            attempt 1. Without ``resume`` the folder must hold none of the planned episodes.
-        progress: show a rich progress bar on stderr.
-        on_chunk: called with the :class:`~agentrl.engines.ray.PoolState` after each written chunk.
-        on_records: called with ``(chunk, records)`` after each written chunk (summaries).
-        should_stop: polled after each written chunk; True ends the run there (``stopped``).
-        **pool: more options of :func:`agentrl.engines.ray.run` (``cpus_per_worker``,
-            ``max_replacements``, ``actor_start_timeout``, ``object_store_mb``, ...).
-
-    Returns:
-        :class:`RunReport`.
-
-    Raises:
-        ValueError: ``workers < 0``; without ``resume`` a folder that already holds planned
-            episodes (fix: ``--resume DIR``, or a new ``--out``).
-        ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
-    """
-    from .. import store
-    from ..engines import ray as ray_pool
-    if workers < 0:
-        raise ValueError(f'run_chunks: workers must be >= 0, got {workers}')
-    t_start = time.perf_counter()
-    directory = Path(directory)
-    stored = store.stored_identities(directory)
-    planned = {j.key for j in jobs}
-    already = planned & set(stored)
-    if already and not resume:
-        raise ValueError(f'{str(directory)!r} already holds {len(already)} of the {len(planned)} planned episodes; '
-                         'pass --resume to run only the missing ones, or choose a new --out')
-    chunks = [c for c in ([j for j in chunk if j.key not in already] for chunk in plan_chunks(jobs, chunk_size)) if c]
-    state = ray_pool.PoolState(done=len(already), total=len(planned))
-    writer = store.ShardWriter(directory)
-    bar = _progress(progress, state.total, state.done, f'ray x{workers}' if workers else 'in-process')
-
-    def sink(chunk, recs):
-        path = writer.write(recs)
-        if on_records is not None:
-            on_records(chunk, recs)
-        if bar is not None:
-            bar.update(bar.task_ids[0], completed=state.done + len(recs))
-        return path
-
-    with bar if bar is not None else contextlib.nullcontext():
-        if workers == 0:
-            runner = RunnerFactory(spec, weights)()
-            startup = time.perf_counter() - t_start
-            stopped = False
-            for n, chunk in enumerate(chunks):
-                path = sink(chunk, runner.run(chunk))
-                if path is not None:
-                    state.shards.append(str(path))
-                state.done += len(chunk)
-                if on_chunk is not None:
-                    on_chunk(state)
-                if should_stop is not None and should_stop() and n + 1 < len(chunks):
-                    stopped = True
-                    break
-            return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
-                             [], [], time.perf_counter() - t_start, startup, stopped=stopped,
-                             profiles=runner.profiles)
-        rep = ray_pool.run(chunks, RunnerFactory(spec, weights), sink, workers=workers, address=address,
-                           state=state, should_stop=should_stop, on_chunk=on_chunk, **pool)
-    return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
-                     list(rep.retried), list(rep.workers), time.perf_counter() - t_start, rep.startup_seconds,
-                     ray_version=rep.ray_version, address=rep.address, stopped=rep.stopped)
-
-
-def _progress(show: bool, total: int, done: int, label: str):
-    if not show:
-        return None
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-    p = Progress(TextColumn('{task.description}'), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-    p.add_task(label, total=total, completed=done)
-    return p
 
 
 # ----------------------------------------------------------------------------- run folder: lock, model
