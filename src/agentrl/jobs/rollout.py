@@ -169,6 +169,7 @@ def prepare(opts: RolloutOptions) -> Prepared:
     Raises:
         ValueError, ImportError, ConnectionError: as :func:`rollout_job` (options, ``OUT`` already
             holding a run, a resume's plan or model, Ray).
+        RunComplete: a resume of a complete run (nothing to run).
     """
     from .. import gym
     opts, manifest = _options_of(opts)
@@ -185,6 +186,8 @@ def prepare(opts: RolloutOptions) -> Prepared:
                          f'{manifest["model"]["fingerprint"]}, the model there now is {model["name"]}@'
                          f'{model["fingerprint"]}; restore that model or start a new --out')
     jobs = plan_episodes(opts.policy, [t.name for t in tasks], opts.repeats, opts.seed)
+    if manifest is not None:
+        refuse_if_complete(out, jobs)                # nothing to run: nothing is written, not even OUT/.lock
     spec = RunSpec(opts, model_id=f'{model["name"]}@{model["fingerprint"]}' if model else '')
     return Prepared(opts, manifest, jobs, tasks, spec, weights, model, model_bytes, tok)
 
@@ -428,8 +431,6 @@ def rollout_summary(opts: RolloutOptions, *, on_chunk: Callable | None = None, p
     errors: :func:`rollout_job`.
     """
     p = prepare(opts)
-    if p.manifest is not None:
-        refuse_if_complete(p.out, p.jobs)            # nothing to run: nothing is written, not even OUT/.lock
     t0 = time.time()
     with _run_folder(p) as written:
         tally = _Tally(p)
