@@ -172,7 +172,7 @@ def prepare(opts: RolloutOptions) -> Prepared:
         RunComplete: a resume of a complete run (nothing to run).
     """
     from .. import gym
-    opts, manifest = _options_of(opts)
+    opts, manifest = _resolved_options(opts)
     out = Path(opts.out)
     if out.exists() and not out.is_dir():
         raise ValueError(f'--out {opts.out!r} is a file; pass a folder')
@@ -192,7 +192,7 @@ def prepare(opts: RolloutOptions) -> Prepared:
     return Prepared(opts, manifest, jobs, tasks, spec, weights, model, model_bytes, tok)
 
 
-def _options_of(opts: RolloutOptions) -> tuple[RolloutOptions, dict | None]:
+def _resolved_options(opts: RolloutOptions) -> tuple[RolloutOptions, dict | None]:
     """The validated options to run with and the manifest of a resume (None for a new run)."""
     opts.validate()
     manifest = None
