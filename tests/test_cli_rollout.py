@@ -162,15 +162,18 @@ def _policy_summary(unk):
 def test_summary_table_shows_unknown_observations_only_where_counted(capsys):
     """The hf engine's model counts no <unk> observation tokens: no `None` in its row, no column when none counted."""
     from agentrl.cli.rollout import print_summary
-    run_summary = {'episodes': 2, 'tasks': 1, 'trajectories': 'trajectories', 'seconds': 1.25,
-                   'policies': {'model': _policy_summary(None)}}
+    from agentrl.jobs.rollout import RunSummary
+    from agentrl.stats import PolicySummary
+    run_summary = RunSummary(options={}, tasks=1, episodes=2, seconds=1.25, trajectories='trajectories', tokenizer='',
+                             vocab_size=0, policies={'model': PolicySummary(**_policy_summary(None))}, model=None,
+                             engine=None)
     print_summary(run_summary, 'run')
     lines = capsys.readouterr().out.splitlines()
     assert lines[2] == ('┃ policy ┃ episodes ┃ reward ┃ stops       ┃ trunc ┃ len mean ┃ len max ┃ action ┃ '
                         'context/turn (ep. 0) ┃')
     assert lines[4] == ('│ model  │        2 │  0.500 │ submitted:2 │  0.00 │     40.0 │      44 │   12.5 │ '
                         '            30:30,52 │')
-    run_summary['policies']['oracle'] = _policy_summary(3)
+    run_summary.policies['oracle'] = PolicySummary(**_policy_summary(3))
     print_summary(run_summary, 'run')
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].endswith('┃ action ┃ unk obs ┃ context/turn (ep. 0) ┃')

@@ -694,3 +694,38 @@ def test_sigterm_during_train_leaves_no_run(tmp_path):
             p.kill()
     assert p.returncode == 143, err
     assert not out.exists() or not list(out.glob('.train-tmp-*')) and not (out / 'summary.json').exists()
+
+
+# ----------------------------------------------------------------------------- the pieces the job is built of
+
+def test_deduper_tells_new_resend_and_conflict_apart():
+    from agentrl.record import Provenance, Trajectory
+
+    def rec(reward, group='g'):
+        return Trajectory.from_tokens([1, 2, 3], ['template', 'prompt', 'policy'], [-1, -1, 0], [0.0, 0.0, -0.5],
+                                      reward, {}, provenance=Provenance(group_id=group, rollout_id='r'))
+    for compact in (False, True):
+        d = checks.Deduper(compact=compact)
+        assert d.see(rec(1.0), where=('a.parquet', 0)) == ('new', ('a.parquet', 0))
+        assert d.see(rec(1.0), where=('a.parquet', 1)) == ('resend', ('a.parquet', 0))
+        assert d.see(rec(0.0), where=('b.parquet', 4)) == ('conflict', ('a.parquet', 0))
+        assert d.see(rec(1.0, group='h'))[0] == 'new' and d.repeats == 2
+    d = checks.Deduper()
+    assert len(d.unique([rec(1.0), rec(1.0), rec(0.0), rec(1.0, 'h')])) == 2 and d.repeats == 2
+
+
+def test_the_rollout_job_is_its_three_phases(tmp_path):
+    from agentrl.jobs import resume
+    opts = RolloutOptions(policy=['oracle'], split='heldout', repeats=1, out=str(tmp_path / 'run'))
+    p = jr.prepare(opts)
+    assert not (tmp_path / 'run').exists() and len(p.jobs) == 6 and p.spec.options is p.opts
+    assert p.spec.sampling == opts.sampling_spec() and p.model is None
+    summary = jr.rollout_summary(opts, progress=False)
+    on_disk = json.loads((tmp_path / 'run' / 'summary.json').read_text())
+    assert summary.to_dict() == on_disk and list(on_disk) == ['options', 'tasks', 'episodes', 'seconds',
+                                                              'trajectories', 'tokenizer', 'vocab_size', 'policies',
+                                                              'model', 'engine']
+    assert summary.policies['oracle'].episodes == 6 and summary.engine.planned == 6
+    assert jp.manifest_of is resume.manifest_of and jp.resume_options is resume.resume_options
+    with pytest.raises(jr.RunComplete):
+        jr.prepare(RolloutOptions(resume=str(tmp_path / 'run')))

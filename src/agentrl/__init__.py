@@ -5,8 +5,7 @@
 ``agentrl.gym`` works without torch and the book's saved blocks (``import agentrl as arl`` at
 the top of a module) never hit a circular import.
 """
-from importlib import import_module
-
+from ._lazy import lazy_exports
 from ._version import __version__
 
 # public name -> submodule that defines it
@@ -46,16 +45,4 @@ _SUBMODULES = {'record', 'tokenizer', 'gym', 'model', 'kv_cache', 'checkpoint', 
                'store', 'viz', 'train', 'engines', 'jobs', 'cli'}
 
 
-def __getattr__(name):
-    if name in _SUBMODULES:
-        return import_module(f'.{name}', __name__)
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentrl' has no attribute {name!r}")
-    value = getattr(import_module(f'.{module}', __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS, submodules=_SUBMODULES)

@@ -57,3 +57,8 @@ __all__ = [
     # targets
     'action_targets',
 ]
+
+# the one dedupe loop (appended: checks/identity.py's Deduper)
+from .identity import Deduper  # noqa: E402
+
+__all__.append('Deduper')

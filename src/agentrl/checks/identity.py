@@ -223,3 +223,60 @@ def dedupe(records, seen: dict | None = None) -> tuple[list[Trajectory], int]:
         else:
             raise _conflict(record_key(rec))
     return kept, n_resends
+
+
+# ----------------------------------------------------------------------------- Deduper: the one dedupe loop
+
+class Deduper:
+    """Records seen so far, by :func:`dedupe_key`: each new one is new, a resend or a conflict.
+
+    The one loop behind ``agentrl check`` (a repeat is refused, naming where the first was),
+    ``agentrl report`` and ``agentrl show`` (records counted once). A **resend** repeats a seen
+    record's key and content digest; a **conflict** repeats its key with other content.
+
+    Args:
+        seen: optional ``{key: digest}`` of records already seen (as :func:`dedupe` takes it);
+            updated in place.
+        compact: key by ``hash(key)`` (a 64-bit int) instead of the key, to hold millions of records.
+
+    Attributes:
+        seen: ``{key: digest}``. repeats: resends plus conflicts met so far (an int >= 0).
+    """
+    NEW, RESEND, CONFLICT = 'new', 'resend', 'conflict'
+
+    def __init__(self, seen: dict | None = None, *, compact: bool = False):
+        self.seen = {} if seen is None else seen
+        self.repeats = 0
+        self._compact = compact
+        self._where: dict = {}
+
+    def see(self, record: Trajectory, where=None, digest: str | None = None) -> tuple[str, object]:
+        """Record ``record``; return ``(verdict, first_where)``.
+
+        Args:
+            record: a Trajectory. where: what to report for it when a later record repeats it (e.g.
+                ``(file, row)``; kept only for new records). digest: its :func:`record_digest` when
+                already computed.
+
+        Returns:
+            ``('new', where)``, or ``('resend' | 'conflict', where of the first record with that key)``.
+        """
+        digest = record_digest(record) if digest is None else digest
+        key = dedupe_key(record, digest)
+        if self._compact:
+            key = hash(key)
+        old = self.seen.get(key)
+        if old is None:
+            self.seen[key] = digest
+            if where is not None:
+                self._where[key] = where
+            return self.NEW, where
+        self.repeats += 1
+        return (self.RESEND if old == digest else self.CONFLICT), self._where.get(key)
+
+    def unique(self, records) -> list[Trajectory]:
+        """The records whose key is new, in input order (resends and conflicts counted in :attr:`repeats`)."""
+        return [r for r in records if self.see(r)[0] == self.NEW]
+
+
+__all__ += ['Deduper']

@@ -39,12 +39,6 @@ def register(sub) -> None:
     p.set_defaults(func=run)
 
 
-def options_from_args(args) -> CheckOptions:
-    """Build the options dataclass from the parsed ``args``."""
-    from .options import from_args
-    return from_args(CheckOptions, args)
-
-
 class Progress:
     """Progress of a long check on stderr: a rich bar on a terminal, a line every few seconds otherwise.
 
@@ -99,4 +93,5 @@ def check(opts: CheckOptions, out=print, progress_stream=None) -> int:
 
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise, printed as one line)."""
-    return check(options_from_args(args))
+    from .options import from_args
+    return check(from_args(CheckOptions, args))

@@ -9,15 +9,13 @@ refusals (placeholder log-probs for RL, support, groups) follow.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ..fields import option
 
 from .options import UserError, add_fields, check_numbers, from_args
 
 FRAMEWORKS = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'sft', 'skyrl-sft')
-
-
-def _opt(default, help: str, **meta):
-    return field(default=default, metadata=dict(meta, help=help))
 
 
 @dataclass
@@ -36,19 +34,19 @@ class ExportOptions:
         split_turns: one row per turn for records with per-turn contexts (not verl, TRL).
         prompt_length, response_length: verl's fixed widths (None: the longest).
     """
-    run: str = _opt(None, 'run folder, trajectories .parquet file or shard folder', positional=True, metavar='RUN')
-    to: str = _opt(None, 'target framework (required)', choices=FRAMEWORKS)
-    out: str = _opt(None, 'output folder (required)', metavar='PATH')
-    pad_id: int = _opt(0, "the tokenizer's pad id", min=0, max=2 ** 31 - 1)
-    no_trim: bool = _opt(False, 'keep every token after the last policy token (exact round trip); default: the '
+    run: str = option(None, 'run folder, trajectories .parquet file or shard folder', positional=True, metavar='RUN')
+    to: str = option(None, 'target framework (required)', choices=FRAMEWORKS)
+    out: str = option(None, 'output folder (required)', metavar='PATH')
+    pad_id: int = option(0, "the tokenizer's pad id", min=0, max=2 ** 31 - 1)
+    no_trim: bool = option(False, 'keep every token after the last policy token (exact round trip); default: the '
                                 "framework's rule (verl, TRL, SkyRL drop the trailing observation)")
-    allow_support_mismatch: bool = _opt(False, 'export top-k/top-p log-probs to a full-vocabulary trainer with a '
+    allow_support_mismatch: bool = option(False, 'export top-k/top-p log-probs to a full-vocabulary trainer with a '
                                                'warning naming the expected step-0 ratio (default: refuse)')
-    sort_groups: bool = _opt(False, "make each group's rows contiguous (stable order)")
-    split_turns: bool = _opt(False, 'one row per turn for records whose template rewrites history (slime, SkyRL, '
+    sort_groups: bool = option(False, "make each group's rows contiguous (stable order)")
+    split_turns: bool = option(False, 'one row per turn for records whose template rewrites history (slime, SkyRL, '
                                     'prime-rl, OpenRLHF, SFT)')
-    prompt_length: int | None = _opt(None, 'verl rollout.prompt_length (default: the longest prompt)', min=1)
-    response_length: int | None = _opt(None, 'verl rollout.response_length (default: the longest response)', min=1)
+    prompt_length: int | None = option(None, 'verl rollout.prompt_length (default: the longest prompt)', min=1)
+    response_length: int | None = option(None, 'verl rollout.response_length (default: the longest response)', min=1)
 
     def source(self) -> str:
         """The trajectory file or shard folder inside ``run``."""

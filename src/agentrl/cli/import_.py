@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ..fields import option
 
 from .options import UserError, add_fields, check_numbers, from_args
 
 SOURCES = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'vllm', 'sglang')
-
-
-def _opt(default, help: str, **meta):
-    return field(default=default, metadata=dict(meta, help=help))
 
 
 @dataclass
@@ -29,18 +27,18 @@ class ImportOptions:
             (``temperature`` None: not declared; ``logp_mode`` None: processed, or raw for vllm/sglang).
         model: model id for the provenance.
     """
-    path: str = _opt(None, 'the file or export folder to import', positional=True, metavar='PATH')
-    source: str = _opt(None, 'source framework or server (required)', choices=SOURCES, flag='--from')
-    out: str = _opt(None, 'run folder to write (required)', metavar='RUN')
-    tokenizer: str | None = _opt(None, 'Hugging Face tokenizer folder the rollouts used', metavar='DIR')
-    temperature: float | None = _opt(None, 'sampling temperature, when the source does not carry the sampler',
+    path: str = option(None, 'the file or export folder to import', positional=True, metavar='PATH')
+    source: str = option(None, 'source framework or server (required)', choices=SOURCES, flag='--from')
+    out: str = option(None, 'run folder to write (required)', metavar='RUN')
+    tokenizer: str | None = option(None, 'Hugging Face tokenizer folder the rollouts used', metavar='DIR')
+    temperature: float | None = option(None, 'sampling temperature, when the source does not carry the sampler',
                                      min=0.0)
-    top_k: int = _opt(0, 'sampler top_k (0 = off; with --temperature)', min=0)
-    top_p: float = _opt(1.0, 'sampler top_p (1 = off; with --temperature)', gt=0.0, max=1.0)
-    min_p: float = _opt(0.0, 'sampler min_p (0 = off; with --temperature)', min=0.0, max=0.999999)
-    logp_mode: str | None = _opt(None, "log-prob mode of the source (default: processed; vllm/sglang: raw, vLLM's "
+    top_k: int = option(0, 'sampler top_k (0 = off; with --temperature)', min=0)
+    top_p: float = option(1.0, 'sampler top_p (1 = off; with --temperature)', gt=0.0, max=1.0)
+    min_p: float = option(0.0, 'sampler min_p (0 = off; with --temperature)', min=0.0, max=0.999999)
+    logp_mode: str | None = option(None, "log-prob mode of the source (default: processed; vllm/sglang: raw, vLLM's "
                                        'default)', choices=('processed', 'raw'))
-    model: str | None = _opt(None, 'model id for the provenance')
+    model: str | None = option(None, 'model id for the provenance')
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""

@@ -75,13 +75,6 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
     print(f'agentrl: warning: {kind}{printable(message)}', file=sys.stderr if file is None else file)
 
 
-def _refuse_nan(args) -> None:
-    """No flag of any command takes NaN (a NaN threshold switches a comparison off)."""
-    for name, v in vars(args).items():
-        if isinstance(v, float) and v != v:
-            raise UserError(f'--{name.replace("_", "-")} must be a finite number, got nan')
-
-
 class OneLineParser(argparse.ArgumentParser):
     """An ``ArgumentParser`` whose usage errors are one line, not argparse's usage block.
 
@@ -144,8 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         _innermost(parser, args).error(f'unrecognized arguments: {" ".join(extra)}')
     args.debug = debug
     try:
-        _refuse_nan(args)
-        refuse_empty(_innermost(parser, args), args)     # an empty path would mean the current folder
+        refuse_empty(_innermost(parser, args), args)     # an empty path (the current folder) or a NaN
         with warnings.catch_warnings():     # restores the default display when the command returns
             if not debug:
                 warnings.showwarning = _show_warning

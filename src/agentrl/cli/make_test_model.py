@@ -3,17 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from ..fields import option
 
 from .options import UserError, add_fields, check_numbers, from_args
 
 
 #: the note make_test_model writes into every folder it builds (marks a make-test-model folder)
 NOTE = 'agentrl_test_model.json'
-
-
-def _opt(default, help: str, **meta):
-    return field(default=default, metadata=dict(meta, help=help))
 
 
 @dataclass
@@ -32,17 +30,17 @@ class MakeTestModelOptions:
         force: replace a model this command wrote into ``out`` (without it, such a folder is refused;
             any other non-empty folder is refused either way).
     """
-    out: str = _opt(None, 'output folder', positional=True, metavar='OUT')
-    tokenizer: str | None = _opt(None, 'tokenizer folder (default: $AGENTRL_TOKENIZERS/qwen3 or '
+    out: str = option(None, 'output folder', positional=True, metavar='OUT')
+    tokenizer: str | None = option(None, 'tokenizer folder (default: $AGENTRL_TOKENIZERS/qwen3 or '
                                        '../shared/tokenizers/qwen3)', metavar='DIR')
-    layers: int = _opt(2, 'decoder layers', min=1, max=256)
-    hidden: int = _opt(64, 'hidden size', min=1, max=65536)
-    heads: int = _opt(4, 'attention heads', min=1, max=1024)
-    kv_heads: int = _opt(2, 'key/value heads', min=1, max=1024)
-    seed: int = _opt(0, 'initialisation seed', min=0, max=2 ** 63 - 1)
-    end_of_turn_rate: float = _opt(0.05, 'probability of the end-of-turn token per sampled token at temperature '
+    layers: int = option(2, 'decoder layers', min=1, max=256)
+    hidden: int = option(64, 'hidden size', min=1, max=65536)
+    heads: int = option(4, 'attention heads', min=1, max=1024)
+    kv_heads: int = option(2, 'key/value heads', min=1, max=1024)
+    seed: int = option(0, 'initialisation seed', min=0, max=2 ** 63 - 1)
+    end_of_turn_rate: float = option(0.05, 'probability of the end-of-turn token per sampled token at temperature '
                                          '1, so that turns end (0 = plain random init)', min=0.0, max=0.999999)
-    force: bool = _opt(False, 'replace the model files of a folder OUT this command wrote (any other non-empty '
+    force: bool = option(False, 'replace the model files of a folder OUT this command wrote (any other non-empty '
                               'folder is refused)')
 
     def validate(self) -> None:

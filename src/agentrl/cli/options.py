@@ -1,6 +1,6 @@
 """Command-line options built from documented dataclasses: each flag is declared once, as a field.
 
-A command's options are a dataclass whose fields carry their help and checks in
+A command's options are a dataclass of :func:`agentrl.fields.option` fields, carrying help and checks in
 ``metadata`` (``help``, ``choices``, ``min``, ``max``, ``gt``, ``allow_inf``, ``flag``,
 ``metavar``, ``parse='list'``, ``positional``, ``engines``). :func:`add_fields` turns the fields
 into ``argparse`` arguments (type, default and help from the field), :func:`from_args` builds the
@@ -12,11 +12,12 @@ before anything runs (CleanRL's one-``Args``-dataclass style, read by plain argp
 from __future__ import annotations
 
 import argparse
-import math
 import typing
-from dataclasses import MISSING, fields
+from dataclasses import fields
 
-__all__ = ['UserError', 'add_fields', 'from_args', 'check_numbers', 'finite_float', 'given_flags', 'refuse_empty']
+from ..fields import check_fields, field_default, flag_of
+
+__all__ = ['UserError', 'add_fields', 'from_args', 'check_numbers', 'given_flags', 'refuse_empty']
 
 #: the namespace attribute holding the ``dest`` of every flag given on the command line
 GIVEN = '_given'
@@ -26,34 +27,11 @@ class UserError(Exception):
     """An error caused by the user's input; printed as one line, without a traceback."""
 
 
-def finite_float(text: str) -> float:
-    """argparse ``type`` for a float flag: refuses ``nan`` (and says so in one line).
-
-    Raises:
-        argparse.ArgumentTypeError: not a number, or NaN.
-    """
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not a number') from None
-    if math.isnan(v):
-        raise argparse.ArgumentTypeError('nan is not a number; pass a finite value')
-    return v
-
-
 def _type_of(cls, f):
     hints = typing.get_type_hints(cls)
     t = hints.get(f.name, str)
     args = [a for a in typing.get_args(t) if a is not type(None)]
     return args[0] if args else t
-
-
-def _default(f):
-    if f.default is not MISSING:
-        return f.default
-    if f.default_factory is not MISSING:
-        return f.default_factory()
-    return None
 
 
 def _mark_given(namespace, dest: str) -> None:
@@ -108,7 +86,7 @@ def add_fields(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
         if f.name in skip:
             continue
         m = f.metadata
-        default = _default(f)
+        default = field_default(f)
         t = _type_of(cls, f)
         help_ = m.get('help', '')
         if default is not None and not isinstance(default, bool) and m.get('parse') != 'list':
@@ -118,8 +96,7 @@ def add_fields(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
             kw['metavar'] = m['metavar']
         if t is bool or isinstance(default, bool):
             kw['action'] = _StoreFalse if default else _StoreTrue
-            flag = m.get('flag') or '--' + f.name.replace('_', '-')
-            parser.add_argument(flag, dest=f.name, **kw)
+            parser.add_argument(flag_of(f), dest=f.name, **kw)
             continue
         if m.get('parse') == 'list':
             kw['type'] = _split_list
@@ -132,8 +109,7 @@ def add_fields(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
         if m.get('positional'):
             parser.add_argument(f.name, **kw)
         else:
-            parser.add_argument(m.get('flag') or '--' + f.name.replace('_', '-'), dest=f.name, default=default,
-                                action=_Store, **kw)
+            parser.add_argument(flag_of(f), dest=f.name, default=default, action=_Store, **kw)
 
 
 def from_args(cls, args: argparse.Namespace, **extra):
@@ -146,13 +122,12 @@ def from_args(cls, args: argparse.Namespace, **extra):
 def check_numbers(obj) -> None:
     """Range-check every number of an options dataclass from its fields' metadata.
 
-    Every ``int``/``float`` field must be finite (``allow_inf`` lets infinity through) and within
-    ``min``/``max`` (inclusive) and above ``gt``.
+    :func:`agentrl.fields.check_fields`: every ``int``/``float`` field must be finite (``allow_inf``
+    lets infinity through) and within ``min``/``max`` (inclusive) and above ``gt``.
 
     Raises:
         UserError: ``--FLAG must be ...``, naming the flag, its range and the value given.
     """
-    from ..jobs.plan import check_fields
     try:
         check_fields(obj)
     except ValueError as e:
@@ -165,14 +140,20 @@ PATH_DESTS = ('path', 'out', 'tokenizer', 'resume', 'checkpoint', 'run_dir', 're
 
 
 def refuse_empty(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse an empty or whitespace-only value of any text argument of ``parser`` (every command's paths).
+    """Refuse an empty or whitespace-only text value, or a NaN, of any argument of ``parser`` (every command's).
 
-    An empty path would otherwise mean the current folder (``--out ''`` wrote a run there).
+    An empty path would otherwise mean the current folder (``--out ''`` wrote a run there); a NaN
+    threshold switches a comparison off. Each command's options check their ranges themselves
+    (:func:`agentrl.fields.check_fields`); this sweep runs first, for every command alike.
 
     Raises:
         UserError: ``--FLAG is empty; pass a path (`.` for the current folder)`` for a path
-            argument (``pass a value or drop the flag`` for another text flag).
+            argument (``pass a value or drop the flag`` for another text flag);
+            ``--FLAG must be a finite number, got nan``.
     """
+    for name, v in vars(args).items():
+        if isinstance(v, float) and v != v:
+            raise UserError(f'--{name.replace("_", "-")} must be a finite number, got nan')
     for a in parser._actions:
         v = getattr(args, a.dest, None) if a.dest != argparse.SUPPRESS else None
         if not isinstance(v, str) or v.strip():

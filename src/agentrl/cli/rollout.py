@@ -1,4 +1,4 @@
-"""``agentrl rollout``: the main job. Parse the flags, run :func:`agentrl.jobs.rollout.rollout_job`, print.
+"""``agentrl rollout``: the main job. Parse the flags, run :func:`agentrl.jobs.rollout.rollout_summary`, print.
 
 Every flag is a field of :class:`agentrl.jobs.plan.RolloutOptions` (help and range in its
 metadata). The heavy modules (torch, the gym, Ray, transformers) load only when the job runs,
@@ -27,7 +27,7 @@ def register(sub) -> None:
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     from ..jobs.plan import RolloutOptions
-    from ..jobs.rollout import RunComplete, RunInterrupted, rollout_job
+    from ..jobs.rollout import RunComplete, RunInterrupted, rollout_summary
     try:
         opts = from_args(RolloutOptions, args)
         opts.given = given_flags(args)      # a --resume compares every flag given with the run's plan
@@ -35,7 +35,7 @@ def run(args) -> int:
     except ValueError as e:
         raise UserError(str(e)) from None
     try:
-        summary = rollout_job(opts)
+        summary = rollout_summary(opts)
     except RunInterrupted as e:
         print(f'agentrl: {e}', file=sys.stderr)
         return 130
@@ -44,14 +44,15 @@ def run(args) -> int:
         print(printable(e))
         return 0
     print_summary(summary, (opts.resume or opts.out).rstrip('/'))
-    if summary.get('hf', {}).get('profile'):
+    if (summary.hf or {}).get('profile'):
         from ..engines.hf import format_profile
-        print(format_profile(summary['hf']['profile']))
+        print(format_profile(summary.hf['profile']))
     return 0
 
 
-def print_summary(summary: dict, out: str) -> None:
-    """Print the per-policy table and a one-line summary (``out``: the run folder as the user named it).
+def print_summary(summary, out: str) -> None:
+    """Print the per-policy table and a one-line summary of a :class:`~agentrl.jobs.rollout.RunSummary`
+    (``out``: the run folder as the user named it).
 
     The ``unk obs`` column (``<unk>`` tokens of TinyAgent's word tokenizer in observations) is
     shown only when some policy counted them; a policy that did not (the hf engine's model, whose
@@ -59,21 +60,21 @@ def print_summary(summary: dict, out: str) -> None:
     """
     from rich.console import Console
     from rich.table import Table
-    table = Table(title=f"{summary['episodes']} episodes on {summary['tasks']} tasks")
-    unk = any(s.get('unknown_obs_tokens') is not None for s in summary['policies'].values())
+    table = Table(title=f'{summary.episodes} episodes on {summary.tasks} tasks')
+    unk = any(s.unknown_obs_tokens is not None for s in summary.policies.values())
     for col in ['policy', 'episodes', 'reward', 'stops', 'trunc', 'len mean', 'len max', 'action',
                 *(['unk obs'] if unk else []), 'context/turn (ep. 0)']:
         table.add_column(col, justify='left' if col in ('policy', 'stops') else 'right')
-    for name, s in summary['policies'].items():
-        stops = ' '.join(f'{k}:{v}' for k, v in s['stops'].items())
-        n_unk = s.get('unknown_obs_tokens')
-        table.add_row(name, str(s['episodes']), f"{s['mean_reward']:.3f}", stops, f"{s['truncation_rate']:.2f}",
-                      f"{s['length_mean']:.1f}", str(s['length_max']), f"{s['action_tokens_mean']:.1f}",
+    for name, s in summary.policies.items():
+        stops = ' '.join(f'{k}:{v}' for k, v in s.stops.items())
+        n_unk = s.unknown_obs_tokens
+        table.add_row(name, str(s.episodes), f'{s.mean_reward:.3f}', stops, f'{s.truncation_rate:.2f}',
+                      f'{s.length_mean:.1f}', str(s.length_max), f'{s.action_tokens_mean:.1f}',
                       *([('-' if n_unk is None else str(n_unk))] if unk else []),
-                      f"{s['prompt_length']}:" + ','.join(map(str, s['first_context_lengths'])))
+                      f'{s.prompt_length}:' + ','.join(map(str, s.first_context_lengths)))
     console = Console()
     if not console.is_terminal:          # piped or captured: do not squeeze the table to 80 columns
         console = Console(width=140)
     console.print(table)
-    console.print(f"wrote {summary['episodes']} episodes to {out}/{summary['trajectories']} in "
-                  f"{summary['seconds']:.1f} s", highlight=False, soft_wrap=True)
+    console.print(f'wrote {summary.episodes} episodes to {out}/{summary.trajectories} in {summary.seconds:.1f} s',
+                  highlight=False, soft_wrap=True)

@@ -296,6 +296,142 @@ def _retry(item):
     return replace(item, attempt=prov.attempt)
 
 
+class _ActorPool:
+    """The actors of one :func:`run` and the chunks in flight on them.
+
+    Args:
+        ray: the ``ray`` module (initialised). runner_factory: see :func:`run` (put in the object
+            store once). state: the :class:`PoolState` it keeps up to date. cpus_per_worker,
+            actor_start_timeout: see :func:`run`. replacements: dead actors it may still replace.
+    """
+
+    def __init__(self, ray, runner_factory: Callable, state: PoolState, *, cpus_per_worker: float,
+                 actor_start_timeout: float, replacements: int):
+        self.ray, self.state = ray, state
+        self.cpus_per_worker, self.actor_start_timeout = cpus_per_worker, actor_start_timeout
+        self.replacements = replacements
+        self.handles: dict[int, object] = {}
+        self.inflight: dict = {}                            # ref -> (worker index, chunk)
+        self.start_errors: list[str] = []                   # why actors died while starting
+        self._actor_cls = ray.remote(_Actor)
+        self._factory_ref = ray.put(runner_factory)
+
+    def _spawn(self) -> int:
+        i = len(self.state.workers)
+        self.state.workers.append(WorkerInfo(index=i))
+        self.handles[i] = self._actor_cls.options(num_cpus=self.cpus_per_worker, max_restarts=0,
+                                                  max_task_retries=0).remote(self._factory_ref)
+        return i
+
+    def _await_started(self, indices) -> list:
+        """Wait for the actors ``indices``; return those that died while starting (marked dead)."""
+        ray = self.ray
+        refs = {self.handles[i].where.remote(): i for i in indices}
+        _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=self.actor_start_timeout)
+        if pending:
+            free = ray.available_resources().get('CPU', 0)
+            raise TimeoutError(f'{len(pending)} Ray workers did not start within {self.actor_start_timeout:.0f} s '
+                               f'(each needs {self.cpus_per_worker} CPU; the cluster has {free} free); use fewer '
+                               '--workers or add nodes')
+        died = []
+        for ref, i in refs.items():
+            w = self.state.workers[i]
+            try:
+                info = ray.get(ref)
+            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
+                w.alive = False
+                died.append(i)
+                lines = [x.strip() for x in str(e).splitlines() if x.strip()]
+                self.start_errors.append(lines[-1][:300] if lines else type(e).__name__)   # the cause, last
+                log.warning('Ray worker %d died while starting: %s', i, type(e).__name__)
+                continue
+            w.pid, w.host, w.node_id = info['pid'], info['host'], info['node_id']
+        return died
+
+    def start(self, n: int) -> None:
+        """Start ``n`` actors; replace (within ``replacements``) those that die while starting.
+
+        Raises:
+            TimeoutError: they did not start within ``actor_start_timeout``.
+        """
+        todo = [self._spawn() for _ in range(n)]
+        while todo:
+            died = self._await_started(todo)
+            k = min(len(died), self.replacements)
+            self.replacements -= k
+            todo = [self._spawn() for _ in range(k)]
+
+    def submit(self, queue: deque, per_worker: int) -> None:
+        """Queue chunks on every live actor until each has ``per_worker`` in flight.
+
+        Raises:
+            RuntimeError: nothing is in flight (every actor died and no replacement is left).
+        """
+        for i, w in enumerate(self.state.workers):
+            while w.alive and queue and sum(1 for v in self.inflight.values() if v[0] == i) < per_worker:
+                chunk = queue.popleft()
+                self.inflight[self.handles[i].run_packed.remote(chunk)] = (i, chunk)
+        _track(self.state, self.inflight)
+        if not self.inflight:
+            raise RuntimeError(f'every Ray worker died and no replacement is left ({len(queue)} chunks '
+                               f'not run; {self.state.done} of {self.state.total} episodes done): fix the cause and '
+                               'finish with --resume')
+
+    def collect(self, sink: Callable, queue: deque) -> bool:
+        """Wait for one chunk and give its records to ``sink``; True when it did.
+
+        False when the chunk's actor died: the chunk is queued again as new attempts
+        (:meth:`replace_dead`).
+        """
+        ray = self.ray
+        [ref], _ = ray.wait(list(self.inflight), num_returns=1)
+        i, chunk = self.inflight.pop(ref)
+        try:
+            recs = unpack(ray.get(ref))
+        except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
+                ray.exceptions.ObjectLostError) as e:
+            self.replace_dead(i, chunk, e, queue)
+            return False
+        self.state.workers[i].chunks += 1
+        shard = sink(chunk, recs)
+        if shard is not None:
+            self.state.shards.append(str(shard))
+        self.state.done += len(recs)
+        _track(self.state, self.inflight)
+        return True
+
+    def replace_dead(self, i: int, chunk, err: BaseException, queue: deque) -> None:
+        """Queue ``chunk`` of dead actor ``i`` again as new attempts; replace the actor (once, if any replacement is left)."""
+        state = self.state
+        retry = [_retry(j) for j in chunk]
+        state.retried.extend((j.group_id, j.rollout_id, j.attempt) for j in retry)
+        state.workers[i].lost.extend(j.key for j in chunk)
+        queue.appendleft(retry)
+        if not state.workers[i].alive:
+            return
+        state.workers[i].alive = False
+        log.warning('Ray worker %d (pid %s) died: %s; re-running its chunks as new attempts',
+                    i, state.workers[i].pid, type(err).__name__)
+        self.ray.kill(self.handles[i], no_restart=True)
+        if self.replacements > 0:
+            self.replacements -= 1
+            try:
+                self.start(1)
+            except TimeoutError as e:   # no room for it: go on with the survivors
+                log.warning('replacement Ray worker did not start: %s', e)
+                k = len(state.workers) - 1
+                state.workers[k].alive = False
+                self.ray.kill(self.handles[k], no_restart=True)
+
+    def close(self) -> None:
+        """Kill every actor of the pool (dead ones too; errors ignored)."""
+        for h in self.handles.values():
+            try:
+                self.ray.kill(h, no_restart=True)
+            except Exception:       # already dead, or Ray going down
+                pass
+
+
 def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *, workers: int,
         address: str | None = None, state: PoolState | None = None, cpus_per_worker: float = 1.0,
         max_replacements: int | None = None, inflight_per_worker: int = 2, actor_start_timeout: float = 300.0,
@@ -346,119 +482,29 @@ def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *,
     state = state if state is not None else PoolState(total=sum(len(c) for c in chunks))
     queue = deque(list(c) for c in chunks if c)
     started = _connect(ray, address, max(1, int(round(workers * cpus_per_worker))), object_store_mb)
-    actor_cls = ray.remote(_Actor)
-    replacements = 2 * workers if max_replacements is None else max_replacements
-    handles: dict[int, object] = {}
-    stopped = False
-    start_errors: list[str] = []                            # why actors died while starting
+    pool, stopped = None, False
     try:
-        factory_ref = ray.put(runner_factory)
-
-        def spawn() -> int:
-            i = len(state.workers)
-            state.workers.append(WorkerInfo(index=i))
-            handles[i] = actor_cls.options(num_cpus=cpus_per_worker, max_restarts=0,
-                                           max_task_retries=0).remote(factory_ref)
-            return i
-
-        def await_started(indices) -> list:
-            """Wait for the actors ``indices``; return those that died while starting (marked dead)."""
-            refs = {handles[i].where.remote(): i for i in indices}
-            _, pending = ray.wait(list(refs), num_returns=len(refs), timeout=actor_start_timeout)
-            if pending:
-                free = ray.available_resources().get('CPU', 0)
-                raise TimeoutError(f'{len(pending)} Ray workers did not start within {actor_start_timeout:.0f} s '
-                                   f'(each needs {cpus_per_worker} CPU; the cluster has {free} free); use fewer '
-                                   '--workers or add nodes')
-            died = []
-            for ref, i in refs.items():
-                w = state.workers[i]
-                try:
-                    info = ray.get(ref)
-                except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError) as e:
-                    w.alive = False
-                    died.append(i)
-                    lines = [x.strip() for x in str(e).splitlines() if x.strip()]
-                    start_errors.append(lines[-1][:300] if lines else type(e).__name__)   # the cause, last
-                    log.warning('Ray worker %d died while starting: %s', i, type(e).__name__)
-                    continue
-                w.pid, w.host, w.node_id = info['pid'], info['host'], info['node_id']
-            return died
-
-        def start(n: int) -> None:
-            """Start ``n`` actors; replace (within ``replacements``) those that die while starting."""
-            nonlocal replacements
-            todo = [spawn() for _ in range(n)]
-            while todo:
-                died = await_started(todo)
-                k = min(len(died), replacements)
-                replacements -= k
-                todo = [spawn() for _ in range(k)]
-
-        def resubmit(i: int, chunk, err) -> None:
-            nonlocal replacements
-            retry = [_retry(j) for j in chunk]
-            state.retried.extend((j.group_id, j.rollout_id, j.attempt) for j in retry)
-            state.workers[i].lost.extend(j.key for j in chunk)
-            queue.appendleft(retry)
-            if not state.workers[i].alive:
-                return
-            state.workers[i].alive = False
-            log.warning('Ray worker %d (pid %s) died: %s; re-running its chunks as new attempts',
-                        i, state.workers[i].pid, type(err).__name__)
-            ray.kill(handles[i], no_restart=True)
-            if replacements > 0:
-                replacements -= 1
-                try:
-                    start(1)
-                except TimeoutError as e:   # no room for it: go on with the survivors
-                    log.warning('replacement Ray worker did not start: %s', e)
-                    k = len(state.workers) - 1
-                    state.workers[k].alive = False
-                    ray.kill(handles[k], no_restart=True)
-
-        start(workers)
+        pool = _ActorPool(ray, runner_factory, state, cpus_per_worker=cpus_per_worker,
+                          actor_start_timeout=actor_start_timeout,
+                          replacements=2 * workers if max_replacements is None else max_replacements)
+        pool.start(workers)
         if not any(w.alive for w in state.workers):
             raise RuntimeError(f'no Ray worker started ({len(state.workers)} tried; each died while starting: '
-                               f'{start_errors[-1]}); fix the cause (every node needs agentrl and torch) and '
+                               f'{pool.start_errors[-1]}); fix the cause (every node needs agentrl and torch) and '
                                'run again')
         startup = time.perf_counter() - t_start
-        inflight: dict = {}                                 # ref -> (worker index, chunk)
-        while queue or inflight:
-            for i, w in enumerate(state.workers):
-                while w.alive and queue and sum(1 for v in inflight.values() if v[0] == i) < inflight_per_worker:
-                    chunk = queue.popleft()
-                    inflight[handles[i].run_packed.remote(chunk)] = (i, chunk)
-            _track(state, inflight)
-            if not inflight:
-                raise RuntimeError(f'every Ray worker died and no replacement is left ({len(queue)} chunks '
-                                   f'not run; {state.done} of {state.total} episodes done): fix the cause and '
-                                   'finish with --resume')
-            [ref], _ = ray.wait(list(inflight), num_returns=1)
-            i, chunk = inflight.pop(ref)
-            try:
-                recs = unpack(ray.get(ref))
-            except (ray.exceptions.RayActorError, ray.exceptions.WorkerCrashedError,
-                    ray.exceptions.ObjectLostError) as e:
-                resubmit(i, chunk, e)
+        while queue or pool.inflight:
+            pool.submit(queue, inflight_per_worker)
+            if not pool.collect(sink, queue):           # its actor died: the chunk runs again, as new attempts
                 continue
-            state.workers[i].chunks += 1
-            shard = sink(chunk, recs)
-            if shard is not None:
-                state.shards.append(str(shard))
-            state.done += len(recs)
-            _track(state, inflight)
             if on_chunk is not None:
                 on_chunk(state)
-            if should_stop is not None and should_stop() and (queue or inflight):
+            if should_stop is not None and should_stop() and (queue or pool.inflight):
                 stopped = True
                 break
     finally:
-        for h in handles.values():
-            try:
-                ray.kill(h, no_restart=True)
-            except Exception:       # already dead, or Ray going down
-                pass
+        if pool is not None:
+            pool.close()
         if started:
             ray.shutdown()
     return PoolReport(list(state.retried), list(state.workers), startup,

@@ -359,40 +359,78 @@ def _not_replayable(e: Exception):
                                      fix='replay with the model (and tokenizer) that sampled the record')
 
 
-def _replay(entries: list, scorer, tol: float, batch_size: int = 8) -> None:
-    """Replay the sampled records of ``entries`` (``[row, record, key, problems]``) in batches.
+@dataclass
+class _Row:
+    """One read row on its way through the check: its record, its key for messages, what refuses it, its replays."""
+    record: object
+    key: str
+    problems: list
+    replays: list = field(default_factory=list)
 
-    Appends the :class:`agentrl.checks.RecordReplay` results to each entry (one per scored
-    sequence: a record, or each turn of a record with ``turn_contexts``); a record the scorer
-    cannot take gets a :class:`~agentrl.checks.NotReplayableError` in its problems instead. A
-    failing batch is retried record by record, so the failure is pinned on its record.
+
+def _replay(rows: list, scorer, tol: float, batch_size: int = 8) -> None:
+    """Replay the sampled records of ``rows`` (:class:`_Row`) in batches.
+
+    Sets each row's ``replays`` to its :class:`agentrl.checks.RecordReplay` results (one per
+    scored sequence: a record, or each turn of a record with ``turn_contexts``); a record the
+    scorer cannot take gets a :class:`~agentrl.checks.NotReplayableError` in its problems instead.
+    A failing batch is retried record by record, so the failure is pinned on its record.
     """
     from .. import checks
     max_len = getattr(scorer, 'max_len', None)
     todo = []
-    for e in entries:
-        rec = e[1]
-        if max_len is not None and e[1].turn_contexts is None and len(rec.ids) > max_len:
-            e[3].append(checks.NotReplayableError(
+    for r in rows:
+        rec = r.record
+        if max_len is not None and rec.turn_contexts is None and len(rec.ids) > max_len:
+            r.problems.append(checks.NotReplayableError(
                 f"has {len(rec.ids)} tokens, more than the model's context of {max_len}", field='ids',
                 fix='replay with the model that sampled the record'))
         else:
-            todo.append(e)
+            todo.append(r)
     for start in range(0, len(todo), batch_size):
         chunk = todo[start:start + batch_size]
         try:
-            report = checks.replay_records([e[1] for e in chunk], scorer, tol=tol, batch_size=batch_size)
+            report = checks.replay_records([r.record for r in chunk], scorer, tol=tol, batch_size=batch_size)
         except (ValueError, IndexError, RuntimeError, TypeError):
             report = None
-        if report is not None and len(report.records) == len(chunk) and all(e[1].turn_contexts is None for e in chunk):
-            for e, r in zip(chunk, report.records):
-                e.append(r)
+        if report is not None and len(report.records) == len(chunk) and all(r.record.turn_contexts is None
+                                                                            for r in chunk):
+            for r, rep in zip(chunk, report.records):
+                r.replays.append(rep)
             continue
-        for e in chunk:                      # per record: turns of one record stay together
+        for r in chunk:                      # per record: turns of one record stay together
             try:
-                e.extend(checks.replay_records([e[1]], scorer, tol=tol, batch_size=1).records)
+                r.replays.extend(checks.replay_records([r.record], scorer, tol=tol, batch_size=1).records)
             except (ValueError, IndexError, RuntimeError, TypeError) as err:
-                e[3].append(_not_replayable(err))
+                r.problems.append(_not_replayable(err))
+
+
+def _repeat_problem(verdict: str, first, key: str):
+    """The refusal of a record that repeats an earlier one's identity (:class:`agentrl.checks.Deduper`)."""
+    from .. import checks
+    if verdict == checks.Deduper.RESEND:
+        return checks.DuplicateRecordError(
+            f'repeats {first[0]!r} row {first[1]} (same identity and content: a resend stored twice); a '
+            'reader would train on it twice', field='provenance', fix='store each record once '
+            '(ShardWriter drops resends): rewrite the data without the repeated rows')
+    return checks.IdentityConflictError(
+        f'identity {key} is already taken by {first[0]!r} row {first[1]} with different content; a '
+        'retry that samples again must not reuse an attempt number', field='provenance.attempt',
+        fix='give the retry a new attempt with agentrl.checks.new_attempt(record)')
+
+
+def _tally(rep: CheckReport, rec) -> None:
+    """Count an accepted-or-refused record's length, trained tokens, stop, truncation and policy."""
+    from ..stats import is_truncated          # imports torch: not at CLI start-up
+    prov = rec.provenance
+    rep.lengths.append(len(rec.ids))
+    if rec.action_mask is not None:
+        rep.trained.append(int(rec.action_mask.float().sum()))
+    rep.stops[str((rec.info or {}).get('stop'))] += 1
+    rep.truncated += is_truncated(rec)
+    rep.policies[prov.policy if prov is not None else '(none)'] += 1
+    if prov is not None and prov.logp_placeholder:
+        rep.scripted += 1
 
 
 def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None) -> CheckReport:
@@ -411,62 +449,41 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             ``opts.path`` or ``opts.model``.
     """
     from .. import checks, store
-    from ..stats import is_truncated          # imports torch: not at CLI start-up
     opts.validate()
     scorer = load_model(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
                            eot_ids=tuple(opts.eot_ids), vocab_size=opts.vocab_size)
     rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples)
-    seen: dict = {}          # hash of the identity (or digest) -> (digest, file, row) where first seen
-    for rows in store.scan(opts.path, opts.batch_size):
-        entries = []         # [row, record, key, problems, *replays]
-        for row in rows:
+    seen = checks.Deduper(compact=True)     # identity (or digest) -> (file, row) where first seen
+    for batch in store.scan(opts.path, opts.batch_size):
+        rows = []
+        for row in batch:
             rep.n += 1
             rec = row.record
             if rec is None:
                 rep.refuse(row.source, [row.problem])
                 continue
-            prov = rec.provenance
-            key = checks.record_key(rec) if prov is not None else row.source
-            problems = checks.find_problems(rec, _expected(opts, base, prov, getattr(scorer, 'vocab_size', None)))
-            digest = checks.record_digest(rec)
-            ident = hash(checks.dedupe_key(rec, digest))
-            first = seen.get(ident)
-            if first is None:
-                seen[ident] = (digest, row.file, row.row)
-            elif first[0] == digest:
-                problems.append(checks.DuplicateRecordError(
-                    f'repeats {first[1]!r} row {first[2]} (same identity and content: a resend stored twice); a '
-                    'reader would train on it twice', field='provenance', fix='store each record once '
-                    '(ShardWriter drops resends): rewrite the data without the repeated rows'))
-            else:
-                problems.append(checks.IdentityConflictError(
-                    f'identity {key} is already taken by {first[1]!r} row {first[2]} with different content; a '
-                    'retry that samples again must not reuse an attempt number', field='provenance.attempt',
-                    fix='give the retry a new attempt with agentrl.checks.new_attempt(record)'))
-            rep.lengths.append(len(rec.ids))
-            if rec.action_mask is not None:
-                rep.trained.append(int(rec.action_mask.float().sum()))
-            stop = (rec.info or {}).get('stop')
-            rep.stops[str(stop)] += 1
-            rep.truncated += is_truncated(rec)
-            rep.policies[prov.policy if prov is not None else '(none)'] += 1
-            if prov is not None and prov.logp_placeholder:
-                rep.scripted += 1
-            entries.append([row, rec, key, problems])
+            key = checks.record_key(rec) if rec.provenance is not None else row.source
+            problems = checks.find_problems(rec, _expected(opts, base, rec.provenance,
+                                                           getattr(scorer, 'vocab_size', None)))
+            verdict, first = seen.see(rec, where=(row.file, row.row))
+            if verdict != checks.Deduper.NEW:
+                problems.append(_repeat_problem(verdict, first, key))
+            _tally(rep, rec)
+            rows.append(_Row(rec, key, problems))
         if scorer is not None:
             sampled = []
-            for e in entries:
-                if not e[3]:
-                    if e[1].provenance.logp_placeholder:
+            for r in rows:
+                if not r.problems:
+                    if r.record.provenance.logp_placeholder:
                         rep.replay_skipped['scripted (placeholder log-probs)'] += 1
                     else:
-                        sampled.append(e)
+                        sampled.append(r)
             _replay(sampled, scorer, opts.tol)
-        for e in entries:
-            rep.replays.extend(e[4:])
-            if e[3]:
-                rep.refuse(e[2], e[3])
+        for r in rows:
+            rep.replays.extend(r.replays)
+            if r.problems:
+                rep.refuse(r.key, r.problems)
         if progress is not None:
             progress(rep.n)
     return rep

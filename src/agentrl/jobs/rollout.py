@@ -1,10 +1,15 @@
 """L5: the one rollout job: plan, run (in this process or on Ray actors), stream to shards, summarise.
 
+The job reads as its three phases: :func:`prepare` (every check and load, nothing written) ->
+:func:`run` (under ``OUT/.lock``: manifest, model, the missing chunks) -> :func:`summarise`
+(a :class:`RunSummary`); :func:`rollout_job` calls them. The resume rules are
+:mod:`agentrl.jobs.resume`.
+
 ``agentrl rollout`` lands here, whatever the engine (scripted, TinyAgent, Hugging Face) and the
 scale (``--workers 0``: this process; ``N``: Ray actors). Every path writes the same run folder::
 
     OUT/.lock                       held while a job writes (a second job into OUT refuses); removed after
-    OUT/run.json                    the plan (:func:`agentrl.jobs.plan.manifest_of`)
+    OUT/run.json                    the plan (:func:`agentrl.jobs.resume.manifest_of`)
     OUT/model.pt                    the untrained TinyAgent (when no checkpoint is given)
     OUT/trajectories/part-*.parquet one shard per chunk, written as chunks finish
     OUT/summary.json                written last: a run with a summary is complete
@@ -32,18 +37,20 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable
 
+from ..fields import check_fields
 from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
-from .plan import (MANIFEST, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions, check_fields, manifest_of,
-                   plan_chunks, plan_episodes, public_options, resume_options)
-from .runner import RunnerFactory, RunSpec
+from .plan import MANIFEST, SUMMARY, TRAJECTORY_DIR, RolloutOptions, plan_episodes, public_options
+from .resume import RunComplete, holds_run, manifest_of, refuse_if_complete, resume_command, resume_options, \
+    stored_records
+from .runner import RunReport, RunSpec, run_chunks
 
 __all__ = ['RunReport', 'RunInterrupted', 'RunComplete', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
-           'model_fingerprint', 'resume_command', 'LOCK']
-
+           'model_fingerprint', 'resume_command', 'LOCK', 'Prepared', 'prepare', 'run', 'summarise', 'RunSummary',
+           'EngineSummary', 'rollout_summary']
 
 
 class RunInterrupted(Exception):
@@ -59,159 +66,8 @@ class RunInterrupted(Exception):
                          f'{command or resume_command(out)}')
 
 
-def resume_command(out: str, checkpoint: str | None = None, model: str | None = None) -> str:
-    """The command that finishes the run in ``out``: ``agentrl rollout --resume OUT`` plus the model flag it needs.
-
-    A run sampled from ``--checkpoint FILE`` or ``--model DIR`` stores the model's name, not its
-    path, so its resume passes the flag again (shell-quoted when needed).
-    """
-    import shlex
-    cmd = f'agentrl rollout --resume {shlex.quote(str(out))}'
-    for flag, path in (('--checkpoint', checkpoint), ('--model', model)):
-        if path:
-            cmd += f' {flag} {shlex.quote(str(path))}'
-    return cmd
-
-
-class RunComplete(Exception):
-    """``--resume`` of a run that is already complete: its summary is written and every planned episode
-    is stored. Nothing was written (not even ``OUT/.lock``).
-
-    Attributes:
-        out: the run folder. done: episodes stored. total: episodes planned.
-    """
-
-    def __init__(self, out: str, done: int, total: int):
-        self.out, self.done, self.total = out, done, total
-        super().__init__(f'{out!r} is already complete: {done} of {total} episodes are stored and {SUMMARY} is '
-                         'written; nothing to run')
-
-
 #: Another job is writing the run folder (it holds ``OUT/.lock``).
 RunLockedError = FolderLockedError
-
-
-@dataclass
-class RunReport:
-    """The outcome of :func:`run_chunks`.
-
-    Attributes:
-        directory: the shard folder. planned: episodes in the plan. skipped: episodes a resume
-        found stored. written: records written by this run. resends: resends skipped.
-        retried: new identities of re-run episodes. workers: the Ray actors
-        (:class:`~agentrl.engines.ray.WorkerInfo`; empty in process). seconds: wall time.
-        startup_seconds: Ray start/connect plus actor start (or the runner's set-up).
-        ray_version: Ray's version ('' in process). address: cluster address ('' in process,
-        'local' for a local instance). stopped: True when ``should_stop`` ended the run early.
-        profiles: the hf engine's time split of each chunk (in process, with ``RunSpec.profile``).
-    """
-    directory: str
-    planned: int
-    skipped: int
-    written: int
-    resends: int
-    retried: list
-    workers: list
-    seconds: float
-    startup_seconds: float
-    ray_version: str = ''
-    address: str = ''
-    stopped: bool = False
-    profiles: list = field(default_factory=list)
-
-
-def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: RunSpec,
-               weights: dict | None = None, *, workers: int = 1, address: str | None = None,
-               chunk_size: int = 32, resume: bool = False, progress: bool = True,
-               on_chunk: Callable | None = None, on_records: Callable | None = None,
-               should_stop: Callable[[], bool] | None = None, **pool) -> RunReport:
-    """Run planned episodes (in this process or on Ray actors) and stream their records into shards.
-
-    Args:
-        jobs: the plan (:func:`~agentrl.jobs.plan.plan_episodes`), attempt 1 each.
-        directory: the shard folder (a :class:`~agentrl.store.ShardWriter` folder; created).
-        spec: the :class:`~agentrl.jobs.runner.RunSpec`.
-        weights: ``{'config', 'state_dict'}`` of the TinyAgent (None: no TinyAgent episodes).
-        workers: Ray actors (>= 1), or 0 to run in this process (same chunks, same records).
-        address: see :func:`agentrl.engines.ray.run`.
-        chunk_size: episodes per chunk (one batch and one shard each).
-        resume: skip the episodes the folder already holds (any attempt); the others run as
-            attempt 1. Without ``resume`` the folder must hold none of the planned episodes.
-        progress: show a rich progress bar on stderr.
-        on_chunk: called with the :class:`~agentrl.engines.ray.PoolState` after each written chunk.
-        on_records: called with ``(chunk, records)`` after each written chunk (summaries).
-        should_stop: polled after each written chunk; True ends the run there (``stopped``).
-        **pool: more options of :func:`agentrl.engines.ray.run` (``cpus_per_worker``,
-            ``max_replacements``, ``actor_start_timeout``, ``object_store_mb``, ...).
-
-    Returns:
-        :class:`RunReport`.
-
-    Raises:
-        ValueError: ``workers < 0``; without ``resume`` a folder that already holds planned
-            episodes (fix: ``--resume DIR``, or a new ``--out``).
-        ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
-    """
-    from .. import store
-    from ..engines import ray as ray_pool
-    if workers < 0:
-        raise ValueError(f'run_chunks: workers must be >= 0, got {workers}')
-    t_start = time.perf_counter()
-    directory = Path(directory)
-    stored = store.stored_identities(directory)
-    planned = {j.key for j in jobs}
-    already = planned & set(stored)
-    if already and not resume:
-        raise ValueError(f'{str(directory)!r} already holds {len(already)} of the {len(planned)} planned episodes; '
-                         'pass --resume to run only the missing ones, or choose a new --out')
-    chunks = [c for c in ([j for j in chunk if j.key not in already] for chunk in plan_chunks(jobs, chunk_size)) if c]
-    state = ray_pool.PoolState(done=len(already), total=len(planned))
-    writer = store.ShardWriter(directory)
-    bar = _progress(progress, state.total, state.done, f'ray x{workers}' if workers else 'in-process')
-
-    def sink(chunk, recs):
-        path = writer.write(recs)
-        if on_records is not None:
-            on_records(chunk, recs)
-        if bar is not None:
-            bar.update(bar.task_ids[0], completed=state.done + len(recs))
-        return path
-
-    with bar if bar is not None else contextlib.nullcontext():
-        if workers == 0:
-            runner = RunnerFactory(spec, weights)()
-            startup = time.perf_counter() - t_start
-            stopped = False
-            for n, chunk in enumerate(chunks):
-                path = sink(chunk, runner.run(chunk))
-                if path is not None:
-                    state.shards.append(str(path))
-                state.done += len(chunk)
-                if on_chunk is not None:
-                    on_chunk(state)
-                if should_stop is not None and should_stop() and n + 1 < len(chunks):
-                    stopped = True
-                    break
-            return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
-                             [], [], time.perf_counter() - t_start, startup, stopped=stopped,
-                             profiles=runner.profiles)
-        rep = ray_pool.run(chunks, RunnerFactory(spec, weights), sink, workers=workers, address=address,
-                           state=state, should_stop=should_stop, on_chunk=on_chunk, **pool)
-    return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
-                     list(rep.retried), list(rep.workers), time.perf_counter() - t_start, rep.startup_seconds,
-                     ray_version=rep.ray_version, address=rep.address, stopped=rep.stopped)
-
-
-def _progress(show: bool, total: int, done: int, label: str):
-    if not show:
-        return None
-    from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
-                               TimeRemainingColumn)
-    p = Progress(TextColumn('{task.description}'), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
-    p.add_task(label, total=total, completed=done)
-    return p
 
 
 # ----------------------------------------------------------------------------- run folder: lock, model
@@ -275,34 +131,69 @@ class _Signals:
             signal.signal(s, h)
 
 
-def _holds_run(out: Path, writes_model: bool) -> list[str]:
-    """The run files already in ``out`` (empty: nothing this job could damage)."""
-    names = [MANIFEST, SUMMARY, 'trajectories.parquet'] + (['model.pt'] if writes_model else [])
-    found = [n for n in names if (out / n).exists()]
-    shards = out / TRAJECTORY_DIR
-    if shards.is_dir() and any(shards.iterdir()):
-        found.append(TRAJECTORY_DIR + '/')
-    return found
-
-
-# ----------------------------------------------------------------------------- the job
+# ----------------------------------------------------------------------------- phase 1: prepare
 
 @dataclass
-class _Prepared:
+class Prepared:
+    """What :func:`prepare` checked and loaded; nothing is written yet.
+
+    Attributes:
+        opts: the options the run goes with (a resume's: its plan plus this command's scale-out).
+        manifest: ``run.json`` of a resume (None: a new run).
+        jobs: the plan (:func:`~agentrl.jobs.plan.plan_episodes`). tasks: the BugFix tasks.
+        spec: the runners' :class:`~agentrl.jobs.runner.RunSpec`.
+        weights: ``{'config', 'state_dict'}`` of the TinyAgent policy (None without one).
+        model: ``{'name', 'fingerprint'}`` of the model policy (None without one).
+        model_bytes: the untrained TinyAgent to save as ``OUT/model.pt`` (None otherwise).
+        tok: agentrl's word-level tokenizer.
+    """
     opts: RolloutOptions
     manifest: dict | None
     jobs: list
     tasks: list
     spec: RunSpec
     weights: dict | None
-    model: dict | None                  # {'name', 'fingerprint'}
-    model_bytes: bytes | None = None    # the untrained TinyAgent to save as OUT/model.pt
-    created: list = field(default_factory=list)
+    model: dict | None
+    model_bytes: bytes | None
+    tok: object
+
+    @property
+    def out(self) -> Path:
+        """The run folder."""
+        return Path(self.opts.out)
 
 
-def _prepare(opts: RolloutOptions) -> _Prepared:
-    """Every check and every load, before anything is written."""
+def prepare(opts: RolloutOptions) -> Prepared:
+    """Every check and every load of a rollout, before anything is written.
+
+    Raises:
+        ValueError, ImportError, ConnectionError: as :func:`rollout_job` (options, ``OUT`` already
+            holding a run, a resume's plan or model, Ray).
+        RunComplete: a resume of a complete run (nothing to run).
+    """
     from .. import gym
+    opts, manifest = _resolved_options(opts)
+    out = Path(opts.out)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f'--out {opts.out!r} is a file; pass a folder')
+    tasks = gym.make_tasks(opts.split)
+    tok = gym.bugfix_tokenizer()
+    if manifest is None:
+        _refuse_a_run_in(out, opts, 'model' in opts.policy and opts.engine == 'tinyagent' and not opts.checkpoint)
+    weights, model, model_bytes = _policy_model(opts, manifest, tok)
+    if manifest is not None and manifest.get('model') and model and manifest['model'] != model:
+        raise ValueError(f'--resume {opts.out!r}: the run was sampled from {manifest["model"]["name"]}@'
+                         f'{manifest["model"]["fingerprint"]}, the model there now is {model["name"]}@'
+                         f'{model["fingerprint"]}; restore that model or start a new --out')
+    jobs = plan_episodes(opts.policy, [t.name for t in tasks], opts.repeats, opts.seed)
+    if manifest is not None:
+        refuse_if_complete(out, jobs)                # nothing to run: nothing is written, not even OUT/.lock
+    spec = RunSpec(opts, model_id=f'{model["name"]}@{model["fingerprint"]}' if model else '')
+    return Prepared(opts, manifest, jobs, tasks, spec, weights, model, model_bytes, tok)
+
+
+def _resolved_options(opts: RolloutOptions) -> tuple[RolloutOptions, dict | None]:
+    """The validated options to run with and the manifest of a resume (None for a new run)."""
     opts.validate()
     manifest = None
     if opts.resume:
@@ -313,47 +204,240 @@ def _prepare(opts: RolloutOptions) -> _Prepared:
         from ..engines.ray import check_address, require_ray
         require_ray()
         check_address(opts.address)          # before anything is written: ray.init would hang on it
+    return opts, manifest
+
+
+def _refuse_a_run_in(out: Path, opts: RolloutOptions, writes_model: bool) -> None:
+    found = holds_run(out, writes_model)
+    if found:
+        raise ValueError(f'--out {opts.out!r} already holds a run ({", ".join(found)}); pass --resume '
+                         f'{opts.out} to finish it, or choose a new --out')
+
+
+def _policy_model(opts: RolloutOptions, manifest: dict | None, tok) -> tuple[dict | None, dict | None, bytes | None]:
+    """``(weights, {'name', 'fingerprint'}, model_bytes)`` of the model policy (Nones without one)."""
     out = Path(opts.out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f'--out {opts.out!r} is a file; pass a folder')
-    tasks = gym.make_tasks(opts.split)
-    tok = gym.bugfix_tokenizer()
-    uses_model = 'model' in opts.policy
-    writes_model = uses_model and opts.engine == 'tinyagent' and not opts.checkpoint
-    if manifest is None:
-        found = _holds_run(out, writes_model)
-        if found:
-            raise ValueError(f'--out {opts.out!r} already holds a run ({", ".join(found)}); pass --resume '
-                             f'{opts.out} to finish it, or choose a new --out')
-    weights, model, model_bytes = None, None, None
-    if uses_model and opts.engine == 'tinyagent':
-        from .. import model as model_mod
-        if opts.checkpoint:
-            net = model_mod.load_checkpoint(opts.checkpoint)
-            model = {'name': Path(opts.checkpoint).name, 'fingerprint': model_fingerprint(opts.checkpoint)}
-        elif manifest is not None and (out / 'model.pt').exists():
-            net = model_mod.load_checkpoint(str(out / 'model.pt'))
-            model = {'name': 'model.pt', 'fingerprint': model_fingerprint(out / 'model.pt')}
-        else:
-            import torch
-            torch.manual_seed(opts.seed)
-            net = model_mod.TinyAgent(tok.vocab_size).eval()
-            model_bytes = _checkpoint_bytes(net)
-            model = {'name': 'model.pt', 'fingerprint': hashlib.sha256(model_bytes).hexdigest()[:12]}
-        weights = {'config': net.config(), 'state_dict': net.state_dict()}
-    elif uses_model:
-        model = {'name': Path(opts.model).resolve().name, 'fingerprint': model_fingerprint(opts.model)}
-    if manifest is not None and manifest.get('model') and model and manifest['model'] != model:
-        raise ValueError(f'--resume {opts.out!r}: the run was sampled from {manifest["model"]["name"]}@'
-                         f'{manifest["model"]["fingerprint"]}, the model there now is {model["name"]}@'
-                         f'{model["fingerprint"]}; restore that model or start a new --out')
-    jobs = plan_episodes(opts.policy, [t.name for t in tasks], opts.repeats, opts.seed)
-    spec = RunSpec(temperature=opts.temperature, max_turns=opts.max_turns, reward_tests=opts.reward_tests,
-                   model_id=f'{model["name"]}@{model["fingerprint"]}' if model else '', batch=opts.batch,
-                   engine=opts.engine, model_dir=opts.model,
-                   sampling=opts.sampling_spec().to_dict(),
-                   max_new_tokens=opts.max_new_tokens, profile=opts.profile)
-    return _Prepared(opts, manifest, jobs, tasks, spec, weights, model, model_bytes)
+    if 'model' not in opts.policy:
+        return None, None, None
+    if opts.engine != 'tinyagent':
+        return None, {'name': Path(opts.model).resolve().name, 'fingerprint': model_fingerprint(opts.model)}, None
+    from .. import model as model_mod
+    model_bytes = None
+    if opts.checkpoint:
+        net = model_mod.load_checkpoint(opts.checkpoint)
+        model = {'name': Path(opts.checkpoint).name, 'fingerprint': model_fingerprint(opts.checkpoint)}
+    elif manifest is not None and (out / 'model.pt').exists():
+        net = model_mod.load_checkpoint(str(out / 'model.pt'))
+        model = {'name': 'model.pt', 'fingerprint': model_fingerprint(out / 'model.pt')}
+    else:
+        import torch
+        torch.manual_seed(opts.seed)
+        net = model_mod.TinyAgent(tok.vocab_size).eval()
+        model_bytes = _checkpoint_bytes(net)
+        model = {'name': 'model.pt', 'fingerprint': hashlib.sha256(model_bytes).hexdigest()[:12]}
+    return {'config': net.config(), 'state_dict': net.state_dict()}, model, model_bytes
+
+
+# ----------------------------------------------------------------------------- phase 2: run
+
+class _Tally:
+    """Per-policy statistics of a run's records (those a resume finds, then the new ones) and the
+    first ``hf`` record's provenance; memory is the builders', not the records'."""
+
+    def __init__(self, p: Prepared):
+        from ..stats import SummaryBuilder
+        self.index = {j.key: j for j in p.jobs}
+        self.builders = {pol: SummaryBuilder(None if pol == 'model' and p.opts.engine == 'hf' else p.tok.unk_id)
+                         for pol in p.opts.policy}
+        self.hf_provenance = None
+
+    def add(self, recs) -> None:
+        by_policy: dict = {}
+        for t in recs:
+            j = self.index.get((t.provenance.group_id, t.provenance.rollout_id))
+            if j is not None:
+                ts, order = by_policy.setdefault(j.policy, ([], []))
+                ts.append(t)
+                order.append(j.index)
+            if self.hf_provenance is None and t.provenance.policy == 'hf':
+                self.hf_provenance = t.provenance
+        for pol, (ts, order) in by_policy.items():
+            self.builders[pol].add(ts, order)
+
+
+def run(p: Prepared, tally: _Tally, written: list, *, on_chunk: Callable | None = None, progress: bool = True,
+        handle_signals: bool = True, **pool) -> RunReport:
+    """Write the manifest (new run) and the untrained model, tally what a resume finds, run the missing chunks.
+
+    Called with ``OUT/.lock`` held (:func:`rollout_summary`); appends every file it writes before
+    the first shard to ``written`` (removed again if the run fails before one).
+
+    Returns:
+        the :class:`RunReport` of :func:`run_chunks`.
+
+    Raises:
+        RunInterrupted: Ctrl-C or SIGTERM stopped the run after a chunk. ValueError: as
+            :func:`rollout_job`; and what :func:`run_chunks` raises.
+    """
+    out, opts = p.out, p.opts
+    if p.manifest is None:
+        _refuse_a_run_in(out, opts, p.model_bytes is not None)             # again, under the lock
+        written.append(atomic_write(out / MANIFEST, _json(manifest_of(opts, len(p.jobs), p.model))))
+    shard_dir = out / TRAJECTORY_DIR
+    if p.manifest is not None and shard_dir.is_dir():
+        for batch in stored_records(shard_dir, p.jobs, p.spec, p.tok):     # what a resume finds, provenance checked
+            tally.add(batch)
+    if p.model_bytes is not None and not (out / 'model.pt').exists():
+        written.append(atomic_write(out / 'model.pt', p.model_bytes))
+    with _Signals() if handle_signals else contextlib.nullcontext() as sig:
+        report = run_chunks(p.jobs, shard_dir, p.spec, p.weights, workers=opts.workers, address=opts.address,
+                            chunk_size=opts.chunk_size, resume=p.manifest is not None, progress=progress,
+                            on_chunk=on_chunk, on_records=lambda c, r: tally.add(r),
+                            should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
+    if report.stopped:
+        raise RunInterrupted(str(opts.out), report.skipped + report.written, report.planned,
+                             resume_command(opts.out, opts.checkpoint, opts.model))
+    return report
+
+
+@contextlib.contextmanager
+def _run_folder(p: Prepared):
+    """Create ``OUT`` and hold ``OUT/.lock`` for the block; yield the list of files written before the first shard.
+
+    A block that fails before the first shard removes them (and ``OUT`` when it made it), so ``OUT``
+    is as it was; a full disk after some shards keeps them and says how to resume.
+    """
+    out, opts = p.out, p.opts
+    made_out = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    written: list = []
+    undone = False
+    try:
+        with run_lock(out):                             # OUT/.lock, removed when the block ends
+            try:
+                yield written
+            except BaseException as e:
+                if not _has_shards(out):
+                    _undo(out, written)       # no shard yet: leave OUT as it was
+                    undone = True
+                elif isinstance(e, OSError) and e.errno == errno.ENOSPC:      # the finished shards are kept
+                    where = f': {e.filename!r}' if e.filename else ''
+                    raise ValueError(f'No space left on device{where}; the finished shards are kept in {opts.out!r}: '
+                                     'free some space, then finish the run with: '
+                                     f'{resume_command(opts.out, opts.checkpoint, opts.model)}') from e
+                raise
+    except BaseException:
+        if undone and made_out:
+            with contextlib.suppress(OSError):
+                out.rmdir()                   # empty now: run_lock has removed OUT/.lock
+        raise
+
+
+# ----------------------------------------------------------------------------- phase 3: summarise
+
+@dataclass
+class EngineSummary:
+    """Where and how a run's chunks ran (``summary.json``'s ``engine``).
+
+    Attributes:
+        workers, address, ray_version, chunk_size: as run ('' address / version in process).
+        planned: episodes in the plan. skipped_by_resume: episodes a resume found stored.
+        written: records this run wrote. retried: ``[group_id, rollout_id, attempt]`` of re-run
+        episodes. startup_seconds: Ray start plus actor start (or the runner's set-up).
+        workers_started, nodes, workers_died: actors started, nodes that ran chunks, actors lost.
+    """
+    workers: int
+    address: str
+    ray_version: str
+    chunk_size: int
+    planned: int
+    skipped_by_resume: int
+    written: int
+    retried: list
+    startup_seconds: float
+    workers_started: int
+    nodes: int
+    workers_died: int
+
+
+@dataclass
+class RunSummary:
+    """A rollout's summary (``OUT/summary.json`` is :meth:`to_dict`).
+
+    Attributes:
+        options: the options with local paths as their last component (:func:`~agentrl.jobs.plan.public_options`).
+        tasks: BugFix tasks. episodes: episodes stored. seconds: wall time of this job.
+        trajectories: the shard folder's name. tokenizer, vocab_size: the word-level tokenizer's
+        fingerprint and size. policies: :class:`~agentrl.stats.PolicySummary` per policy.
+        model: ``{'name', 'fingerprint'}`` of the model policy (None without one).
+        engine: :class:`EngineSummary`. hf: the ``hf`` engine's model, tokenizer, template and
+        sampling (and ``profile`` with ``--profile``); None for other engines.
+    """
+    options: dict
+    tasks: int
+    episodes: int
+    seconds: float
+    trajectories: str
+    tokenizer: str
+    vocab_size: int
+    policies: dict
+    model: dict | None
+    engine: EngineSummary
+    hf: dict | None = None
+
+    def to_dict(self) -> dict:
+        """The summary as ``summary.json`` holds it (keys in this order; ``hf`` only for the hf engine)."""
+        from dataclasses import asdict
+        d = {'options': self.options, 'tasks': self.tasks, 'episodes': self.episodes, 'seconds': self.seconds,
+             'trajectories': self.trajectories, 'tokenizer': self.tokenizer, 'vocab_size': self.vocab_size,
+             'policies': {k: v.to_dict() for k, v in self.policies.items()}, 'model': self.model,
+             'engine': asdict(self.engine)}
+        if self.hf is not None:
+            d['hf'] = self.hf
+        return d
+
+
+def summarise(p: Prepared, report: RunReport, tally: _Tally, seconds: float) -> RunSummary:
+    """The :class:`RunSummary` of a finished run from its plan, its :class:`RunReport` and its records' tally."""
+    opts = p.opts
+    engine = EngineSummary(
+        workers=opts.workers, address=report.address, ray_version=report.ray_version, chunk_size=opts.chunk_size,
+        planned=report.planned, skipped_by_resume=report.skipped, written=report.written,
+        retried=[list(r) for r in report.retried], startup_seconds=round(report.startup_seconds, 3),
+        workers_started=len(report.workers), nodes=len({w.node_id for w in report.workers if w.chunks}),
+        workers_died=sum(not w.alive for w in report.workers))
+    hf = None
+    if tally.hf_provenance is not None:
+        hp = tally.hf_provenance
+        hf = {'model': hp.model, 'tokenizer': hp.tokenizer, 'template': hp.template,
+              'sampling': hp.sampling.to_dict() if hp.sampling is not None else None}
+        if report.profiles:
+            from ..engines.hf import merge_profiles
+            hf['profile'] = merge_profiles(report.profiles)
+    return RunSummary(options=public_options(opts), tasks=len(p.tasks), episodes=report.skipped + report.written,
+                      seconds=round(seconds, 3), trajectories=TRAJECTORY_DIR, tokenizer=p.tok.fingerprint(),
+                      vocab_size=p.tok.vocab_size,
+                      policies={pol: b.summary() for pol, b in tally.builders.items() if b.n},
+                      model=p.model, engine=engine, hf=hf)
+
+
+# ----------------------------------------------------------------------------- the job
+
+def rollout_summary(opts: RolloutOptions, *, on_chunk: Callable | None = None, progress: bool = True,
+                    handle_signals: bool = True, **pool) -> RunSummary:
+    """The rollout job as its three phases: :func:`prepare`, :func:`run`, :func:`summarise`.
+
+    Writes ``OUT/summary.json`` (:meth:`RunSummary.to_dict`) last, under the lock. Arguments and
+    errors: :func:`rollout_job`.
+    """
+    p = prepare(opts)
+    t0 = time.time()
+    with _run_folder(p) as written:
+        tally = _Tally(p)
+        report = run(p, tally, written, on_chunk=on_chunk, progress=progress, handle_signals=handle_signals, **pool)
+        summary = summarise(p, report, tally, time.time() - t0)
+        atomic_write(p.out / SUMMARY, _json(summary.to_dict()))
+    return summary
 
 
 def rollout_job(opts: RolloutOptions, *, on_chunk: Callable | None = None, progress: bool = True,
@@ -369,11 +453,12 @@ def rollout_job(opts: RolloutOptions, *, on_chunk: Callable | None = None, progr
         **pool: more options of :func:`agentrl.engines.ray.run`.
 
     Returns:
-        The summary dict (also written to ``OUT/summary.json``): options (local paths as their
-        last component), tasks, episodes, seconds, ``trajectories`` (the shard folder's name),
-        tokenizer fingerprint, vocabulary size, ``policies`` (:class:`~agentrl.stats.PolicySummary`
-        dicts), ``model`` (name and fingerprint), ``hf`` (for the ``hf`` engine) and ``engine``
-        (workers, address, Ray version, retried identities, episodes skipped by a resume).
+        The summary dict (also written to ``OUT/summary.json``; :meth:`RunSummary.to_dict`): options
+        (local paths as their last component), tasks, episodes, seconds, ``trajectories`` (the shard
+        folder's name), tokenizer fingerprint, vocabulary size, ``policies``
+        (:class:`~agentrl.stats.PolicySummary` dicts), ``model`` (name and fingerprint), ``hf`` (for
+        the ``hf`` engine) and ``engine`` (workers, address, Ray version, retried identities,
+        episodes skipped by a resume).
 
     Raises:
         ValueError: a bad option; ``OUT`` already holds a run (fix: ``--resume OUT`` or a new
@@ -390,182 +475,14 @@ def rollout_job(opts: RolloutOptions, *, on_chunk: Callable | None = None, progr
             message gives the ``--resume`` command that finishes the run.
         ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
     """
-    from .. import gym
-    from ..stats import SummaryBuilder
-    p = _prepare(opts)
-    opts = p.opts
-    out = Path(opts.out)
-    if p.manifest is not None:
-        _refuse_if_complete(out, p.jobs)                # nothing to run: nothing is written, not even OUT/.lock
-    made_out = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    tok = gym.bugfix_tokenizer()
-    t0 = time.time()
-    undone = False
-    try:
-        with run_lock(out):                             # OUT/.lock, removed when the block ends
-            written: list[Path] = []
-            try:
-                if p.manifest is None:
-                    found = _holds_run(out, p.model_bytes is not None)      # again, under the lock
-                    if found:
-                        raise ValueError(f'--out {opts.out!r} already holds a run ({", ".join(found)}); pass '
-                                         f'--resume {opts.out} to finish it, or choose a new --out')
-                    written.append(atomic_write(out / MANIFEST, _json(manifest_of(opts, len(p.jobs), p.model))))
-                index = {j.key: j for j in p.jobs}
-                builders = {pol: SummaryBuilder(None if pol == 'model' and opts.engine == 'hf' else tok.unk_id)
-                            for pol in opts.policy}
-                hf_prov = []
-
-                def add(recs):
-                    by_policy: dict = {}
-                    for t in recs:
-                        j = index.get((t.provenance.group_id, t.provenance.rollout_id))
-                        if j is not None:
-                            by_policy.setdefault(j.policy, ([], []))
-                            by_policy[j.policy][0].append(t)
-                            by_policy[j.policy][1].append(j.index)
-                        if not hf_prov and t.provenance.policy == 'hf':
-                            hf_prov.append(t.provenance)
-                    for pol, (ts, order) in by_policy.items():
-                        builders[pol].add(ts, order)
-
-                shard_dir = out / TRAJECTORY_DIR
-                if p.manifest is not None and shard_dir.is_dir():
-                    for batch in _stored_records(shard_dir, p, tok):    # what a resume finds, provenance checked
-                        add(batch)
-                if p.model_bytes is not None and not (out / 'model.pt').exists():
-                    written.append(atomic_write(out / 'model.pt', p.model_bytes))
-                with _Signals() if handle_signals else contextlib.nullcontext() as sig:
-                    report = run_chunks(p.jobs, shard_dir, p.spec, p.weights, workers=opts.workers,
-                                        address=opts.address, chunk_size=opts.chunk_size,
-                                        resume=p.manifest is not None, progress=progress, on_chunk=on_chunk,
-                                        on_records=lambda c, r: add(r),
-                                        should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
-            except BaseException as e:
-                if not _has_shards(out):
-                    _undo(out, written)       # no shard yet: leave OUT as it was
-                    undone = True
-                elif isinstance(e, OSError) and e.errno == errno.ENOSPC:      # the finished shards are kept
-                    where = f': {e.filename!r}' if e.filename else ''
-                    raise ValueError(f'No space left on device{where}; the finished shards are kept in {opts.out!r}: '
-                                     'free some space, then finish the run with: '
-                                     f'{resume_command(opts.out, opts.checkpoint, opts.model)}') from e
-                raise
-            done = report.skipped + report.written
-            if report.stopped:
-                raise RunInterrupted(str(opts.out), done, report.planned,
-                                     resume_command(opts.out, opts.checkpoint, opts.model))
-            per_policy = {pol: b.summary().to_dict() for pol, b in builders.items() if b.n}
-            summary = {'options': public_options(opts), 'tasks': len(p.tasks), 'episodes': done,
-                       'seconds': round(time.time() - t0, 3), 'trajectories': TRAJECTORY_DIR,
-                       'tokenizer': tok.fingerprint(), 'vocab_size': tok.vocab_size, 'policies': per_policy,
-                       'model': p.model,
-                       'engine': {'workers': opts.workers, 'address': report.address,
-                                  'ray_version': report.ray_version, 'chunk_size': opts.chunk_size,
-                                  'planned': report.planned, 'skipped_by_resume': report.skipped,
-                                  'written': report.written, 'retried': [list(r) for r in report.retried],
-                                  'startup_seconds': round(report.startup_seconds, 3),
-                                  'workers_started': len(report.workers),
-                                  'nodes': len({w.node_id for w in report.workers if w.chunks}),
-                                  'workers_died': sum(not w.alive for w in report.workers)}}
-            if hf_prov:
-                hp = hf_prov[0]
-                summary['hf'] = {'model': hp.model, 'tokenizer': hp.tokenizer, 'template': hp.template,
-                                 'sampling': hp.sampling.to_dict() if hp.sampling is not None else None}
-                if report.profiles:
-                    from ..engines.hf import merge_profiles
-                    summary['hf']['profile'] = merge_profiles(report.profiles)
-            atomic_write(out / SUMMARY, _json(summary))
-    except BaseException:
-        if undone and made_out:
-            with contextlib.suppress(OSError):
-                out.rmdir()                   # empty now: run_lock has removed OUT/.lock
-        raise
-    return summary
+    return rollout_summary(opts, on_chunk=on_chunk, progress=progress, handle_signals=handle_signals,
+                           **pool).to_dict()
 
 
 def _has_shards(out: Path) -> bool:
     from .. import store
     shards = out / TRAJECTORY_DIR
     return shards.is_dir() and bool(store.data_files(shards))
-
-
-def _refuse_if_complete(out: Path, jobs: list) -> None:
-    """Raise :class:`RunComplete` when ``out`` has its summary and every planned episode (reads only)."""
-    from .. import store
-    if not (out / SUMMARY).is_file():
-        return
-    planned = {j.key for j in jobs}
-    if planned <= set(store.stored_identities(out / TRAJECTORY_DIR)):
-        raise RunComplete(str(out), len(planned), len(planned))
-
-
-def _expected_provenance(p: _Prepared, tok) -> Callable[[EpisodeJob], dict]:
-    """What run.json fixes in the provenance of an episode's record: ``job -> {field: value}``.
-
-    ``policy``, ``model`` (``name@fingerprint``), ``sampling`` (as a dict; None for scripted
-    records), ``logp_placeholder``, ``tokenizer`` and ``template`` fingerprints and ``seed``. The
-    ``hf`` engine's tokenizer and template are loaded from ``--model`` at the first ``hf`` record.
-    """
-    from ..record import SamplingSpec
-    sampling = SamplingSpec.from_dict(p.spec.sampling).to_dict() if p.spec.sampling else None
-    word = {'tokenizer': tok.fingerprint(), 'template': tok.template_fingerprint()}
-    hf: dict = {}
-
-    def hf_fingerprints() -> dict:
-        if not hf:
-            from ..gym import TOOL_SCHEMAS
-            from ..templates import ChatTemplate
-            from ..templates.chat import load_tokenizer, tokenizer_fingerprint
-            template = ChatTemplate(load_tokenizer(str(p.opts.model)), tools=TOOL_SCHEMAS)
-            hf.update(tokenizer=tokenizer_fingerprint(template.tokenizer), template=template.fingerprint)
-        return hf
-
-    def expected(job: EpisodeJob) -> dict:
-        if job.policy != 'model':
-            return dict(policy=job.policy, model='', sampling=None, logp_placeholder=True, **word, seed=job.seed)
-        fps = hf_fingerprints() if p.opts.engine == 'hf' else word
-        return dict(policy='hf' if p.opts.engine == 'hf' else 'model', model=p.spec.model_id, sampling=sampling,
-                    logp_placeholder=False, **fps, seed=job.seed)
-    return expected
-
-
-def _stored_records(shard_dir: Path, p: _Prepared, tok):
-    """Yield the records a resume finds in ``shard_dir``, a batch at a time, each checked against run.json.
-
-    Raises:
-        ValueError: a record of an episode the plan does not hold, or whose provenance differs from
-            what run.json fixes (a shard of another run); the message names the shard file, the row,
-            the field and the fix. MalformedRowError, DigestMismatchError: a row that cannot be trusted.
-    """
-    from .. import store
-    index = {j.key: j for j in p.jobs}
-    expected = _expected_provenance(p, tok)
-    where = f'--resume {p.opts.out!r}'
-    for rows in store.scan(shard_dir, 256):
-        recs = []
-        for row in rows:
-            if row.problem is not None:
-                raise row.problem
-            prov = row.record.provenance
-            fix = (f'move {Path(row.file).name} out of {str(shard_dir)!r} (its episodes then run again), or '
-                   'start a new --out')
-            job = index.get((prov.group_id, prov.rollout_id)) if prov is not None else None
-            if job is None:
-                from ..checks import episode_key
-                ident = episode_key(prov.group_id, prov.rollout_id) if prov is not None else 'no identity'
-                raise ValueError(f'{where}: {row.source}: provenance.group_id: episode {ident} is not in the plan of '
-                                 f'{MANIFEST} (a shard of another run); {fix}')
-            for name, want in expected(job).items():
-                got = getattr(prov, name)
-                if name == 'sampling' and got is not None:
-                    got = got.to_dict()
-                if got != want:
-                    raise ValueError(f'{where}: {row.source}: provenance.{name} is {got!r} but {MANIFEST} fixes '
-                                     f'{want!r} (a shard of another run); {fix}')
-            recs.append(row.record)
-        yield recs
 
 
 def _json(obj) -> str:

@@ -1,50 +1,47 @@
-"""L5: run one chunk of planned episodes: a scripted, TinyAgent or Hugging Face policy.
+"""L5: run chunks of planned episodes (a scripted, TinyAgent or Hugging Face policy) and stream them to shards.
 
 The same :class:`EpisodeRunner` runs in this process (``--workers 0``) and inside every Ray
 actor (:mod:`agentrl.engines.ray`), so a chunk gives the same records wherever it runs: every
 episode samples from its own ``torch.Generator`` seeded with its
-:func:`~agentrl.sampling.episode_seed`, and a chunk is one batch.
+:func:`~agentrl.sampling.episode_seed`, and a chunk is one batch. :func:`run_chunks` runs a
+plan's chunks (in this process or on the actor pool) and writes each as one shard.
 """
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from pathlib import Path
+from typing import Callable, Sequence
 
-from .plan import EpisodeJob
+from .plan import EpisodeJob, RolloutOptions, plan_chunks
 
-__all__ = ['RunSpec', 'EpisodeRunner', 'RunnerFactory']
+__all__ = ['RunSpec', 'EpisodeRunner', 'RunnerFactory', 'RunReport', 'run_chunks']
 
 
 @dataclass(frozen=True)
 class RunSpec:
     """What every runner needs besides the TinyAgent weights (small; sent to each actor).
 
+    The run's own options, not a restatement of them: the runner reads ``max_turns``,
+    ``reward_tests``, ``batch``, ``engine``, ``model`` (the ``hf`` folder), ``max_new_tokens``,
+    ``profile`` and the sampler (:meth:`~agentrl.jobs.plan.RolloutOptions.sampling_spec`) there.
+
     Attributes:
-        temperature: sampling temperature of the model policy.
-        max_turns: turn budget per episode.
-        reward_tests: ``'hidden'`` or ``'public'``.
+        options: the run's :class:`~agentrl.jobs.plan.RolloutOptions` (default: the defaults).
         model_id: ``provenance.model`` of model records: the model's name and fingerprint
             (``model.pt@1a2b3c4d5e6f``), never a local path.
         threads: torch intra-op threads while a chunk runs (1: reproducible, one core per worker).
-        batch: TinyAgent chunks through ``rollout_batch`` (False: ``rollout`` one by one).
-        engine: ``'tinyagent'`` or ``'hf'``.
-        model_dir: the ``save_pretrained`` folder of the ``hf`` engine (loaded once per runner).
-        sampling: the model policy's :class:`~agentrl.record.SamplingSpec` as a dict.
-        max_new_tokens: token budget of one ``hf`` turn.
-        profile: keep the ``hf`` engine's time split of each chunk (:attr:`EpisodeRunner.profiles`).
     """
-    temperature: float = 1.0
-    max_turns: int = 6
-    reward_tests: str = 'hidden'
+    options: RolloutOptions = field(default_factory=RolloutOptions)
     model_id: str = ''
     threads: int = 1
-    batch: bool = True
-    engine: str = 'tinyagent'
-    model_dir: str | None = None
-    sampling: dict = field(default_factory=dict)
-    max_new_tokens: int = 256
-    profile: bool = False
+
+    @property
+    def sampling(self):
+        """The model policy's :class:`~agentrl.record.SamplingSpec` (either engine)."""
+        return self.options.sampling_spec()
 
 
 @contextlib.contextmanager
@@ -65,7 +62,7 @@ class EpisodeRunner:
     Args:
         spec: the :class:`RunSpec`.
         weights: ``{'config': TinyAgent.config(), 'state_dict': ...}`` of the TinyAgent policy,
-            or None (no TinyAgent episodes; the ``hf`` engine loads ``spec.model_dir`` instead,
+            or None (no TinyAgent episodes; the ``hf`` engine loads ``spec.options.model`` instead,
             once, at its first model chunk).
 
     Raises:
@@ -80,7 +77,7 @@ class EpisodeRunner:
         self.tok = gym.bugfix_tokenizer()
         self.model = None
         self._hf = None
-        self.profiles: list = []            # the hf engine's time split per chunk (spec.profile)
+        self.profiles: list = []            # the hf engine's time split per chunk (options.profile)
         if weights is not None:
             from ..model import TinyAgent
             self.model = TinyAgent(**weights['config'])
@@ -89,7 +86,7 @@ class EpisodeRunner:
 
     def _env(self):
         from .. import gym
-        return gym.BugFixEnv(max_turns=self.spec.max_turns, reward_tests=self.spec.reward_tests)
+        return gym.BugFixEnv(max_turns=self.spec.options.max_turns, reward_tests=self.spec.options.reward_tests)
 
     def _task(self, name: str):
         try:
@@ -107,7 +104,7 @@ class EpisodeRunner:
             from ..gym import TOOL_SCHEMAS
             from ..templates import ChatTemplate
             device = 'cuda' if torch.cuda.is_available() else 'cpu'
-            model, tok = load_model(self.spec.model_dir, device=device)
+            model, tok = load_model(self.spec.options.model, device=device)
             self._hf = (model, ChatTemplate(tok, tools=TOOL_SCHEMAS))
         return self._hf
 
@@ -149,18 +146,18 @@ class EpisodeRunner:
         import torch
 
         from .. import gym, rollouts
+        opts = self.spec.options
         tasks = [self._task(j.task) for j in jobs]
-        kw = dict(max_turns=self.spec.max_turns)
+        kw = dict(max_turns=opts.max_turns)
         if policy != 'model':
             return [rollouts.scripted_rollout(gym.scripted_policy(policy, seed=j.seed), self._env(), t,
                                               self.tok, **kw) for j, t in zip(jobs, tasks)]
-        if self.spec.engine == 'hf':
+        if opts.engine == 'hf':
             from ..engines.hf import bugfix_rollouts
-            from ..record import SamplingSpec
             model, template = self._hf_model()
-            prof = {} if self.spec.profile else None
-            recs = bugfix_rollouts(model, template.tokenizer, tasks, spec=SamplingSpec.from_dict(self.spec.sampling),
-                                   max_new_tokens=self.spec.max_new_tokens, reward_tests=self.spec.reward_tests,
+            prof = {} if opts.profile else None
+            recs = bugfix_rollouts(model, template.tokenizer, tasks, spec=self.spec.sampling,
+                                   max_new_tokens=opts.max_new_tokens, reward_tests=opts.reward_tests,
                                    seeds=[j.seed for j in jobs], batch_size=len(jobs), template=template,
                                    model_name=self.spec.model_id, profile=prof, **kw)
             if prof:
@@ -169,14 +166,13 @@ class EpisodeRunner:
         if self.model is None:
             raise ValueError('EpisodeRunner.run: a model episode but no weights; pass the weights '
                              'of the model policy')
-        from ..record import SamplingSpec
         gens = [torch.Generator().manual_seed(j.seed) for j in jobs]
-        kw['spec'] = SamplingSpec.from_dict(self.spec.sampling) if self.spec.sampling else None
-        if self.spec.batch:
+        kw['spec'] = self.spec.sampling
+        if opts.batch:
             return rollouts.rollout_batch(self.model, [self._env() for _ in jobs], tasks, self.tok,
-                                          temperature=self.spec.temperature, generators=gens, **kw)
-        return [rollouts.rollout(self.model, self._env(), t, self.tok, temperature=self.spec.temperature,
-                                 generator=g, **kw) for t, g in zip(tasks, gens)]
+                                          generators=gens, **kw)
+        return [rollouts.rollout(self.model, self._env(), t, self.tok, generator=g, **kw)
+                for t, g in zip(tasks, gens)]
 
 
 @dataclass(frozen=True)
@@ -191,3 +187,128 @@ class RunnerFactory:
 
     def __call__(self) -> EpisodeRunner:
         return EpisodeRunner(self.spec, self.weights)
+
+
+# ----------------------------------------------------------------------------- every chunk of a plan
+
+@dataclass
+class RunReport:
+    """The outcome of :func:`run_chunks`.
+
+    Attributes:
+        directory: the shard folder. planned: episodes in the plan. skipped: episodes a resume
+        found stored. written: records written by this run. resends: resends skipped.
+        retried: new identities of re-run episodes. workers: the Ray actors
+        (:class:`~agentrl.engines.ray.WorkerInfo`; empty in process). seconds: wall time.
+        startup_seconds: Ray start/connect plus actor start (or the runner's set-up).
+        ray_version: Ray's version ('' in process). address: cluster address ('' in process,
+        'local' for a local instance). stopped: True when ``should_stop`` ended the run early.
+        profiles: the hf engine's time split of each chunk (in process, with ``RunSpec.profile``).
+    """
+    directory: str
+    planned: int
+    skipped: int
+    written: int
+    resends: int
+    retried: list
+    workers: list
+    seconds: float
+    startup_seconds: float
+    ray_version: str = ''
+    address: str = ''
+    stopped: bool = False
+    profiles: list = field(default_factory=list)
+
+
+def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: RunSpec,
+               weights: dict | None = None, *, workers: int = 1, address: str | None = None,
+               chunk_size: int = 32, resume: bool = False, progress: bool = True,
+               on_chunk: Callable | None = None, on_records: Callable | None = None,
+               should_stop: Callable[[], bool] | None = None, **pool) -> RunReport:
+    """Run planned episodes (in this process or on Ray actors) and stream their records into shards.
+
+    Args:
+        jobs: the plan (:func:`~agentrl.jobs.plan.plan_episodes`), attempt 1 each.
+        directory: the shard folder (a :class:`~agentrl.store.ShardWriter` folder; created).
+        spec: the :class:`~agentrl.jobs.runner.RunSpec`.
+        weights: ``{'config', 'state_dict'}`` of the TinyAgent (None: no TinyAgent episodes).
+        workers: Ray actors (>= 1), or 0 to run in this process (same chunks, same records).
+        address: see :func:`agentrl.engines.ray.run`.
+        chunk_size: episodes per chunk (one batch and one shard each).
+        resume: skip the episodes the folder already holds (any attempt); the others run as
+            attempt 1. Without ``resume`` the folder must hold none of the planned episodes.
+        progress: show a rich progress bar on stderr.
+        on_chunk: called with the :class:`~agentrl.engines.ray.PoolState` after each written chunk.
+        on_records: called with ``(chunk, records)`` after each written chunk (summaries).
+        should_stop: polled after each written chunk; True ends the run there (``stopped``).
+        **pool: more options of :func:`agentrl.engines.ray.run` (``cpus_per_worker``,
+            ``max_replacements``, ``actor_start_timeout``, ``object_store_mb``, ...).
+
+    Returns:
+        :class:`RunReport`.
+
+    Raises:
+        ValueError: ``workers < 0``; without ``resume`` a folder that already holds planned
+            episodes (fix: ``--resume DIR``, or a new ``--out``).
+        ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
+    """
+    from .. import store
+    from ..engines import ray as ray_pool
+    if workers < 0:
+        raise ValueError(f'run_chunks: workers must be >= 0, got {workers}')
+    t_start = time.perf_counter()
+    directory = Path(directory)
+    stored = store.stored_identities(directory)
+    planned = {j.key for j in jobs}
+    already = planned & set(stored)
+    if already and not resume:
+        raise ValueError(f'{str(directory)!r} already holds {len(already)} of the {len(planned)} planned episodes; '
+                         'pass --resume to run only the missing ones, or choose a new --out')
+    chunks = [c for c in ([j for j in chunk if j.key not in already] for chunk in plan_chunks(jobs, chunk_size)) if c]
+    state = ray_pool.PoolState(done=len(already), total=len(planned))
+    writer = store.ShardWriter(directory)
+    bar = _progress(progress, state.total, state.done, f'ray x{workers}' if workers else 'in-process')
+
+    def sink(chunk, recs):
+        path = writer.write(recs)
+        if on_records is not None:
+            on_records(chunk, recs)
+        if bar is not None:
+            bar.update(bar.task_ids[0], completed=state.done + len(recs))
+        return path
+
+    with bar if bar is not None else contextlib.nullcontext():
+        if workers == 0:
+            runner = RunnerFactory(spec, weights)()
+            startup = time.perf_counter() - t_start
+            stopped = False
+            for n, chunk in enumerate(chunks):
+                path = sink(chunk, runner.run(chunk))
+                if path is not None:
+                    state.shards.append(str(path))
+                state.done += len(chunk)
+                if on_chunk is not None:
+                    on_chunk(state)
+                if should_stop is not None and should_stop() and n + 1 < len(chunks):
+                    stopped = True
+                    break
+            return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
+                             [], [], time.perf_counter() - t_start, startup, stopped=stopped,
+                             profiles=runner.profiles)
+        rep = ray_pool.run(chunks, RunnerFactory(spec, weights), sink, workers=workers, address=address,
+                           state=state, should_stop=should_stop, on_chunk=on_chunk, **pool)
+    return RunReport(str(directory), len(planned), len(already), writer.n_written, writer.n_resent,
+                     list(rep.retried), list(rep.workers), time.perf_counter() - t_start, rep.startup_seconds,
+                     ray_version=rep.ray_version, address=rep.address, stopped=rep.stopped)
+
+
+def _progress(show: bool, total: int, done: int, label: str):
+    if not show:
+        return None
+    from rich.console import Console
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn,
+                               TimeRemainingColumn)
+    p = Progress(TextColumn('{task.description}'), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                 TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+    p.add_task(label, total=total, completed=done)
+    return p

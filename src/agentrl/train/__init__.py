@@ -11,7 +11,7 @@ Small pure functions, no trainer class. A user of :mod:`agentrl.rollouts` and
 - :mod:`.loop`: the SFT-then-GRPO driver behind ``agentrl train`` (evaluation, checkpoints,
   ``metrics.jsonl``, the reward plot).
 """
-from importlib import import_module
+from .._lazy import lazy_exports
 
 _EXPORTS = {'group_index': 'grpo', 'grouped_advantages': 'grpo', 'scoring_mode': 'grpo',
             'clipped_surrogate': 'grpo', 'group_advantages': 'grpo',
@@ -24,15 +24,4 @@ _EXPORTS = {'group_index': 'grpo', 'grouped_advantages': 'grpo', 'scoring_mode':
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    """Load the submodule that defines ``name`` on first use (torch only when a trainer part is used)."""
-    module = _EXPORTS.get(name)
-    if module is None:
-        raise AttributeError(f"module 'agentrl.train' has no attribute {name!r}")
-    value = getattr(import_module(f'.{module}', __name__), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__():
-    return __all__
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,19 +1,17 @@
 """The settings of one ``agentrl train`` run: a documented dataclass, no torch (``--help`` stays quick).
 
-Each field's ``metadata`` holds its flag's help and range (read by :mod:`agentrl.cli.options`).
+Each field is an :func:`agentrl.fields.option`: its flag's help and range (read by :mod:`agentrl.cli.options`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
+
+from ..fields import check_fields, option
 
 __all__ = ['TrainConfig']
 
 #: Number of BugFix train tasks (bounds ``tasks_per_step`` and ``hacker_demos``).
 N_TRAIN_TASKS = 24
-
-
-def _opt(default, help: str, **meta):
-    return field(default=default, metadata=dict(meta, help=help))
 
 
 @dataclass
@@ -51,33 +49,33 @@ class TrainConfig:
             setting. 1 is the default because TinyAgent's matrices are tiny: on the 2-core
             machine one thread was 4-6x faster than two whenever another process was running.
     """
-    sft_steps: int = _opt(150, 'SFT steps on the oracle demonstrations of the 24 train tasks', min=0, max=10 ** 7)
-    grpo_steps: int = _opt(40, 'GRPO steps after SFT', min=0, max=10 ** 7)
-    group: int = _opt(8, 'G, episodes per task in a GRPO group', min=1, max=4096)
-    out: str = _opt('runs/train', 'output folder (sft.pt, model.pt, metrics.jsonl, reward.svg, summary.json)',
+    sft_steps: int = option(150, 'SFT steps on the oracle demonstrations of the 24 train tasks', min=0, max=10 ** 7)
+    grpo_steps: int = option(40, 'GRPO steps after SFT', min=0, max=10 ** 7)
+    group: int = option(8, 'G, episodes per task in a GRPO group', min=1, max=4096)
+    out: str = option('runs/train', 'output folder (sft.pt, model.pt, metrics.jsonl, reward.svg, summary.json)',
                     metavar='DIR')
-    reward_tests: str = _opt('hidden', 'training reward: hidden (public + hidden tests) or public (public only: '
+    reward_tests: str = option('hidden', 'training reward: hidden (public + hidden tests) or public (public only: '
                                        'hackable)', choices=('hidden', 'public'))
-    seed: int = _opt(0, 'seed of the model init, the task draw and every sampler', min=0, max=2 ** 63 - 1)
-    sft_lr: float = _opt(3e-3, 'Adam learning rate of SFT', gt=0.0, max=10.0)
-    sft_batch: int = _opt(0, 'demonstrations per SFT step (0 = all, full batch)', min=0, max=10 ** 6)
-    hacker_demos: int = _opt(0, 'also imitate the hardcode hacker on N train tasks, so GRPO can learn or unlearn '
+    seed: int = option(0, 'seed of the model init, the task draw and every sampler', min=0, max=2 ** 63 - 1)
+    sft_lr: float = option(3e-3, 'Adam learning rate of SFT', gt=0.0, max=10.0)
+    sft_batch: int = option(0, 'demonstrations per SFT step (0 = all, full batch)', min=0, max=10 ** 6)
+    hacker_demos: int = option(0, 'also imitate the hardcode hacker on N train tasks, so GRPO can learn or unlearn '
                                 'the hack', min=0, max=N_TRAIN_TASKS)
-    grpo_lr: float = _opt(1e-4, 'Adam learning rate of GRPO', gt=0.0, max=10.0)
-    tasks_per_step: int = _opt(8, 'train tasks per GRPO step (each sampled G times)', min=1, max=N_TRAIN_TASKS)
-    updates: int = _opt(2, 'optimiser updates per GRPO batch (>1 makes the ratio and clip matter)', min=1,
+    grpo_lr: float = option(1e-4, 'Adam learning rate of GRPO', gt=0.0, max=10.0)
+    tasks_per_step: int = option(8, 'train tasks per GRPO step (each sampled G times)', min=1, max=N_TRAIN_TASKS)
+    updates: int = option(2, 'optimiser updates per GRPO batch (>1 makes the ratio and clip matter)', min=1,
                         max=1000)
-    clip_eps: float = _opt(0.2, 'PPO clip epsilon', gt=0.0, max=10.0)
-    kl_coef: float = _opt(0.1, 'KL weight to the frozen SFT model (0 = off)', min=0.0, max=1e6)
-    temperature: float = _opt(1.0, 'sampling temperature of GRPO and evaluation', gt=0.0, max=100.0)
-    max_turns: int = _opt(6, 'turn budget per episode', min=1, max=1000)
-    eval_every: int = _opt(5, 'evaluate on train and held-out tasks every this many GRPO steps', min=1,
+    clip_eps: float = option(0.2, 'PPO clip epsilon', gt=0.0, max=10.0)
+    kl_coef: float = option(0.1, 'KL weight to the frozen SFT model (0 = off)', min=0.0, max=1e6)
+    temperature: float = option(1.0, 'sampling temperature of GRPO and evaluation', gt=0.0, max=100.0)
+    max_turns: int = option(6, 'turn budget per episode', min=1, max=1000)
+    eval_every: int = option(5, 'evaluate on train and held-out tasks every this many GRPO steps', min=1,
                            max=10 ** 7)
-    eval_repeats: int = _opt(16, 'evaluation episodes per task', min=1, max=10 ** 5)
-    max_grad_norm: float = _opt(1.0, 'global gradient-norm clip', gt=0.0, max=1e9)
-    ratio_tol: float = _opt(1e-4, 'fail if max |ratio - 1| before the first update of a step exceeds this',
+    eval_repeats: int = option(16, 'evaluation episodes per task', min=1, max=10 ** 5)
+    max_grad_norm: float = option(1.0, 'global gradient-norm clip', gt=0.0, max=1e9)
+    ratio_tol: float = option(1e-4, 'fail if max |ratio - 1| before the first update of a step exceeds this',
                             gt=0.0, max=1e9)
-    threads: int = _opt(1, 'torch threads (1 is fastest for TinyAgent; 0 = torch default)', min=0, max=1024)
+    threads: int = option(1, 'torch threads (1 is fastest for TinyAgent; 0 = torch default)', min=0, max=1024)
 
     def validate(self) -> None:
         """Check every setting before anything runs.
@@ -89,19 +87,7 @@ class TrainConfig:
         if self.tasks_per_step > N_TRAIN_TASKS or self.hacker_demos > N_TRAIN_TASKS:
             raise ValueError(f'--tasks-per-step and --hacker-demos must be <= {N_TRAIN_TASKS} (the number of train '
                              f'tasks), got {self.tasks_per_step} and {self.hacker_demos}')
-        for f in fields(self):
-            v, m = getattr(self, f.name), f.metadata
-            flag = '--' + f.name.replace('_', '-')
-            if 'choices' in m and v not in m['choices']:
-                raise ValueError(f'{flag} {v!r} is not known; choose from {",".join(m["choices"])}')
-            if isinstance(v, bool) or not isinstance(v, (int, float)):
-                continue
-            if v != v or v in (float('inf'), float('-inf')):
-                raise ValueError(f'{flag} must be a finite number, got {v}')
-            lo, hi, gt = m.get('min'), m.get('max'), m.get('gt')
-            if lo is not None and v < lo or gt is not None and not v > gt or hi is not None and v > hi:
-                low = f'> {gt}' if gt is not None else f'>= {lo}'
-                raise ValueError(f'{flag} must be {low} and <= {hi}, got {v}')
+        check_fields(self)
         if self.grpo_steps and self.group < 2:
             raise ValueError(f'--group must be >= 2 for GRPO (a group of one has advantage 0 on every episode), '
                              f'got {self.group}')
