@@ -209,19 +209,15 @@ def dedupe(records, seen: dict | None = None) -> tuple[list[Trajectory], int]:
         IdentityConflictError: a record shares its identity with a stored or earlier record but
             differs in content. Fix: :func:`new_attempt` for retries.
     """
-    seen = {} if seen is None else seen
-    kept, n_resends = [], 0
+    deduper = Deduper(seen)
+    kept = []
     for rec in records:
-        digest = record_digest(rec)
-        key = dedupe_key(rec, digest)
-        old = seen.get(key)
-        if old is None:
-            seen[key] = digest
+        verdict, _ = deduper.see(rec)
+        if verdict == Deduper.NEW:
             kept.append(rec)
-        elif old == digest:
-            n_resends += 1
-        else:
+        elif verdict == Deduper.CONFLICT:
             raise _conflict(record_key(rec))
+    n_resends = deduper.repeats
     return kept, n_resends
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..batching import pad_rows
 from ..record import SamplingSpec, Trajectory, turn_records, turn_spans
 from ..sampling import PenaltyContext
 from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, _KIND, _fit, classify_tokens,  # noqa: F401
@@ -358,11 +359,8 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -
             u = max(chunk, key=lambda u: len(u.ids))
             raise ReplayUnsupportedError(f'has {len(u.ids)} tokens to score but the model takes at most {max_len}',
                                          field='ids', fix='replay with the model that sampled the record')
-        ids = torch.full((len(chunk), L), pad, dtype=torch.long)
-        mask = torch.zeros((len(chunk), L), dtype=torch.long)
-        for b, u in enumerate(chunk):
-            ids[b, :len(u.ids)] = u.ids
-            mask[b, :len(u.ids)] = 1
+        ids = pad_rows([u.ids.long() for u in chunk], L, pad)
+        mask = pad_rows([torch.ones(len(u.ids), dtype=torch.long) for u in chunk], L, 0)
         try:
             logits = scorer(ids, mask, [u.rows for u in chunk])
         except (ValueError, IndexError, RuntimeError) as e:   # ids outside the vocabulary, too long

@@ -142,7 +142,7 @@ def _tokenizer_for_records(opts: DriftOptions, records):
                         'scripted policies), which has no tokenizer folder and cannot drift (its words decode and '
                         're-encode to the same ids); measure a run of `agentrl rollout --engine hf --model DIR`, '
                         'or sample with `agentrl drift --model DIR`')
-    from ..engines.hf import require_transformers
+    from ..templates.loading import require_hf as require_transformers
     from ..templates import load_tokenizer, tokenizer_fingerprint
     require_transformers('agentrl drift --records')
     path = opts.tokenizer or opts.model

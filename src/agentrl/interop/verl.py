@@ -32,25 +32,10 @@ import json
 import numpy as np
 import torch
 
+from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
 from .common import _load_pt, as_list, prepare_export, provenance_for_import, record_from_response, source_fix, split
 __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl']
-
-
-def _left(rows, width, value, dtype):
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for b, r in enumerate(rows):
-        if len(r):
-            out[b, width - len(r):] = torch.as_tensor(r, dtype=dtype)
-    return out
-
-
-def _right(rows, width, value, dtype):
-    out = torch.full((len(rows), width), value, dtype=dtype)
-    for b, r in enumerate(rows):
-        if len(r):
-            out[b, :len(r)] = torch.as_tensor(r, dtype=dtype)
-    return out
 
 
 def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_length: int | None = None,
@@ -102,10 +87,10 @@ def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_
         if len(r) > Lr:
             raise ValueError(f'to_verl: record {i} has a response of {len(r)} tokens > response_length {Lr}. '
                              'Fix: raise rollout.response_length (response_length=)')
-    prompts_t = _left(prompts, Lp, pad_id, torch.long)
-    responses_t = _right(responses, Lr, pad_id, torch.long)
-    attn = torch.cat([_left([[1] * len(p) for p in prompts], Lp, 0, torch.long),
-                      _right([[1] * len(r) for r in responses], Lr, 0, torch.long)], dim=1)
+    prompts_t = pad_rows(prompts, Lp, pad_id, side='left', dtype=torch.long)
+    responses_t = pad_rows(responses, Lr, pad_id, dtype=torch.long)
+    attn = torch.cat([pad_rows([[1] * len(p) for p in prompts], Lp, 0, side='left', dtype=torch.long),
+                      pad_rows([[1] * len(r) for r in responses], Lr, 0, dtype=torch.long)], dim=1)
     rm = torch.zeros(len(records), Lr, dtype=torch.float32)
     for b, (r, w) in enumerate(zip(responses, rewards)):
         rm[b, len(r) - 1] = w
@@ -115,8 +100,8 @@ def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_
         'input_ids': torch.cat([prompts_t, responses_t], dim=1),
         'attention_mask': attn,
         'position_ids': torch.clip(torch.cumsum(attn, dim=1) - 1, min=0),
-        'response_mask': _right(masks, Lr, 0, torch.long),
-        'rollout_log_probs': _right(logps, Lr, 0.0, torch.float32),
+        'response_mask': pad_rows(masks, Lr, 0, dtype=torch.long),
+        'rollout_log_probs': pad_rows(logps, Lr, 0.0, dtype=torch.float32),
         'rm_scores': rm,
     }
     obj = lambda xs: np.array(xs, dtype=object)  # noqa: E731

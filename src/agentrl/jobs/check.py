@@ -466,7 +466,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             key = checks.record_key(rec) if rec.provenance is not None else row.source
             problems = checks.find_problems(rec, _expected(opts, base, rec.provenance,
                                                            getattr(scorer, 'vocab_size', None)))
-            verdict, first = seen.see(rec, where=(row.file, row.row))
+            verdict, first = seen.see(rec, where=(row.file, row.row), digest=row.digest)   # hashed once, at verify
             if verdict != checks.Deduper.NEW:
                 problems.append(_repeat_problem(verdict, first, key))
             _tally(rep, rec)
