@@ -69,3 +69,15 @@ def test_gym_has_no_torch():
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ''] if isinstance(node, ast.ImportFrom) else []
             assert not any(m.split('.')[0] == 'torch' for m in mods), f'{path} imports torch'
+
+
+def test_design_doc_lists_exactly_the_layers_of_this_test():
+    import re
+    text = (SRC.parents[1] / 'docs' / 'design.md').read_text()
+    section = text.split('## layers', 1)[1].split('\n## ', 1)[0]
+    documented = {}
+    for level, names in re.findall(r'L(\d) ((?:`\w+`(?:,\s*)?)+)', section):
+        for name in re.findall(r'`(\w+)`', names):
+            documented[name] = int(level)
+    assert documented == LAYER, 'docs/design.md#layers and LAYER disagree: ' + str(
+        sorted(set(documented.items()) ^ set(LAYER.items())))

@@ -43,23 +43,12 @@ class SamplingSpec:
         min_p: drop tokens whose probability is below ``min_p * max_prob``; 0.0 disables.
         logp_mode: ``'processed'`` or ``'raw'`` (see :data:`LOGP_MODES`); ``raw`` is the
             log-softmax of the model's logits before any penalty, temperature or truncation.
-        repetition_penalty: > 0; 1.0 disables. Every token id that occurs in the turn's
-            context (the ids the turn was sampled after) or among the turn's tokens sampled so
-            far has its logit divided by it when the logit is positive and multiplied by it
-            otherwise (CTRL, Keskar et al. 2019). Transformers'
-            ``RepetitionPenaltyLogitsProcessor`` (``input_ids`` = prompt + generated) and vLLM's
-            ``apply_penalties`` (prompt mask | output mask) act on the same set, so both
-            semantics agree on it.
-        presence_penalty: in ``[-2, 2]``; 0.0 disables. Subtracted once from the logit of every
-            token id already sampled in this turn (output tokens only, never the context):
-            vLLM ``apply_penalties``, after the OpenAI API definition. Needs
-            ``penalty_semantics='vllm'``.
-        frequency_penalty: in ``[-2, 2]``; 0.0 disables. Subtracted from a token's logit once
-            per occurrence among the tokens sampled so far in this turn (vLLM, OpenAI API).
-            Needs ``penalty_semantics='vllm'``.
-        penalty_semantics: ``'transformers'`` (Hugging Face ``generate``: repetition penalty
-            only; it has no presence or frequency penalty) or ``'vllm'`` (all three). Penalties
-            act on the raw logits, before temperature and truncation, in both engines.
+        repetition_penalty: > 0; 1.0 disables (CTRL, Keskar et al. 2019): over the turn's context and its
+            tokens so far, as transformers' ``RepetitionPenaltyLogitsProcessor`` and vLLM's ``apply_penalties``.
+        presence_penalty, frequency_penalty: in ``[-2, 2]``; 0.0 disables; over the turn's sampled tokens only
+            (vLLM ``apply_penalties``, the OpenAI API definitions). Need ``penalty_semantics='vllm'``.
+        penalty_semantics: ``'transformers'`` (repetition penalty only) or ``'vllm'`` (all three). The order
+            (penalties on raw logits, then temperature, then truncation) is docs/design.md#sampling.
 
     Raises:
         ValueError: a field out of range, naming the field and its allowed range.
