@@ -123,19 +123,32 @@ def _record_name(t, i: int) -> str:
     return f'trajectory {i} (rollout_id {rid!r})' if rid else f'trajectory {i}'
 
 
-def _checked(trajs, max_tokens):
-    """Per-record fields after the collate checks, or the first problem as a ValueError."""
+def _checked(trajs, max_tokens) -> list[int]:
+    """Each record's length after the collate checks, or the first problem as a ValueError naming the record."""
+    lens = []
     for i, t in enumerate(trajs):
-        try:
-            t.check_shapes()
-        except ValueError as e:
-            raise ValueError(f'collate_packed: {_record_name(t, i)}: {e}') from None
-        if t.turn is None:
-            raise ValueError(f'collate_packed: {_record_name(t, i)} has no turn field; build it with '
-                             'Trajectory.from_tokens')
-        if len(t.ids) > max_tokens:
-            raise ValueError(f'collate_packed: {_record_name(t, i)} has {len(t.ids)} tokens > max_tokens={max_tokens}; '
-                             'a record is never split across rows: raise max_tokens or cap the episode length')
+        n = t.ids.shape[0] if t.ids.dim() == 1 else -1
+        if not (0 < n <= max_tokens and t.action_mask.shape == (n - 1,) and t.sample_logp.shape == (n - 1,)
+                and t.turn is not None and t.turn.shape == (n,) and (t.owner is None or len(t.owner) == n)):
+            _refuse(t, i, max_tokens)
+        lens.append(n)
+    return lens
+
+
+def _refuse(t, i, max_tokens):
+    """The error of a record that failed the plain-shape test above (the slow, precise checks)."""
+    try:
+        t.check_shapes()
+    except ValueError as e:
+        raise ValueError(f'collate_packed: {_record_name(t, i)}: {e}') from None
+    if t.turn is None:
+        raise ValueError(f'collate_packed: {_record_name(t, i)} has no turn field; build it with '
+                         'Trajectory.from_tokens')
+    if len(t.ids) > max_tokens:
+        raise ValueError(f'collate_packed: {_record_name(t, i)} has {len(t.ids)} tokens > max_tokens={max_tokens}; '
+                         'a record is never split across rows: raise max_tokens or cap the episode length')
+    raise ValueError(f'collate_packed: {_record_name(t, i)}: fields must be 1-D tensors aligned as in '
+                     'Trajectory (ids [T], action_mask and sample_logp [T-1], turn [T])')
 
 
 def collate_packed(trajs: list[Trajectory], max_tokens: int, pad_id: int = 0) -> PackedBatch:
@@ -164,32 +177,33 @@ def collate_packed(trajs: list[Trajectory], max_tokens: int, pad_id: int = 0) ->
         raise ValueError('collate_packed([]): no trajectories; pass at least one Trajectory')
     if max_tokens < 2:
         raise ValueError(f'collate_packed: max_tokens must be >= 2, got {max_tokens}')
-    _checked(trajs, max_tokens)
-    rows = pack_order([len(t.ids) for t in trajs], max_tokens)
+    n_tok = _checked(trajs, max_tokens)
+    rows = pack_order(n_tok, max_tokens)
     seg = [i for r in rows for i in r]                                           # row-major segment order
-    lens = torch.tensor([len(trajs[i].ids) for i in seg], dtype=torch.long)
+    lens = torch.tensor(n_tok, dtype=torch.long)[torch.tensor(seg, dtype=torch.long)]
     row = torch.repeat_interleave(torch.arange(len(rows)), torch.tensor([len(r) for r in rows]))
     fill = torch.zeros(len(rows), dtype=torch.long).index_add_(0, row, lens)
     offset = torch.cumsum(lens, 0) - lens - (torch.cumsum(fill, 0) - fill)[row]
     R, N = len(rows), int(fill.max())
-    at = _ranges(row * N + offset, lens)                                        # token slots in [R*N]
-    at1 = _ranges(row * (N - 1) + offset, lens - 1)                             # prediction slots in [R*(N-1)]
+    valid = torch.arange(N) < fill[:, None]                                     # [R, N]: rows fill from column 0
+    start = torch.zeros(R, N, dtype=torch.long).index_put_((row, offset), offset)
+    pos = torch.where(valid, torch.arange(N) - start.cummax(dim=1).values, 0)   # 0, 1, ... per record; 0 on padding
+    target = valid[:, 1:] & (pos[:, 1:] != 0)          # column j predicts a real token that does not start a record
     ts = [trajs[i] for i in seg]
 
-    def fill_(parts, idx, width, value, dtype):
-        out = torch.full((R * width,), value, dtype=dtype)
-        return out.index_copy_(0, idx, torch.cat(parts).to(dtype)).view(R, width)
+    def fill_(parts, where, value, dtype):             # the records in segment order fill the slots row-major
+        return torch.full(where.shape, value, dtype=dtype).masked_scatter_(where, torch.cat(parts).to(dtype))
 
-    pos = torch.zeros(R * N, dtype=torch.long).index_copy_(0, at, _ranges(torch.zeros_like(lens), lens)).view(R, N)
     seq = lens.to(torch.int32)
     return PackedBatch(
-        ids=fill_([t.ids for t in ts], at, N, pad_id, torch.long),
+        ids=fill_([t.ids for t in ts], valid, pad_id, torch.long),
         position_ids=pos,
-        attention_mask=(torch.arange(N) < fill[:, None]).float(),
-        action_mask=fill_([t.action_mask for t in ts], at1, N - 1, 0.0, torch.float32),
-        sample_logp=fill_([t.sample_logp for t in ts], at1, N - 1, 0.0, torch.float32),
-        turn_ids=fill_([t.turn[1:] for t in ts], at1, N - 1, -1, torch.long),
-        seq_lens=seq, cu_seqlens=torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(seq, 0, dtype=torch.int32)]),
+        attention_mask=valid.float(),
+        action_mask=fill_([t.action_mask for t in ts], target, 0.0, torch.float32),
+        sample_logp=fill_([t.sample_logp for t in ts], target, 0.0, torch.float32),
+        turn_ids=fill_([t.turn[1:] for t in ts], target, -1, torch.long),
+        seq_lens=seq,
+        cu_seqlens=torch.cat([torch.zeros(1, dtype=torch.int32), torch.cumsum(seq, 0, dtype=torch.int32)]),
         rewards=torch.tensor([float(t.reward) for t in ts], dtype=torch.float32),
         index=torch.tensor(seg, dtype=torch.long), row=row, offset=offset)
 

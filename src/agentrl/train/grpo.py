@@ -473,8 +473,9 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
                                 old_logp=old)
             if u == 0:
                 acc['ratio_dev0'] = m['ratio_dev'] if dev0 is None else dev0
-                if ratio_tol is not None and not acc['ratio_dev0'] <= ratio_tol:
-                    raise ValueError(f'GRPO step: max |ratio - 1| = {acc["ratio_dev0"]:.2e} > {ratio_tol:.0e} before any '
+                dev = acc['ratio_dev0']
+                if ratio_tol is not None and not dev <= ratio_tol:
+                    raise ValueError(f'GRPO step: max |ratio - 1| = {dev:.2e} > {ratio_tol:.0e} before any '
                                      'update; sample_logp or action_mask is misaligned with ids[:, 1:] or the records '
                                      'were not sampled by this model under their declared sampler')
             n_avg = 1 if skip else max(1, updates)
