@@ -8,6 +8,10 @@ does not grow by 1) and ``create_causal_mask`` ANDs ``packed_sequence_mask_funct
 causal mask, for the sdpa and eager kernels alike (checked on transformers 5.24 and 5.10;
 ``tests/test_packing.py``). Hence ``use_cache=False`` and no ``attention_mask`` below: either one
 would silently turn the packed rows into one long sequence per row.
+
+Cost: a packed row is one dense attention with a block-diagonal mask. On CPU sdpa that is no faster
+than the padded path (bench/RESULTS.md, "Packed vs padded"); kernels that skip masked blocks
+(flash-attention varlen) are where packing pays.
 """
 from __future__ import annotations
 
