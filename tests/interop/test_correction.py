@@ -6,7 +6,8 @@ OpenRLHF: ``openrlhf.models.loss.PolicyLoss.forward``. Its package ``openrlhf.mo
 (peft, flash_attn) and ``openrlhf/models/utils.py`` imports deepspeed for ZeRO-3 hooks, none of which
 this CPU venv has, so ``loss.py`` and ``utils.py`` are loaded from their installed files as the modules
 ``openrlhf.models.loss`` / ``.utils``, with an empty ``deepspeed`` module only when deepspeed is missing
-(``utils.masked_mean`` and ``PolicyLoss`` never touch it). PolicyLoss returns only the reduced loss, so its
+(``utils.masked_mean`` and ``PolicyLoss`` never touch it), and ``sys.modules`` is restored after (transformers
+probes for deepspeed). PolicyLoss returns only the reduced loss, so its
 per-token coefficient is read back exactly: with ``log_probs == old_log_probs`` the PPO ratio is 1, the
 per-token loss is ``-coef * advantage``, and ``d loss / d advantage[b, t] = -coef[b, t] / n_action_tokens``.
 """
@@ -27,23 +28,29 @@ from agentrl.train.correction import off_policy_correction  # noqa: E402
 
 @functools.cache
 def _openrlhf_loss():
+    """OpenRLHF's ``PolicyLoss`` from its installed ``loss.py``; sys.modules is left as it was found."""
     spec = importlib.util.find_spec('openrlhf')
     if spec is None:
         pytest.skip('OpenRLHF is not in this venv')
     root = Path(spec.origin).parent / 'models'
-    if 'deepspeed' not in sys.modules and importlib.util.find_spec('deepspeed') is None:
-        sys.modules.setdefault('deepspeed', types.ModuleType('deepspeed'))
-    import openrlhf  # noqa: F401  (the package itself imports nothing heavy)
-    pkg = sys.modules.setdefault('openrlhf.models', types.ModuleType('openrlhf.models'))
-    pkg.__path__ = [str(root)]
-    for name in ('utils', 'loss'):
-        full = f'openrlhf.models.{name}'
-        if full not in sys.modules:
+    names = ('deepspeed', 'openrlhf.models', 'openrlhf.models.utils', 'openrlhf.models.loss')
+    saved = {n: sys.modules[n] for n in names if n in sys.modules}
+    try:
+        if 'deepspeed' not in sys.modules and importlib.util.find_spec('deepspeed') is None:
+            sys.modules['deepspeed'] = types.ModuleType('deepspeed')
+        pkg = sys.modules['openrlhf.models'] = types.ModuleType('openrlhf.models')
+        pkg.__path__ = [str(root)]
+        for name in ('utils', 'loss'):
+            full = f'openrlhf.models.{name}'
             s = importlib.util.spec_from_file_location(full, root / f'{name}.py')
             mod = importlib.util.module_from_spec(s)
             sys.modules[full] = mod
             s.loader.exec_module(mod)
-    return sys.modules['openrlhf.models.loss'].PolicyLoss
+        return sys.modules['openrlhf.models.loss'].PolicyLoss
+    finally:
+        for n in names:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
 
 
 @pytest.fixture(scope='module')
