@@ -430,7 +430,7 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
     Returns:
         dict of floats: :func:`episode_metrics`, ``zero_var_frac`` (fraction of groups with
         equal rewards), ``zero_var_groups`` (count), ``ratio_dev0`` (max ``|ratio - 1|`` before
-        the first update), ``ratio_mean`` / ``clip_frac`` / ``pg_loss`` / ``kl`` / ``entropy``
+        the first update, against ``sample_logp`` also with a correction), ``ratio_mean`` / ``clip_frac`` / ``pg_loss`` / ``kl`` / ``entropy``
         (means over updates), ``ratio_max`` (max over updates), ``grad_norm`` (last update),
         ``updates`` (0 when no group has reward variance and ``kl_coef == 0``: the gradient is
         exactly zero, and the step is skipped so Adam's momentum cannot move the weights),
