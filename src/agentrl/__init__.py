@@ -26,6 +26,7 @@ _EXPORTS = {
     'MAX_CALL_TOKENS': 'rollouts', 'Episode': 'rollouts', 'make_trajectory': 'rollouts',
     'scripted_rollout': 'rollouts', 'generate_call': 'rollouts', 'rollout': 'rollouts',
     'rollout_batch': 'rollouts', 'supports_kv_cache': 'rollouts', 'pad_rows': 'batching', 'collate': 'batching',
+    'collate_packed': 'packing', 'balance_micro_batches': 'packing',
     # L2 chat templates (Hugging Face tokenizers; transformers loaded lazily)
     'ChatTemplate': 'templates', 'ChatRecorder': 'templates', 'label_owners': 'templates',
     'audit_prefix_stability': 'templates', 'audit_thinking': 'templates', 'audit_drift': 'templates',

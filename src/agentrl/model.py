@@ -49,13 +49,16 @@ class _Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
-    def attend(self, x, past=None):
-        """x [B, t, D]; past = (k, v) [B, H, s, Dh] or None -> (out [B, t, D], (k, v) incl. x)."""
+    def attend(self, x, past=None, mask=None):
+        """x [B, t, D]; past = (k, v) [B, H, s, Dh] or None; mask [B, 1, t, t] bool (packed rows) or None
+        -> (out [B, t, D], (k, v) incl. x)."""
         B, t, D = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, t, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        if past is None or t > 1:
+        if mask is not None:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        elif past is None or t > 1:
             s = k.shape[2] - t                      # cached positions before the new ones
             mask = torch.ones(t, s + t, dtype=torch.bool, device=x.device).tril(s)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -63,8 +66,8 @@ class _Block(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(B, t, D)), (k, v)
 
-    def forward(self, x, past=None):
-        a, kv = self.attend(x, past)
+    def forward(self, x, past=None, mask=None):
+        a, kv = self.attend(x, past, mask)
         x = x + a
         return x + self.mlp(self.ln2(x)), kv
 
@@ -144,7 +147,7 @@ class TinyAgent(nn.Module):
         return dict(vocab_size=self.vocab_size, max_len=self.max_len, d_model=self.d_model,
                     n_layers=len(self.blocks), n_heads=self.blocks[0].n_heads)
 
-    def forward(self, ids: torch.Tensor, past=None, start: int = 0):
+    def forward(self, ids: torch.Tensor, past=None, start: int = 0, position_ids: torch.Tensor | None = None):
         """Logits of the next token at every position.
 
         Args:
@@ -153,17 +156,24 @@ class TinyAgent(nn.Module):
                 ``ids`` are the new tokens at positions ``start .. start+T-1`` and the call
                 returns ``(logits, new_past)``.
             start: absolute position of ``ids[:, 0]`` (only with ``past``).
+            position_ids: ``[B, T]`` int64 for packed rows (:func:`agentrl.packing.collate_packed`):
+                a record starts wherever it is 0, and attention stays inside each record
+                (the mask of :func:`agentrl.packing.document_mask`), so each record scores as if alone.
+                Not with ``past``.
 
         Returns:
             ``[B, T, V]`` float32 logits (and the updated cache when ``past`` is not None).
 
         Raises:
-            ValueError: ``ids`` is not 2-D, or ``start + T > max_len`` (the fix: a model with a
-                larger ``max_len`` or a shorter episode).
+            ValueError: ``ids`` is not 2-D, ``start + T > max_len`` or a position id >= ``max_len``
+                (the fix: a model with a larger ``max_len`` or a shorter episode), ``position_ids``
+                of another shape than ``ids`` or together with ``past``.
         """
         if ids.dim() != 2:
             raise ValueError(f'TinyAgent expects ids of shape [B, T], got {tuple(ids.shape)}')
         T = ids.shape[1]
+        if position_ids is not None:
+            return self._forward_packed(ids, position_ids, past)
         if start + T > self.max_len:
             raise ValueError(f'sequence length {start + T} exceeds TinyAgent.max_len={self.max_len}; '
                              'build the model with a larger max_len or cap the episode length')
@@ -174,6 +184,23 @@ class TinyAgent(nn.Module):
             new_past.append(kv)
         logits = self.head(self.ln_f(x))
         return logits if past is None else (logits, new_past)
+
+    def _forward_packed(self, ids, position_ids, past):
+        """Logits of packed rows: per-record positions, attention masked to each record."""
+        if past is not None or position_ids.shape != ids.shape:
+            raise ValueError(f'TinyAgent: position_ids {tuple(position_ids.shape)} must match ids {tuple(ids.shape)} '
+                             'and cannot be combined with past')
+        top = int(position_ids.max()) if position_ids.numel() else 0
+        if top >= self.max_len:
+            raise ValueError(f'sequence length {top + 1} exceeds TinyAgent.max_len={self.max_len}; '
+                             'build the model with a larger max_len or cap the episode length')
+        x = self.tok_emb(ids) + self.pos_emb(position_ids)
+        seg = torch.cumsum((position_ids == 0).long(), dim=1)         # as agentrl.packing.document_mask
+        causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool, device=ids.device).tril()
+        mask = ((seg[:, :, None] == seg[:, None, :]) & causal)[:, None]
+        for block in self.blocks:
+            x, _ = block(x, None, mask)
+        return self.head(self.ln_f(x))
 
     def new_cache(self, batch: int, chunk: int = 16) -> KVCache:
         """An empty :class:`KVCache` for ``batch`` rows (part of the cache interface of rollouts).

@@ -19,7 +19,8 @@ _EXPORTS = {'group_index': 'grpo', 'grouped_advantages': 'grpo', 'scoring_mode':
             'max_ratio_deviation': 'grpo', 'token_log_probs': 'grpo', 'episode_metrics': 'grpo',
             'TrainConfig': 'config', 'call_stats': 'loop', 'evaluate': 'loop', 'run_sft': 'loop',
             'sample_groups': 'loop', 'train': 'loop', 'masked_nll': 'sft', 'oracle_demos': 'sft',
-            'scripted_demos': 'sft', 'sft_loss': 'sft', 'sft_step': 'sft'}
+            'scripted_demos': 'sft', 'sft_loss': 'sft', 'sft_step': 'sft',
+            'off_policy_correction': 'correction', 'Correction': 'correction', 'mask_overlong': 'grpo'}
 
 __all__ = sorted(_EXPORTS)
 

@@ -20,6 +20,7 @@ a token-level mean over all action tokens.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import replace
 
 import torch
 
@@ -28,11 +29,12 @@ from ..checks.errors import GroupSizeError, MissingGroupError
 from ..checks.replay import require_trainable
 from ..record import Batch, SamplingSpec, Trajectory
 from ..sampling import token_logp
-from ..stats import episode_metrics
+from ..stats import episode_metrics, is_truncated
+from .correction import Correction, off_policy_correction
 
 __all__ = ['group_advantages', 'group_index', 'grouped_advantages', 'token_log_probs', 'importance_ratio',
            'max_ratio_deviation', 'clipped_surrogate', 'kl_penalty', 'grpo_loss', 'episode_metrics',
-           'scoring_mode', 'grpo_step']
+           'scoring_mode', 'is_overlong', 'mask_overlong', 'grpo_step']
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6):
@@ -232,18 +234,23 @@ def max_ratio_deviation(logp: torch.Tensor, sample_logp: torch.Tensor, action_ma
     return float(dev.max()) if dev.numel() else 0.0
 
 
-def clipped_surrogate(logp, sample_logp, advantages, action_mask, clip_eps: float = 0.2):
+def clipped_surrogate(logp, sample_logp, advantages, action_mask, clip_eps: float = 0.2,
+                      weights: torch.Tensor | None = None):
     """PPO-clipped policy-gradient loss, token-level mean over rows with signal.
 
     Args:
         logp: ``[B, T-1]`` recomputed log-probs with gradient.
-        sample_logp: ``[B, T-1]`` stored sampling log-probs.
+        sample_logp: ``[B, T-1]`` the ratio's anchor: the stored sampling log-probs, or with an
+            off-policy correction the trainer's log-probs before the step's first update.
         advantages: ``[B]`` float, one per episode (broadcast over its action tokens).
         action_mask: ``[B, T-1]`` float32.
         clip_eps: PPO clip range epsilon (ratio clipped to ``[1 - eps, 1 + eps]``).
+        weights: optional ``[B, T-1]`` per-token importance weights without gradient
+            (:class:`~agentrl.train.correction.Correction` ``weights``) multiplying each term.
 
     Returns:
-        ``(loss, stats)``: scalar ``-sum(mask_s * min(r A, clip(r) A)) / sum(mask_s)`` where
+        ``(loss, stats)``: scalar ``-sum(mask_s * w * min(r A, clip(r) A)) / sum(mask_s)`` (w = 1 without
+        ``weights``) where
         ``mask_s`` is the action mask of rows with ``A != 0`` (0.0, still differentiable, when
         no row has signal); ``stats`` floats ``ratio_mean``, ``ratio_max``, ``ratio_dev``
         (max ``|r - 1|``) over all action tokens, ``clip_frac`` (fraction of action tokens of
@@ -265,7 +272,8 @@ def clipped_surrogate(logp, sample_logp, advantages, action_mask, clip_eps: floa
     unclipped, clipped = ratio * adv, ratio.clamp(1 - clip_eps, 1 + clip_eps) * adv
     mask_s = action_mask * (advantages != 0).to(action_mask.dtype)[:, None]
     n_s = mask_s.sum()
-    loss = -(torch.minimum(unclipped, clipped) * mask_s).sum() / n_s.clamp(min=1)
+    term = torch.minimum(unclipped, clipped) * (mask_s if weights is None else mask_s * weights.detach())
+    loss = -term.sum() / n_s.clamp(min=1)
     with torch.no_grad():
         n = action_mask.sum().clamp(min=1)
         r = ratio.detach()
@@ -296,7 +304,8 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, action_mask: torch.Te
 
 
 def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0.2, kl_coef: float = 0.0,
-              ref_logp: torch.Tensor | None = None, temperature: float = 1.0, *, spec: SamplingSpec | None = None):
+              ref_logp: torch.Tensor | None = None, temperature: float = 1.0, *, spec: SamplingSpec | None = None,
+              correction: Correction | None = None, old_logp: torch.Tensor | None = None):
     """GRPO loss of a collated batch: clipped surrogate plus optional KL to a reference.
 
     Args:
@@ -310,19 +319,30 @@ def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0
         temperature: the records' sampling temperature (when ``spec`` is None).
         spec: the records' :class:`~agentrl.record.SamplingSpec`: log-probs of its processed
             distribution (see :func:`token_log_probs`).
+        correction: an off-policy :class:`~agentrl.train.correction.Correction` of this batch, or
+            None. Given, its ``mask`` replaces the action mask, its ``weights`` multiply the
+            surrogate, and the PPO ratio is taken against ``old_logp`` (decoupled PPO, as verl and
+            OpenRLHF: the weight corrects sampler to trainer, the ratio trainer to trainer).
+        old_logp: ``[B, T-1]`` trainer log-probs before the step's first update (with ``correction``).
 
     Returns:
         ``(loss, metrics)``: scalar loss with graph; metrics floats ``pg_loss``, ``kl``,
         ``entropy`` (mean over action tokens, nats) and the stats of :func:`clipped_surrogate`.
 
     Raises:
-        ValueError: ``kl_coef > 0`` without ``ref_logp``; shapes disagree.
+        ValueError: ``kl_coef > 0`` without ``ref_logp``; ``correction`` without ``old_logp``; shapes disagree.
     """
     if kl_coef > 0 and ref_logp is None:
         raise ValueError('grpo_loss: kl_coef > 0 needs ref_logp (log-probs of the SFT reference model)')
+    if correction is not None and old_logp is None:
+        raise ValueError('grpo_loss: a correction needs old_logp (the trainer\'s log-probs before the first update)')
     logp, entropy = token_log_probs(model, batch.ids, temperature, spec=spec)
-    mask = batch.action_mask
-    pg, stats = clipped_surrogate(logp, batch.sample_logp, advantages, mask, clip_eps)
+    if correction is None:
+        mask = batch.action_mask
+        pg, stats = clipped_surrogate(logp, batch.sample_logp, advantages, mask, clip_eps)
+    else:
+        mask = correction.mask
+        pg, stats = clipped_surrogate(logp, old_logp, advantages, mask, clip_eps, correction.weights)
     kl = kl_penalty(logp, ref_logp, mask) if ref_logp is not None else torch.zeros(())
     loss = pg + kl_coef * kl if kl_coef > 0 else pg
     with torch.no_grad():
@@ -330,9 +350,51 @@ def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0
     return loss, dict(stats, pg_loss=float(pg.detach()), kl=float(kl.detach()), entropy=ent)
 
 
+def is_overlong(traj: Trajectory) -> bool:
+    """Whether a record was cut short: :func:`agentrl.stats.is_truncated` (``info['stop']`` truncated, or
+    ``info['truncated_turns']``) or a turn the template closed after a cut (``info['template']['unterminated_turns']``,
+    written by :class:`~agentrl.templates.ChatRecorder`)."""
+    template = (traj.info or {}).get('template')
+    return is_truncated(traj) or (isinstance(template, dict) and bool(template.get('unterminated_turns')))
+
+
+def mask_overlong(batch: Batch, trajs: list[Trajectory]) -> tuple[Batch, torch.Tensor]:
+    """Overlong filtering: zero the action mask of the rows of overlong records (:func:`is_overlong`).
+
+    Args:
+        batch: the collated ``trajs`` (row b is ``trajs[b]``).
+        trajs: the B records.
+
+    Returns:
+        ``(batch, cut)``: a new :class:`~agentrl.record.Batch` whose ``action_mask`` is 0 on the cut
+        rows (other fields shared), and ``cut`` ``[B]`` bool.
+
+    Source: DAPO's overlong filtering (Yu et al. 2025, section 3.4): a truncated answer's reward
+    says nothing about its tokens, so they get no gradient; apply it after the group advantages
+    (the group statistics keep every record).
+    """
+    cut = torch.tensor([is_overlong(t) for t in trajs], dtype=torch.bool)
+    keep = (~cut).to(batch.action_mask.dtype)[:, None]
+    return replace(batch, action_mask=batch.action_mask * keep), cut
+
+
+def _correct(model, batch, spec, mode, rollout_is_threshold, is_correction_threshold):
+    """``(correction, old_logp, ratio_dev0)`` of an off-policy mode, or three Nones without one."""
+    if mode is None:
+        return None, None, None
+    with torch.no_grad():
+        old, _ = token_log_probs(model, batch.ids, spec=spec)
+    corr = off_policy_correction(old, batch.sample_logp, batch.action_mask, mode,
+                                 rollout_is_threshold=rollout_is_threshold,
+                                 is_correction_threshold=is_correction_threshold)
+    return corr, old, max_ratio_deviation(old, batch.sample_logp, batch.action_mask)
+
+
 def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id: int, *, updates: int = 1,
               clip_eps: float = 0.2, kl_coef: float = 0.0, ref_model=None, temperature: float | None = None,
-              max_grad_norm: float = 1.0, eps: float = 1e-6, ratio_tol: float | None = None) -> dict:
+              max_grad_norm: float = 1.0, eps: float = 1e-6, ratio_tol: float | None = None,
+              correction: str | None = None, rollout_is_threshold: float = 2.0,
+              is_correction_threshold: tuple[float, float] = (0.5, 5.0), mask_truncated: bool = False) -> dict:
     """One GRPO step on sampled groups: check, collate, advantages, ``updates`` clipped updates.
 
     Groups come from the records' identity (``provenance.group_id``, :func:`group_index`), never
@@ -357,15 +419,24 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         max_grad_norm: global gradient-norm clip (<= 0 disables).
         eps: std offset of :func:`group_advantages`.
         ratio_tol: when given, raise if ``max |ratio - 1|`` before the first update exceeds it.
+        correction: an off-policy correction mode of :func:`~agentrl.train.correction.off_policy_correction`
+            (``'token_tis'``, ``'seq_tis'``, ``'token_mask'``, ``'icepop'``, ``'geo_mask'``,
+            ``'seq_mask_tis'``), or None (default: the ratio is taken against ``sample_logp``).
+            Given, the trainer's log-probs before the first update are the PPO anchor, and the
+            mode's weights and mask enter the surrogate (:func:`grpo_loss`).
+        rollout_is_threshold, is_correction_threshold: the mode's thresholds (verl's and OpenRLHF's names).
+        mask_truncated: overlong filtering (:func:`mask_overlong`) after the group advantages.
 
     Returns:
         dict of floats: :func:`episode_metrics`, ``zero_var_frac`` (fraction of groups with
         equal rewards), ``zero_var_groups`` (count), ``ratio_dev0`` (max ``|ratio - 1|`` before
-        the first update), ``ratio_mean`` / ``clip_frac`` / ``pg_loss`` / ``kl`` / ``entropy``
+        the first update, against ``sample_logp`` also with a correction), ``ratio_mean`` / ``clip_frac`` / ``pg_loss`` / ``kl`` / ``entropy``
         (means over updates), ``ratio_max`` (max over updates), ``grad_norm`` (last update),
         ``updates`` (0 when no group has reward variance and ``kl_coef == 0``: the gradient is
         exactly zero, and the step is skipped so Adam's momentum cannot move the weights),
-        ``dropout_disabled`` (1.0: log-probs are scored in eval mode, see :func:`scoring_mode`).
+        ``dropout_disabled`` (1.0: log-probs are scored in eval mode, see :func:`scoring_mode`);
+        with ``mask_truncated`` also ``masked_truncated`` (records whose tokens were masked), with
+        ``correction`` the ``corr_*`` statistics of :class:`~agentrl.train.correction.Correction`.
 
     Raises:
         ScriptedRecordError, MissingProvenanceError, SamplerMismatchError: from
@@ -381,21 +452,30 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         raise ValueError('grpo_step: kl_coef > 0 needs ref_model (the frozen SFT model)')
     batch = collate(trajs, pad_id, getattr(model, 'max_len', None))
     adv, zero = grouped_advantages(batch.rewards, groups, eps)
+    extra: dict = {}
+    if mask_truncated:                          # after the advantages: the groups stay whole
+        batch, cut = mask_overlong(batch, trajs)
+        extra['masked_truncated'] = int(cut.sum())
     with scoring_mode(model, ref_model):
         ref_logp = None
         if kl_coef > 0:
             with torch.no_grad():
                 ref_logp, _ = token_log_probs(ref_model, batch.ids, spec=spec)
+        corr, old, dev0 = _correct(model, batch, spec, correction, rollout_is_threshold, is_correction_threshold)
+        extra.update(corr.metrics if corr is not None else {})
         # No row with signal and no KL: the gradient is exactly zero, but Adam's momentum would still
         # move the weights, so a step with nothing to learn makes no update at all.
-        skip = not bool((adv != 0).any()) and kl_coef == 0
+        signal = (adv != 0) & (batch.action_mask.sum(1) > 0) if mask_truncated else adv != 0
+        skip = not bool(signal.any()) and kl_coef == 0
         acc: dict = {'updates': 0 if skip else max(1, updates)}
         for u in range(max(1, updates)):
-            loss, m = grpo_loss(model, batch, adv, clip_eps, kl_coef, ref_logp, spec=spec)
+            loss, m = grpo_loss(model, batch, adv, clip_eps, kl_coef, ref_logp, spec=spec, correction=corr,
+                                old_logp=old)
             if u == 0:
-                acc['ratio_dev0'] = m['ratio_dev']
-                if ratio_tol is not None and not m['ratio_dev'] <= ratio_tol:
-                    raise ValueError(f'GRPO step: max |ratio - 1| = {m["ratio_dev"]:.2e} > {ratio_tol:.0e} before any '
+                acc['ratio_dev0'] = m['ratio_dev'] if dev0 is None else dev0
+                dev = acc['ratio_dev0']
+                if ratio_tol is not None and not dev <= ratio_tol:
+                    raise ValueError(f'GRPO step: max |ratio - 1| = {dev:.2e} > {ratio_tol:.0e} before any '
                                      'update; sample_logp or action_mask is misaligned with ids[:, 1:] or the records '
                                      'were not sampled by this model under their declared sampler')
             n_avg = 1 if skip else max(1, updates)
@@ -411,4 +491,4 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
                 model.parameters(), max_grad_norm if max_grad_norm > 0 else float('inf')))
             optimizer.step()
     return dict(episode_metrics(trajs), zero_var_frac=float(zero.float().mean()), zero_var_groups=int(zero.sum()),
-                dropout_disabled=1.0, **acc)
+                dropout_disabled=1.0, **acc, **extra)
