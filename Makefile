@@ -36,9 +36,9 @@ demo: $(STAMP)
 	$(VENV)/bin/agentrl report runs/demo
 	$(VENV)/bin/agentrl report runs/demo/trained
 
+# every suite runs even when an earlier one fails; the exit status is non-zero if any failed
 test: $(STAMP)
-	$(PY) -m pytest -q
-	$(MAKE) test-interop
+	@rc=0; $(PY) -m pytest -q --ignore=tests/vllm || rc=1; $(MAKE) test-interop || rc=1; exit $$rc
 
 $(ISTAMP): pyproject.toml
 	test -x $(IPY) || python3 -m venv $(IVENV)
