@@ -371,23 +371,11 @@ def _same(got, expected) -> bool:
 def _run_local(source, tests, fn_name) -> list[TestResult]:
     """Run ``fn_name`` from ``source`` on each test in this process (layers 1-4; the worker's body).
 
-    The source is parsed and checked against an AST whitelist, compiled and executed with
-    restricted builtins (``min, max, sum, range, len, abs``); then ``fn(*args)`` is called for
-    each ``(args, expected)`` test under an opcode budget, a wall-clock limit and a depth
-    limit (``TOTAL_TIME_S`` bounds the whole call). A refused or failing source makes every
-    test an error result.
+    What :func:`run_tests` runs inside the worker: the AST whitelist, restricted builtins and the
+    opcode, wall-clock and depth limits, without the worker's rlimits and hard deadline.
+    Arguments and results as :func:`run_tests` (plain values, no :class:`Opaque`). Never raises.
 
     Source: book chapter 4; docs/design.md#gym.
-
-    Args:
-        source: Python source defining the function.
-        tests: sequence of ``(args_tuple, expected)`` pairs.
-        fn_name: name of the function to call.
-
-    Returns:
-        One :class:`TestResult` per test, in order. ``passed`` needs an equal value of the same
-        type. A test entry that is not an ``(args, expected)`` pair gives an error result;
-        a ``tests`` that is not iterable gives ``[]``. Never raises.
     """
     deadline = time.perf_counter() + TOTAL_TIME_S
     try:

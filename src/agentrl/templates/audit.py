@@ -458,7 +458,7 @@ class TemplateAudit:
         bridge_after_tool, bridge_after_user: the :class:`~agentrl.templates.recorder.Bridge`, or the
             error text when the template cannot bridge that message.
         fingerprint, tokenizer_fingerprint: hex digests.
-        problems: error texts naming what the template does not support.
+        problems: error texts naming what the template does not support (a tuple).
     """
     owner_counts: dict | None
     prefix: PrefixReport | None
@@ -467,7 +467,7 @@ class TemplateAudit:
     bridge_after_user: object
     fingerprint: str
     tokenizer_fingerprint: str
-    problems: list = field(default_factory=list)
+    problems: tuple = ()
 
     def format(self) -> str:
         """Human-readable report."""
@@ -549,7 +549,7 @@ def audit_template(tokenizer, messages, *, tools=None, thinking: bool = True, **
     return TemplateAudit(owner_counts=counts, prefix=prefix, thinking=audit_thinking(template, plain[:1]),
                          bridge_after_tool=bridges['tool'], bridge_after_user=bridges['user'],
                          fingerprint=template.fingerprint, tokenizer_fingerprint=tokenizer_fingerprint(template.tokenizer),
-                         problems=problems)
+                         problems=tuple(problems))
 
 
 def _plain_messages(messages: list) -> list:
