@@ -234,7 +234,9 @@ class Session:
                 else 'history_edited'
         else:
             b = Branch(index, template, tools_key, messages)
-            category = self._root_category(parent, view, n, messages, tools_key)
+            category = 'retry' if (parent.tools_key == tools_key and n == len(messages) and n < len(view)
+                                   and view[n][1] is not None) else self._root_category(parent, view, n, messages,
+                                                                                         tools_key)
             variants = []
         prompt = b.recorder.prompt_ids
         offset = _common(parent.recorder.prompt_ids, prompt)

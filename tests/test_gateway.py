@@ -1,0 +1,344 @@
+"""agentrl.gateway (``agentrl serve``): the openai SDK against a real server over a small random Qwen3.
+
+One gateway server per test session (uvicorn in a thread on 127.0.0.1, stopped at the end) over
+``make_test_model``'s 2-layer Qwen3 with the real Qwen3 tokenizer. Turns that must hold tool
+calls are teacher-forced through the same ``HFSampler`` (the ids are given, the log-probs are
+the model's), so the records still replay with ratio 1.
+"""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from _tokenizers import tokenizer_path
+
+pytest.importorskip('transformers')
+pytest.importorskip('starlette')
+pytest.importorskip('uvicorn')
+openai = pytest.importorskip('openai')
+httpx = pytest.importorskip('httpx2')
+
+from agentrl.gateway import Gateway, GatewayError, HFUpstream, Limits, parse_reply, message_deltas  # noqa: E402
+from agentrl.gateway import parse_request, read_journal  # noqa: E402
+from agentrl.gateway.engine import Sample  # noqa: E402
+from agentrl.gateway.server import Server  # noqa: E402
+from agentrl.gym import TOOL_SCHEMAS  # noqa: E402
+from agentrl.templates.chat import function_tools  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+TOOLS = function_tools(TOOL_SCHEMAS)
+USER = [{'role': 'user', 'content': 'Fix clamp.'}]
+READ = '<think>\nhm\n</think>\n\n<tool_call>\n{"name": "read", "arguments": {}}\n</tool_call><|im_end|>'
+
+
+class ForcingHF(HFUpstream):
+    """HFUpstream whose next turns can be forced: the given text's ids, scored by the real model."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.force = []
+
+    def sample(self, prompt_ids, spec, max_new_tokens, seed, stop_ids):
+        if not self.force:
+            return super().sample(prompt_ids, spec, max_new_tokens, seed, stop_ids)
+        import torch
+        from agentrl.engines.hf import HFSampler
+        ids = self.tokenizer(self.force.pop(0), add_special_tokens=False)['input_ids']
+        s = HFSampler(self.model, stop_ids, spec, max_new_tokens=len(ids))
+        t = s.sample([list(prompt_ids)], [torch.Generator().manual_seed(seed)], teacher=[ids])[0]
+        return Sample(ids=t.ids, logp=t.logp, truncated=t.truncated, seed=seed)
+
+
+@pytest.fixture(scope='session')
+def model_dir(tmp_path_factory):
+    from agentrl.engines import hf
+    return hf.make_test_model(tmp_path_factory.mktemp('gw-model'), tokenizer_path('qwen3'),
+                              token_rates={'</think>': 0.05})
+
+
+@pytest.fixture(scope='session')
+def upstream(model_dir):
+    return ForcingHF(model_dir, device='cpu', max_new_tokens=24)
+
+
+@pytest.fixture(scope='session')
+def run_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp('gw-run') / 'run'
+
+
+@pytest.fixture(scope='session')
+def server(upstream, run_dir):
+    srv = Server(Gateway(upstream, run_dir), stream_interval=0.02).start()
+    yield srv
+    srv.stop()
+
+
+def new_session(server, **ident):
+    r = httpx.post(server.url + '/sessions', json=ident)
+    assert r.status_code == 201, r.text
+    return r.json()
+
+
+def client(sess, **kw):
+    return openai.OpenAI(api_key='unused', base_url=sess['base_url'], **kw)
+
+
+def finish(server, sess, reward=1.0):
+    r = httpx.post(f'{server.url}/sessions/{sess["token"]}/finish', json={'reward': reward, 'info': {'by': 'test'}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def records_of(run_dir, sid):
+    from agentrl import store
+    return [t for t in store.read_trajectories(run_dir / 'trajectories') if t.info['gateway']['session'] == sid]
+
+
+def journal_len(run_dir):
+    return len(read_journal(run_dir / 'journal.jsonl'))
+
+
+# ---------------------------------------------------------------------------- parsing (no server)
+def test_parse_reply_splits_reasoning_tool_calls_and_keeps_leftover_text():
+    m = parse_reply('<think>\nhm\n</think>\n\nLet me look.\n<tool_call>\n{"name": "edit", "arguments": '
+                    '{"op": "swap_minmax"}}\n</tool_call>', id_seed='s/0')
+    assert m == {'role': 'assistant', 'content': 'Let me look.', 'reasoning_content': 'hm',
+                 'tool_calls': [{'id': m['tool_calls'][0]['id'], 'type': 'function',
+                                 'function': {'name': 'edit', 'arguments': '{"op": "swap_minmax"}'}}]}
+    assert m['tool_calls'][0]['id'].startswith('call_') and len(m['tool_calls'][0]['id']) == 29
+    assert parse_reply('<tool_call>\n{not json}\n</tool_call>') == {
+        'role': 'assistant', 'content': '<tool_call>\n{not json}\n</tool_call>'}
+    assert parse_reply('plain', tools=False) == {'role': 'assistant', 'content': 'plain'}
+    deltas = message_deltas(m)
+    assert ''.join(d.get('content', '') for d in deltas) == 'Let me look.'
+    assert ''.join(d['tool_calls'][0]['function']['arguments'] for d in deltas if 'tool_calls' in d) == \
+        '{"op": "swap_minmax"}'
+
+
+@pytest.mark.parametrize('body, status, message', [
+    (b'{"messages": [', 400, 'request body is not valid JSON'),
+    (b'[]', 400, 'request body must be a JSON object, got list'),
+    (b'{"messages": [{"role": "robot", "content": "hi"}]}', 400, r'messages\[0\]\["role"\] is \'robot\''),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tools": [{"type": "function"}]}', 400, r'tools\[0\] must be'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}', 400, 'n=2 cannot be honoured'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "tool_choice": "required"}', 400, 'tool_choice="required"'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": 5}', 400, r'temperature must be a number'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "guided_json": {}}', 400, "unsupported field 'guided_json'"),
+    (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}', 400,
+     r'messages\[1\] is an assistant message'),
+    (b'{"messages": [{"role": "user", "content": "' + b'x' * 300 + b'"}]}', 413, 'over the limit of 256'),
+])
+def test_parse_request_refuses_with_one_message(body, status, message):
+    with pytest.raises(GatewayError, match=message) as e:
+        parse_request(body, 256)
+    assert e.value.status == status
+
+
+# ---------------------------------------------------------------------------- through the server
+def test_sdk_streaming_equals_non_streaming_and_token_ids(server):
+    got = []
+    for stream in (False, True):
+        sess = new_session(server)
+        c = client(sess)
+        kw = dict(model='m', messages=USER, tools=TOOLS, seed=11, max_tokens=20, extra_body={'return_token_ids': True})
+        if not stream:
+            r = c.chat.completions.create(**kw)
+            got.append((r.choices[0].message.content or '', r.choices[0].message.model_extra.get('reasoning_content'),
+                        r.choices[0].finish_reason, r.choices[0].model_extra['token_ids']))
+        else:
+            parts = list(c.chat.completions.create(stream=True, **kw))
+            deltas = [p.choices[0] for p in parts if p.choices]
+            reasoning = [d.delta.model_extra.get('reasoning_content') for d in deltas]
+            got.append((''.join(d.delta.content or '' for d in deltas),
+                        ''.join(r for r in reasoning if r) if any(reasoning) else None,
+                        deltas[-1].finish_reason, deltas[-1].model_extra['token_ids']))
+    assert got[0] == got[1]
+    assert got[0][2] in ('stop', 'length') and len(got[0][3]) <= 20
+
+
+def test_echo_without_reasoning_and_with_new_tool_call_ids_continues_the_branch(server, upstream, run_dir):
+    sess = new_session(server, group_id='g-echo', rollout_id='r0', task='clamp')
+    c = client(sess)
+    upstream.force.append(READ)
+    r = c.chat.completions.create(model='m', messages=USER, tools=TOOLS, seed=3)
+    m = r.choices[0].message
+    assert r.choices[0].finish_reason == 'tool_calls' and m.content is None
+    assert m.model_extra['reasoning_content'] == 'hm' and m.tool_calls[0].function.name == 'read'
+    echo = {'role': 'assistant', 'content': '', 'tool_calls': [
+        {'id': 'harness-1', 'type': 'function', 'function': {'name': 'read', 'arguments': '{ }'}}]}
+    msgs = USER + [echo, {'role': 'tool', 'tool_call_id': 'harness-1', 'content': 'def clamp(x, lo, hi): ...'}]
+    c.chat.completions.create(model='m', messages=msgs, tools=TOOLS, seed=4, max_tokens=8)
+    state = httpx.get(f'{server.url}/sessions/{sess["token"]}').json()
+    assert (state['calls'], state['branches'], state['forks']) == (2, 1, [])
+    assert finish(server, sess)['records'] == 1
+    [t] = records_of(run_dir, sess['session'])
+    g = t.info['gateway']
+    assert g['variants'] == [{'call': 1, 'notes': ['reasoning_dropped', 'tool_call_ids_changed',
+                                                   'arguments_reserialized', 'content_null'], 'turn': 0}]
+    forced = upstream.tokenizer(READ, add_special_tokens=False)['input_ids']
+    ids = t.ids.tolist()
+    start = next(i for i in range(len(ids)) if ids[i:i + len(forced)] == forced)
+    assert t.action_mask[start - 1:start - 1 + len(forced)].tolist() == [1] * len(forced)
+    assert (t.provenance.group_id, t.provenance.rollout_id, t.reward) == ('g-echo', 'r0', 1.0)
+
+
+def test_edited_history_forks_into_two_records_with_the_fork_stored(server, run_dir):
+    sess = new_session(server)
+    c = client(sess)
+    r = c.chat.completions.create(model='m', messages=USER, tools=TOOLS, seed=5, max_tokens=8)
+    turn = r.choices[0].message.model_dump(exclude_none=True)
+    msgs = USER + [turn, {'role': 'tool', 'content': 'result A'}]
+    c.chat.completions.create(model='m', messages=msgs, tools=TOOLS, seed=6, max_tokens=8)
+    edited = USER + [turn, {'role': 'tool', 'content': 'result B (edited)'}]
+    c.chat.completions.create(model='m', messages=edited, tools=TOOLS, seed=7, max_tokens=8)
+    assert finish(server, sess)['records'] == 2
+    recs = records_of(run_dir, sess['session'])
+    assert [t.info['gateway']['branch'] for t in recs] == [0, 1]
+    fork = recs[1].info['gateway']['fork']
+    assert (fork['category'], fork['parent'], fork['message_index'], fork['call']) == ('history_edited', 0, 2, 2)
+    a, b = recs[0].ids.tolist(), recs[1].ids.tolist()
+    assert a[:fork['token_offset']] == b[:fork['token_offset']] and a[fork['token_offset']] != b[fork['token_offset']]
+    assert recs[1].provenance.rollout_id.endswith('/b1')
+
+
+def test_compacting_harness_forks_as_compaction(server, run_dir):
+    sess = new_session(server)
+    c = client(sess)
+    msgs = list(USER)
+    for k in range(2):
+        r = c.chat.completions.create(model='m', messages=msgs, tools=TOOLS, seed=20 + k, max_tokens=6)
+        msgs += [r.choices[0].message.model_dump(exclude_none=True), {'role': 'tool', 'content': f'obs {k}'}]
+    compacted = USER + [{'role': 'user', 'content': 'Summary so far: read the code, ran the tests.'}]
+    c.chat.completions.create(model='m', messages=compacted, tools=TOOLS, seed=30, max_tokens=6)
+    finish(server, sess)
+    recs = records_of(run_dir, sess['session'])
+    assert [t.info['gateway']['fork'] and t.info['gateway']['fork']['category'] for t in recs] == [None, 'compaction']
+
+
+def test_unmarked_identical_body_samples_again_and_marked_retry_is_replayed(server):
+    sess = new_session(server)
+    url = sess['base_url'] + '/chat/completions'
+    body = {'model': 'm', 'messages': USER, 'max_tokens': 6}
+    a = httpx.post(url, json=body).json()
+    b = httpx.post(url, json=body, headers={'x-stainless-retry-count': '1'}).json()
+    c = httpx.post(url, json=body).json()
+    assert b == a and c['id'] != a['id']
+    state = httpx.get(f'{server.url}/sessions/{sess["token"]}').json()
+    assert state['calls'] == 2 and [f['category'] for f in state['forks']] == ['retry']
+
+
+def test_a_token_reaches_only_its_session_and_nothing_is_written(server, run_dir):
+    a, b = new_session(server), new_session(server)
+    n = journal_len(run_dir)
+    bogus = a['base_url'].replace(a['token'], a['token'][:-2] + 'xx')
+    r = httpx.post(bogus + '/chat/completions', json={'messages': USER})
+    assert r.status_code == 404 and r.json()['error']['code'] == 'session_not_found'
+    assert httpx.get(f'{server.url}/sessions/{b["token"]}x').status_code == 404
+    assert httpx.post(f'{server.url}/sessions/nope/finish', json={'reward': 1}).status_code == 404
+    assert journal_len(run_dir) == n
+    assert httpx.get(f'{server.url}/sessions/{b["token"]}').json()['calls'] == 0
+
+
+def test_malformed_json_is_400_with_one_message_and_the_server_keeps_serving(server, run_dir):
+    sess = new_session(server)
+    n = journal_len(run_dir)
+    r = httpx.post(sess['base_url'] + '/chat/completions', content=b'{"messages": [',
+                   headers={'content-type': 'application/json'})
+    assert r.status_code == 400
+    assert r.json()['error']['message'].startswith('request body is not valid JSON')
+    with pytest.raises(openai.BadRequestError, match='unknown|role'):
+        client(sess).chat.completions.create(model='m', messages=[{'role': 'robot', 'content': 'x'}])
+    assert journal_len(run_dir) == n
+    assert httpx.get(server.url + '/health').json()['ok'] is True
+
+
+def test_dropped_stream_is_undelivered_and_excluded(server, run_dir):
+    sess = new_session(server)
+    with httpx.stream('POST', sess['base_url'] + '/chat/completions',
+                      json={'messages': USER, 'stream': True, 'max_tokens': 24, 'seed': 2}) as r:
+        next(r.iter_raw())
+    for _ in range(100):
+        if httpx.get(server.url + '/health').status_code == 200 and \
+                any(e['ev'] == 'undelivered' and e['sid'] == sess['session'] for e in read_journal(run_dir / 'journal.jsonl')):
+            break
+        time.sleep(0.05)
+    assert finish(server, sess)['records'] == 0
+    assert json.loads((run_dir / 'summary.json').read_text())['undelivered_calls'] >= 1
+
+
+def test_check_passes_on_gateway_records(server, run_dir, model_dir):
+    from agentrl.jobs.check import CheckOptions, run_check
+    sess = new_session(server)
+    c = client(sess)
+    r = c.chat.completions.create(model='m', messages=USER, tools=TOOLS, seed=9, max_tokens=10)
+    msgs = USER + [r.choices[0].message.model_dump(exclude_none=True), {'role': 'tool', 'content': 'ok'}]
+    c.chat.completions.create(model='m', messages=msgs, tools=TOOLS, seed=10, max_tokens=10)
+    finish(server, sess)
+    rep = run_check(CheckOptions(path=str(run_dir), model=str(model_dir), max_ratio_dev=1e-4))
+    assert rep.refused == 0 and rep.n >= 5 and rep.code == 0, rep.format()
+    assert rep.replays and max(x.stats.max_abs_dev for x in rep.replays if x.stats.n) <= 1e-4
+    summary = json.loads((run_dir / 'summary.json').read_text())
+    assert summary['rows_per_episode'] >= 1 and 0 < summary['trainable_fraction_of_sampled'] <= 1
+
+
+def test_limits_and_idle_timeout(upstream, tmp_path):
+    gw = Gateway(upstream, tmp_path / 'run', limits=Limits(max_turns=1), session_timeout=0.05)
+    token, s = gw.open_session({'task': 't'})
+    req, _ = parse_request(json.dumps({'messages': USER, 'max_tokens': 4}).encode(), 1 << 20)
+    gw.chat(s, req, 'd1', 0)
+    with pytest.raises(GatewayError, match=r'the session has used its 1 turns \(--max-turns\)'):
+        gw.chat(s, req, 'd2', 0)
+    time.sleep(0.1)
+    assert gw.reap() == 1 and s.state == 'committed' and s.aborted
+    from agentrl import store
+    [t] = store.read_trajectories(tmp_path / 'run' / 'trajectories')
+    assert t.reward == 0.0 and t.info['aborted'] == 'session_timeout' and t.info['gateway']['aborted'] is True
+    gw.pool.shutdown()
+    gw.journal.close()
+
+
+def _serve(model_dir, out):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / 'src'), HF_HUB_OFFLINE='1')
+    p = subprocess.Popen([sys.executable, '-m', 'agentrl', 'serve', '--out', str(out), '--model', str(model_dir),
+                          '--device', 'cpu', '--max-new-tokens', '8'], stdout=subprocess.PIPE, text=True, env=env)
+    line = p.stdout.readline()
+    assert line.startswith('serving on http://127.0.0.1:'), line
+    return p, line.split()[2]
+
+
+def test_sigkill_and_restart_loses_and_doubles_nothing(model_dir, tmp_path):
+    out = tmp_path / 'run'
+    p, url = _serve(model_dir, out)
+    try:
+        sess = httpx.post(url + '/sessions', json={'rollout_id': 'kill-1'}).json()
+        assert json.loads((out / 'serve.json').read_text())['url'] == url
+        msgs, sent = list(USER), []
+        for k in range(2):
+            r = httpx.post(sess['base_url'] + '/chat/completions', timeout=60,
+                           json={'messages': msgs, 'seed': k, 'return_token_ids': True}).json()
+            sent.append(r['choices'][0]['token_ids'])
+            msgs += [r['choices'][0]['message'], {'role': 'tool', 'content': f'obs {k}'}]
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    p, url2 = _serve(model_dir, out)
+    try:
+        base = sess['base_url'].replace(url, url2)
+        r = httpx.post(base + '/chat/completions', timeout=60,
+                       json={'messages': msgs, 'seed': 5, 'return_token_ids': True}).json()
+        sent.append(r['choices'][0]['token_ids'])
+        assert httpx.post(f'{url2}/sessions/{sess["token"]}/finish', json={'reward': 0.5}).json()['records'] == 1
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=30)
+    from agentrl import store
+    [t] = store.read_trajectories(out / 'trajectories')
+    ids, mask = t.ids.tolist(), t.action_mask.tolist()
+    trained = [ids[j + 1] for j in range(len(mask)) if mask[j]]
+    assert trained == [i for turn in sent for i in turn]
+    assert t.info['gateway']['calls'] == [0, 1, 2] and t.reward == 0.5
