@@ -21,7 +21,11 @@ pytest.importorskip('transformers')
 pytest.importorskip('starlette')
 pytest.importorskip('uvicorn')
 openai = pytest.importorskip('openai')
-httpx = pytest.importorskip('httpx2')
+try:                       # openai >= 3 ships httpx2; older versions use httpx
+    import httpx2 as httpx
+except ImportError:
+    httpx = pytest.importorskip('httpx')
+H = httpx.Client(timeout=120)
 
 from agentrl.gateway import Gateway, GatewayError, HFUpstream, Limits, parse_reply, message_deltas  # noqa: E402
 from agentrl.gateway import parse_request, read_journal  # noqa: E402
@@ -79,7 +83,7 @@ def server(upstream, run_dir):
 
 
 def new_session(server, **ident):
-    r = httpx.post(server.url + '/sessions', json=ident)
+    r = H.post(server.url + '/sessions', json=ident)
     assert r.status_code == 201, r.text
     return r.json()
 
@@ -89,7 +93,7 @@ def client(sess, **kw):
 
 
 def finish(server, sess, reward=1.0):
-    r = httpx.post(f'{server.url}/sessions/{sess["token"]}/finish', json={'reward': reward, 'info': {'by': 'test'}})
+    r = H.post(f'{server.url}/sessions/{sess["token"]}/finish', json={'reward': reward, 'info': {'by': 'test'}})
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -173,7 +177,7 @@ def test_echo_without_reasoning_and_with_new_tool_call_ids_continues_the_branch(
         {'id': 'harness-1', 'type': 'function', 'function': {'name': 'read', 'arguments': '{ }'}}]}
     msgs = USER + [echo, {'role': 'tool', 'tool_call_id': 'harness-1', 'content': 'def clamp(x, lo, hi): ...'}]
     c.chat.completions.create(model='m', messages=msgs, tools=TOOLS, seed=4, max_tokens=8)
-    state = httpx.get(f'{server.url}/sessions/{sess["token"]}').json()
+    state = H.get(f'{server.url}/sessions/{sess["token"]}').json()
     assert (state['calls'], state['branches'], state['forks']) == (2, 1, [])
     assert finish(server, sess)['records'] == 1
     [t] = records_of(run_dir, sess['session'])
@@ -224,11 +228,11 @@ def test_unmarked_identical_body_samples_again_and_marked_retry_is_replayed(serv
     sess = new_session(server)
     url = sess['base_url'] + '/chat/completions'
     body = {'model': 'm', 'messages': USER, 'max_tokens': 6}
-    a = httpx.post(url, json=body).json()
-    b = httpx.post(url, json=body, headers={'x-stainless-retry-count': '1'}).json()
-    c = httpx.post(url, json=body).json()
+    a = H.post(url, json=body).json()
+    b = H.post(url, json=body, headers={'x-stainless-retry-count': '1'}).json()
+    c = H.post(url, json=body).json()
     assert b == a and c['id'] != a['id']
-    state = httpx.get(f'{server.url}/sessions/{sess["token"]}').json()
+    state = H.get(f'{server.url}/sessions/{sess["token"]}').json()
     assert state['calls'] == 2 and [f['category'] for f in state['forks']] == ['retry']
 
 
@@ -236,34 +240,34 @@ def test_a_token_reaches_only_its_session_and_nothing_is_written(server, run_dir
     a, b = new_session(server), new_session(server)
     n = journal_len(run_dir)
     bogus = a['base_url'].replace(a['token'], a['token'][:-2] + 'xx')
-    r = httpx.post(bogus + '/chat/completions', json={'messages': USER})
+    r = H.post(bogus + '/chat/completions', json={'messages': USER})
     assert r.status_code == 404 and r.json()['error']['code'] == 'session_not_found'
-    assert httpx.get(f'{server.url}/sessions/{b["token"]}x').status_code == 404
-    assert httpx.post(f'{server.url}/sessions/nope/finish', json={'reward': 1}).status_code == 404
+    assert H.get(f'{server.url}/sessions/{b["token"]}x').status_code == 404
+    assert H.post(f'{server.url}/sessions/nope/finish', json={'reward': 1}).status_code == 404
     assert journal_len(run_dir) == n
-    assert httpx.get(f'{server.url}/sessions/{b["token"]}').json()['calls'] == 0
+    assert H.get(f'{server.url}/sessions/{b["token"]}').json()['calls'] == 0
 
 
 def test_malformed_json_is_400_with_one_message_and_the_server_keeps_serving(server, run_dir):
     sess = new_session(server)
     n = journal_len(run_dir)
-    r = httpx.post(sess['base_url'] + '/chat/completions', content=b'{"messages": [',
+    r = H.post(sess['base_url'] + '/chat/completions', content=b'{"messages": [',
                    headers={'content-type': 'application/json'})
     assert r.status_code == 400
     assert r.json()['error']['message'].startswith('request body is not valid JSON')
     with pytest.raises(openai.BadRequestError, match='unknown|role'):
         client(sess).chat.completions.create(model='m', messages=[{'role': 'robot', 'content': 'x'}])
     assert journal_len(run_dir) == n
-    assert httpx.get(server.url + '/health').json()['ok'] is True
+    assert H.get(server.url + '/health').json()['ok'] is True
 
 
 def test_dropped_stream_is_undelivered_and_excluded(server, run_dir):
     sess = new_session(server)
-    with httpx.stream('POST', sess['base_url'] + '/chat/completions',
+    with H.stream('POST', sess['base_url'] + '/chat/completions',
                       json={'messages': USER, 'stream': True, 'max_tokens': 24, 'seed': 2}) as r:
         next(r.iter_raw())
     for _ in range(100):
-        if httpx.get(server.url + '/health').status_code == 200 and \
+        if H.get(server.url + '/health').status_code == 200 and \
                 any(e['ev'] == 'undelivered' and e['sid'] == sess['session'] for e in read_journal(run_dir / 'journal.jsonl')):
             break
         time.sleep(0.05)
@@ -315,11 +319,11 @@ def test_sigkill_and_restart_loses_and_doubles_nothing(model_dir, tmp_path):
     out = tmp_path / 'run'
     p, url = _serve(model_dir, out)
     try:
-        sess = httpx.post(url + '/sessions', json={'rollout_id': 'kill-1'}).json()
+        sess = H.post(url + '/sessions', json={'rollout_id': 'kill-1'}, timeout=60).json()
         assert json.loads((out / 'serve.json').read_text())['url'] == url
         msgs, sent = list(USER), []
         for k in range(2):
-            r = httpx.post(sess['base_url'] + '/chat/completions', timeout=60,
+            r = H.post(sess['base_url'] + '/chat/completions', timeout=60,
                            json={'messages': msgs, 'seed': k, 'return_token_ids': True}).json()
             sent.append(r['choices'][0]['token_ids'])
             msgs += [r['choices'][0]['message'], {'role': 'tool', 'content': f'obs {k}'}]
@@ -329,10 +333,10 @@ def test_sigkill_and_restart_loses_and_doubles_nothing(model_dir, tmp_path):
     p, url2 = _serve(model_dir, out)
     try:
         base = sess['base_url'].replace(url, url2)
-        r = httpx.post(base + '/chat/completions', timeout=60,
+        r = H.post(base + '/chat/completions', timeout=60,
                        json={'messages': msgs, 'seed': 5, 'return_token_ids': True}).json()
         sent.append(r['choices'][0]['token_ids'])
-        assert httpx.post(f'{url2}/sessions/{sess["token"]}/finish', json={'reward': 0.5}).json()['records'] == 1
+        assert H.post(f'{url2}/sessions/{sess["token"]}/finish', json={'reward': 0.5}, timeout=60).json()['records'] == 1
     finally:
         p.send_signal(signal.SIGTERM)
         p.wait(timeout=30)

@@ -2,7 +2,7 @@
 
 Layers (docs/design.md): L0 record, io, _version; L1 tokenizer, gym, model, sampling, kv_cache;
 L2 rollouts, batching (collate), templates; L3 checks, stats; L4 store, viz, engines, train, interop;
-L5 jobs; L6 cli. The gym never imports torch.
+L5 jobs, gateway; L6 cli. The gym never imports torch.
 """
 import ast
 from pathlib import Path
@@ -15,7 +15,7 @@ LAYER = {'record': 0, 'io': 0, '_version': 0,
          'rollouts': 2, 'batching': 2, 'templates': 2,
          'checks': 3, 'stats': 3,
          'store': 4, 'viz': 4, 'engines': 4, 'train': 4, 'interop': 4,
-         'jobs': 5, 'cli': 6}
+         'jobs': 5, 'gateway': 5, 'cli': 6}
 
 
 def _top(path: Path) -> str:
