@@ -284,7 +284,7 @@ def test_check_passes_on_gateway_records(server, run_dir, model_dir):
     c.chat.completions.create(model='m', messages=msgs, tools=TOOLS, seed=10, max_tokens=10)
     finish(server, sess)
     rep = run_check(CheckOptions(path=str(run_dir), model=str(model_dir), max_ratio_dev=1e-4))
-    assert rep.refused == 0 and rep.n >= 5 and rep.code == 0, rep.format()
+    assert rep.refused == 0 and rep.n >= 1 and rep.code == 0, rep.format()
     assert rep.replays and max(x.stats.max_abs_dev for x in rep.replays if x.stats.n) <= 1e-4
     summary = json.loads((run_dir / 'summary.json').read_text())
     assert summary['rows_per_episode'] >= 1 and 0 < summary['trainable_fraction_of_sampled'] <= 1
@@ -346,3 +346,20 @@ def test_sigkill_and_restart_loses_and_doubles_nothing(model_dir, tmp_path):
     trained = [ids[j + 1] for j in range(len(mask)) if mask[j]]
     assert trained == [i for turn in sent for i in turn]
     assert t.info['gateway']['calls'] == [0, 1, 2] and t.reward == 0.5
+
+
+def test_example_harness_solves_bugfix_through_the_gateway(server, run_dir, model_dir, capsys):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('gateway_bugfix', ROOT / 'examples' / 'gateway_bugfix.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(['--url', server.url, '--run', str(run_dir), '--model', str(model_dir), '--tasks', '2',
+                     '--max-turns', '2', '--max-tokens', '12']) == 0
+    assert '2 episodes, mean reward' in capsys.readouterr().out
+    from agentrl import store
+    from agentrl.gym import make_tasks
+    names = [t.name for t in make_tasks('all')[:2]]
+    got = [t for t in store.read_trajectories(run_dir / 'trajectories') if t.info['gateway']['task'] in names
+           and t.provenance.rollout_id.startswith(t.info['gateway']['task'] + '/')]
+    assert sorted({t.provenance.group_id for t in got}) == sorted(names)
+    assert all(t.info['done'] in (True, False) for t in got)
