@@ -136,7 +136,7 @@ def _echo_notes(ours: dict, theirs: dict) -> list | None:
         return None
     if ours.get('reasoning_content') and theirs.get('reasoning_content') != ours['reasoning_content'] \
             and 'reasoning_inline' not in notes:
-        notes.append('reasoning_dropped')
+        notes.append('reasoning_changed' if theirs.get('reasoning_content') else 'reasoning_dropped')
     oc, tc = ours.get('tool_calls') or [], theirs.get('tool_calls') or []
     if [c.get('id') for c in oc] != [c.get('id') for c in tc]:
         notes.append('tool_call_ids_changed')
@@ -240,9 +240,10 @@ class Session:
             variants = []
         prompt = b.recorder.prompt_ids
         offset = _common(parent.recorder.prompt_ids, prompt)
+        shared = sum(len(t.ids) for t in b.turns)       # replayed parent turns, trained in both rows
         fork = {'branch': index, 'parent': parent.index, 'message_index': n, 'token_offset': offset,
                 'category': category, 'sampled_left_untrained': parent.sampled_after(offset),
-                'call': len(self.calls)}
+                'shared_sampled_tokens': shared, 'call': len(self.calls)}
         b.fork = fork
         return Plan(b, prompt, True, fork=fork, variants=variants)
 
