@@ -363,3 +363,75 @@ def test_example_harness_solves_bugfix_through_the_gateway(server, run_dir, mode
            and t.provenance.rollout_id.startswith(t.info['gateway']['task'] + '/')]
     assert sorted({t.provenance.group_id for t in got}) == sorted(names)
     assert all(t.info['done'] in (True, False) for t in got)
+
+
+# ---------------------------------------------------------------------------- the Gateway object (no HTTP)
+@pytest.fixture
+def gw(upstream, tmp_path):
+    g = Gateway(upstream, tmp_path / 'run')
+    yield g
+    g.pool.shutdown()
+    g.journal.close()
+
+
+def call(gw, s, messages, digest='d', retry=0, **fields):
+    req, _ = parse_request(json.dumps(dict({'messages': messages, 'max_tokens': 4}, **fields)).encode(), 1 << 20)
+    return gw.chat(s, req, digest, retry)[0]
+
+
+def reply(resp):
+    return {k: v for k, v in resp['choices'][0]['message'].items() if v is not None}
+
+
+def test_fork_categories_for_tools_system_prompt_and_subagent(gw):
+    _, s = gw.open_session({})
+    sys_a = [{'role': 'system', 'content': 'You fix bugs.'}, USER[0]]
+    r = call(gw, s, sys_a, seed=1)
+    call(gw, s, sys_a, seed=2, tools=TOOLS)                                              # tools changed
+    call(gw, s, [{'role': 'system', 'content': 'You fix bugs fast.'}, USER[0]], seed=3)   # system prompt changed
+    sub = [{'role': 'system', 'content': 'You are a code searcher.'}, {'role': 'user', 'content': 'Find clamp.'}]
+    rs = call(gw, s, sub, seed=4)                                                         # a sub-agent
+    call(gw, s, sys_a + [reply(r), {'role': 'user', 'content': 'Go on.'}], seed=5)        # the parent goes on
+    call(gw, s, sub + [reply(rs), {'role': 'user', 'content': 'More.'}], seed=6)          # and so does the sub-agent
+    assert [f['category'] for f in s.forks] == ['tools_changed', 'system_prompt_changed', 'subagent']
+    assert [len(b.turns) for b in s.branches] == [2, 1, 1, 2]
+    assert gw.finish(s, 1.0, {})['records'] == 4
+
+
+def test_stop_strings_logprobs_and_tool_choice_none(gw, upstream):
+    _, s = gw.open_session({})
+    free = call(gw, s, USER, seed=8, max_tokens=24, logprobs=True, return_token_ids=True)
+    text = free['choices'][0]['message']['content']
+    stop = next(ch for ch in text[2:] if ch.strip())
+    _, s2 = gw.open_session({})
+    cut = call(gw, s2, USER, seed=8, max_tokens=24, stop=[stop], return_token_ids=True)
+    c = cut['choices'][0]
+    assert c['finish_reason'] == 'stop' and c['message']['content'] == text[:text.index(stop)]
+    assert c['token_ids'] == free['choices'][0]['token_ids'][:len(c['token_ids'])]
+    lp = free['choices'][0]['logprobs']['content']
+    assert len(lp) == len(free['choices'][0]['token_ids']) == free['usage']['completion_tokens']
+    assert [x['logprob'] for x in lp] == s.branches[0].turns[0].logp
+    upstream.force.append(READ)
+    _, s3 = gw.open_session({})
+    r = call(gw, s3, USER, seed=1, tools=TOOLS, tool_choice='none')
+    assert 'tool_calls' not in r['choices'][0]['message'] and r['choices'][0]['finish_reason'] == 'stop'
+    assert r['choices'][0]['message']['content'].startswith('<tool_call>')
+
+
+def test_sampling_fields_are_fixed_per_session_and_identities_are_unique(gw):
+    _, s = gw.open_session({'group_id': 'g', 'rollout_id': 'r'})
+    call(gw, s, USER, temperature=0.7)
+    with pytest.raises(GatewayError, match=r"temperature=1.0 differs from this session's first call \(0.7\)"):
+        call(gw, s, USER + [{'role': 'assistant', 'content': 'x'}, {'role': 'user', 'content': 'y'}])
+    with pytest.raises(GatewayError, match="another session already records group_id='g' rollout_id='r'"):
+        gw.open_session({'group_id': 'g', 'rollout_id': 'r'})
+    with pytest.raises(GatewayError, match="unknown session field 'colour'"):
+        gw.open_session({'colour': 'red'})
+
+
+def test_cli_serve_refuses_without_a_model(tmp_path, capsys):
+    from agentrl.cli.main import main
+    assert main(['serve', '--out', str(tmp_path / 'r')]) == 2
+    assert 'agentrl: error: --engine hf needs --model DIR' in capsys.readouterr().err
+    assert main(['serve', '--out', str(tmp_path / 'r'), '--server', 'http://x']) == 2
+    assert '--server (vLLM) is not available yet' in capsys.readouterr().err
