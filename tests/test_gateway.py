@@ -435,3 +435,25 @@ def test_cli_serve_refuses_without_a_model(tmp_path, capsys):
     assert 'agentrl: error: --engine hf needs --model DIR' in capsys.readouterr().err
     assert main(['serve', '--out', str(tmp_path / 'r'), '--server', 'http://x']) == 2
     assert '--server (vLLM) is not available yet' in capsys.readouterr().err
+
+
+#: A template whose tool wrapper counts messages: a bridge's shape cannot be reused across rounds.
+COUNTING = ("{%- for m in messages %}{%- if m.role == 'tool' %}<|im_start|>user\nResult {{ loop.index }}: "
+            "{{ m.content }}<|im_end|>\n{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}"
+            "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+
+def test_conformance_gate_passes_real_templates_and_refuses_a_counting_one(upstream, tmp_path):
+    from agentrl.gateway import ConformanceError, conformance
+    from agentrl.templates import ChatTemplate
+    tok = upstream.tokenizer
+    assert conformance(ChatTemplate(tok, tools=TOOLS)) == {'conversations': 2, 'turns': 7, 'bridges': 5,
+                                                           'history_rewrites': 0}
+    assert conformance(ChatTemplate(tok, enable_thinking=False))['history_rewrites'] == 5
+    with pytest.raises(ConformanceError, match=r"conversation 0, after turn 3: the bridged record differs from the "
+                                               r"full render at token 88: recorded '\\nResult 7: def', rendered "
+                                               r"'\\nResult 9: def'"):
+        conformance(ChatTemplate(tok, chat_template=COUNTING))
+    with pytest.raises(ConformanceError, match='after turn 3'):
+        Gateway(upstream, tmp_path / 'run', template_options={'chat_template': COUNTING})
+    Gateway(upstream, tmp_path / 'run2', template_options={'chat_template': COUNTING}, conformance=False).pool.shutdown()

@@ -35,6 +35,10 @@ def register(sub) -> None:
     p.add_argument('--max-body-bytes', type=int, default=8 << 20, help='request body size')
     p.add_argument('--max-concurrent', type=int, default=4, help='requests of one session in flight (0: no limit)')
     p.add_argument('--max-wall-s', type=float, default=0.0, help='session wall time in seconds (0: no limit)')
+    p.add_argument('--no-thinking', action='store_true', help='render with enable_thinking=False (Qwen3)')
+    p.add_argument('--no-conformance', action='store_true',
+                   help='skip the start-up gate that records a fixture corpus bridge by bridge and compares it '
+                        'with the full render')
     p.add_argument('--stream-interval', type=float, default=0.0, help=argparse_suppress())
     p.set_defaults(func=run)
 
@@ -72,7 +76,9 @@ def run(args) -> int:
     import os
     os.makedirs(args.out, exist_ok=True)
     with folder_lock(args.out):
-        gw = Gateway(upstream, args.out, limits=limits, session_timeout=args.session_timeout)
+        gw = Gateway(upstream, args.out, limits=limits, session_timeout=args.session_timeout,
+                     template_options={'enable_thinking': False} if args.no_thinking else None,
+                     conformance=not args.no_conformance)
         srv = Server(gw, args.host, args.port, stream_interval=args.stream_interval)
         open_ = sum(s.state == 'open' for s in gw.sessions.values())
         print(f'serving on {srv.url} (sessions: POST {srv.url}/sessions; run {args.out}; '

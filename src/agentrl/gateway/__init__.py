@@ -7,6 +7,7 @@ before its response is sent, and each branch leaf of a finished session becomes 
 
 Source: docs/gateway.md.
 """
+from .conformance import ConformanceError, conformance
 from .engine import HFUpstream, Sample, Upstream
 from .journal import Journal, read_journal
 from .limits import Limits
@@ -17,7 +18,7 @@ from .sessions import FORK_CATEGORIES, Branch, Session, Turn
 
 __all__ = ['Gateway', 'HFUpstream', 'Upstream', 'Sample', 'Limits', 'Journal', 'read_journal', 'ChatRequest',
            'GatewayError', 'parse_request', 'parse_reply', 'message_deltas', 'normalize_assistant', 'Session',
-           'Branch', 'Turn', 'FORK_CATEGORIES', 'session_id', 'create_app', 'Server']
+           'Branch', 'Turn', 'FORK_CATEGORIES', 'session_id', 'conformance', 'ConformanceError', 'create_app', 'Server']
 
 
 def __getattr__(name):          # the HTTP parts import starlette/uvicorn (the `serve` extra) only when used

@@ -51,19 +51,28 @@ class Gateway:
         upstream: the engine. out: the run folder (created; an existing journal is replayed).
         limits: per-session :class:`~agentrl.gateway.limits.Limits`.
         session_timeout: seconds a session may stay idle before it is committed as aborted.
+        template_options: :class:`~agentrl.templates.ChatTemplate` options (``enable_thinking``,
+            ``chat_template`` ...).
+        conformance: run :func:`~agentrl.gateway.conformance.conformance` on every template before
+            it serves (at start for the tool-less one, at first use for each tool list).
 
     Raises:
         ValueError: a damaged journal (names the line); ``out`` holds a run of another kind.
+        ConformanceError: the template's bridges disagree with its full render (names the token).
     """
 
-    def __init__(self, upstream, out, *, limits: Limits | None = None, session_timeout: float = 600.0):
+    def __init__(self, upstream, out, *, limits: Limits | None = None, session_timeout: float = 600.0,
+                 template_options: dict | None = None, conformance: bool = True):
         self.upstream, self.out = upstream, Path(out)
+        self.template_options, self.conformance = dict(template_options or {}), bool(conformance)
+        self.conformance_report: dict = {}
         self.limits = limits or Limits()
         self.session_timeout = float(session_timeout)
         self.sessions: dict[str, Session] = {}
         self.records: dict[str, int] = {}
         self._templates: dict = {}
         self._writer = None
+        self.template(None)             # the start-up conformance gate (raises ConformanceError)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix='agentrl-gateway')
         self.out.mkdir(parents=True, exist_ok=True)
         run = self.out / 'run.json'
@@ -89,14 +98,24 @@ class Gateway:
         """The chat template with these tools (cached per tool list).
 
         Raises:
-            GatewayError: 400 when the template cannot take the tools.
+            GatewayError: 400 when the template cannot take the tools or fails the conformance gate
+                with them. ConformanceError: the tool-less template fails the gate.
         """
         key = json.dumps(tools, sort_keys=True)
         if key not in self._templates:
             try:
-                self._templates[key] = ChatTemplate(self.upstream.tokenizer, tools=tools)
+                t = ChatTemplate(self.upstream.tokenizer, tools=tools, **self.template_options)
             except ValueError as e:
                 raise GatewayError(400, f'tools: {e}', param='tools') from None
+            if self.conformance:
+                from .conformance import ConformanceError, conformance
+                try:
+                    self.conformance_report[key] = conformance(t)
+                except ConformanceError as e:
+                    if tools is None:
+                        raise
+                    raise GatewayError(400, f'tools: {e}', param='tools') from None
+            self._templates[key] = t
         return self._templates[key]
 
     def session(self, token: str) -> Session:
