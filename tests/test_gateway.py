@@ -77,7 +77,7 @@ def run_dir(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def server(upstream, run_dir):
-    srv = Server(Gateway(upstream, run_dir), stream_interval=0.02).start()
+    srv = Server(Gateway(upstream, run_dir), stream_interval=0.02, pause_wait=0.5).start()
     yield srv
     srv.stop()
 
@@ -457,3 +457,29 @@ def test_conformance_gate_passes_real_templates_and_refuses_a_counting_one(upstr
     with pytest.raises(ConformanceError, match='after turn 3'):
         Gateway(upstream, tmp_path / 'run', template_options={'chat_template': COUNTING})
     Gateway(upstream, tmp_path / 'run2', template_options={'chat_template': COUNTING}, conformance=False).pool.shutdown()
+
+
+def test_admin_pause_holds_calls_and_policy_versions_are_stamped_at_dispatch(server, run_dir):
+    import threading
+    admin = {'Authorization': f'Bearer {server.admin_token}'}
+    assert json.loads((run_dir / 'serve.json').read_text())['admin_token'] == server.admin_token
+    assert H.post(server.url + '/admin/pause').status_code == 401
+    assert H.post(server.url + '/admin/pause', headers={'Authorization': 'Bearer nope'}).status_code == 401
+    sess = new_session(server)
+    url = sess['base_url'] + '/chat/completions'
+    assert H.post(server.url + '/admin/pause', headers=admin).json()['paused'] is True
+    r = H.post(url, json={'messages': USER, 'max_tokens': 4})                  # held 0.5 s, then refused
+    assert r.status_code == 429 and r.headers['retry-after'] == '1' and r.json()['error']['code'] == 'paused'
+    assert H.post(server.url + '/admin/policy', headers=admin, json={'version': 'v2'}).json()['policy_version'] == 'v2'
+    got = []
+    t = threading.Thread(target=lambda: got.append(H.post(url, json={'messages': USER, 'max_tokens': 4})))
+    t.start()
+    time.sleep(0.05)
+    assert t.is_alive() and not got                                            # held while paused
+    assert H.post(server.url + '/admin/resume', headers=admin).json()['paused'] is False
+    t.join(30)
+    assert got[0].status_code == 200
+    assert H.post(server.url + '/admin/policy', headers=admin, json={'version': 7}).status_code == 400
+    finish(server, sess)
+    [rec] = records_of(run_dir, sess['session'])
+    assert rec.info['gateway']['policy_versions'] == ['v2']

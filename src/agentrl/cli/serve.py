@@ -35,6 +35,8 @@ def register(sub) -> None:
     p.add_argument('--max-body-bytes', type=int, default=8 << 20, help='request body size')
     p.add_argument('--max-concurrent', type=int, default=4, help='requests of one session in flight (0: no limit)')
     p.add_argument('--max-wall-s', type=float, default=0.0, help='session wall time in seconds (0: no limit)')
+    p.add_argument('--pause-wait', type=float, default=30.0,
+                   help='seconds a call is held while /admin/pause is on before it gets 429 + Retry-After')
     p.add_argument('--no-thinking', action='store_true', help='render with enable_thinking=False (Qwen3)')
     p.add_argument('--no-conformance', action='store_true',
                    help='skip the start-up gate that records a fixture corpus bridge by bridge and compares it '
@@ -79,7 +81,7 @@ def run(args) -> int:
         gw = Gateway(upstream, args.out, limits=limits, session_timeout=args.session_timeout,
                      template_options={'enable_thinking': False} if args.no_thinking else None,
                      conformance=not args.no_conformance)
-        srv = Server(gw, args.host, args.port, stream_interval=args.stream_interval)
+        srv = Server(gw, args.host, args.port, stream_interval=args.stream_interval, pause_wait=args.pause_wait)
         open_ = sum(s.state == 'open' for s in gw.sessions.values())
         print(f'serving on {srv.url} (sessions: POST {srv.url}/sessions; run {args.out}; '
               f'{open_} open sessions resumed)', flush=True)

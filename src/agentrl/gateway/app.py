@@ -9,6 +9,10 @@ Routes:
 * ``GET /sessions/{token}``: the session's state. ``POST /sessions/{token}/finish`` with
   ``{"reward": R, "info": {...}}`` commits its records.
 * ``GET /health``.
+* ``POST /admin/pause`` (returns once every dispatched call is done; new calls are held, then 429 +
+  ``Retry-After``), ``POST /admin/resume``, ``POST /admin/policy`` ``{"version"}`` (stamped on
+  every call dispatched after it), ``GET /admin/state``: with ``Authorization: Bearer ADMIN_TOKEN``
+  (``RUN/serve.json``).
 
 Every error is OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``). State
 changes run in the gateway's worker thread; the event loop only parses, awaits and sends.
@@ -32,8 +36,10 @@ def _json(obj, status: int = 200):
     return Response(json.dumps(obj, ensure_ascii=False), status_code=status, media_type='application/json')
 
 
-def _error(e: GatewayError):
-    return _json(e.body(), e.status)
+def _error(e: GatewayError, headers: dict | None = None):
+    r = _json(e.body(), e.status)
+    r.headers.update(headers or {})
+    return r
 
 
 class _Tracked:
@@ -90,23 +96,19 @@ def _sse(response: dict, include_usage: bool) -> list:
     return [f'data: {json.dumps(c, ensure_ascii=False)}\n\n'.encode() for c in out] + [b'data: [DONE]\n\n']
 
 
-def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0):
-    """The Starlette app serving ``gateway`` (:class:`~agentrl.gateway.service.Gateway`).
+class _Routes:
+    """The route handlers over one gateway (see the module docstring for the routes)."""
 
-    Args:
-        gateway: the state and worker.
-        public_url: ``http://host:port`` the session base URLs start with (default: the request's).
-        stream_interval: seconds between SSE chunks (0: as fast as the connection takes them).
+    def __init__(self, gateway, public_url: str, stream_interval: float, admin_token: str | None,
+                 pause_wait: float):
+        self.gw, self.public_url, self.stream_interval = gateway, public_url, stream_interval
+        self.admin_token, self.pause_wait = admin_token, pause_wait
+        self.running = None                      # asyncio.Event: set while not paused (made in the loop)
 
-    Returns:
-        A ``starlette.applications.Starlette``; its lifespan reaps idle sessions every few seconds.
-    """
-    from starlette.applications import Starlette
-    from starlette.routing import Route
+    async def work(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.gw.pool, fn, *args)
 
-    async def work(fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(gateway.pool, fn, *args)
-
+    @staticmethod
     async def body_of(request, limit: int) -> bytes:
         size = request.headers.get('content-length')
         if size is not None and size.isdigit() and int(size) > limit:
@@ -120,117 +122,197 @@ def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0):
                                    code='body_too_large')
         return raw
 
-    def base(request) -> str:
-        return public_url or f'{request.url.scheme}://{request.url.netloc}'
-
-    async def new_session(request):
+    @staticmethod
+    def json_body(raw: bytes, hint: str):
         try:
-            raw = await body_of(request, 1 << 16)
-            try:
-                ident = json.loads(raw) if raw.strip() else {}
-            except ValueError as e:
-                raise GatewayError(400, f'request body is not valid JSON ({e}); send a JSON object') from None
-            token, s = await work(gateway.open_session, ident)
+            return json.loads(raw) if raw.strip() else {}
+        except ValueError as e:
+            raise GatewayError(400, f'request body is not valid JSON ({e}); send {hint}') from None
+
+    async def new_session(self, request):
+        try:
+            ident = self.json_body(await self.body_of(request, 1 << 16), 'a JSON object')
+            token, s = await self.work(self.gw.open_session, ident)
         except GatewayError as e:
             return _error(e)
-        return _json({'token': token, 'base_url': f'{base(request)}/s/{token}/v1', 'session': s.sid}, 201)
+        base = self.public_url or f'{request.url.scheme}://{request.url.netloc}'
+        return _json({'token': token, 'base_url': f'{base}/s/{token}/v1', 'session': s.sid}, 201)
 
-    async def get_session(request):
+    async def get_session(self, request):
         try:
-            return _json(gateway.session(request.path_params['token']).describe())
+            return _json(self.gw.session(request.path_params['token']).describe())
         except GatewayError as e:
             return _error(e)
 
-    async def finish(request):
+    async def finish(self, request):
         try:
-            s = gateway.session(request.path_params['token'])
-            raw = await body_of(request, 1 << 20)
-            try:
-                body = json.loads(raw) if raw.strip() else {}
-            except ValueError as e:
-                raise GatewayError(400, f'request body is not valid JSON ({e}); send {{"reward": R, "info": {{}}}}') \
-                    from None
+            s = self.gw.session(request.path_params['token'])
+            body = self.json_body(await self.body_of(request, 1 << 20), '{"reward": R, "info": {}}')
             reward, info = (body.get('reward', 0.0), body.get('info', {})) if isinstance(body, dict) else (None, None)
             if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
                 raise GatewayError(400, f'reward must be a finite number, got {reward!r}', param='reward')
             if not isinstance(info, dict):
                 raise GatewayError(400, f'info must be a JSON object, got {type(info).__name__}', param='info')
-            return _json(await work(gateway.finish, s, float(reward), info))
+            return _json(await self.work(self.gw.finish, s, float(reward), info))
         except GatewayError as e:
             return _error(e)
 
-    async def models(request):
+    async def models(self, request):
         try:
-            gateway.session(request.path_params['token'])
+            self.gw.session(request.path_params['token'])
         except GatewayError as e:
             return _error(e)
-        return _json({'object': 'list', 'data': [{'id': gateway.upstream.model_name, 'object': 'model',
+        return _json({'object': 'list', 'data': [{'id': self.gw.upstream.model_name, 'object': 'model',
                                                   'owned_by': 'agentrl'}]})
 
-    async def chat(request):
+    async def wait_running(self) -> None:
+        """Hold a call while the gateway is paused, up to ``pause_wait`` s; then 429 with Retry-After."""
+        if self.running.is_set():
+            return
         try:
-            s = gateway.session(request.path_params['token'])
+            await asyncio.wait_for(self.running.wait(), self.pause_wait)
+        except asyncio.TimeoutError:
+            raise GatewayError(429, f'the gateway is paused (a weight sync); retry in a moment (held '
+                                    f'{self.pause_wait:g} s)', type='rate_limit_error', code='paused') from None
+
+    async def chat(self, request):
+        try:
+            s = self.gw.session(request.path_params['token'])
         except GatewayError as e:
             return _error(e)
-        lim = gateway.limits
+        lim = self.gw.limits
         if lim.max_concurrent and s.in_flight >= lim.max_concurrent:
             return _error(GatewayError(429, f'the session already has {s.in_flight} requests in flight (limit '
                                             f'{lim.max_concurrent}); wait for them', type='rate_limit_error',
                                        code='max_concurrent'))
         s.in_flight += 1
         try:
-            raw = await body_of(request, lim.max_body_bytes)
+            raw = await self.body_of(request, lim.max_body_bytes)
             req, _ = parse_request(raw, lim.max_body_bytes)
             retry = request.headers.get('x-stainless-retry-count', '0')
-            retry = int(retry) if retry.isdigit() else 0
-            response, index, replayed = await work(gateway.chat, s, req, body_digest(raw), retry)
+            await self.wait_running()            # no await between this check and the submit below
+            response, index, replayed = await self.work(self.gw.chat, s, req, body_digest(raw),
+                                                        int(retry) if retry.isdigit() else 0)
         except GatewayError as e:
             s.in_flight -= 1
-            return _error(e)
-        except Exception:
+            return _error(e, {'Retry-After': '1'} if e.code == 'paused' else None)
+        except BaseException:
             s.in_flight -= 1
             raise
 
         async def done(ok: bool):
             s.in_flight -= 1
             if not ok and not replayed:
-                await work(gateway.undelivered, s, index)
+                await self.work(self.gw.undelivered, s, index)
 
         if req.stream:
-            return _Tracked(_sse(response, req.include_usage), 'text/event-stream', done, stream_interval)
+            return _Tracked(_sse(response, req.include_usage), 'text/event-stream', done, self.stream_interval)
         return _Tracked([json.dumps(response, ensure_ascii=False).encode()], 'application/json', done)
 
-    async def health(request):
-        return _json({'ok': True, 'sessions': len(gateway.sessions)})
+    async def health(self, request):
+        return _json({'ok': True, 'sessions': len(self.gw.sessions), 'paused': not self.running.is_set()})
 
-    async def not_found(request, exc):
-        code = getattr(exc, 'status_code', 404)
-        return _json(error_body(f'{request.method} {request.url.path}: no such route (see docs/gateway.md)',
-                                'not_found_error'), code)
+    # ------------------------------------------------------------------ admin
+    def _admin(self, request) -> None:
+        import hmac
+        got = request.headers.get('authorization', '')
+        if not self.admin_token or not hmac.compare_digest(got, f'Bearer {self.admin_token}'):
+            raise GatewayError(401, 'admin routes need "Authorization: Bearer ADMIN_TOKEN" (from RUN/serve.json)',
+                               type='authentication_error', code='admin_token')
 
-    async def internal(request, exc):
-        return _json(error_body(f'internal error: {type(exc).__name__}: {exc}', 'server_error'), 500)
+    async def pause(self, request):
+        """Stop dispatching new calls; returns once the calls already dispatched are done."""
+        try:
+            self._admin(request)
+        except GatewayError as e:
+            return _error(e)
+        self.running.clear()
+        await self.work(lambda: None)           # the worker is serial: every dispatched call has finished
+        return _json(self.admin_state())
 
-    async def reaper():
+    async def resume(self, request):
+        try:
+            self._admin(request)
+        except GatewayError as e:
+            return _error(e)
+        self.running.set()
+        return _json(self.admin_state())
+
+    async def policy(self, request):
+        """Set the policy version stamped on calls dispatched from now on (journalled)."""
+        try:
+            self._admin(request)
+            body = self.json_body(await self.body_of(request, 1 << 12), '{"version": "..."}')
+            v = body.get('version') if isinstance(body, dict) else None
+            if not isinstance(v, str) or not v:
+                raise GatewayError(400, f'version must be a non-empty string, got {v!r}', param='version')
+            await self.work(self.gw.set_policy_version, v)
+        except GatewayError as e:
+            return _error(e)
+        return _json(self.admin_state())
+
+    async def state(self, request):
+        try:
+            self._admin(request)
+        except GatewayError as e:
+            return _error(e)
+        return _json(self.admin_state())
+
+    def admin_state(self) -> dict:
+        return {'paused': not self.running.is_set(), 'policy_version': self.gw.policy_version,
+                'in_flight': sum(s.in_flight for s in self.gw.sessions.values()),
+                'open_sessions': sum(s.state == 'open' for s in self.gw.sessions.values())}
+
+    async def reaper(self):
         while True:
-            await asyncio.sleep(max(0.2, min(5.0, gateway.session_timeout / 4)))
-            await work(gateway.reap)
+            await asyncio.sleep(max(0.2, min(5.0, self.gw.session_timeout / 4)))
+            await self.work(self.gw.reap)
 
+
+def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0, admin_token: str | None = None,
+               pause_wait: float = 30.0):
+    """The Starlette app serving ``gateway`` (:class:`~agentrl.gateway.service.Gateway`).
+
+    Args:
+        gateway: the state and worker.
+        public_url: ``http://host:port`` the session base URLs start with (default: the request's).
+        stream_interval: seconds between SSE chunks (0: as fast as the connection takes them).
+        admin_token: the bearer token of ``/admin/*`` (None: admin routes refuse every request).
+        pause_wait: seconds a call is held while paused before it gets 429 + ``Retry-After``.
+
+    Returns:
+        A ``starlette.applications.Starlette``; its lifespan reaps idle sessions every few seconds.
+    """
     from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+    r = _Routes(gateway, public_url, stream_interval, admin_token, pause_wait)
 
     @asynccontextmanager
     async def lifespan(app):
-        task = asyncio.ensure_future(reaper())
+        r.running = asyncio.Event()
+        r.running.set()
+        task = asyncio.ensure_future(r.reaper())
         try:
             yield
         finally:
             task.cancel()
 
-    routes = [Route('/sessions', new_session, methods=['POST']),
-              Route('/sessions/{token}', get_session, methods=['GET']),
-              Route('/sessions/{token}/finish', finish, methods=['POST']),
-              Route('/s/{token}/v1/chat/completions', chat, methods=['POST']),
-              Route('/s/{token}/v1/models', models, methods=['GET']),
-              Route('/health', health, methods=['GET'])]
+    async def not_found(request, exc):
+        return _json(error_body(f'{request.method} {request.url.path}: no such route (see docs/gateway.md)',
+                                'not_found_error'), getattr(exc, 'status_code', 404))
+
+    async def internal(request, exc):
+        return _json(error_body(f'internal error: {type(exc).__name__}: {exc}', 'server_error'), 500)
+
+    routes = [Route('/sessions', r.new_session, methods=['POST']),
+              Route('/sessions/{token}', r.get_session, methods=['GET']),
+              Route('/sessions/{token}/finish', r.finish, methods=['POST']),
+              Route('/s/{token}/v1/chat/completions', r.chat, methods=['POST']),
+              Route('/s/{token}/v1/models', r.models, methods=['GET']),
+              Route('/health', r.health, methods=['GET']),
+              Route('/admin/pause', r.pause, methods=['POST']), Route('/admin/resume', r.resume, methods=['POST']),
+              Route('/admin/policy', r.policy, methods=['POST']), Route('/admin/state', r.state, methods=['GET'])]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={404: not_found, 405: not_found, Exception: internal})

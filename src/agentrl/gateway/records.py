@@ -55,6 +55,7 @@ def session_records(session, model_name: str) -> list:
         info = dict(session.info)
         info['gateway'] = {'session': session.sid, 'branch': b.index, 'leaves': len(leaves), 'fork': b.fork,
                            'calls': [t.call for t in turns], 'seeds': seeds,
+                           'policy_versions': [session.calls[t.call].get('version') for t in turns],
                            'variants': [dict(v, turn=t.call) for t in turns for v in t.variants],
                            'truncated_turns': [k for k, t in enumerate(turns) if t.truncated],
                            'aborted': session.aborted, 'task': ident.get('task')}

@@ -36,12 +36,14 @@ def bind(host: str = '127.0.0.1', port: int = 0) -> socket.socket:
     return sock
 
 
-def write_serve_json(out, host: str, port: int, gateway) -> Path:
-    """``RUN/serve.json``: host, port, url, pid, model, limits, session timeout."""
-    info = {'host': host, 'port': port, 'url': f'http://{host}:{port}', 'sessions_url': f'http://{host}:{port}/sessions',
+def write_serve_json(out, host: str, port: int, gateway, admin_token: str = '') -> Path:
+    """``RUN/serve.json`` (mode 0600: it holds the admin token): host, port, url, pid, model, limits, timeout."""
+    info = {'admin_token': admin_token, 'host': host, 'port': port, 'url': f'http://{host}:{port}', 'sessions_url': f'http://{host}:{port}/sessions',
             'pid': os.getpid(), 'model': gateway.upstream.model_name, 'limits': gateway.limits.to_dict(),
             'session_timeout': gateway.session_timeout}
-    return atomic_write(Path(out) / 'serve.json', json.dumps(info, indent=2) + '\n')
+    path = atomic_write(Path(out) / 'serve.json', json.dumps(info, indent=2) + '\n')
+    os.chmod(path, 0o600)
+    return path
 
 
 class Server:
@@ -49,10 +51,11 @@ class Server:
 
     Args:
         gateway: the gateway. host, port: where to listen (port 0: a free port).
-        stream_interval: see :func:`~agentrl.gateway.app.create_app`.
+        stream_interval, pause_wait: see :func:`~agentrl.gateway.app.create_app`.
 
     Attributes:
-        host, port, url (``http://host:port``).
+        host, port, url (``http://host:port``), admin_token (the ``/admin/*`` bearer token, also in
+        ``RUN/serve.json``).
 
     Example:
         >>> srv = Server(gw).start()          # in a thread (tests); srv.run() in the foreground
@@ -60,17 +63,21 @@ class Server:
     """
 
     def __init__(self, gateway, host: str = '127.0.0.1', port: int = 0, *, stream_interval: float = 0.0,
-                 log_level: str = 'warning'):
+                 pause_wait: float = 30.0, log_level: str = 'warning'):
+        import secrets
+
         import uvicorn
         self.gateway = gateway
         self.sock = bind(host, port)
         self.host, self.port = host, self.sock.getsockname()[1]
         self.url = f'http://{host}:{self.port}'
-        app = create_app(gateway, public_url=self.url, stream_interval=stream_interval)
+        self.admin_token = secrets.token_urlsafe(24)
+        app = create_app(gateway, public_url=self.url, stream_interval=stream_interval, admin_token=self.admin_token,
+                         pause_wait=pause_wait)
         self.server = uvicorn.Server(uvicorn.Config(app, log_level=log_level, lifespan='on', access_log=False,
                                                     timeout_graceful_shutdown=5))
         self._thread = None
-        write_serve_json(gateway.out, host, self.port, gateway)
+        write_serve_json(gateway.out, host, self.port, gateway, self.admin_token)
 
     def run(self) -> None:
         """Serve in this thread until interrupted (SIGINT/SIGTERM stop uvicorn gracefully)."""

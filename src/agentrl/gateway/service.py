@@ -66,6 +66,7 @@ class Gateway:
         self.upstream, self.out = upstream, Path(out)
         self.template_options, self.conformance = dict(template_options or {}), bool(conformance)
         self.conformance_report: dict = {}
+        self.policy_version = '0'
         self.limits = limits or Limits()
         self.session_timeout = float(session_timeout)
         self.sessions: dict[str, Session] = {}
@@ -209,8 +210,9 @@ class Gateway:
                                   finish_reason(message, truncated), template)
         self.journal.append({'ev': 'call', 'sid': session.sid, 'index': index, 'digest': digest, 'retry': retry,
                              'req': req.recorded(), 'ids': ids, 'logp': logp, 'truncated': truncated,
-                             'seed': sample.seed, 'message': message, 'response': response, 't': time.time()})
-        self._apply(session, plan, sample, message, truncated, digest, response, req)
+                             'seed': sample.seed, 'message': message, 'response': response,
+                             'version': self.policy_version, 't': time.time()})
+        self._apply(session, plan, sample, message, truncated, digest, response, req, self.policy_version)
         return response, index, False
 
     def _sample(self, session, req, plan, template):
@@ -225,13 +227,13 @@ class Gateway:
             int(hashlib.sha256(f'{session.sid}/{len(session.calls)}'.encode()).hexdigest()[:15], 16)
         return self.upstream.sample(plan.prompt_ids, req.spec, budget, seed, template.stop_ids), budget
 
-    def _apply(self, session, plan, sample, message, truncated, digest, response, req) -> None:
+    def _apply(self, session, plan, sample, message, truncated, digest, response, req, version) -> None:
         from .engine import Sample
         s = Sample(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed)
         if session.spec is None:
             session.spec = req.spec
         session.commit(plan, s, message, {'index': len(session.calls), 'digest': digest, 'seed': sample.seed,
-                                          'response': response})
+                                          'response': response, 'version': version})
         session.last_seen = time.time()
 
     def _response(self, session, index, req, prompt, sample, message, reason, template) -> dict:
@@ -248,6 +250,11 @@ class Gateway:
             choice['token_ids'] = list(sample.ids)
             out['prompt_token_ids'] = list(prompt)
         return out
+
+    def set_policy_version(self, version: str) -> None:
+        """Stamp ``version`` on every call dispatched from now on (journalled; worker thread)."""
+        self.journal.append({'ev': 'policy', 'version': version, 't': time.time()})
+        self.policy_version = version
 
     def undelivered(self, session: Session, index: int) -> None:
         """Journal that call ``index``'s response never reached the client (worker thread)."""
@@ -306,8 +313,11 @@ class Gateway:
                 req = ChatRequest.from_recorded(ev['req'])
                 plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True), self.template(req.tools))
                 sample = Sample(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'])
-                self._apply(s, plan, sample, ev['message'], ev['truncated'], ev['digest'], ev['response'], req)
+                self._apply(s, plan, sample, ev['message'], ev['truncated'], ev['digest'], ev['response'], req,
+                            ev.get('version', '0'))
                 s.last_seen = ev['t']
+            elif kind == 'policy':
+                self.policy_version = ev['version']
             elif kind == 'undelivered' and s is not None:
                 s.mark_undelivered(ev['index'])
             elif kind == 'finish' and s is not None:
