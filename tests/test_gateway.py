@@ -398,6 +398,21 @@ def test_fork_categories_for_tools_system_prompt_and_subagent(gw):
     assert gw.finish(s, 1.0, {})['records'] == 4
 
 
+def test_a_removed_turn_is_history_edited_and_a_summary_is_compaction(gw):
+    _, s = gw.open_session({})
+    msgs = list(USER)
+    for k in range(3):
+        msgs += [reply(call(gw, s, msgs, seed=40 + k)), {'role': 'tool', 'content': f'obs {k}'}]
+    call(gw, s, [msgs[0]] + msgs[3:5], seed=50)                                   # turn 0 and its result removed
+    call(gw, s, msgs[:3] + [{'role': 'user', 'content': 'Summary: read clamp.'}], seed=51)
+    call(gw, s, msgs[:3] + [{'role': 'tool', 'content': 'obs 0, edited'}], seed=52)
+    assert [(f['category'], f['message_index']) for f in s.forks] == [
+        ('history_edited', 1), ('compaction', 3), ('history_edited', 3)]     # the last one forks off the longest match
+    assert [f['parent'] for f in s.forks] == [0, 0, 2]
+    first = len(s.branches[0].turns[0].ids)
+    assert [f['shared_sampled_tokens'] for f in s.forks] == [0, first, first]
+
+
 def test_stop_strings_logprobs_and_tool_choice_none(gw, upstream):
     _, s = gw.open_session({})
     free = call(gw, s, USER, seed=8, max_tokens=24, logprobs=True, return_token_ids=True)

@@ -327,7 +327,12 @@ class Gateway:
                 self.records[s.sid] = ev['records']
         for s in self.sessions.values():
             if s.state == 'finished':          # killed between finish and commit: store again (resends skip)
-                self._commit(s)
+                try:
+                    self._commit(s)
+                except Exception as e:  # noqa: BLE001 - one bad session must not keep the others from serving
+                    import warnings
+                    warnings.warn(f'session {s.sid}: its records could not be stored again ({type(e).__name__}: '
+                                  f'{e}); it stays finished and uncommitted in {self.out}/journal.jsonl')
             elif s.state == 'open':
                 s.last_seen = max(s.last_seen, time.time())     # the restart is not idleness
 

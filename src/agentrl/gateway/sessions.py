@@ -147,6 +147,17 @@ def _echo_notes(ours: dict, theirs: dict) -> list | None:
     return notes
 
 
+def _edit_category(view: list, n: int, messages: list) -> str:
+    """``'compaction'``: a shorter history that brings a user or system message the branch never had (a
+    summary); else ``'history_edited'`` (edited or reordered tool results, a removed turn, a changed message)."""
+    if len(messages) < len(view):
+        seen = {(v.get('role'), _content(v)) for v, _ in view}
+        if any((m['role'], _content(m)) not in seen for m in messages[n:] if m['role'] in ('user', 'system',
+                                                                                           'developer')):
+            return 'compaction'
+    return 'history_edited'
+
+
 def match(view: list, messages: list) -> tuple:
     """``(n, variants)``: how many view entries ``messages`` repeats in substance, and the echo notes."""
     variants = []
@@ -231,7 +242,7 @@ class Session:
                     break
             b = Branch(index, template, tools_key, parent.opening, parent.steps[:k + 1] + [('msgs', tail)])
             category = 'retry' if n == len(messages) and n < len(view) and view[n][1] is not None \
-                else 'history_edited'
+                else _edit_category(view, n, messages)
         else:
             b = Branch(index, template, tools_key, messages)
             category = 'retry' if (parent.tools_key == tools_key and n == len(messages) and n < len(view)
@@ -255,9 +266,7 @@ class Session:
         if n == 0 and first['role'] == 'system' and theirs['role'] == 'system':
             same_user = len(view) > 1 and len(messages) > 1 and _same(view[1][0], messages[1])
             return 'system_prompt_changed' if same_user else 'subagent'
-        if len(messages) < len(view):
-            return 'compaction'
-        return 'history_edited' if n < len(messages) else 'other'
+        return _edit_category(view, n, messages) if n < len(messages) else 'other'
 
     # ------------------------------------------------------------------ committing
     def commit(self, plan: Plan, sample, message: dict, call: dict) -> Turn:
