@@ -41,7 +41,10 @@ def gym_text(message) -> str:
 
 def episode(url: str, task, *, seed: int, max_turns: int, max_tokens: int) -> float:
     """One BugFix episode through the gateway; returns its reward."""
-    import httpx2 as httpx
+    try:                                  # openai >= 3 ships httpx2, older versions httpx
+        import httpx2 as httpx
+    except ImportError:
+        import httpx
     from openai import OpenAI
 
     from agentrl.gym import TOOL_SCHEMAS, BugFixEnv

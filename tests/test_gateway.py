@@ -498,3 +498,30 @@ def test_admin_pause_holds_calls_and_policy_versions_are_stamped_at_dispatch(ser
     finish(server, sess)
     [rec] = records_of(run_dir, sess['session'])
     assert rec.info['gateway']['policy_versions'] == ['v2']
+
+
+def test_sdk_retries_a_paused_call_and_gets_one_sample(server, run_dir):
+    import threading
+    admin = {'Authorization': f'Bearer {server.admin_token}'}
+    sess = new_session(server)
+    H.post(server.url + '/admin/pause', headers=admin)
+    threading.Timer(0.8, lambda: H.post(server.url + '/admin/resume', headers=admin)).start()
+    r = client(sess, max_retries=3).chat.completions.with_raw_response.create(model='m', messages=USER, max_tokens=4)
+    assert r.retries_taken >= 1 and r.parse().choices[0].finish_reason in ('stop', 'length')
+    assert H.get(f'{server.url}/sessions/{sess["token"]}').json()['calls'] == 1
+
+
+def test_a_retry_after_a_crash_between_journal_and_response_is_replayed(gw, upstream):
+    token, s = gw.open_session({})
+    body = json.dumps({'messages': USER, 'max_tokens': 5, 'seed': 3}).encode()
+    req, _ = parse_request(body, 1 << 20)
+    from agentrl.gateway.protocol import body_digest
+    sent, _, _ = gw.chat(s, req, body_digest(body), 0)        # journalled; the response never left the process
+    again = Gateway(upstream, gw.out)                          # the restarted gateway, same folder
+    s2 = again.session(token)
+    got, index, replayed = again.chat(s2, req, body_digest(body), 1)
+    assert (got, index, replayed) == (sent, 0, True) and len(s2.calls) == 1
+    assert s2.branches[0].recorder.prompt_ids == s.branches[0].recorder.prompt_ids
+    assert again.finish(s2, 1.0, {})['records'] == 1
+    again.pool.shutdown()
+    again.journal.close()

@@ -5,6 +5,8 @@ The first line printed is the bound address (``serving on http://HOST:PORT``); i
 """
 from __future__ import annotations
 
+import argparse
+import os
 import sys
 
 from .options import UserError
@@ -41,13 +43,8 @@ def register(sub) -> None:
     p.add_argument('--no-conformance', action='store_true',
                    help='skip the start-up gate that records a fixture corpus bridge by bridge and compares it '
                         'with the full render')
-    p.add_argument('--stream-interval', type=float, default=0.0, help=argparse_suppress())
+    p.add_argument('--stream-interval', type=float, default=0.0, help=argparse.SUPPRESS)   # tests: pace SSE
     p.set_defaults(func=run)
-
-
-def argparse_suppress():
-    import argparse
-    return argparse.SUPPRESS
 
 
 def run(args) -> int:
@@ -75,7 +72,6 @@ def run(args) -> int:
                     max_output_tokens=args.max_output_tokens, max_body_bytes=args.max_body_bytes,
                     max_concurrent=args.max_concurrent, max_wall_s=args.max_wall_s)
     upstream = HFUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
-    import os
     os.makedirs(args.out, exist_ok=True)
     with folder_lock(args.out):
         gw = Gateway(upstream, args.out, limits=limits, session_timeout=args.session_timeout,
