@@ -525,3 +525,34 @@ def test_a_retry_after_a_crash_between_journal_and_response_is_replayed(gw, upst
     assert again.finish(s2, 1.0, {})['records'] == 1
     again.pool.shutdown()
     again.journal.close()
+
+
+def test_streamed_tool_calls_concatenate_to_the_non_streamed_message(server, upstream):
+    got = []
+    for stream in (False, True):
+        sess = new_session(server)
+        upstream.force.append(READ.replace('{}', '{"path": "clamp.py", "lines": [1, 2, 3, 4, 5, 6, 7, 8]}'))
+        kw = dict(model='m', messages=USER, tools=TOOLS, seed=1)
+        if not stream:
+            m = client(sess).chat.completions.create(**kw).choices[0].message
+            got.append((m.content, m.model_extra['reasoning_content'],
+                        [(c.id, c.function.name, c.function.arguments) for c in m.tool_calls]))
+            continue
+        calls, reasoning, content = {}, '', None
+        for p in client(sess).chat.completions.create(stream=True, **kw):
+            d = p.choices[0].delta if p.choices else None
+            if d is None:
+                continue
+            reasoning += d.model_extra.get('reasoning_content') or ''
+            content = (content or '') + d.content if d.content else content
+            for c in d.tool_calls or ():
+                e = calls.setdefault(c.index, ['', '', ''])
+                e[0] += c.id or ''
+                e[1] += c.function.name or ''
+                e[2] += c.function.arguments or ''
+        got.append((content, reasoning, [tuple(e) for _, e in sorted(calls.items())]))
+    (c0, r0, t0), (c1, r1, t1) = got
+    assert (c0, r0) == (c1, r1) == (None, 'hm')
+    assert [t[1:] for t in t0] == [t[1:] for t in t1] == [
+        ('read', '{"path": "clamp.py", "lines": [1, 2, 3, 4, 5, 6, 7, 8]}')]
+    assert t0[0][0].startswith('call_') and t1[0][0].startswith('call_')     # ids are per session and call
