@@ -556,3 +556,26 @@ def test_streamed_tool_calls_concatenate_to_the_non_streamed_message(server, ups
     assert [t[1:] for t in t0] == [t[1:] for t in t1] == [
         ('read', '{"path": "clamp.py", "lines": [1, 2, 3, 4, 5, 6, 7, 8]}')]
     assert t0[0][0].startswith('call_') and t1[0][0].startswith('call_')     # ids are per session and call
+
+
+def test_journal_drops_a_torn_last_line_and_refuses_a_damaged_one(tmp_path):
+    from agentrl.gateway import Journal
+    j = Journal(tmp_path / 'j.jsonl')
+    j.append({'ev': 'session', 'sid': 'a'})
+    j.close()
+    with open(tmp_path / 'j.jsonl', 'ab') as f:
+        f.write(b'{"ev": "call", "sid"')                     # killed mid-write
+    assert read_journal(tmp_path / 'j.jsonl') == [{'ev': 'session', 'sid': 'a'}]
+    j = Journal(tmp_path / 'j.jsonl')                        # reopening cuts the torn line off
+    j.append({'ev': 'finish', 'sid': 'a'})
+    j.close()
+    assert [e['ev'] for e in read_journal(tmp_path / 'j.jsonl')] == ['session', 'finish']
+    (tmp_path / 'bad.jsonl').write_bytes(b'{"ev": 1}\nnot json\n{"ev": 2}\n')
+    with pytest.raises(ValueError, match=r'bad.jsonl: line 2 is not a journal event'):
+        read_journal(tmp_path / 'bad.jsonl')
+
+
+def test_models_route_names_the_served_model(server, upstream):
+    sess = new_session(server)
+    assert [m.id for m in client(sess).models.list()] == [upstream.model_name]
+    assert H.get(server.url + '/nowhere').json()['error']['type'] == 'not_found_error'
