@@ -579,3 +579,25 @@ def test_models_route_names_the_served_model(server, upstream):
     sess = new_session(server)
     assert [m.id for m in client(sess).models.list()] == [upstream.model_name]
     assert H.get(server.url + '/nowhere').json()['error']['type'] == 'not_found_error'
+
+
+def test_limits_refuse_with_the_limit_named():
+    lim = Limits(max_turns=0, max_prompt_tokens=10, max_output_tokens=5, max_wall_s=2.0)
+    lim.check_call(1000, 4, 1.0)
+    with pytest.raises(GatewayError, match=r'sampled 5 tokens, its limit is 5 \(--max-output-tokens\)') as e:
+        lim.check_call(0, 5, 1.0)
+    assert (e.value.status, e.value.code) == (429, 'max_output_tokens')
+    with pytest.raises(GatewayError, match=r'over its wall time of 2 s \(--max-wall-s\)'):
+        lim.check_call(0, 0, 3.0)
+    with pytest.raises(GatewayError, match=r'the prompt is 11 tokens, over the limit of 10'):
+        lim.check_prompt(11)
+    assert lim.output_budget(3) == 2 and Limits().output_budget(3) is None
+
+
+def test_output_budget_caps_the_turn(upstream, tmp_path):
+    gw = Gateway(upstream, tmp_path / 'run', limits=Limits(max_output_tokens=3))
+    _, s = gw.open_session({})
+    r = call(gw, s, USER, max_tokens=20, seed=1)
+    assert r['usage']['completion_tokens'] <= 3
+    gw.pool.shutdown()
+    gw.journal.close()
