@@ -83,7 +83,8 @@ def test_rollout_bad_input_is_one_line(tmp_path, args, message):
                                             "from 'verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'sft', "
                                             "'skyrl-sft') (see agentrl export --help)"),
     (['bogus'], "agentrl: error: argument COMMAND: invalid choice: 'bogus' (choose from 'rollout', 'check', 'show', "
-                "'report', 'train', 'template', 'drift', 'make-test-model', 'export', 'import') (see agentrl --help)"),
+                "'report', 'train', 'template', 'drift', 'make-test-model', 'export', 'import', 'serve') (see agentrl "
+                "--help)"),
     (['rollout', '--policy', '\x1b[2J'], None),            # not argparse's: checked by the job, also one line
 ])
 def test_usage_errors_are_one_line(argv, err, capsys):

@@ -3,7 +3,7 @@
 Layers (docs/design.md): L0 record, io, _version, fields, _lazy; L1 tokenizer, gym, model, sampling, kv_cache,
 checkpoint;
 L2 rollouts, batching (collate), packing (collate_packed), templates; L3 checks, stats; L4 store, viz, engines, train, interop;
-L5 jobs; L6 cli. The gym never imports torch.
+L5 jobs, gateway; L6 cli. The gym never imports torch.
 """
 import ast
 from pathlib import Path
@@ -16,7 +16,7 @@ LAYER = {'record': 0, 'io': 0, '_version': 0, 'fields': 0, '_lazy': 0,
          'rollouts': 2, 'batching': 2, 'packing': 2, 'templates': 2,
          'checks': 3, 'stats': 3,
          'store': 4, 'viz': 4, 'engines': 4, 'train': 4, 'interop': 4,
-         'jobs': 5, 'cli': 6}
+         'jobs': 5, 'gateway': 5, 'cli': 6}
 
 
 def _top(path: Path) -> str:

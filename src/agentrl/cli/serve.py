@@ -1,0 +1,86 @@
+"""``agentrl serve --out RUN``: an OpenAI-compatible gateway that records harness calls token-exactly.
+
+The first line printed is the bound address (``serving on http://HOST:PORT``); it is also in
+``RUN/serve.json``. Restarting on the same ``--out`` resumes the open sessions from the journal.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from .options import UserError
+
+
+def register(sub) -> None:
+    """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
+    p = sub.add_parser('serve', help='serve an OpenAI-compatible gateway that records harness traffic',
+                       description='Serve POST /sessions, POST /s/TOKEN/v1/chat/completions and POST '
+                                   '/sessions/TOKEN/finish in front of an engine; every call is journalled to '
+                                   'RUN/journal.jsonl before its response is sent, and each finished session\'s '
+                                   'branch leaves are stored in RUN/trajectories (check them with `agentrl check '
+                                   'RUN --model DIR`). See docs/gateway.md.')
+    p.add_argument('--out', required=True, metavar='RUN', help='run folder (created; an existing gateway run resumes)')
+    p.add_argument('--engine', choices=['hf'], default='hf', help='engine: hf (a Hugging Face model in this process)')
+    p.add_argument('--model', metavar='DIR', help='Hugging Face model folder for --engine hf (e.g. from '
+                                                  '`agentrl make-test-model`)')
+    p.add_argument('--server', metavar='URL', help='vLLM server URL (not available yet)')
+    p.add_argument('--host', default='127.0.0.1', help='address to listen on (default 127.0.0.1)')
+    p.add_argument('--port', type=int, default=0, help='port (0: a free port; printed and in RUN/serve.json)')
+    p.add_argument('--device', default=None, help='torch device for --engine hf (default cuda if available)')
+    p.add_argument('--max-new-tokens', type=int, default=256, help='default turn budget when a call sets no max_tokens')
+    p.add_argument('--session-timeout', type=float, default=600.0,
+                   help='seconds idle after which a session is committed as aborted')
+    p.add_argument('--max-turns', type=int, default=256, help='calls per session (0: no limit)')
+    p.add_argument('--max-prompt-tokens', type=int, default=0, help='prompt tokens per call (0: no limit)')
+    p.add_argument('--max-output-tokens', type=int, default=0, help='sampled tokens per session (0: no limit)')
+    p.add_argument('--max-body-bytes', type=int, default=8 << 20, help='request body size')
+    p.add_argument('--max-concurrent', type=int, default=4, help='requests of one session in flight (0: no limit)')
+    p.add_argument('--max-wall-s', type=float, default=0.0, help='session wall time in seconds (0: no limit)')
+    p.add_argument('--pause-wait', type=float, default=30.0,
+                   help='seconds a call is held while /admin/pause is on before it gets 429 + Retry-After')
+    p.add_argument('--no-thinking', action='store_true', help='render with enable_thinking=False (Qwen3)')
+    p.add_argument('--no-conformance', action='store_true',
+                   help='skip the start-up gate that records a fixture corpus bridge by bridge and compares it '
+                        'with the full render')
+    p.add_argument('--stream-interval', type=float, default=0.0, help=argparse.SUPPRESS)   # tests: pace SSE
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
+    if args.server:
+        raise UserError('--server (vLLM) is not available yet; use --engine hf --model DIR')
+    if not args.model:
+        raise UserError('--engine hf needs --model DIR (make one with `agentrl make-test-model DIR`)')
+    for name in ('port', 'max_new_tokens', 'max_turns', 'max_prompt_tokens', 'max_output_tokens', 'max_body_bytes',
+                 'max_concurrent'):
+        v = getattr(args, name)
+        if v < 0 or (name in ('max_new_tokens', 'max_body_bytes') and v < 1) or (name == 'port' and v > 65535):
+            raise UserError(f'--{name.replace("_", "-")} is out of range: {v}')
+    if not args.session_timeout > 0 or args.max_wall_s < 0:
+        raise UserError('--session-timeout must be > 0 and --max-wall-s >= 0')
+    try:
+        import starlette  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as e:
+        raise ImportError(f'agentrl serve needs starlette and uvicorn ({e}); pip install agentrl[serve]') from None
+    from ..gateway import Gateway, HFUpstream, Limits
+    from ..gateway.server import Server
+    from ..io import folder_lock
+    limits = Limits(max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens,
+                    max_output_tokens=args.max_output_tokens, max_body_bytes=args.max_body_bytes,
+                    max_concurrent=args.max_concurrent, max_wall_s=args.max_wall_s)
+    upstream = HFUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
+    os.makedirs(args.out, exist_ok=True)
+    with folder_lock(args.out):
+        gw = Gateway(upstream, args.out, limits=limits, session_timeout=args.session_timeout,
+                     template_options={'enable_thinking': False} if args.no_thinking else None,
+                     conformance=not args.no_conformance)
+        srv = Server(gw, args.host, args.port, stream_interval=args.stream_interval, pause_wait=args.pause_wait)
+        open_ = sum(s.state == 'open' for s in gw.sessions.values())
+        print(f'serving on {srv.url} (sessions: POST {srv.url}/sessions; run {args.out}; '
+              f'{open_} open sessions resumed)', flush=True)
+        srv.run()
+    print('agentrl serve: stopped', file=sys.stderr)
+    return 0

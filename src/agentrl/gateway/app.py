@@ -1,0 +1,318 @@
+"""L5: the gateway's HTTP routes (Starlette): sessions, chat completions (JSON or SSE), finish.
+
+Routes:
+
+* ``POST /sessions`` (optional JSON ``{"group_id", "rollout_id", "task"}``) -> 201
+  ``{"token", "base_url", "session"}``; hand ``base_url`` and any API key to the harness.
+* ``POST /s/{token}/v1/chat/completions``: the OpenAI chat-completions call (JSON, or SSE with
+  ``stream: true``); ``GET /s/{token}/v1/models`` lists the served model.
+* ``GET /sessions/{token}``: the session's state. ``POST /sessions/{token}/finish`` with
+  ``{"reward": R, "info": {...}}`` commits its records.
+* ``GET /health``.
+* ``POST /admin/pause`` (returns once every dispatched call is done; new calls are held, then 429 +
+  ``Retry-After``), ``POST /admin/resume``, ``POST /admin/policy`` ``{"version"}`` (stamped on
+  every call dispatched after it), ``GET /admin/state``: with ``Authorization: Bearer ADMIN_TOKEN``
+  (``RUN/serve.json``).
+
+Every error is OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``). State
+changes run in the gateway's worker thread; the event loop only parses, awaits and sends.
+
+Source: docs/gateway.md#endpoints; the OpenAI chat-completions API (chunks, ``[DONE]``).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+
+from .parse import message_deltas
+from .protocol import GatewayError, body_digest, error_body, parse_request
+
+__all__ = ['create_app']
+
+
+def _json(obj, status: int = 200):
+    from starlette.responses import Response
+    return Response(json.dumps(obj, ensure_ascii=False), status_code=status, media_type='application/json')
+
+
+def _error(e: GatewayError, headers: dict | None = None):
+    r = _json(e.body(), e.status)
+    r.headers.update(headers or {})
+    return r
+
+
+class _Tracked:
+    """An ASGI response that reports whether every byte was handed to a connection still open."""
+
+    def __init__(self, chunks, media_type: str, on_done, interval: float = 0.0):
+        self.chunks, self.media_type, self.on_done, self.interval = chunks, media_type, on_done, interval
+
+    async def __call__(self, scope, receive, send):
+        gone = asyncio.Event()
+
+        async def listen():
+            while True:
+                m = await receive()
+                if m['type'] == 'http.disconnect':
+                    gone.set()
+                    return
+
+        task = asyncio.ensure_future(listen())
+        ok = False
+        try:
+            await asyncio.sleep(0)
+            if not gone.is_set():
+                await send({'type': 'http.response.start', 'status': 200,
+                            'headers': [(b'content-type', self.media_type.encode()), (b'cache-control', b'no-cache')]})
+                for c in self.chunks:
+                    if gone.is_set():
+                        break
+                    await send({'type': 'http.response.body', 'body': c, 'more_body': True})
+                    await asyncio.sleep(self.interval)
+                else:
+                    await send({'type': 'http.response.body', 'body': b'', 'more_body': False})
+                    ok = not gone.is_set()
+        finally:
+            task.cancel()
+            await self.on_done(ok)
+
+
+def _sse(response: dict, include_usage: bool) -> list:
+    """The SSE events of a completed response: deltas of its message, a finish chunk, usage, ``[DONE]``."""
+    choice = response['choices'][0]
+    base = {'id': response['id'], 'object': 'chat.completion.chunk', 'created': response['created'],
+            'model': response['model']}
+    out = []
+    for d in message_deltas(choice['message']):
+        out.append(dict(base, choices=[{'index': 0, 'delta': d, 'logprobs': None, 'finish_reason': None}]))
+    last = {'index': 0, 'delta': {}, 'logprobs': choice['logprobs'], 'finish_reason': choice['finish_reason']}
+    if 'token_ids' in choice:
+        last['token_ids'] = choice['token_ids']
+    out.append(dict(base, choices=[last], **({'prompt_token_ids': response['prompt_token_ids']}
+                                             if 'prompt_token_ids' in response else {})))
+    if include_usage:
+        out.append(dict(base, choices=[], usage=response['usage']))
+    return [f'data: {json.dumps(c, ensure_ascii=False)}\n\n'.encode() for c in out] + [b'data: [DONE]\n\n']
+
+
+class _Routes:
+    """The route handlers over one gateway (see the module docstring for the routes)."""
+
+    def __init__(self, gateway, public_url: str, stream_interval: float, admin_token: str | None,
+                 pause_wait: float):
+        self.gw, self.public_url, self.stream_interval = gateway, public_url, stream_interval
+        self.admin_token, self.pause_wait = admin_token, pause_wait
+        self.running = None                      # asyncio.Event: set while not paused (made in the loop)
+
+    async def work(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.gw.pool, fn, *args)
+
+    @staticmethod
+    async def body_of(request, limit: int) -> bytes:
+        size = request.headers.get('content-length')
+        if size is not None and size.isdigit() and int(size) > limit:
+            raise GatewayError(413, f'request body is {size} bytes, over the limit of {limit}; send a shorter '
+                                    'history', code='body_too_large')
+        raw = b''
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > limit:
+                raise GatewayError(413, f'request body is over the limit of {limit} bytes; send a shorter history',
+                                   code='body_too_large')
+        return raw
+
+    @staticmethod
+    def json_body(raw: bytes, hint: str):
+        try:
+            return json.loads(raw) if raw.strip() else {}
+        except ValueError as e:
+            raise GatewayError(400, f'request body is not valid JSON ({e}); send {hint}') from None
+
+    async def new_session(self, request):
+        try:
+            ident = self.json_body(await self.body_of(request, 1 << 16), 'a JSON object')
+            token, s = await self.work(self.gw.open_session, ident)
+        except GatewayError as e:
+            return _error(e)
+        base = self.public_url or f'{request.url.scheme}://{request.url.netloc}'
+        return _json({'token': token, 'base_url': f'{base}/s/{token}/v1', 'session': s.sid}, 201)
+
+    async def get_session(self, request):
+        try:
+            return _json(self.gw.session(request.path_params['token']).describe())
+        except GatewayError as e:
+            return _error(e)
+
+    async def finish(self, request):
+        try:
+            s = self.gw.session(request.path_params['token'])
+            body = self.json_body(await self.body_of(request, 1 << 20), '{"reward": R, "info": {}}')
+            reward, info = (body.get('reward', 0.0), body.get('info', {})) if isinstance(body, dict) else (None, None)
+            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
+                raise GatewayError(400, f'reward must be a finite number, got {reward!r}', param='reward')
+            if not isinstance(info, dict):
+                raise GatewayError(400, f'info must be a JSON object, got {type(info).__name__}', param='info')
+            return _json(await self.work(self.gw.finish, s, float(reward), info))
+        except GatewayError as e:
+            return _error(e)
+
+    async def models(self, request):
+        try:
+            self.gw.session(request.path_params['token'])
+        except GatewayError as e:
+            return _error(e)
+        return _json({'object': 'list', 'data': [{'id': self.gw.upstream.model_name, 'object': 'model',
+                                                  'owned_by': 'agentrl'}]})
+
+    async def wait_running(self) -> None:
+        """Hold a call while the gateway is paused, up to ``pause_wait`` s; then 429 with Retry-After."""
+        if self.running.is_set():
+            return
+        try:
+            await asyncio.wait_for(self.running.wait(), self.pause_wait)
+        except asyncio.TimeoutError:
+            raise GatewayError(429, f'the gateway is paused (a weight sync); retry in a moment (held '
+                                    f'{self.pause_wait:g} s)', type='rate_limit_error', code='paused') from None
+
+    async def chat(self, request):
+        try:
+            s = self.gw.session(request.path_params['token'])
+        except GatewayError as e:
+            return _error(e)
+        lim = self.gw.limits
+        if lim.max_concurrent and s.in_flight >= lim.max_concurrent:
+            return _error(GatewayError(429, f'the session already has {s.in_flight} requests in flight (limit '
+                                            f'{lim.max_concurrent}); wait for them', type='rate_limit_error',
+                                       code='max_concurrent'))
+        s.in_flight += 1
+        try:
+            raw = await self.body_of(request, lim.max_body_bytes)
+            req, _ = parse_request(raw, lim.max_body_bytes)
+            retry = request.headers.get('x-stainless-retry-count', '0')
+            await self.wait_running()            # no await between this check and the submit below
+            response, index, replayed = await self.work(self.gw.chat, s, req, body_digest(raw),
+                                                        int(retry) if retry.isdigit() else 0)
+        except GatewayError as e:
+            s.in_flight -= 1
+            return _error(e, {'Retry-After': '1'} if e.code == 'paused' else None)
+        except BaseException:
+            s.in_flight -= 1
+            raise
+
+        async def done(ok: bool):
+            s.in_flight -= 1
+            if not ok and not replayed:
+                await self.work(self.gw.undelivered, s, index)
+
+        if req.stream:
+            return _Tracked(_sse(response, req.include_usage), 'text/event-stream', done, self.stream_interval)
+        return _Tracked([json.dumps(response, ensure_ascii=False).encode()], 'application/json', done)
+
+    async def health(self, request):
+        return _json({'ok': True, 'sessions': len(self.gw.sessions), 'paused': not self.running.is_set()})
+
+    # ------------------------------------------------------------------ admin
+    def _admin(self, request) -> None:
+        import hmac
+        got = request.headers.get('authorization', '')
+        if not self.admin_token or not hmac.compare_digest(got, f'Bearer {self.admin_token}'):
+            raise GatewayError(401, 'admin routes need "Authorization: Bearer ADMIN_TOKEN" (from RUN/serve.json)',
+                               type='authentication_error', code='admin_token')
+
+    async def pause(self, request):
+        """Stop dispatching new calls; returns once the calls already dispatched are done."""
+        try:
+            self._admin(request)
+        except GatewayError as e:
+            return _error(e)
+        self.running.clear()
+        await self.work(lambda: None)           # the worker is serial: every dispatched call has finished
+        return _json(self.admin_state())
+
+    async def resume(self, request):
+        try:
+            self._admin(request)
+        except GatewayError as e:
+            return _error(e)
+        self.running.set()
+        return _json(self.admin_state())
+
+    async def policy(self, request):
+        """Set the policy version stamped on calls dispatched from now on (journalled)."""
+        try:
+            self._admin(request)
+            body = self.json_body(await self.body_of(request, 1 << 12), '{"version": "..."}')
+            v = body.get('version') if isinstance(body, dict) else None
+            if not isinstance(v, str) or not v:
+                raise GatewayError(400, f'version must be a non-empty string, got {v!r}', param='version')
+            await self.work(self.gw.set_policy_version, v)
+        except GatewayError as e:
+            return _error(e)
+        return _json(self.admin_state())
+
+    async def state(self, request):
+        try:
+            self._admin(request)
+        except GatewayError as e:
+            return _error(e)
+        return _json(self.admin_state())
+
+    def admin_state(self) -> dict:
+        return {'paused': not self.running.is_set(), 'policy_version': self.gw.policy_version,
+                'in_flight': sum(s.in_flight for s in self.gw.sessions.values()),
+                'open_sessions': sum(s.state == 'open' for s in self.gw.sessions.values())}
+
+    async def reaper(self):
+        while True:
+            await asyncio.sleep(max(0.2, min(5.0, self.gw.session_timeout / 4)))
+            await self.work(self.gw.reap)
+
+
+def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0, admin_token: str | None = None,
+               pause_wait: float = 30.0):
+    """The Starlette app serving ``gateway`` (:class:`~agentrl.gateway.service.Gateway`).
+
+    Args:
+        gateway: the state and worker.
+        public_url: ``http://host:port`` the session base URLs start with (default: the request's).
+        stream_interval: seconds between SSE chunks (0: as fast as the connection takes them).
+        admin_token: the bearer token of ``/admin/*`` (None: admin routes refuse every request).
+        pause_wait: seconds a call is held while paused before it gets 429 + ``Retry-After``.
+
+    Returns:
+        A ``starlette.applications.Starlette``; its lifespan reaps idle sessions every few seconds.
+    """
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+    from starlette.routing import Route
+    r = _Routes(gateway, public_url, stream_interval, admin_token, pause_wait)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        r.running = asyncio.Event()
+        r.running.set()
+        task = asyncio.ensure_future(r.reaper())
+        try:
+            yield
+        finally:
+            task.cancel()
+
+    async def not_found(request, exc):
+        return _json(error_body(f'{request.method} {request.url.path}: no such route (see docs/gateway.md)',
+                                'not_found_error'), getattr(exc, 'status_code', 404))
+
+    async def internal(request, exc):
+        return _json(error_body(f'internal error: {type(exc).__name__}: {exc}', 'server_error'), 500)
+
+    routes = [Route('/sessions', r.new_session, methods=['POST']),
+              Route('/sessions/{token}', r.get_session, methods=['GET']),
+              Route('/sessions/{token}/finish', r.finish, methods=['POST']),
+              Route('/s/{token}/v1/chat/completions', r.chat, methods=['POST']),
+              Route('/s/{token}/v1/models', r.models, methods=['GET']),
+              Route('/health', r.health, methods=['GET']),
+              Route('/admin/pause', r.pause, methods=['POST']), Route('/admin/resume', r.resume, methods=['POST']),
+              Route('/admin/policy', r.policy, methods=['POST']), Route('/admin/state', r.state, methods=['GET'])]
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={404: not_found, 405: not_found, Exception: internal})

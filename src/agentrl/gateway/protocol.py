@@ -1,0 +1,211 @@
+"""L5: the chat-completions request the gateway accepts, validated into :class:`ChatRequest`.
+
+Every refusal is a :class:`GatewayError` (HTTP status + one OpenAI-style error message naming the
+field); nothing is written for a refused request. Sampling fields map onto
+:class:`agentrl.record.SamplingSpec`; a field the engine cannot honour is refused with 400
+naming it, never ignored.
+
+Source: the OpenAI chat-completions API (fields, error JSON ``{"error": {message, type, param,
+code}}``); vLLM's extensions ``top_k``, ``min_p``, ``repetition_penalty``, ``return_token_ids``.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+
+from ..record import SamplingSpec
+from ..templates.chat import check_messages, function_tools
+
+__all__ = ['GatewayError', 'ChatRequest', 'parse_request', 'body_digest', 'error_body']
+
+#: Request fields accepted and ignored: they do not change what is sampled or recorded.
+_IGNORED = {'model', 'user', 'metadata', 'store', 'parallel_tool_calls', 'stream_options', 'service_tier',
+            'prompt_cache_key', 'safety_identifier', 'reasoning_effort'}
+_SAMPLING = {'temperature', 'top_p', 'top_k', 'min_p', 'presence_penalty', 'frequency_penalty',
+             'repetition_penalty'}
+_OWN = {'messages', 'tools', 'tool_choice', 'max_tokens', 'max_completion_tokens', 'stop', 'stream', 'seed', 'n',
+        'logprobs', 'top_logprobs', 'return_token_ids', 'response_format', 'logit_bias', 'functions'}
+
+
+class GatewayError(Exception):
+    """A refused request: HTTP ``status``, one-line ``message``, OpenAI error ``type``, ``param``, ``code``."""
+
+    def __init__(self, status: int, message: str, *, type: str = 'invalid_request_error', param: str | None = None,
+                 code: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict:
+        """The OpenAI-style error JSON."""
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(message: str, type: str = 'invalid_request_error', param=None, code=None) -> dict:
+    """``{"error": {"message", "type", "param", "code"}}``."""
+    return {'error': {'message': message, 'type': type, 'param': param, 'code': code}}
+
+
+def bad(message: str, param: str | None = None, status: int = 400, code: str | None = None) -> GatewayError:
+    return GatewayError(status, message, param=param, code=code)
+
+
+@dataclass
+class ChatRequest:
+    """A validated chat-completions request.
+
+    Attributes:
+        messages: checked messages (content parts flattened to text).
+        tools: OpenAI function tools (``[{'type': 'function', 'function': {...}}]``) or None.
+        tool_choice: ``'auto'`` or ``'none'``.
+        spec: the :class:`~agentrl.record.SamplingSpec`.
+        max_tokens: the turn's token budget (None: the server's default).
+        stop: stop strings (cut after the token that completes one; the string is not returned).
+        stream, logprobs, return_token_ids: output options. seed: the sampling seed or None.
+    """
+    messages: list
+    tools: list | None = None
+    tool_choice: str = 'auto'
+    spec: SamplingSpec = field(default_factory=SamplingSpec)
+    max_tokens: int | None = None
+    stop: list = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    logprobs: bool = False
+    return_token_ids: bool = False
+    seed: int | None = None
+
+    def recorded(self) -> dict:
+        """What the journal keeps of the request (enough to replay the session's state)."""
+        return {'messages': self.messages, 'tools': self.tools, 'tool_choice': self.tool_choice,
+                'spec': self.spec.to_dict(), 'max_tokens': self.max_tokens, 'stop': self.stop, 'seed': self.seed}
+
+    @classmethod
+    def from_recorded(cls, d: dict) -> 'ChatRequest':
+        """The inverse of :meth:`recorded` (output options off)."""
+        return cls(messages=d['messages'], tools=d['tools'], tool_choice=d['tool_choice'],
+                   spec=SamplingSpec.from_dict(d['spec']), max_tokens=d['max_tokens'], stop=d['stop'], seed=d['seed'])
+
+
+def body_digest(body: bytes) -> str:
+    """sha256 hex of the canonical JSON of a request body (key order and spacing do not matter)."""
+    try:
+        canon = json.dumps(json.loads(body), sort_keys=True, separators=(',', ':'))
+    except ValueError:
+        canon = body.decode('utf-8', 'replace')
+    return hashlib.sha256(canon.encode()).hexdigest()
+
+
+def _number(body: dict, name: str, lo: float, hi: float, default, integer: bool = False):
+    v = body.get(name)
+    if v is None:
+        return default
+    ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+    if isinstance(v, bool) or not ok or not lo <= v <= hi:
+        kind = 'an integer' if integer else 'a number'
+        raise bad(f'{name} must be {kind} in [{lo}, {hi}], got {v!r}', name)
+    return v
+
+
+def _tools(body: dict) -> list | None:
+    tools = body.get('tools')
+    if tools is None or tools == []:
+        return None
+    if not isinstance(tools, list):
+        raise bad(f'tools must be a list of tool objects, got {type(tools).__name__}', 'tools')
+    for i, t in enumerate(tools):
+        fn = t.get('function') if isinstance(t, dict) else None
+        if not (isinstance(t, dict) and t.get('type', 'function') == 'function' and isinstance(fn, dict)
+                and isinstance(fn.get('name'), str) and fn['name']):
+            raise bad(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., "parameters": {{...}}}}}}',
+                      f'tools[{i}]')
+        params = fn.get('parameters', {})
+        if not isinstance(params, dict) or params.get('type', 'object') != 'object':
+            raise bad(f'tools[{i}].function.parameters must be a JSON Schema object ({{"type": "object", ...}})',
+                      f'tools[{i}].function.parameters')
+    return function_tools(tools)
+
+
+def _spec(body: dict) -> SamplingSpec:
+    temperature = _number(body, 'temperature', 0, 2, 1.0)
+    top_p = _number(body, 'top_p', 0, 1, 1.0)
+    if top_p == 0:
+        raise bad('top_p must be in (0, 1], got 0', 'top_p')
+    presence = _number(body, 'presence_penalty', -2, 2, 0.0)
+    frequency = _number(body, 'frequency_penalty', -2, 2, 0.0)
+    return SamplingSpec(temperature=float(temperature), top_p=float(top_p),
+                        top_k=max(0, _number(body, 'top_k', -1, 1 << 20, 0, integer=True)),
+                        min_p=float(_number(body, 'min_p', 0, 0.999999, 0.0)),
+                        repetition_penalty=float(_number(body, 'repetition_penalty', 1e-6, 1e6, 1.0)),
+                        presence_penalty=float(presence), frequency_penalty=float(frequency),
+                        penalty_semantics='vllm' if (presence or frequency) else 'transformers')
+
+
+def _stop(body: dict) -> list:
+    stop = body.get('stop')
+    if stop is None:
+        return []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not (isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop)):
+        raise bad('stop must be a non-empty string or a list of at most 4 non-empty strings', 'stop')
+    return list(stop)
+
+
+def parse_request(raw: bytes, max_bytes: int) -> tuple:
+    """Validate a request body: ``(ChatRequest, body dict)``.
+
+    Raises:
+        GatewayError: 413 for a body over ``max_bytes``; 400 for malformed JSON, a missing or bad
+            ``messages`` (unknown role: the message names the index), bad tools, a sampling field
+            out of range, ``n != 1``, ``top_logprobs``, ``logit_bias``, a ``response_format`` other
+            than text, a ``tool_choice`` other than auto/none, a last message from the assistant,
+            or an unknown field (each message names the field).
+    """
+    if len(raw) > max_bytes:
+        raise GatewayError(413, f'request body is {len(raw)} bytes, over the limit of {max_bytes}; send a shorter '
+                                'history', code='body_too_large')
+    try:
+        body = json.loads(raw)
+    except ValueError as e:
+        raise bad(f'request body is not valid JSON ({e}); send a JSON object') from None
+    if not isinstance(body, dict):
+        raise bad(f'request body must be a JSON object, got {type(body).__name__}')
+    unknown = sorted(set(body) - _IGNORED - _SAMPLING - _OWN)
+    if unknown:
+        raise bad(f'unsupported field {unknown[0]!r}: this gateway cannot honour it; remove it', unknown[0])
+    for name, ok in (('n', lambda v: v == 1), ('logit_bias', lambda v: not v), ('functions', lambda v: not v),
+                     ('top_logprobs', lambda v: not v),
+                     ('response_format', lambda v: isinstance(v, dict) and v.get('type') == 'text')):
+        if body.get(name) is not None and not ok(body[name]):
+            raise bad(f'{name}={json.dumps(body[name])[:60]} cannot be honoured by this engine; remove it', name)
+    if 'messages' not in body:
+        raise bad('messages is missing: send the conversation as "messages"', 'messages')
+    try:
+        messages = check_messages(body['messages'])
+    except ValueError as e:
+        raise bad(str(e), 'messages') from None
+    if not messages:
+        raise bad('messages is empty: send at least one message', 'messages')
+    if messages[-1]['role'] == 'assistant':
+        raise bad(f'messages[{len(messages) - 1}] is an assistant message: the gateway samples the next assistant '
+                  'turn; end the conversation with a user, tool or system message', 'messages')
+    choice = body.get('tool_choice', 'auto')
+    if choice not in ('auto', 'none'):
+        raise bad(f'tool_choice={json.dumps(choice)[:60]} cannot be honoured (no constrained decoding); use "auto" '
+                  'or "none"', 'tool_choice')
+    try:
+        spec = _spec(body)
+    except ValueError as e:
+        raise bad(str(e)) from None
+    max_tokens = body.get('max_completion_tokens', body.get('max_tokens'))
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1):
+        raise bad(f'max_tokens must be an integer >= 1, got {max_tokens!r}', 'max_tokens')
+    seed = body.get('seed')
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise bad(f'seed must be an integer, got {seed!r}', 'seed')
+    opts = body.get('stream_options') or {}
+    return ChatRequest(messages=messages, tools=_tools(body), tool_choice=choice, spec=spec, max_tokens=max_tokens,
+                       stop=_stop(body), stream=bool(body.get('stream')),
+                       include_usage=bool(isinstance(opts, dict) and opts.get('include_usage')),
+                       logprobs=bool(body.get('logprobs')), return_token_ids=bool(body.get('return_token_ids')),
+                       seed=None if seed is None else int(seed) & ((1 << 63) - 1)), body

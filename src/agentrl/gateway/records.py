@@ -1,0 +1,101 @@
+"""L5: a finished session's branch leaves as records, stored like ``agentrl rollout`` stores them.
+
+Each branch with at least one delivered turn becomes one :class:`~agentrl.record.Trajectory`
+(its recorder's :meth:`~agentrl.templates.ChatRecorder.finish`); trailing turns whose response
+the client never received are left out (the branch is replayed without them). Records go to
+``RUN/trajectories/part-*.parquet`` through :class:`agentrl.store.ShardWriter` (a resend after a
+restart is stored once), so ``agentrl check RUN`` reads them.
+
+Source: docs/gateway.md#records; docs/design.md#integrity.
+"""
+from __future__ import annotations
+
+from ..record import Provenance
+from ..templates import ChatRecorder
+
+__all__ = ['session_records', 'run_metrics']
+
+
+def _recorder(branch):
+    """The branch's recorder without trailing undelivered turns, or None when no turn was delivered."""
+    last = max((k for k, (kind, x) in enumerate(branch.steps) if kind == 'turn' and x.delivered), default=None)
+    if last is None:
+        return None
+    if last == len(branch.steps) - 1:
+        return branch.recorder
+    rec = ChatRecorder(branch.template, branch.opening, history='sampled')
+    for kind, x in branch.steps[:last + 1]:
+        if kind == 'turn':
+            rec.add_turn(x.ids, x.logp, message=x.record_message())
+        else:
+            rec.add_messages(x)
+    return rec
+
+
+def session_records(session, model_name: str) -> list:
+    """One record per branch leaf with a delivered turn, in branch order.
+
+    Identity: ``group_id`` and ``rollout_id`` from the session's identity (default the session
+    id); with several leaves, branch ``k > 0`` gets ``rollout_id + '/b' + k``. ``info`` holds the
+    harness's info plus ``gateway``: session, branch, leaves, its fork (or None), the calls and
+    seeds of its turns, the echo variants noted on them, ``aborted``, ``task``.
+
+    Raises:
+        ValueError: as :meth:`~agentrl.templates.ChatRecorder.finish`.
+    """
+    ident = session.identity
+    group = ident.get('group_id') or session.sid
+    rollout = ident.get('rollout_id') or session.sid
+    leaves = [(b, _recorder(b)) for b in session.branches]
+    leaves = [(b, r) for b, r in leaves if r is not None]
+    out = []
+    for b, rec in leaves:
+        turns = [t for t in b.turns if t.delivered]
+        seeds = [session.calls[t.call].get('seed') for t in turns]
+        info = dict(session.info)
+        info['gateway'] = {'session': session.sid, 'branch': b.index, 'leaves': len(leaves), 'fork': b.fork,
+                           'calls': [t.call for t in turns], 'seeds': seeds,
+                           'policy_versions': [session.calls[t.call].get('version') for t in turns],
+                           'variants': [dict(v, turn=t.call) for t in turns for v in t.variants],
+                           'truncated_turns': [k for k, t in enumerate(turns) if t.truncated],
+                           'aborted': session.aborted, 'task': ident.get('task')}
+        prov = Provenance(policy='hf', sampling=session.spec, model=model_name, group_id=str(group),
+                          rollout_id=str(rollout) if b.index == 0 or len(leaves) == 1 else f'{rollout}/b{b.index}',
+                          seed=seeds[0] if seeds else None)
+        out.append(rec.finish(reward=0.0 if session.aborted else float(session.reward), info=info, provenance=prov))
+    return out
+
+
+def run_metrics(sessions, records_by_session: dict) -> dict:
+    """Per-run numbers for ``summary.json``.
+
+    Returns:
+        ``sessions``, ``committed``, ``aborted``, ``calls``, ``undelivered_calls``, ``records``,
+        ``rows_per_episode`` (records / committed sessions), ``sampled_tokens`` (every call),
+        ``trainable_tokens`` (mask-1 positions of the stored records, a token shared by two leaves
+        counted once per leaf), ``trainable_fraction_of_sampled`` (sampled tokens that some stored
+        record trains, each counted once), ``forks`` (count per category).
+    """
+    committed = [s for s in sessions if s.state == 'committed']
+    sampled = sum(s.out_tokens for s in sessions)
+    trained_once = 0
+    for s in committed:
+        seen = set()
+        for b in s.branches:
+            for t in b.turns:
+                if t.delivered and id(t) not in seen:
+                    seen.add(id(t))
+                    trained_once += len(t.ids)
+    forks: dict = {}
+    for s in sessions:
+        for f in s.forks:
+            forks[f['category']] = forks.get(f['category'], 0) + 1
+    n_rec = sum(records_by_session.get(s.sid, 0) for s in committed)
+    sampled_committed = sum(s.out_tokens for s in committed)
+    return {'sessions': len(sessions), 'committed': len(committed), 'aborted': sum(s.aborted for s in committed),
+            'calls': sum(len(s.calls) for s in sessions),
+            'undelivered_calls': sum(not c['delivered'] for s in sessions for c in s.calls),
+            'records': n_rec, 'rows_per_episode': round(n_rec / len(committed), 6) if committed else None,
+            'sampled_tokens': sampled,
+            'trainable_fraction_of_sampled': round(trained_once / sampled_committed, 6) if sampled_committed else None,
+            'forks': forks}

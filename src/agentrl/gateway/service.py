@@ -1,0 +1,351 @@
+"""L5: the gateway's state and its one worker: sessions, calls, the journal, commits, restart.
+
+:class:`Gateway` owns everything; every change of state (planning a call, sampling, committing,
+finishing) runs in one worker thread (:attr:`Gateway.pool`), so engine calls are serialised and
+the HTTP event loop stays free (:mod:`agentrl.gateway.app` awaits the worker). A marked retry of
+a call still in the worker's queue finds the call committed when its turn comes: it is replayed.
+
+Run folder::
+
+    RUN/.lock             held while a gateway serves RUN
+    RUN/run.json          what serves it (kind 'gateway', model)
+    RUN/serve.json        the bound address (host, port, base URL, pid), rewritten at each start
+    RUN/journal.jsonl     every session, call, finish and commit (fsync'd; the state is its fold)
+    RUN/trajectories/     one record per branch leaf of each finished session (ShardWriter shards)
+    RUN/summary.json      run metrics (:func:`agentrl.gateway.records.run_metrics`), rewritten per commit
+
+Source: docs/gateway.md.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..io import atomic_write
+from ..templates import ChatTemplate
+from .journal import Journal, read_journal
+from .limits import Limits
+from .parse import finish_reason, parse_reply
+from .protocol import ChatRequest, GatewayError
+from .records import run_metrics, session_records
+from .sessions import Session
+
+__all__ = ['Gateway', 'session_id']
+
+_IDENTITY = ('group_id', 'rollout_id', 'task')
+
+
+def session_id(token: str) -> str:
+    """The id a token's session is stored under: 32 hex of sha256(token) (the token is never written)."""
+    return hashlib.sha256(token.encode()).hexdigest()[:32]
+
+
+class Gateway:
+    """Sessions in front of one :class:`~agentrl.gateway.engine.Upstream`, journalled in ``out``.
+
+    Args:
+        upstream: the engine. out: the run folder (created; an existing journal is replayed).
+        limits: per-session :class:`~agentrl.gateway.limits.Limits`.
+        session_timeout: seconds a session may stay idle before it is committed as aborted.
+        template_options: :class:`~agentrl.templates.ChatTemplate` options (``enable_thinking``,
+            ``chat_template`` ...).
+        conformance: run :func:`~agentrl.gateway.conformance.conformance` on every template before
+            it serves (at start for the tool-less one, at first use for each tool list).
+
+    Raises:
+        ValueError: a damaged journal (names the line); ``out`` holds a run of another kind.
+        ConformanceError: the template's bridges disagree with its full render (names the token).
+    """
+
+    def __init__(self, upstream, out, *, limits: Limits | None = None, session_timeout: float = 600.0,
+                 template_options: dict | None = None, conformance: bool = True):
+        self.upstream, self.out = upstream, Path(out)
+        self.template_options, self.conformance = dict(template_options or {}), bool(conformance)
+        self.conformance_report: dict = {}
+        self.policy_version = '0'
+        self.limits = limits or Limits()
+        self.session_timeout = float(session_timeout)
+        self.sessions: dict[str, Session] = {}
+        self.records: dict[str, int] = {}
+        self._templates: dict = {}
+        self._writer = None
+        self.template(None)             # the start-up conformance gate (raises ConformanceError)
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix='agentrl-gateway')
+        self.out.mkdir(parents=True, exist_ok=True)
+        run = self.out / 'run.json'
+        if run.is_file():
+            kind = json.loads(run.read_text()).get('kind')
+            if kind != 'gateway':
+                raise ValueError(f'--out {str(self.out)!r} holds a run of kind {kind!r}, not a gateway run; choose a '
+                                 'new --out')
+        else:
+            atomic_write(run, json.dumps({'kind': 'gateway', 'model': upstream.model_name}, indent=2) + '\n')
+        events = read_journal(self.out / 'journal.jsonl')
+        self.journal = Journal(self.out / 'journal.jsonl')
+        self._restore(events)
+
+    # ------------------------------------------------------------------ helpers
+    def writer(self):
+        if self._writer is None:
+            from ..store import ShardWriter
+            self._writer = ShardWriter(self.out / 'trajectories')
+        return self._writer
+
+    def template(self, tools) -> ChatTemplate:
+        """The chat template with these tools (cached per tool list).
+
+        Raises:
+            GatewayError: 400 when the template cannot take the tools or fails the conformance gate
+                with them. ConformanceError: the tool-less template fails the gate.
+        """
+        key = json.dumps(tools, sort_keys=True)
+        if key not in self._templates:
+            try:
+                t = ChatTemplate(self.upstream.tokenizer, tools=tools, **self.template_options)
+            except ValueError as e:
+                raise GatewayError(400, f'tools: {e}', param='tools') from None
+            if self.conformance:
+                from .conformance import ConformanceError, conformance
+                try:
+                    self.conformance_report[key] = conformance(t)
+                except ConformanceError as e:
+                    if tools is None:
+                        raise
+                    raise GatewayError(400, f'tools: {e}', param='tools') from None
+            self._templates[key] = t
+        return self._templates[key]
+
+    def session(self, token: str) -> Session:
+        """The session of a capability token.
+
+        Raises:
+            GatewayError: 404 for an unknown token (nothing is written).
+        """
+        s = self.sessions.get(session_id(token)) if isinstance(token, str) else None
+        if s is None:
+            raise GatewayError(404, 'no such session: the token is unknown (create one with POST /sessions)',
+                               type='not_found_error', code='session_not_found')
+        return s
+
+    # ------------------------------------------------------------------ sessions
+    def open_session(self, identity: dict) -> tuple:
+        """Create a session: ``(token, Session)``; the event is journalled first.
+
+        Raises:
+            GatewayError: 400 for identity fields other than group_id / rollout_id / task or not
+                strings; 409 when another session already has this (group_id, rollout_id).
+        """
+        if not isinstance(identity, dict):
+            raise GatewayError(400, 'the session body must be a JSON object {"group_id", "rollout_id", "task"}')
+        extra = sorted(set(identity) - set(_IDENTITY))
+        if extra:
+            raise GatewayError(400, f'unknown session field {extra[0]!r}; use {list(_IDENTITY)}', param=extra[0])
+        for k, v in identity.items():
+            if v is not None and not isinstance(v, str):
+                raise GatewayError(400, f'{k} must be a string, got {type(v).__name__}', param=k)
+        ident = {k: identity.get(k) for k in _IDENTITY}
+        if ident['rollout_id']:
+            for s in self.sessions.values():
+                if (s.identity.get('group_id'), s.identity.get('rollout_id')) == (ident['group_id'], ident['rollout_id']):
+                    raise GatewayError(409, f'another session already records group_id={ident["group_id"]!r} '
+                                            f'rollout_id={ident["rollout_id"]!r}; give each session its own '
+                                            'rollout_id', code='identity_conflict')
+        token = secrets.token_urlsafe(32)
+        sid = session_id(token)
+        now = time.time()
+        self.journal.append({'ev': 'session', 'sid': sid, 'identity': ident, 't': now})
+        s = self.sessions[sid] = Session(sid, ident, now)
+        return token, s
+
+    # ------------------------------------------------------------------ calls
+    def chat(self, session: Session, req: ChatRequest, digest: str, retry: int) -> tuple:
+        """Serve one call (in the worker thread): ``(response dict, call index, replayed)``.
+
+        A marked retry (``retry > 0``) whose body digest matches an earlier call of the session
+        gets that call's response again; anything else samples.
+
+        Raises:
+            GatewayError: 409 for a finished session; 429 for a spent limit; 400 for sampling
+                fields that differ from the session's first call, messages the template cannot
+                render, or a prompt with no room left in the context.
+        """
+        if retry > 0:
+            for c in reversed(session.calls):
+                if c['digest'] == digest:
+                    return c['response'], c['index'], True
+        if session.state != 'open':
+            raise GatewayError(409, f'the session is {session.state}; open a new one', code='session_closed')
+        self.limits.check_call(len(session.calls), session.out_tokens, time.time() - session.created)
+        if session.spec is not None and session.spec != req.spec:
+            a, b = session.spec.to_dict(), req.spec.to_dict()
+            name = next(k for k in a if a[k] != b[k])
+            raise GatewayError(400, f'{name}={b[name]} differs from this session\'s first call ({a[name]}): one '
+                                    'session samples under one sampler; open a new session for another', param=name)
+        template = self.template(req.tools)
+        tools_key = json.dumps(req.tools, sort_keys=True)
+        try:
+            plan = session.plan(req.messages, tools_key, template)
+        except ValueError as e:
+            raise GatewayError(400, f'messages: {e}', param='messages') from None
+        try:
+            sample, budget = self._sample(session, req, plan, template)
+        except BaseException:
+            session.abandon(plan)
+            raise
+        index = len(session.calls)
+        ids, logp, stopped = _cut_at_stop(template, sample.ids, sample.logp, req.stop)
+        text = template.decode(ids)
+        if stopped is not None:
+            text = stopped
+        elif ids and ids[-1] in template.stop_ids and text.endswith(template.stop_text(ids[-1])):
+            text = text[:len(text) - len(template.stop_text(ids[-1]))]
+        message = parse_reply(text, id_seed=f'{session.sid}/{index}', tools=req.tool_choice != 'none')
+        sample.ids, sample.logp = ids, logp
+        truncated = sample.truncated and stopped is None
+        response = self._response(session, index, req, plan.prompt_ids, sample, message,
+                                  finish_reason(message, truncated), template)
+        self.journal.append({'ev': 'call', 'sid': session.sid, 'index': index, 'digest': digest, 'retry': retry,
+                             'req': req.recorded(), 'ids': ids, 'logp': logp, 'truncated': truncated,
+                             'seed': sample.seed, 'message': message, 'response': response,
+                             'version': self.policy_version, 't': time.time()})
+        self._apply(session, plan, sample, message, truncated, digest, response, req, self.policy_version)
+        return response, index, False
+
+    def _sample(self, session, req, plan, template):
+        self.limits.check_prompt(len(plan.prompt_ids))
+        room = self.upstream.max_context - len(plan.prompt_ids)
+        budget = min(x for x in (req.max_tokens or self.upstream.max_new_tokens, room,
+                                 self.limits.output_budget(session.out_tokens)) if x is not None)
+        if budget < 1:
+            raise GatewayError(400, f'the prompt is {len(plan.prompt_ids)} tokens; no room for a turn within the '
+                                    f'context of {self.upstream.max_context}', code='context_length_exceeded')
+        seed = req.seed if req.seed is not None else \
+            int(hashlib.sha256(f'{session.sid}/{len(session.calls)}'.encode()).hexdigest()[:15], 16)
+        return self.upstream.sample(plan.prompt_ids, req.spec, budget, seed, template.stop_ids), budget
+
+    def _apply(self, session, plan, sample, message, truncated, digest, response, req, version) -> None:
+        from .engine import Sample
+        s = Sample(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed)
+        if session.spec is None:
+            session.spec = req.spec
+        session.commit(plan, s, message, {'index': len(session.calls), 'digest': digest, 'seed': sample.seed,
+                                          'response': response, 'version': version})
+        session.last_seen = time.time()
+
+    def _response(self, session, index, req, prompt, sample, message, reason, template) -> dict:
+        choice = {'index': 0, 'message': message, 'logprobs': None, 'finish_reason': reason}
+        if req.logprobs:
+            choice['logprobs'] = {'content': [
+                {'token': (p := template.decode([i])), 'logprob': lp, 'bytes': list(p.encode()), 'top_logprobs': []}
+                for i, lp in zip(sample.ids, sample.logp)]}
+        out = {'id': f'chatcmpl-{session.sid[:12]}-{index}', 'object': 'chat.completion', 'created': int(time.time()),
+               'model': self.upstream.model_name, 'choices': [choice],
+               'usage': {'prompt_tokens': len(prompt), 'completion_tokens': len(sample.ids),
+                         'total_tokens': len(prompt) + len(sample.ids)}}
+        if req.return_token_ids:
+            choice['token_ids'] = list(sample.ids)
+            out['prompt_token_ids'] = list(prompt)
+        return out
+
+    def set_policy_version(self, version: str) -> None:
+        """Stamp ``version`` on every call dispatched from now on (journalled; worker thread)."""
+        self.journal.append({'ev': 'policy', 'version': version, 't': time.time()})
+        self.policy_version = version
+
+    def undelivered(self, session: Session, index: int) -> None:
+        """Journal that call ``index``'s response never reached the client (worker thread)."""
+        self.journal.append({'ev': 'undelivered', 'sid': session.sid, 'index': index})
+        session.mark_undelivered(index)
+
+    # ------------------------------------------------------------------ finishing
+    def finish(self, session: Session, reward: float, info: dict, aborted: bool = False) -> dict:
+        """Commit a session's records (worker thread): journal ``finish``, store, journal ``committed``.
+
+        Raises:
+            GatewayError: 409 when the session is already finished.
+        """
+        if session.state != 'open':
+            raise GatewayError(409, f'the session is already {session.state}', code='session_closed')
+        self.journal.append({'ev': 'finish', 'sid': session.sid, 'reward': reward, 'info': info, 'aborted': aborted})
+        session.state, session.reward, session.info, session.aborted = 'finished', float(reward), dict(info), aborted
+        return self._commit(session)
+
+    def _commit(self, session: Session) -> dict:
+        recs = session_records(session, self.upstream.model_name)
+        if recs:
+            self.writer().write(recs)
+        self.journal.append({'ev': 'committed', 'sid': session.sid, 'records': len(recs)})
+        session.state = 'committed'
+        self.records[session.sid] = len(recs)
+        self.write_summary()
+        return dict(session.describe(), records=len(recs))
+
+    def reap(self, now: float | None = None) -> int:
+        """Commit, as aborted, every open session idle longer than the timeout (worker thread)."""
+        now = time.time() if now is None else now
+        n = 0
+        for s in list(self.sessions.values()):
+            if s.state == 'open' and s.in_flight == 0 and now - s.last_seen > self.session_timeout:
+                self.finish(s, 0.0, {'aborted': 'session_timeout'}, aborted=True)
+                n += 1
+        return n
+
+    def write_summary(self) -> dict:
+        """Rewrite ``RUN/summary.json`` with :func:`~agentrl.gateway.records.run_metrics`."""
+        m = run_metrics(list(self.sessions.values()), self.records)
+        summary = {'kind': 'gateway', 'model': self.upstream.model_name, 'trajectories': 'trajectories', **m}
+        atomic_write(self.out / 'summary.json', json.dumps(summary, indent=2) + '\n')
+        return summary
+
+    # ------------------------------------------------------------------ restart
+    def _restore(self, events: list) -> None:
+        """Fold the journal: sessions, their calls (re-planned, with the journalled samples), ends."""
+        from .engine import Sample
+        for ev in events:
+            kind, s = ev['ev'], self.sessions.get(ev.get('sid'))
+            if kind == 'session':
+                self.sessions[ev['sid']] = Session(ev['sid'], ev['identity'], ev['t'])
+            elif kind == 'call' and s is not None:
+                req = ChatRequest.from_recorded(ev['req'])
+                plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True), self.template(req.tools))
+                sample = Sample(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'])
+                self._apply(s, plan, sample, ev['message'], ev['truncated'], ev['digest'], ev['response'], req,
+                            ev.get('version', '0'))
+                s.last_seen = ev['t']
+            elif kind == 'policy':
+                self.policy_version = ev['version']
+            elif kind == 'undelivered' and s is not None:
+                s.mark_undelivered(ev['index'])
+            elif kind == 'finish' and s is not None:
+                s.state, s.reward, s.info, s.aborted = 'finished', float(ev['reward']), dict(ev['info']), ev['aborted']
+            elif kind == 'committed' and s is not None:
+                s.state = 'committed'
+                self.records[s.sid] = ev['records']
+        for s in self.sessions.values():
+            if s.state == 'finished':          # killed between finish and commit: store again (resends skip)
+                try:
+                    self._commit(s)
+                except Exception as e:  # noqa: BLE001 - one bad session must not keep the others from serving
+                    import warnings
+                    warnings.warn(f'session {s.sid}: its records could not be stored again ({type(e).__name__}: '
+                                  f'{e}); it stays finished and uncommitted in {self.out}/journal.jsonl')
+            elif s.state == 'open':
+                s.last_seen = max(s.last_seen, time.time())     # the restart is not idleness
+
+
+def _cut_at_stop(template, ids, logp, stops) -> tuple:
+    """``(ids, logp, text before the stop string or None)``: cut after the token completing the first stop string."""
+    if not stops:
+        return list(ids), list(logp), None
+    full = template.decode(ids)
+    hits = [(full.find(s), s) for s in stops if full.find(s) >= 0]
+    if not hits:
+        return list(ids), list(logp), None
+    pos, s = min(hits)
+    end = pos + len(s)
+    k = next(k for k in range(1, len(ids) + 1) if len(template.decode(ids[:k])) >= end)
+    return list(ids[:k]), list(logp[:k]), full[:pos]
