@@ -18,8 +18,8 @@ from .kv_cache import KVCache, _Plan, fill_holes
 from .record import SamplingSpec
 from .sampling import sample, token_logp
 
-__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'sequence_log_probs', 'sample_next', 'segment_pieces', 'segment_attention', 'save_checkpoint',
-           'load_checkpoint']
+__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'sequence_log_probs', 'sample_next', 'segment_pieces',
+           'segment_attention', 'save_checkpoint', 'load_checkpoint']
 
 #: names of :mod:`agentrl.checkpoint` still importable from here (loaded on first use: the
 #: checkpoint module imports this one)

@@ -29,7 +29,7 @@ from ..record import SamplingSpec
 from ..model import segment_attention, segment_pieces
 from ..sampling import token_logp
 
-__all__ = ['packed_token_logp', 'SEGMENT_ATTENTION']
+__all__ = ['packed_token_logp', 'packed_logits', 'SEGMENT_ATTENTION']
 
 #: the transformers attention implementation name registered by :func:`packed_token_logp`
 SEGMENT_ATTENTION = 'agentrl_segments'
@@ -73,6 +73,29 @@ def _segments(model, pos):
 
 def _is_hf(model) -> bool:
     return hasattr(getattr(model, 'config', None), 'model_type')
+
+
+def packed_logits(model, packed: PackedBatch) -> torch.Tensor:
+    """Logits at every position of packed rows, each record attending only to itself.
+
+    Args:
+        model: a TinyAgent or a transformers causal LM (then through :data:`SEGMENT_ATTENTION`).
+        packed: :class:`~agentrl.packing.PackedBatch`.
+
+    Returns:
+        ``[R, N, V]`` float logits on the model's device, with gradients when grad is enabled;
+        row ``r``, column ``j`` predicts ``ids[r, j+1]``. Padding columns hold logits that no
+        record uses.
+
+    Raises:
+        ValueError: TinyAgent: a record longer than ``max_len``.
+    """
+    if not _is_hf(model):
+        return model(packed.ids, position_ids=packed.position_ids)
+    dev = next(model.parameters()).device
+    pos = packed.position_ids.to(dev)
+    with _segments(model, packed.position_ids):
+        return model(input_ids=packed.ids.to(dev), position_ids=pos, use_cache=False).logits
 
 
 def packed_token_logp(model, packed: PackedBatch, spec: SamplingSpec | None = None, *,
