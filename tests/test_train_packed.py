@@ -117,3 +117,13 @@ def test_agentrl_train_packed_gives_the_same_step0_metrics(tmp_path):
     for x, y in zip(a, b):
         _close(x, y)
     assert 'corr_weight_mean' in a[-1] and a[-1]['fresh_records'] == 4
+
+
+def test_train_flags_refuse_bad_values(tmp_path, capsys):
+    from agentrl.cli.main import main
+    assert main(['train', '--is-correction-threshold', '5,1', '--out', str(tmp_path / 'a')]) == 2
+    assert '--is-correction-threshold must have 0 <= LOW < HIGH, got 5.0,1.0' in capsys.readouterr().err
+    assert main(['train', '--is-correction-threshold', 'x', '--out', str(tmp_path / 'b')]) == 2
+    assert "--is-correction-threshold must be LOW,HIGH (two numbers), got 'x'" in capsys.readouterr().err
+    assert main(['train', '--max-staleness', '-2', '--out', str(tmp_path / 'c')]) == 2
+    assert '--max-staleness must be >= -1 and <= 10000000, got -2' in capsys.readouterr().err
