@@ -178,3 +178,22 @@ def test_ratio_guard_covers_only_records_of_the_current_weights(sampled, tok):
         arl.train.grpo_step(copy.deepcopy(moved), opt, half, 4, tok.pad_id, ratio_tol=1e-4, current_version=1)
     m = arl.train.grpo_step(copy.deepcopy(model), opt, half, 4, tok.pad_id, ratio_tol=1e-4, current_version=1)
     assert m['fresh_records'] == 4 and m['ratio_dev0'] <= 1e-5
+
+
+def test_tinyagent_and_hf_rollouts_take_policy_version(tmp_path, tasks, tok):
+    model = arl.TinyAgent(tok.vocab_size)
+    t = arl.rollout(model, arl.BugFixEnv(), tasks[0], tok, generator=torch.Generator().manual_seed(0),
+                    policy_version=7)
+    assert t.provenance.policy_version == 7 and arl.rollout(model, arl.BugFixEnv(), tasks[0], tok).provenance \
+        .policy_version is None
+    pytest.importorskip('transformers')
+    from _tokenizers import TINY
+    from agentrl.engines import hf
+    path = hf.make_test_model(tmp_path / 'm', TINY, layers=1, hidden=32, heads=2, kv_heads=1, max_positions=2048)
+    hmodel, htok = hf.load_model(path)
+    recs = hf.bugfix_rollouts(hmodel, htok, tasks[:2], spec=SamplingSpec(), max_new_tokens=8, max_turns=1, seed=5,
+                              enable_thinking=False, policy_version='sha256:ab12')
+    assert [r.provenance.policy_version for r in recs] == ['sha256:ab12'] * 2
+    store.write_trajectories(tmp_path / 'h.parquet', recs)
+    back = store.read_trajectories(tmp_path / 'h.parquet')
+    assert [r.provenance.policy_version for r in back] == ['sha256:ab12'] * 2
