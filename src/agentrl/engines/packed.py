@@ -15,7 +15,8 @@ segment, cut from ``position_ids`` by :func:`agentrl.model.segment_pieces`. For 
 the attention function ``'agentrl_segments'`` (``AttentionInterface.register``), switched on with
 ``set_attn_implementation`` only for the call and switched back after; having no mask function
 registered, transformers builds no mask for it. ``varlen=False`` keeps the masked dense path (the
-reference the tests compare). Speed: bench/RESULTS.md, "Packed vs padded".
+reference the tests compare). Speed: bench/RESULTS.md, "Packed vs padded". The switch is on the model
+object for the duration of the forward: do not score one model from two threads at once.
 """
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ def _hf_segment_attention(module, query, key, value, attention_mask, dropout=0.0
             raise ValueError(f'{SEGMENT_ATTENTION} attention needs position_ids; call it through packed_token_logp')
         pieces = segment_pieces(pos.expand(query.shape[0], -1))
     window = kwargs.get('sliding_window')
-    if window is not None and max(b - a for row in pieces for a, b, _ in row) > window:
+    if window is not None and max((b - a for row in pieces for a, b, att in row if att), default=0) > window:
         raise ValueError(f'{SEGMENT_ATTENTION} attention: a record is longer than the sliding window {window}; '
                          'use packed_token_logp(..., varlen=False)')
     out = segment_attention(query, key, value, pieces, scaling, dropout if module.training else 0.0)
