@@ -127,3 +127,32 @@ def test_train_flags_refuse_bad_values(tmp_path, capsys):
     assert "--is-correction-threshold must be LOW,HIGH (two numbers), got 'x'" in capsys.readouterr().err
     assert main(['train', '--max-staleness', '-2', '--out', str(tmp_path / 'c')]) == 2
     assert '--max-staleness must be >= -1 and <= 10000000, got -2' in capsys.readouterr().err
+
+
+def test_packed_grpo_step_equals_padded_on_a_transformers_model(tmp_path):
+    pytest.importorskip('transformers')
+    from _tokenizers import TINY
+    from agentrl.engines import hf
+    from agentrl.record import Provenance, SamplingSpec
+    path = hf.make_test_model(tmp_path / 'm', TINY, layers=2, hidden=32, heads=2, kv_heads=1, max_positions=512)
+    model, _ = hf.load_model(path)
+    g = torch.Generator().manual_seed(0)
+    recs = []
+    for i, n in enumerate([40, 7, 90, 23, 61, 12]):
+        ids = torch.randint(1, 500, (n,), generator=g)
+        owner = ['prompt'] * 3 + ['policy' if (j // 5) % 2 == 0 else 'tool' for j in range(n - 3)]
+        logp = [0.0] * 3 + (-torch.rand(n - 3, generator=g)).tolist()
+        prov = Provenance(policy='hf', sampling=SamplingSpec(temperature=0.8), group_id=f'g{i // 3}',
+                          rollout_id=f'r{i}')
+        recs.append(arl.Trajectory.from_tokens(ids, owner, [-1] * 3 + [0] * (n - 3), logp, float(i % 2), {},
+                                               provenance=prov))
+    out = []
+    for packed in (False, True):
+        m = copy.deepcopy(model)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        out.append((arl.train.grpo_step(m, opt, recs, 3, 0, updates=2, correction='token_tis', packed=packed,
+                                        max_tokens=128), m))
+    (a, ma), (b, mb) = out
+    assert a['updates'] == 2 and model.config._attn_implementation == mb.config._attn_implementation
+    _close(a, b)
+    assert max(float((x - y).detach().abs().max()) for x, y in zip(ma.parameters(), mb.parameters())) <= 1e-5
