@@ -159,10 +159,13 @@ def test_hf_packed_equals_padded_score_rows(tmp_path_factory, impl):
     spec = SamplingSpec(temperature=0.7, top_p=0.9)
     with torch.no_grad():
         packed = packed_token_logp(model, p, spec)
+        dense = packed_token_logp(model, p, spec, varlen=False)           # transformers' packed block mask
         logits = score_rows(model, b.ids, b.attention_mask, [torch.arange(b.ids.shape[1] - 1)] * len(trajs))
         padded = token_logp(torch.stack(logits), b.ids, spec)
         whole = token_logp(model(input_ids=p.ids, use_cache=False).logits, p.ids, spec)  # no positions: no mask
     assert _max_action_dev(packed, p, trajs, padded) <= 1e-5
+    assert _max_action_dev(dense, p, trajs, padded) <= 1e-5
+    assert model.config._attn_implementation == impl                  # switched back after scoring
     assert _max_action_dev(torch.where(p.action_mask > 0, whole, 0.0), p, trajs, padded) > 1e-4
     with pytest.raises(ValueError, match=r'packed_token_logp: where \(1, 2\) must be \[R, N-1\]'):
         packed_token_logp(model, p, where=torch.ones(1, 2, dtype=torch.bool))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from importlib import import_module
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -17,8 +18,8 @@ from .kv_cache import KVCache, _Plan, fill_holes
 from .record import SamplingSpec
 from .sampling import sample, token_logp
 
-__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'sequence_log_probs', 'sample_next', 'save_checkpoint',
-           'load_checkpoint']
+__all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'sequence_log_probs', 'sample_next', 'segment_pieces',
+           'segment_attention', 'save_checkpoint', 'load_checkpoint']
 
 #: names of :mod:`agentrl.checkpoint` still importable from here (loaded on first use: the
 #: checkpoint module imports this one)
@@ -36,6 +37,62 @@ def __dir__():
     return sorted(set(globals()) | _FROM_CHECKPOINT)
 
 
+def segment_pieces(position_ids: torch.Tensor) -> list[list[tuple[int, int, bool]]]:
+    """Cut packed rows into the spans that attend (records) and the spans that do not, from their positions.
+
+    Args:
+        position_ids: ``[R, N]`` int64, restarting at 0 at each record (:func:`agentrl.packing.collate_packed`);
+            column 0 always starts a segment.
+
+    Returns:
+        per row, ``(start, end, attend)`` pieces covering ``0..N`` in order: ``attend`` True for a
+        segment of >= 2 tokens (causal attention inside it), False for a run of 1-token segments
+        (padding, 1-token records), whose attention output is their own value vector exactly.
+    """
+    starts = (position_ids.detach().cpu() == 0).numpy()
+    starts[:, :1] = True
+    N = starts.shape[1]
+    out = []
+    for row in starts:
+        s = np.flatnonzero(row)
+        e = np.append(s[1:], N)
+        keep = (e - s) >= 2
+        pieces, cur = [], 0
+        for a, b in zip(s[keep].tolist(), e[keep].tolist()):
+            if a > cur:
+                pieces.append((cur, a, False))
+            pieces.append((a, b, True))
+            cur = b
+        if cur < N:
+            pieces.append((cur, N, False))
+        out.append(pieces)
+    return out
+
+
+def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pieces, scale: float | None = None,
+                      dropout: float = 0.0) -> torch.Tensor:
+    """Causal attention inside each packed record (varlen), one causal sdpa call per segment.
+
+    Args:
+        q: ``[R, H, N, Dh]``; k, v: ``[R, Hkv, N, Dh]`` with ``H`` a multiple of ``Hkv`` (GQA).
+        pieces: :func:`segment_pieces` of the rows' position ids.
+        scale: softmax scale (None: ``Dh ** -0.5``). dropout: attention dropout probability.
+
+    Returns:
+        ``[R, H, N, Dh]``, equal to dense sdpa with the block-diagonal causal mask of
+        :func:`agentrl.packing.document_mask` to fp32 rounding, at the cost of ``sum(len_i ** 2)``
+        instead of ``N ** 2`` per row and with sdpa's ``is_causal`` fast path. Differentiable.
+    """
+    rep = q.shape[1] // k.shape[1]
+    rows = []
+    for r, row in enumerate(pieces):
+        parts = [F.scaled_dot_product_attention(q[r:r + 1, :, a:b], k[r:r + 1, :, a:b], v[r:r + 1, :, a:b],
+                                                dropout_p=dropout, is_causal=True, scale=scale, enable_gqa=rep > 1)
+                 if attend else v[r:r + 1, :, a:b].repeat_interleave(rep, 1) for a, b, attend in row]
+        rows.append(parts[0] if len(parts) == 1 else torch.cat(parts, 2))
+    return torch.cat(rows)
+
+
 class _Block(nn.Module):
     """Pre-LayerNorm transformer block: causal self-attention and a GELU MLP."""
 
@@ -49,14 +106,16 @@ class _Block(nn.Module):
         self.ln2 = nn.LayerNorm(d_model)
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(), nn.Linear(4 * d_model, d_model))
 
-    def attend(self, x, past=None, mask=None):
-        """x [B, t, D]; past = (k, v) [B, H, s, Dh] or None; mask [B, 1, t, t] bool (packed rows) or None
-        -> (out [B, t, D], (k, v) incl. x)."""
+    def attend(self, x, past=None, mask=None, pieces=None):
+        """x [B, t, D]; past = (k, v) [B, H, s, Dh] or None; mask [B, 1, t, t] bool or None; pieces
+        (:func:`segment_pieces`, packed rows) or None -> (out [B, t, D], (k, v) incl. x)."""
         B, t, D = x.shape
         q, k, v = self.qkv(self.ln1(x)).view(B, t, 3, self.n_heads, D // self.n_heads).permute(2, 0, 3, 1, 4)
         if past is not None:
             k, v = torch.cat([past[0], k], dim=2), torch.cat([past[1], v], dim=2)
-        if mask is not None:
+        if pieces is not None:
+            y = segment_attention(q, k, v, pieces)
+        elif mask is not None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
         elif past is None or t > 1:
             s = k.shape[2] - t                      # cached positions before the new ones
@@ -66,8 +125,8 @@ class _Block(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v)
         return self.proj(y.transpose(1, 2).reshape(B, t, D)), (k, v)
 
-    def forward(self, x, past=None, mask=None):
-        a, kv = self.attend(x, past, mask)
+    def forward(self, x, past=None, mask=None, pieces=None):
+        a, kv = self.attend(x, past, mask, pieces)
         x = x + a
         return x + self.mlp(self.ln2(x)), kv
 
@@ -186,7 +245,7 @@ class TinyAgent(nn.Module):
         return logits if past is None else (logits, new_past)
 
     def _forward_packed(self, ids, position_ids, past):
-        """Logits of packed rows: per-record positions, attention masked to each record."""
+        """Logits of packed rows: per-record positions, causal attention inside each record (segment_attention)."""
         if past is not None or position_ids.shape != ids.shape:
             raise ValueError(f'TinyAgent: position_ids {tuple(position_ids.shape)} must match ids {tuple(ids.shape)} '
                              'and cannot be combined with past')
@@ -195,11 +254,9 @@ class TinyAgent(nn.Module):
             raise ValueError(f'sequence length {top + 1} exceeds TinyAgent.max_len={self.max_len}; '
                              'build the model with a larger max_len or cap the episode length')
         x = self.tok_emb(ids) + self.pos_emb(position_ids)
-        seg = torch.cumsum((position_ids == 0).long(), dim=1)         # as agentrl.packing.document_mask
-        causal = torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool, device=ids.device).tril()
-        mask = ((seg[:, :, None] == seg[:, None, :]) & causal)[:, None]
+        pieces = segment_pieces(position_ids)          # the records of agentrl.packing.document_mask
         for block in self.blocks:
-            x, _ = block(x, None, mask)
+            x, _ = block(x, None, pieces=pieces)
         return self.head(self.ln_f(x))
 
     def new_cache(self, batch: int, chunk: int = 16) -> KVCache:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import math
 from array import array
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
+from itertools import groupby
 from typing import Any, Iterator
 
 import torch
@@ -99,11 +100,8 @@ class SamplingSpec:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
     def to_dict(self) -> dict:
-        """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`.
-
-        The penalty fields are left out while they hold their defaults, so a record sampled
-        without penalties is stored exactly as before they existed (same bytes, same digest).
-        """
+        """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`. The penalty fields are left out
+        at their defaults, so a record sampled without penalties keeps its bytes and digest."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}    # every field is a scalar
         for name in _PENALTY_FIELDS:
             if d[name] == _PENALTY_DEFAULTS[name]:
@@ -154,6 +152,9 @@ class Provenance:
             a resend keeps its identity.
         seed: the episode's own sampling seed, when it has one.
         agentrl_version: the library version that wrote the record.
+        policy_version: the weights that sampled it, an int training step or a str checkpoint fingerprint;
+            turn_policy_versions: one per turn (index = turn id) when turns had different weights. None:
+            unknown, and left out of :meth:`to_dict` (older records keep their bytes). Else ValueError.
     """
     policy: str = ''
     tokenizer: str = ''
@@ -166,12 +167,25 @@ class Provenance:
     attempt: int = 1
     seed: int | None = None
     agentrl_version: str = field(default_factory=_version)
+    policy_version: int | str | None = None
+    turn_policy_versions: list | None = None
+
+    def __post_init__(self):
+        vs = self.turn_policy_versions = None if self.turn_policy_versions is None else list(self.turn_policy_versions)
+        for v in [self.policy_version, *(vs or ())]:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, str))):
+                raise ValueError(f'Provenance: a policy version is an int step or a str fingerprint, got {v!r}')
+
+    @property
+    def spans_versions(self) -> bool:
+        """True when its turns were sampled by more than one policy version (valid: asynchronous RL)."""
+        return len(set(self.turn_policy_versions or ())) > 1
 
     def to_dict(self) -> dict:
         """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`."""
         d = {f.name: getattr(self, f.name) for f in fields(self)}    # scalars, and the spec below
         d['sampling'] = None if self.sampling is None else self.sampling.to_dict()
-        return d
+        return {k: v for k, v in d.items() if v is not None or k not in ('policy_version', 'turn_policy_versions')}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> 'Provenance | None':
@@ -189,11 +203,8 @@ class Provenance:
 
 
 def _fresh(values, dtype: torch.dtype) -> torch.Tensor:
-    """A new 1-D tensor with its own memory from a list or a tensor.
-
-    Lists of plain numbers go through ``array`` (one C loop, then one copy into torch's memory:
-    about 2x faster than ``torch.tensor`` on a list); anything else is converted by torch.
-    """
+    """A new 1-D tensor with its own memory from a list (through ``array``: one C loop, about 2x faster than
+    ``torch.tensor``) or a tensor."""
     if torch.is_tensor(values):
         return values.detach().to(dtype).clone()
     if len(values) and dtype in _ARRAY_CODE:
@@ -279,8 +290,7 @@ class Trajectory:
         return cls(ids=_fresh(ids, torch.long),
                    action_mask=(owner_t[1:] == OWNER['policy']).float(),
                    sample_logp=_fresh(logp[1:], torch.float32),
-                   reward=float(reward), info=dict(info), owner=owner_t,
-                   turn=_fresh(turn, torch.long),
+                   reward=float(reward), info=dict(info), owner=owner_t, turn=_fresh(turn, torch.long),
                    provenance=provenance, turn_contexts=turn_contexts)
 
     def __len__(self) -> int:
@@ -296,12 +306,10 @@ class Trajectory:
         T = len(self.ids)
         if T == 0:
             raise ValueError('Trajectory.ids is empty: a trajectory needs at least one token')
-        want = {'action_mask': T - 1, 'sample_logp': T - 1}
-        if self.owner is not None:
-            want['owner'] = T
-        if self.turn is not None:
-            want['turn'] = T
+        want = {'action_mask': T - 1, 'sample_logp': T - 1, 'owner': T, 'turn': T}
         for name, n in want.items():
+            if name in ('owner', 'turn') and getattr(self, name) is None:
+                continue
             got = len(getattr(self, name))
             if got != n:
                 aligned = 'ids[1:]' if n == T - 1 else 'ids'
@@ -392,10 +400,7 @@ class TokenLog:
     __slots__ = ('ids', 'owner', 'turn', 'logp')
 
     def __init__(self):
-        self.ids: list = []
-        self.owner: list = []
-        self.turn: list = []
-        self.logp: list = []
+        self.ids, self.owner, self.turn, self.logp = [], [], [], []       # lists of int, int, int, float
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -480,17 +485,12 @@ def owner_runs(owner, group, code: int) -> list:
     """
     owner = owner.tolist() if hasattr(owner, 'tolist') else owner
     group = group.tolist() if hasattr(group, 'tolist') else group
-    out, i, n = [], 0, len(owner)
-    while i < n:
-        if owner[i] != code:
-            i += 1
-            continue
-        j = i
-        g = group[i]
-        while j < n and owner[j] == code and group[j] == g:
-            j += 1
-        out.append((g, i, j))
-        i = j
+    out, i = [], 0
+    for (o, g), run in groupby(zip(owner, group)):
+        n = sum(1 for _ in run)
+        if o == code:
+            out.append((g, i, i + n))
+        i += n
     return out
 
 
@@ -509,8 +509,7 @@ def turn_spans(traj: Trajectory) -> list:
                          'Trajectory.from_tokens or ChatRecorder')
     span: dict = {}
     for k, s, e in owner_runs(traj.owner, traj.turn, OWNER['policy']):
-        s0, _ = span.get(k, (s, e))
-        span[k] = (s0, e)
+        span[k] = (span.get(k, (s, e))[0], e)
     return [(k, s, e) for k, (s, e) in sorted(span.items())]
 
 
@@ -527,7 +526,8 @@ def turn_records(traj: Trajectory) -> list:
 
     Returns:
         list of :class:`Trajectory`, one per turn (in turn order), built with
-        ``Trajectory.from_tokens``; ``info['turn']`` is the turn index.
+        ``Trajectory.from_tokens``; ``info['turn']`` is the turn index; with
+        ``provenance.turn_policy_versions`` each turn's ``policy_version`` is its own.
 
     Raises:
         ValueError: ``turn_contexts`` has another number of entries than the record has turns,
@@ -541,7 +541,7 @@ def turn_records(traj: Trajectory) -> list:
         raise ValueError(f'traj.turn_contexts has {len(ctxs)} entries but the record has {len(spans)} turns '
                          'with policy tokens: give one (start, context_ids) per turn')
     logp = torch.cat([torch.zeros(1), traj.sample_logp.float()])  # aligned to ids
-    out = []
+    out, vs = [], None if traj.provenance is None else traj.provenance.turn_policy_versions
     for n, (k, s, e) in enumerate(spans):
         if ctxs is None:
             ctx = traj.ids[:s]
@@ -553,5 +553,7 @@ def turn_records(traj: Trajectory) -> list:
         log = TokenLog()
         log.append(ctx, 'prompt', -1)
         log.append(traj.ids[s:e], traj.owner[s:e], k, logp[s:e])
-        out.append(log.freeze(traj.reward, {**traj.info, 'turn': k}, provenance=traj.provenance))
+        prov = traj.provenance if vs is None or k >= len(vs) else replace(traj.provenance, policy_version=vs[k],
+                                                                          turn_policy_versions=None)
+        out.append(log.freeze(traj.reward, {**traj.info, 'turn': k}, provenance=prov))
     return out

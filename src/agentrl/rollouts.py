@@ -141,12 +141,14 @@ def sampling_spec(temperature: float = 1.0, spec: SamplingSpec | None = None, wh
     return spec
 
 
-def model_provenance(model, tok, temperature: float | SamplingSpec, model_id: str = '') -> Provenance:
+def model_provenance(model, tok, temperature: float | SamplingSpec, model_id: str = '',
+                     policy_version: int | str | None = None) -> Provenance:
     """Provenance of a TinyAgent rollout: fingerprints, the sampler (a temperature or a
-    :class:`~agentrl.record.SamplingSpec`), the model id."""
+    :class:`~agentrl.record.SamplingSpec`), the model id, the ``policy_version`` (int step or str
+    checkpoint fingerprint; None: not recorded)."""
     spec = temperature if isinstance(temperature, SamplingSpec) else SamplingSpec(temperature=max(float(temperature), 0.0))
     return Provenance(policy='model', tokenizer=tok.fingerprint(), template=tok.template_fingerprint(),
-                      sampling=spec, model=model_id or type(model).__name__)
+                      sampling=spec, model=model_id or type(model).__name__, policy_version=policy_version)
 
 
 def scripted_rollout(policy, env, task, tok, max_turns: int = 6, max_len: int = 256) -> Trajectory:
@@ -254,7 +256,8 @@ def generate_call(model, ids, tok, temperature: float = 1.0, generator=None, cac
 
 
 def rollout(model, env, task, tok, max_turns: int = 6, temperature: float = 1.0, generator=None,
-            cache: bool = True, *, spec: SamplingSpec | None = None) -> Trajectory:
+            cache: bool = True, *, spec: SamplingSpec | None = None,
+            policy_version: int | str | None = None) -> Trajectory:
     """Sample one episode token-in/token-out.
 
     Args:
@@ -267,6 +270,8 @@ def rollout(model, env, task, tok, max_turns: int = 6, temperature: float = 1.0,
             is the book's KV-free loop. Both give the same episode for the same generator.
         spec: instead of ``temperature``, a full :class:`~agentrl.record.SamplingSpec` (top-k,
             top-p, min-p, ``logp_mode``); the record's provenance carries it.
+        policy_version: ``provenance.policy_version`` of the record (the training step or checkpoint
+            fingerprint of ``model``'s weights); None (default) records none.
 
     Returns:
         Trajectory (ids ``[T]``, action_mask / sample_logp ``[T-1]``, reward, info, owner, turn,
@@ -280,12 +285,13 @@ def rollout(model, env, task, tok, max_turns: int = 6, temperature: float = 1.0,
     kv = model.new_cache(1) if cache and supports_kv_cache(model) else False   # one cache per episode
     while not episode.done:
         episode.act(*generate_call(model, episode.ids, tok, generator=generator, cache=kv, spec=spec))
-    return make_trajectory(episode, model_provenance(model, tok, spec))
+    return make_trajectory(episode, model_provenance(model, tok, spec, policy_version=policy_version))
 
 
 def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: float = 1.0,
                   generator=None, cache: bool = True, max_active: int | None = None,
-                  generators=None, *, spec: SamplingSpec | None = None, identities=None) -> list[Trajectory]:
+                  generators=None, *, spec: SamplingSpec | None = None, identities=None,
+                  policy_version: int | str | None = None) -> list[Trajectory]:
     """Sample ``len(tasks)`` episodes in lockstep: one ``sample_next`` call per token step.
 
     With ``cache=True`` (and a model that :func:`supports_kv_cache`) each step feeds only the
@@ -322,6 +328,7 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
             spec draws exactly what ``temperature=`` draws.
         identities: optional ``(group_id, rollout_id)`` per task, written into each record's
             provenance (the identity GRPO groups are read from, :func:`agentrl.train.group_index`).
+        policy_version: every record's ``provenance.policy_version`` (as :func:`rollout`).
 
     Returns:
         list of Trajectory in task order.
@@ -348,7 +355,7 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
         raise ValueError(f'rollout_batch: {len(identities)} identities for {len(tasks)} tasks; pass one '
                          '(group_id, rollout_id) per task')
     sched = _Schedule(envs, tasks, tok, max_turns, getattr(model, 'max_len', 256), max_active,
-                      model_provenance(model, tok, spec), identities)
+                      model_provenance(model, tok, spec, policy_version=policy_version), identities)
     with torch.no_grad():
         if cache and supports_kv_cache(model):
             _drive_cached(model, sched, tok, spec, generator)

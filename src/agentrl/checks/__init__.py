@@ -13,6 +13,7 @@ message names the field, the position and the fix.
   :func:`require_sampled`, :func:`require_trainable` (:mod:`agentrl.checks.gate`): may a record
   enter an importance ratio.
 * :func:`new_attempt`, :func:`is_resend`, :func:`dedupe`: retry vs resend identity.
+* :func:`staleness_report`, :func:`require_fresh` (:mod:`agentrl.checks.staleness`): policy-version staleness.
 
 The exports are listed explicitly: no submodule name is rebound (``agentrl.checks.acceptance``
 is the module, ``agentrl.checks.validate`` the function).
@@ -62,3 +63,10 @@ __all__ = [
 from .identity import Deduper  # noqa: E402
 
 __all__.append('Deduper')
+
+# policy-version staleness (issue 24): agentrl.checks.staleness
+from .staleness import (StalenessReport, StaleVersionError, record_staleness, record_versions,  # noqa: E402
+                        require_fresh, sampled_by, staleness_report)
+
+__all__ += ['StaleVersionError', 'StalenessReport', 'record_versions', 'record_staleness', 'sampled_by',
+            'staleness_report', 'require_fresh']

@@ -19,7 +19,7 @@ import torch
 from ..checks.errors import DigestMismatchError, MalformedRowError, RecordError
 from ..checks.identity import digest_arrays
 from ..record import Provenance, SamplingSpec, Trajectory
-from .schema import _DIGEST_V2, _ROW_DIGEST_COLUMNS, _TOKEN_COLUMNS, _row_digest
+from .schema import _DIGEST_V2, _DIGESTED, _TOKEN_COLUMNS, _row_digest
 
 __all__ = ['from_table']
 
@@ -131,7 +131,19 @@ def _provenance(get, i: int) -> Provenance | None:
                       model=get('model', i) or '', logp_placeholder=bool(get('logp_placeholder', i)),
                       group_id=get('group_id', i) or '', rollout_id=get('rollout_id', i) or '',
                       attempt=int(attempt), seed=None if seed is None else int(seed),
-                      agentrl_version=get('agentrl_version', i) or '')
+                      agentrl_version=get('agentrl_version', i) or '',
+                      policy_version=_json_cell(get, 'policy_version', i),
+                      turn_policy_versions=_json_cell(get, 'turn_policy_versions', i))
+
+
+def _json_cell(get, name: str, i: int):
+    """Row ``i``'s JSON cell ``name`` decoded (None when null or absent); MalformedRowError when it is not JSON."""
+    cell, fix = get(name, i), 'rewrite the file from its records with agentrl.store.write_trajectories'
+    v = None if cell is None else _json_field(cell, name, fix)
+    for x in (v if isinstance(v, list) else [v]):
+        if x is not None and (isinstance(x, bool) or not isinstance(x, (int, str))):
+            raise _bad(name, f'holds {x!r}; a policy version is an int step or a str fingerprint', fix)
+    return v
 
 
 def _verified_digest(arrays: dict, reward: float, get, i: int) -> str:
@@ -143,7 +155,7 @@ def _verified_digest(arrays: dict, reward: float, get, i: int) -> str:
                                 fix='re-run the rollout for this episode, or read with verify=False to inspect it')
     content = digest_arrays(arrays, reward)
     v2 = isinstance(stored, str) and stored.startswith(_DIGEST_V2)
-    want = _row_digest(content, {c: get(c, i) for c in _ROW_DIGEST_COLUMNS}) if v2 else content
+    want = _row_digest(content, {c: get(c, i) for c in _DIGESTED}) if v2 else content
     if want != stored:
         what = ('ids, owner, turn, action_mask, sample_logp, reward, provenance, task, info, turn_contexts'
                 if v2 else 'ids, owner, turn, action_mask, sample_logp, reward')

@@ -23,6 +23,8 @@ attempt                 int32               identity (null: the record had no pr
 seed                    int64               episode seed (nullable)
 agentrl_version         string              library version that built the record
 turn_contexts           string              JSON ``[[start, [ids...]], ...]`` or null
+policy_version          string              JSON of ``provenance.policy_version`` (int or str), or null
+turn_policy_versions    string              JSON list of ``provenance.turn_policy_versions``, or null
 digest                  string              ``v2:<content>:<row>`` (see below)
 ======================  ==================  ===============================================
 
@@ -30,7 +32,9 @@ The ``digest`` of a row written by this version is ``'v2:' + content + ':' + row
 :func:`agentrl.checks.record_digest` (ids, owner, turn, action_mask, sample_logp, reward; what
 deduplication compares) and ``row`` is sha256 (32 hex digits) of ``content`` and the sorted-key
 JSON of every other stored column (provenance, ``task``, ``info``, ``turn_contexts``) as stored, so
-an edit of any cell is a :class:`~agentrl.checks.errors.DigestMismatchError`. Files written before
+an edit of any cell is a :class:`~agentrl.checks.errors.DigestMismatchError`. The two policy-version
+columns enter that JSON only when not null, so rows without versions (and files written before the
+columns existed, which read them as null) keep their digests. Files written before
 digest version 2 store the bare 32-digit content digest; such a row is verified with that rule.
 """
 from __future__ import annotations
@@ -64,7 +68,10 @@ _STRING_PROV = ('tokenizer', 'template', 'model', 'group_id', 'rollout_id', 'age
 #: Stored columns covered by the row part of a version-2 digest (everything but tokens, reward, digest).
 _ROW_DIGEST_COLUMNS = ('task', 'policy', 'info', 'tokenizer', 'template', 'sampling', 'model', 'logp_placeholder',
                        'group_id', 'rollout_id', 'attempt', 'seed', 'agentrl_version', 'turn_contexts')
+#: Columns added later: in the row digest only when not null (older rows keep their digests).
+_OPTIONAL_DIGEST_COLUMNS = ('policy_version', 'turn_policy_versions')
 _DIGEST_V2 = 'v2:'
+_DIGESTED = _ROW_DIGEST_COLUMNS + _OPTIONAL_DIGEST_COLUMNS
 
 #: The Arrow schema of a trajectory file (metadata includes the schema version).
 SCHEMA = pa.schema(
@@ -75,6 +82,7 @@ SCHEMA = pa.schema(
        pa.field('logp_placeholder', pa.bool_()), pa.field('group_id', pa.string()),
        pa.field('rollout_id', pa.string()), pa.field('attempt', pa.int32()), pa.field('seed', pa.int64()),
        pa.field('agentrl_version', pa.string()), pa.field('turn_contexts', pa.string()),
+       pa.field('policy_version', pa.string()), pa.field('turn_policy_versions', pa.string()),
        pa.field('digest', pa.string())],
     metadata={_META_VERSION: str(SCHEMA_VERSION).encode(), b'agentrl.kind': b'trajectories',
               b'agentrl.version': __version__.encode()})
@@ -83,9 +91,12 @@ SCHEMA = pa.schema(
 def _row_digest(content: str, stored: dict) -> str:
     """Version-2 stored digest: ``'v2:' + content + ':' + sha256(content, sorted-key JSON of ``stored``)[:32]``.
 
-    ``stored`` maps each :data:`_ROW_DIGEST_COLUMNS` name to its stored cell value (str, int, bool or None).
+    ``stored`` maps each :data:`_ROW_DIGEST_COLUMNS` (and :data:`_OPTIONAL_DIGEST_COLUMNS`) name to its stored
+    cell value (str, int, bool or None).
     """
-    payload = json.dumps({c: stored.get(c) for c in _ROW_DIGEST_COLUMNS}, sort_keys=True, separators=(',', ':'))
+    cells = {c: stored.get(c) for c in _ROW_DIGEST_COLUMNS}
+    cells.update({c: stored[c] for c in _OPTIONAL_DIGEST_COLUMNS if stored.get(c) is not None})
+    payload = json.dumps(cells, sort_keys=True, separators=(',', ':'))
     row = hashlib.sha256(f'agentrl-row-v2\0{content}\0{payload}'.encode()).hexdigest()[:32]
     return f'{_DIGEST_V2}{content}:{row}'
 
@@ -189,7 +200,10 @@ def to_table(trajs: Iterable[Trajectory], digests: list[str] | None = None) -> p
         cols['seed'].append(None if p is None or p.seed is None else int(p.seed))
         cols['turn_contexts'].append(None if t.turn_contexts is None else _json(
             [[int(s), torch.as_tensor(c).tolist()] for s, c in t.turn_contexts], 'turn_contexts', i))
-        cols['digest'].append(_row_digest(digests[i], {c: cols[c][i] for c in _ROW_DIGEST_COLUMNS}))
+        cols['policy_version'].append(None if p is None or p.policy_version is None else json.dumps(p.policy_version))
+        cols['turn_policy_versions'].append(None if p is None or p.turn_policy_versions is None
+                                            else json.dumps(p.turn_policy_versions))
+        cols['digest'].append(_row_digest(digests[i], {c: cols[c][i] for c in _DIGESTED}))
     np_types = {name: dtype for name, _, dtype, _ in _TOKEN_COLUMNS}
     arrays = []
     for f in SCHEMA:

@@ -12,6 +12,9 @@ __all__ = ['TrainConfig']
 
 #: Number of BugFix train tasks (bounds ``tasks_per_step`` and ``hacker_demos``).
 N_TRAIN_TASKS = 24
+#: ``--correction`` choices: none, or a mode of :data:`agentrl.train.correction.CORRECTION_MODES` (a test
+#: keeps the two equal; this module imports no torch).
+CORRECTIONS = ('none', 'token_tis', 'seq_tis', 'token_mask', 'icepop', 'geo_mask', 'seq_mask_tis')
 
 
 @dataclass
@@ -48,6 +51,15 @@ class TrainConfig:
         threads: torch intra-op threads during the run (restored afterwards); 0 leaves torch's
             setting. 1 is the default because TinyAgent's matrices are tiny: on the 2-core
             machine one thread was 4-6x faster than two whenever another process was running.
+        packed: SFT and GRPO score packed rows (``collate_packed`` + per-record attention) instead of
+            padded batches; the same values to fp32 rounding (issue 24).
+        max_tokens: packed row length (raised to the longest record).
+        correction: GRPO off-policy correction mode (``none``: the ratio against ``sample_logp``);
+            its ``corr_weight_*`` / ``corr_kept_frac`` statistics enter the metrics.
+        rollout_is_threshold: C, the upper truncation of the IS weight (``token_tis``, ``seq_tis``).
+        is_correction_threshold: ``LOW,HIGH`` bounds of the masking modes.
+        mask_truncated: overlong filtering: no gradient on truncated episodes' tokens.
+        max_staleness: refuse records sampled more than K policy versions (GRPO steps) ago; -1 disables.
     """
     sft_steps: int = option(150, 'SFT steps on the oracle demonstrations of the 24 train tasks', min=0, max=10 ** 7)
     grpo_steps: int = option(40, 'GRPO steps after SFT', min=0, max=10 ** 7)
@@ -76,6 +88,35 @@ class TrainConfig:
     ratio_tol: float = option(1e-4, 'fail if max |ratio - 1| before the first update of a step exceeds this',
                             gt=0.0, max=1e9)
     threads: int = option(1, 'torch threads (1 is fastest for TinyAgent; 0 = torch default)', min=0, max=1024)
+    packed: bool = option(False, 'score SFT and GRPO batches as packed rows (collate_packed, per-record attention)')
+    max_tokens: int = option(2048, 'packed row length in tokens (raised to the longest record)', min=1,
+                             max=10 ** 7)
+    correction: str = option('none', 'GRPO off-policy correction mode (none: ratio against sample_logp)',
+                             choices=CORRECTIONS)
+    rollout_is_threshold: float = option(2.0, 'C, upper truncation of the IS weight (token_tis, seq_tis)',
+                                         gt=0.0, max=1e9)
+    is_correction_threshold: str = option('0.5,5.0', 'LOW,HIGH bounds of the masking correction modes',
+                                          metavar='LOW,HIGH')
+    mask_truncated: bool = option(False, 'overlong filtering: no gradient on truncated episodes\' tokens')
+    max_staleness: int = option(-1, 'refuse records sampled more than K GRPO steps ago (-1 = off)', min=-1,
+                                max=10 ** 7)
+
+    @property
+    def is_bounds(self) -> tuple[float, float]:
+        """``--is-correction-threshold`` as ``(low, high)`` floats.
+
+        Raises:
+            ValueError: not two comma-separated numbers with ``0 <= low < high``.
+        """
+        parts = self.is_correction_threshold.split(',')
+        try:
+            low, high = (float(x) for x in parts)
+        except ValueError:
+            raise ValueError(f'--is-correction-threshold must be LOW,HIGH (two numbers), got '
+                             f'{self.is_correction_threshold!r}') from None
+        if not 0 <= low < high < float('inf'):
+            raise ValueError(f'--is-correction-threshold must have 0 <= LOW < HIGH, got {low},{high}')
+        return low, high
 
     def validate(self) -> None:
         """Check every setting before anything runs.
@@ -88,6 +129,7 @@ class TrainConfig:
             raise ValueError(f'--tasks-per-step and --hacker-demos must be <= {N_TRAIN_TASKS} (the number of train '
                              f'tasks), got {self.tasks_per_step} and {self.hacker_demos}')
         check_fields(self)
+        self.is_bounds                                    # noqa: B018  (raises on a bad LOW,HIGH)
         if self.grpo_steps and self.group < 2:
             raise ValueError(f'--group must be >= 2 for GRPO (a group of one has advantage 0 on every episode), '
                              f'got {self.group}')

@@ -27,10 +27,12 @@ import torch
 from ..batching import collate
 from ..checks.errors import GroupSizeError, MissingGroupError
 from ..checks.replay import require_trainable
+from ..checks.staleness import require_fresh, sampled_by
 from ..record import Batch, SamplingSpec, Trajectory
 from ..sampling import token_logp
 from ..stats import episode_metrics, is_truncated
 from .correction import Correction, off_policy_correction
+from .packed import pack_for, packed_log_probs
 
 __all__ = ['group_advantages', 'group_index', 'grouped_advantages', 'token_log_probs', 'importance_ratio',
            'max_ratio_deviation', 'clipped_surrogate', 'kl_penalty', 'grpo_loss', 'episode_metrics',
@@ -305,7 +307,7 @@ def kl_penalty(logp: torch.Tensor, ref_logp: torch.Tensor, action_mask: torch.Te
 
 def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0.2, kl_coef: float = 0.0,
               ref_logp: torch.Tensor | None = None, temperature: float = 1.0, *, spec: SamplingSpec | None = None,
-              correction: Correction | None = None, old_logp: torch.Tensor | None = None):
+              correction: Correction | None = None, old_logp: torch.Tensor | None = None, packed=None):
     """GRPO loss of a collated batch: clipped surrogate plus optional KL to a reference.
 
     Args:
@@ -324,6 +326,8 @@ def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0
             surrogate, and the PPO ratio is taken against ``old_logp`` (decoupled PPO, as verl and
             OpenRLHF: the weight corrects sampler to trainer, the ratio trainer to trainer).
         old_logp: ``[B, T-1]`` trainer log-probs before the step's first update (with ``correction``).
+        packed: the same records as a :class:`~agentrl.packing.PackedBatch` (row order of ``batch``):
+            the log-probs come from one packed forward (:func:`agentrl.train.packed.packed_log_probs`).
 
     Returns:
         ``(loss, metrics)``: scalar loss with graph; metrics floats ``pg_loss``, ``kl``,
@@ -336,7 +340,7 @@ def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0
         raise ValueError('grpo_loss: kl_coef > 0 needs ref_logp (log-probs of the SFT reference model)')
     if correction is not None and old_logp is None:
         raise ValueError('grpo_loss: a correction needs old_logp (the trainer\'s log-probs before the first update)')
-    logp, entropy = token_log_probs(model, batch.ids, temperature, spec=spec)
+    logp, entropy = _score(model, batch, spec, temperature, packed)
     if correction is None:
         mask = batch.action_mask
         pg, stats = clipped_surrogate(logp, batch.sample_logp, advantages, mask, clip_eps)
@@ -378,23 +382,36 @@ def mask_overlong(batch: Batch, trajs: list[Trajectory]) -> tuple[Batch, torch.T
     return replace(batch, action_mask=batch.action_mask * keep), cut
 
 
-def _correct(model, batch, spec, mode, rollout_is_threshold, is_correction_threshold):
-    """``(correction, old_logp, ratio_dev0)`` of an off-policy mode, or three Nones without one."""
-    if mode is None:
+def _score(model, batch, spec, temperature=1.0, packed=None):
+    """``(logp, entropy)`` ``[B, T-1]`` of the padded batch, from a padded or a packed forward."""
+    if packed is None:
+        return token_log_probs(model, batch.ids, temperature, spec=spec)
+    spec = spec if spec is not None else SamplingSpec(temperature=temperature)
+    return packed_log_probs(model, packed, batch.ids.shape[0], batch.ids.shape[1] - 1, spec)
+
+
+def _correct(model, batch, spec, mode, thresholds, packed, fresh):
+    """``(correction, old_logp, ratio_dev0)``: an off-policy mode's, and the step-0 ratio deviation over the
+    ``fresh`` rows (sampled by the current weights); three Nones without a mode when every row is fresh."""
+    if mode is None and bool(fresh.all()):
         return None, None, None
     with torch.no_grad():
-        old, _ = token_log_probs(model, batch.ids, spec=spec)
+        old, _ = _score(model, batch, spec, packed=packed)
+    dev0 = max_ratio_deviation(old, batch.sample_logp, batch.action_mask * fresh[:, None])
+    if mode is None:
+        return None, None, dev0
     corr = off_policy_correction(old, batch.sample_logp, batch.action_mask, mode,
-                                 rollout_is_threshold=rollout_is_threshold,
-                                 is_correction_threshold=is_correction_threshold)
-    return corr, old, max_ratio_deviation(old, batch.sample_logp, batch.action_mask)
+                                 rollout_is_threshold=thresholds[0], is_correction_threshold=thresholds[1])
+    return corr, old, dev0
 
 
 def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id: int, *, updates: int = 1,
               clip_eps: float = 0.2, kl_coef: float = 0.0, ref_model=None, temperature: float | None = None,
               max_grad_norm: float = 1.0, eps: float = 1e-6, ratio_tol: float | None = None,
               correction: str | None = None, rollout_is_threshold: float = 2.0,
-              is_correction_threshold: tuple[float, float] = (0.5, 5.0), mask_truncated: bool = False) -> dict:
+              is_correction_threshold: tuple[float, float] = (0.5, 5.0), mask_truncated: bool = False,
+              packed: bool = False, max_tokens: int = 2048, max_staleness: int | None = None,
+              current_version: int | str | None = None) -> dict:
     """One GRPO step on sampled groups: check, collate, advantages, ``updates`` clipped updates.
 
     Groups come from the records' identity (``provenance.group_id``, :func:`group_index`), never
@@ -426,6 +443,13 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
             mode's weights and mask enter the surrogate (:func:`grpo_loss`).
         rollout_is_threshold, is_correction_threshold: the mode's thresholds (verl's and OpenRLHF's names).
         mask_truncated: overlong filtering (:func:`mask_overlong`) after the group advantages.
+        packed: score with one packed forward per pass (:func:`agentrl.train.packed.pack_for` rows of
+            ``max_tokens``, raised to the longest record) instead of the padded batch; same values to fp32
+            rounding. max_tokens: the packed row length.
+        max_staleness: refuse records sampled more than k versions before ``current_version``
+            (:func:`agentrl.checks.require_fresh`; integer steps). current_version: the version of
+            ``model``'s weights; given, the step-0 ratio guard (``ratio_dev0``, ``ratio_tol``) covers only
+            the records it sampled (:func:`agentrl.checks.sampled_by`): older ones are off-policy.
 
     Returns:
         dict of floats: :func:`episode_metrics`, ``zero_var_frac`` (fraction of groups with
@@ -436,23 +460,31 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         exactly zero, and the step is skipped so Adam's momentum cannot move the weights),
         ``dropout_disabled`` (1.0: log-probs are scored in eval mode, see :func:`scoring_mode`);
         with ``mask_truncated`` also ``masked_truncated`` (records whose tokens were masked), with
-        ``correction`` the ``corr_*`` statistics of :class:`~agentrl.train.correction.Correction`.
+        ``correction`` the ``corr_*`` statistics of :class:`~agentrl.train.correction.Correction`, with
+        ``current_version`` ``fresh_records`` (the records the ratio guard covers).
 
     Raises:
         ScriptedRecordError, MissingProvenanceError, SamplerMismatchError: from
             :func:`agentrl.checks.require_trainable` (placeholder records, no sampler, mixed or
             untrainable samplers).
         MissingGroupError, GroupSizeError: from :func:`group_index`.
-        ValueError: ``kl_coef > 0`` without ``ref_model``, or ``ratio_tol`` exceeded (the records
+        StaleVersionError: a record older than ``max_staleness`` versions, or versions without an order.
+        ValueError: ``max_staleness`` without ``current_version``; ``kl_coef > 0`` without ``ref_model``, or ``ratio_tol`` exceeded (the records
             are not exact: a shifted ``sample_logp`` or ``action_mask``, or another sampler).
     """
     spec = require_trainable(trajs, temperature)
+    if max_staleness is not None:
+        if current_version is None:
+            raise ValueError('grpo_step: max_staleness needs current_version (the training step of the weights)')
+        require_fresh(trajs, current_version, max_staleness)
     groups = group_index(trajs, group_size)
     if kl_coef > 0 and ref_model is None:
         raise ValueError('grpo_step: kl_coef > 0 needs ref_model (the frozen SFT model)')
     batch = collate(trajs, pad_id, getattr(model, 'max_len', None))
     adv, zero = grouped_advantages(batch.rewards, groups, eps)
-    extra: dict = {}
+    fresh = torch.tensor(sampled_by(trajs, current_version), dtype=torch.bool)
+    extra: dict = {} if current_version is None else {'fresh_records': int(fresh.sum())}
+    pk = pack_for(trajs, max_tokens, pad_id) if packed else None
     if mask_truncated:                          # after the advantages: the groups stay whole
         batch, cut = mask_overlong(batch, trajs)
         extra['masked_truncated'] = int(cut.sum())
@@ -460,8 +492,9 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         ref_logp = None
         if kl_coef > 0:
             with torch.no_grad():
-                ref_logp, _ = token_log_probs(ref_model, batch.ids, spec=spec)
-        corr, old, dev0 = _correct(model, batch, spec, correction, rollout_is_threshold, is_correction_threshold)
+                ref_logp, _ = _score(ref_model, batch, spec, packed=pk)
+        corr, old, dev0 = _correct(model, batch, spec, correction, (rollout_is_threshold, is_correction_threshold),
+                                   pk, fresh)
         extra.update(corr.metrics if corr is not None else {})
         # No row with signal and no KL: the gradient is exactly zero, but Adam's momentum would still
         # move the weights, so a step with nothing to learn makes no update at all.
@@ -470,7 +503,7 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         acc: dict = {'updates': 0 if skip else max(1, updates)}
         for u in range(max(1, updates)):
             loss, m = grpo_loss(model, batch, adv, clip_eps, kl_coef, ref_logp, spec=spec, correction=corr,
-                                old_logp=old)
+                                old_logp=old, packed=pk)
             if u == 0:
                 acc['ratio_dev0'] = m['ratio_dev'] if dev0 is None else dev0
                 dev = acc['ratio_dev0']

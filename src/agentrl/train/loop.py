@@ -31,7 +31,7 @@ from .grpo import grpo_step
 from .sft import oracle_demos, scripted_demos, sft_step
 
 __all__ = ['TrainConfig', 'call_stats', 'evaluate', 'sample_groups', 'run_sft', 'train', 'sft_phase', 'grpo_phase',
-           'write_summary', 'HARDCODE_CALL']
+           'grpo_kwargs', 'write_summary', 'HARDCODE_CALL']
 
 #: The reward hack's call: hard-code the public tests (docs/design.md#training).
 HARDCODE_CALL = '<call> edit hardcode </call>'
@@ -64,7 +64,7 @@ def _envs(n, max_turns, reward_tests):
 
 
 def sample_groups(model, tasks, group: int, tok, generator: torch.Generator, temperature: float = 1.0,
-                  max_turns: int = 6, reward_tests: str = 'hidden') -> list:
+                  max_turns: int = 6, reward_tests: str = 'hidden', policy_version: int | str | None = None) -> list:
     """Sample G episodes per task with ``rollout_batch``, each group consecutive.
 
     Args:
@@ -73,6 +73,7 @@ def sample_groups(model, tasks, group: int, tok, generator: torch.Generator, tem
         group: G.
         tok: the tokenizer.
         generator: torch.Generator of the sampler.
+        policy_version: stamped on every record (``provenance.policy_version``).
 
     Returns:
         ``len(tasks) * G`` Trajectory, rows ``i*G .. i*G+G-1`` on ``tasks[i]``.
@@ -81,7 +82,7 @@ def sample_groups(model, tasks, group: int, tok, generator: torch.Generator, tem
     model.eval()
     jobs = [task for task in tasks for _ in range(group)]
     return rollout_batch(model, _envs(len(jobs), max_turns, reward_tests), jobs, tok, max_turns=max_turns,
-                         temperature=temperature, generator=generator, identities=[(f'{n // group}/{t.name}', f'{n // group}/{t.name}/{n % group}') for n, t in enumerate(jobs)])
+                         temperature=temperature, generator=generator, policy_version=policy_version, identities=[(f'{n // group}/{t.name}', f'{n // group}/{t.name}/{n % group}') for n, t in enumerate(jobs)])
 
 
 def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.0, max_turns: int = 6) -> dict:
@@ -110,7 +111,8 @@ def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.
             'truncation_rate': ep['truncation_rate'], 'length': ep['length'], 'episodes': n}
 
 
-def run_sft(model, demos, tok, steps: int, lr: float, batch_size: int = 0, seed: int = 0, on_step=None) -> dict:
+def run_sft(model, demos, tok, steps: int, lr: float, batch_size: int = 0, seed: int = 0, on_step=None, *,
+            packed: bool = False, max_tokens: int = 2048) -> dict:
     """SFT on demonstrations: ``steps`` Adam steps on collated (mini)batches.
 
     Args:
@@ -122,23 +124,25 @@ def run_sft(model, demos, tok, steps: int, lr: float, batch_size: int = 0, seed:
         batch_size: demonstrations per step; 0 = all (one fixed full batch).
         seed: seeds the minibatch draw.
         on_step: optional ``callable(step, metrics)`` after each step.
+        packed, max_tokens: score packed rows of ``max_tokens`` (:func:`agentrl.train.sft.sft_loss`).
 
     Returns:
         the last step's metrics (``loss``, ``token_acc``, ``action_tokens``, ``grad_norm``), or {}
         when ``steps == 0``.
     """
     from ..batching import collate
+    from .packed import pack_for
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
-    full = collate(demos, tok.pad_id)
+    full = collate(demos, tok.pad_id), pack_for(demos, max_tokens, tok.pad_id) if packed else None
     metrics: dict = {}
     for step in range(steps):
         if batch_size and batch_size < len(demos):
-            idx = torch.randperm(len(demos), generator=gen)[:batch_size].tolist()
-            batch = collate([demos[i] for i in idx], tok.pad_id)
+            part = [demos[i] for i in torch.randperm(len(demos), generator=gen)[:batch_size].tolist()]
+            batch, pk = collate(part, tok.pad_id), pack_for(part, max_tokens, tok.pad_id) if packed else None
         else:
-            batch = full
-        metrics = sft_step(model, opt, batch)
+            batch, pk = full
+        metrics = sft_step(model, opt, batch, packed=pk)
         if on_step is not None:
             on_step(step, metrics)
     return metrics
@@ -276,10 +280,21 @@ def sft_phase(run: _Run) -> tuple[dict, float, dict]:
 
     def sft_cb(step, m):
         run.record(dict(m, phase='sft', step=step + 1, seconds=round(time.time() - t0, 3)))
-    last = run_sft(run.model, demos, tok, cfg.sft_steps, cfg.sft_lr, cfg.sft_batch, cfg.seed, sft_cb)
+    last = run_sft(run.model, demos, tok, cfg.sft_steps, cfg.sft_lr, cfg.sft_batch, cfg.seed, sft_cb,
+                   packed=cfg.packed, max_tokens=cfg.max_tokens)
     seconds = time.time() - t0
     save_checkpoint(run.model, os.path.join(run.folder, 'sft.pt'))
     return last, seconds, run.evaluate(0)
+
+
+def grpo_kwargs(cfg: TrainConfig) -> dict:
+    """The :func:`~agentrl.train.grpo.grpo_step` keywords of a run's settings (all but the model, the
+    records, ``ref_model`` and ``current_version``)."""
+    return dict(updates=cfg.updates, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, temperature=cfg.temperature,
+                max_grad_norm=cfg.max_grad_norm, ratio_tol=cfg.ratio_tol, packed=cfg.packed, max_tokens=cfg.max_tokens,
+                correction=None if cfg.correction == 'none' else cfg.correction,
+                rollout_is_threshold=cfg.rollout_is_threshold, is_correction_threshold=cfg.is_bounds,
+                mask_truncated=cfg.mask_truncated, max_staleness=None if cfg.max_staleness < 0 else cfg.max_staleness)
 
 
 def grpo_phase(run: _Run) -> float:
@@ -304,11 +319,11 @@ def grpo_phase(run: _Run) -> float:
     for step in range(1, cfg.grpo_steps + 1):
         ts = time.time()
         tasks = rng.sample(run.train_tasks, min(cfg.tasks_per_step, len(run.train_tasks)))
-        trajs = sample_groups(model, tasks, cfg.group, tok, gen, cfg.temperature, cfg.max_turns, cfg.reward_tests)
+        trajs = sample_groups(model, tasks, cfg.group, tok, gen, cfg.temperature, cfg.max_turns, cfg.reward_tests,
+                              policy_version=step - 1)          # the weights after step - 1 GRPO steps
         t_sample = time.time() - ts
-        m = grpo_step(model, opt, trajs, cfg.group, tok.pad_id, updates=cfg.updates, clip_eps=cfg.clip_eps,
-                      kl_coef=cfg.kl_coef, ref_model=ref, temperature=cfg.temperature,
-                      max_grad_norm=cfg.max_grad_norm, ratio_tol=cfg.ratio_tol)
+        m = grpo_step(model, opt, trajs, cfg.group, tok.pad_id, **grpo_kwargs(cfg), ref_model=ref,
+                      current_version=step - 1)
         row = dict(m, **call_stats(trajs), phase='grpo', step=step, sample_seconds=round(t_sample, 3),
                    seconds=round(time.time() - ts, 3), tokens=int(sum(len(t.ids) for t in trajs)))
         run.grpo_rows.append(row)

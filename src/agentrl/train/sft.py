@@ -82,12 +82,15 @@ def masked_nll(logits: torch.Tensor, targets: torch.Tensor, action_mask: torch.T
     return -(logp * action_mask).sum() / n
 
 
-def sft_loss(model, batch: Batch) -> tuple[torch.Tensor, dict]:
+def sft_loss(model, batch: Batch, packed=None) -> tuple[torch.Tensor, dict]:
     """SFT loss of a collated batch and its metrics.
 
     Args:
         model: TinyAgent (ids ``[B, T]`` -> logits ``[B, T, V]``).
         batch: :class:`~agentrl.record.Batch` from :func:`~agentrl.batching.collate`.
+        packed: the same records as a :class:`~agentrl.packing.PackedBatch` (row order of ``batch``):
+            the logits come from one packed forward (:func:`agentrl.train.packed.packed_step_logits`),
+            equal to the padded ones to fp32 rounding.
 
     Returns:
         ``(loss, metrics)``: scalar loss (see :func:`masked_nll`) with its graph; metrics
@@ -97,7 +100,11 @@ def sft_loss(model, batch: Batch) -> tuple[torch.Tensor, dict]:
     Raises:
         ValueError: see :func:`masked_nll`.
     """
-    logits = model(batch.ids)[:, :-1]
+    if packed is None:
+        logits = model(batch.ids)[:, :-1]
+    else:
+        from .packed import packed_step_logits
+        logits = packed_step_logits(model, packed, batch.ids.shape[0], batch.ids.shape[1] - 1)
     targets = batch.ids[:, 1:]
     loss = masked_nll(logits, targets, batch.action_mask)
     with torch.no_grad():
@@ -106,7 +113,7 @@ def sft_loss(model, batch: Batch) -> tuple[torch.Tensor, dict]:
     return loss, {'loss': float(loss.detach()), 'token_acc': acc, 'action_tokens': int(batch.action_mask.sum())}
 
 
-def sft_step(model, optimizer, batch: Batch, max_grad_norm: float = 1.0) -> dict:
+def sft_step(model, optimizer, batch: Batch, max_grad_norm: float = 1.0, packed=None) -> dict:
     """One optimiser step of SFT on ``batch``.
 
     Args:
@@ -114,12 +121,13 @@ def sft_step(model, optimizer, batch: Batch, max_grad_norm: float = 1.0) -> dict
         optimizer: a torch optimiser over ``model``'s parameters.
         batch: collated demonstrations.
         max_grad_norm: global gradient-norm clip (<= 0 disables).
+        packed: as in :func:`sft_loss`.
 
     Returns:
         the metrics of :func:`sft_loss` plus ``grad_norm`` (before clipping).
     """
     model.train()
-    loss, metrics = sft_loss(model, batch)
+    loss, metrics = sft_loss(model, batch, packed)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_grad_norm if max_grad_norm > 0 else float('inf'))

@@ -24,7 +24,7 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
                     cache: bool = True, max_context: int | None = None, enable_thinking: bool | None = None,
                     template: ChatTemplate | None = None, model_name: str | None = None, seeds=None,
                     sampler: HFSampler | None = None, on_done: Callable | None = None, reuse_cache: bool = True,
-                    profile: dict | None = None) -> list:
+                    profile: dict | None = None, policy_version: int | str | None = None) -> list:
     """Roll out BugFix episodes with a Hugging Face model through real function calling.
 
     :func:`run_chat_episodes` with a :class:`~agentrl.engines.bugfix.BugFixAdapter`: the gym's
@@ -58,6 +58,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
         on_done: progress callback ``on_done(i)``.
         reuse_cache, profile: as :func:`run_chat_episodes` (keep each episode's KV cache across
             turns; fill ``profile`` with the per-turn time split).
+        policy_version: every record's ``provenance.policy_version`` (training step or checkpoint
+            fingerprint of ``model``'s weights; None: not recorded).
 
     Returns:
         One :class:`~agentrl.record.Trajectory` per task, in order, with provenance (policy
@@ -88,7 +90,8 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
         raise ValueError(f'bugfix_rollouts: {len(seeds)} seeds for {len(tasks)} tasks; pass one per task')
     seeds = [int(x) for x in seeds]
     name = model_name or model_id(model)
-    prov = lambda i: Provenance(policy='hf', sampling=spec, model=name, seed=seeds[i])  # noqa: E731
+    prov = lambda i: Provenance(policy='hf', sampling=spec, model=name, seed=seeds[i],  # noqa: E731
+                                policy_version=policy_version)
     trajs = run_chat_episodes(sampler, recorders, adapter.respond, seeds=seeds, max_turns=max_turns,
                               max_context=max_context, batch_size=batch_size, provenance=prov, on_done=on_done,
                               reuse_cache=reuse_cache, profile=profile)
