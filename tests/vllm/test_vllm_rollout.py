@@ -30,7 +30,7 @@ def two_runs(server, model_dir, tmp_path_factory):
 
 def test_a_vllm_run_passes_check_and_names_the_model_by_fingerprint(two_runs, model_dir, capsys):
     run, _ = two_runs
-    assert sorted(p.name for p in (run / 'trajectories').iterdir()) == ['part-00000.parquet', 'part-00001.parquet']
+    assert sorted(p.name for p in (run / 'trajectories').iterdir()) == ['part-000000.parquet', 'part-000001.parquet']
     recs = records(run)
     mid = f'{model_dir.name}@{model_fingerprint(model_dir)}'
     assert len(recs) == 6 and {r.provenance.policy for r in recs} == {'vllm'}
@@ -56,3 +56,20 @@ def test_the_same_seed_twice_gives_the_same_records(two_runs):
         torch.testing.assert_close(x.sample_logp, y.sample_logp, rtol=0, atol=0, equal_nan=True)
         assert x.reward == y.reward
         assert x.provenance.to_dict() == y.provenance.to_dict()
+
+
+def test_check_measures_the_engine_vs_trainer_mismatch_in_float32_and_bfloat16(two_runs, model_dir):
+    from agentrl.jobs.check import CheckOptions, run_check
+    run, _ = two_runs
+    f32 = run_check(CheckOptions(path=str(run), model=str(model_dir)))
+    m = f32.mismatch
+    assert f32.ok and m.n == f32.replay.overall.n > 0
+    assert m.max_abs < 1e-4 and m.mean_abs <= m.max_abs and m.over[1e-1] == 0.0
+    assert 0.0 <= m.kl_k3 < 1e-8 and abs(m.kl_k1) < 1e-4         # k3 >= 0 always; k1 is unbiased, any sign
+    assert 'engine vs trainer: |Δ log-p| max' in f32.format() and '(Schulman 2020)' in f32.format()
+    bf16 = run_check(CheckOptions(path=str(run), model=str(model_dir), dtype='bfloat16'))
+    mb = bf16.mismatch
+    assert mb.max_abs > 1e-4 and not bf16.ok             # reported, and refused under the default --tol 1e-4
+    assert f'bfloat16 replay: max |Δ log-p| {mb.max_abs:.2e} > --tol 0.0001' in bf16.format()
+    loose = run_check(CheckOptions(path=str(run), model=str(model_dir), dtype='bfloat16', tol=1.0))
+    assert loose.mismatch.max_abs < 1.0 and loose.ok, loose.format()
