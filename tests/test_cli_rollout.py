@@ -70,8 +70,8 @@ def test_rollout_bad_input_is_one_line(tmp_path, args, message):
     (['rollout', '--bogus', '1'], 'agentrl rollout: error: unrecognized arguments: --bogus 1 (see agentrl rollout --help)'),
     (['rollout', '--repeats', 'x'],
      "agentrl rollout: error: argument --repeats: invalid int value: 'x' (see agentrl rollout --help)"),
-    (['rollout', '--engine', 'vllm'], "agentrl rollout: error: argument --engine: invalid choice: 'vllm' (choose from "
-                                      "'tinyagent', 'hf') (see agentrl rollout --help)"),
+    (['rollout', '--engine', 'sglang'], "agentrl rollout: error: argument --engine: invalid choice: 'sglang' (choose "
+                                        "from 'tinyagent', 'hf', 'vllm') (see agentrl rollout --help)"),
     (['show'], 'agentrl show: error: the following arguments are required: path (see agentrl show --help)'),
     (['check', 'x', '--max-ratio-dev'],
      'agentrl check: error: argument --max-ratio-dev: expected one argument (see agentrl check --help)'),
