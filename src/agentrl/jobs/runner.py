@@ -63,6 +63,9 @@ def _threads(n: int):
 class EpisodeRunner:
     """Runs chunks of episodes in one process (a Ray actor, or the driver with ``workers=0``).
 
+    The ``vllm`` engine's servers are ``spec.options.server`` (connected at its first model chunk)
+    and its log-prob mode ``spec.logp_mode``; the tokenizer and template come from ``options.model``.
+
     Args:
         spec: the :class:`RunSpec`.
         weights: ``{'config': TinyAgent.config(), 'state_dict': ...}`` of the TinyAgent policy,
@@ -281,6 +284,8 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
         ValueError: ``workers < 0``; without ``resume`` a folder that already holds planned
             episodes (fix: ``--resume DIR``, or a new ``--out``).
         ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
+        ServerDied: a vLLM server stopped answering (in process): the chunk's finished episodes
+            are written as a shard first; ``err.stored`` counts the episodes stored.
     """
     from .. import store
     from ..engines import ray as ray_pool
