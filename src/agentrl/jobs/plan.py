@@ -169,8 +169,11 @@ class RolloutOptions:
                 raise ValueError(f'--engine {self.engine} needs --model DIR with config.json (got {self.model!r}); '
                                  '`agentrl make-test-model OUT` builds a small one')
         if self.engine == 'vllm' and not self.server:
-            from ..engines.vllm.server import check_head_dim, default_python
-            check_head_dim(self.model)          # VLLMError: the head size vLLM CPU cannot run, and the fix
+            from ..engines.vllm.server import VLLMError, check_head_dim, default_python
+            try:
+                check_head_dim(self.model)      # the head size vLLM CPU cannot run, and the fix
+            except VLLMError as e:
+                raise ValueError(f'--model {self.model!r}: {e}') from None
             py = self.vllm_python or str(default_python())
             if not os.path.isfile(py):
                 raise ValueError(f'--engine vllm without --server starts a local server with {py!r}, which does not '
