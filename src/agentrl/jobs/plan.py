@@ -285,7 +285,7 @@ def plan_chunks(jobs: Sequence[EpisodeJob], chunk_size: int) -> list[list[Episod
 def public_options(opts: RolloutOptions) -> dict:
     """The options as stored in a summary: local paths reduced to their last component."""
     d = asdict(opts)
-    for k in ('checkpoint', 'model', 'resume', 'out'):
+    for k in ('checkpoint', 'model', 'resume', 'out', 'vllm_python'):
         if d.get(k):
             d[k] = Path(d[k]).name
     return d
