@@ -50,7 +50,9 @@ def metrics(url: str) -> dict:
 
 
 async def raw_replay(url: str, bodies_by_episode: list, concurrency: int) -> float:
-    """Send each episode's recorded bodies in turn order (episodes concurrent); wall seconds."""
+    """Send each episode's recorded bodies in turn order (episodes concurrent); wall seconds.
+
+    The bodies are sent as they are (JSON-encoded again per request, as any client would)."""
     from agentrl.engines.vllm import client
     gate = asyncio.Semaphore(concurrency)
 
@@ -98,15 +100,15 @@ def main(argv=None) -> int:
         template = bugfix_template(model_dir)
         ep = [srv.endpoint]
         mode = check_logp_mode(ep, [1, 2, 3])
-        agentrl_s, raw_s, recs, before, after = [], [], None, None, None
+        agentrl_s, raw_s, recs, before, after, rounds = [], [], None, None, None, []
         for r in range(a.rounds + 1):
             responses: list = []
             m0 = metrics(srv.url)
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             recs = bugfix_vllm_rollouts(ep, template, tasks, seeds=seeds, spec=spec,
                                         max_new_tokens=a.new_tokens, max_turns=a.turns,
                                         logp_mode=mode, responses=responses)
-            dt = time.perf_counter() - t
+            dt, cpu = time.perf_counter() - t, time.process_time() - c
             m1 = metrics(srv.url)
             if r == 0:
                 before, after = m0, m1            # the cold run: what prefix caching saves from the start
@@ -114,14 +116,23 @@ def main(argv=None) -> int:
                 agentrl_s.append(dt)
             bodies = [[b for i, _, b, _ in sorted(responses, key=lambda x: (x[0], x[1])) if i == e]
                       for e in range(a.episodes)]
+            c = time.process_time()
             raw = asyncio.run(raw_replay(srv.url, bodies, 64))
+            raw_cpu = time.process_time() - c
             if r > 0:
                 raw_s.append(raw)
-            print(f'round {r}: agentrl {dt:.2f} s, raw {raw:.2f} s', flush=True)
+            rounds.append({'agentrl_s': round(dt, 2), 'raw_s': round(raw, 2), 'agentrl_client_cpu_s': round(cpu, 2),
+                           'raw_client_cpu_s': round(raw_cpu, 2)})
+            print(f'round {r}: {rounds[-1]}', flush=True)
     q = after['prefix_cache_queries'] - before['prefix_cache_queries']
     h = after['prefix_cache_hits'] - before['prefix_cache_hits']
     n_req = sum(len(x.info['vllm']['turn_seeds']) for x in recs)
-    res.update(agentrl_s=round(min(agentrl_s), 3), raw_s=round(min(raw_s), 3),
+    warm = rounds[1:]
+    res.update(rounds=rounds,
+               client_cpu_per_episode_ms=round(1000 * min(x['agentrl_client_cpu_s'] for x in warm) / a.episodes, 1),
+               raw_client_cpu_per_episode_ms=round(1000 * min(x['raw_client_cpu_s'] for x in warm) / a.episodes, 1),
+               overhead_median=round(sorted(x['agentrl_s'] / x['raw_s'] for x in warm)[len(warm) // 2], 3),
+               agentrl_s=round(min(agentrl_s), 3), raw_s=round(min(raw_s), 3),
                overhead=round(min(agentrl_s) / min(raw_s), 3), requests=n_req,
                vllm_episodes_per_s=round(a.episodes / min(agentrl_s), 3),
                record_len_mean=round(sum(len(x.ids) for x in recs) / len(recs), 1),
