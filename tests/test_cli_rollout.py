@@ -70,8 +70,8 @@ def test_rollout_bad_input_is_one_line(tmp_path, args, message):
     (['rollout', '--bogus', '1'], 'agentrl rollout: error: unrecognized arguments: --bogus 1 (see agentrl rollout --help)'),
     (['rollout', '--repeats', 'x'],
      "agentrl rollout: error: argument --repeats: invalid int value: 'x' (see agentrl rollout --help)"),
-    (['rollout', '--engine', 'vllm'], "agentrl rollout: error: argument --engine: invalid choice: 'vllm' (choose from "
-                                      "'tinyagent', 'hf') (see agentrl rollout --help)"),
+    (['rollout', '--engine', 'sglang'], "agentrl rollout: error: argument --engine: invalid choice: 'sglang' (choose "
+                                        "from 'tinyagent', 'hf', 'vllm') (see agentrl rollout --help)"),
     (['show'], 'agentrl show: error: the following arguments are required: path (see agentrl show --help)'),
     (['check', 'x', '--max-ratio-dev'],
      'agentrl check: error: argument --max-ratio-dev: expected one argument (see agentrl check --help)'),
@@ -226,3 +226,30 @@ def test_show_refuses_image_output(tmp_path):
     p = run('show', str(out / 'trajectories'), '-o', str(tmp_path / 'x.png'), check=False)
     assert p.returncode == 2 and 'agentrl show writes html, svg or terminal text, not png' in p.stderr
     assert not (tmp_path / 'x.png').exists()
+
+
+def test_engine_vllm_flags_are_checked_before_anything_runs(tmp_path, capsys):
+    """--engine vllm: --server is repeatable and comma-separated; a head size vLLM CPU cannot run is refused
+    (rollout and make-test-model --for-vllm), naming the fix; no server is started, nothing is written."""
+    import json
+
+    from agentrl.cli.main import build_parser, main
+    args = build_parser().parse_args(['rollout', '--engine', 'vllm', '--server', 'http://a:1', '--server',
+                                      'http://b:2,http://c:3'])
+    assert args.server == ['http://a:1', 'http://b:2', 'http://c:3']
+    model = tmp_path / 'hd16'
+    model.mkdir()
+    (model / 'config.json').write_text(json.dumps({'hidden_size': 64, 'num_attention_heads': 4, 'head_dim': 16}))
+    assert main(['rollout', '--engine', 'vllm', '--model', str(model), '--out', str(tmp_path / 'run')]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"agentrl: error: --model '{model}': vllm: {model / 'config.json'} has head_dim=16, which "
+                          'vLLM CPU attention does not support') and err.count('\n') == 1
+    assert not (tmp_path / 'run').exists()
+    assert main(['rollout', '--engine', 'vllm', '--model', str(model), '--server', 'http://a:1', '--profile',
+                 '--out', str(tmp_path / 'run')]) == 2
+    assert '--profile applies to --engine hf, not --engine vllm' in capsys.readouterr().err
+    assert main(['make-test-model', str(tmp_path / 'm'), '--for-vllm']) == 2
+    assert capsys.readouterr().err == ('agentrl: error: --for-vllm: head_dim 16 (--hidden 64 / --heads 4) is not one '
+                                       'vLLM CPU attention runs (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512); '
+                                       'fix: --heads 2 --kv-heads 1 (head_dim 32)\n')
+    assert not (tmp_path / 'm').exists()

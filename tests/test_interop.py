@@ -5,6 +5,7 @@ The checks against the real packages (TRL, verl) are in tests/interop/ (their ow
 import json
 import re
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -283,7 +284,8 @@ def test_verl_widths_refused():
 # ---------------------------------------------------------------------------- OpenAI-compatible responses
 def completion_episode():
     return {'exchanges': [
-        {'request': {'prompt': [1, 2, 3], 'temperature': 0.8, 'model': 'm'},
+        {'request': {'prompt': [1, 2, 3], 'temperature': 0.8, 'top_p': 1.0, 'top_k': 0, 'min_p': 0.0,
+                     'repetition_penalty': 1.0, 'presence_penalty': 0.0, 'frequency_penalty': 0.0, 'model': 'm'},
          'response': {'choices': [{'text': 'x', 'token_ids': [10, 11, EOT], 'prompt_token_ids': [1, 2, 3],
                                    'logprobs': {'token_logprobs': [-0.5, -0.25, -0.125]}, 'finish_reason': 'stop'}]}},
         {'request': {'prompt': [1, 2, 3, 10, 11, EOT, 60, 61], 'temperature': 0.8},
@@ -296,7 +298,7 @@ def completion_episode():
 def test_openai_completion_and_sglang_import():
     ep = completion_episode()
     ep['exchanges'][1]['request']['input_ids'] = ep['exchanges'][1]['request']['prompt']
-    [r] = interop.from_openai([ep], source='vllm')
+    [r] = interop.from_openai([ep], source='vllm', strict_sampling=True)     # every sampling field sent
     assert r.ids.tolist() == [1, 2, 3, 10, 11, EOT, 60, 61, 12, EOT]
     assert r.owner.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 2, 2]
     assert r.sample_logp.tolist() == [0, 0, -0.5, -0.25, -0.125, 0, 0, -1.0, -2.0]
@@ -593,3 +595,34 @@ def test_cli_flags_checked_in_one_line(tmp_path, recs, capsys):
     assert '--to FRAMEWORK and --out PATH are required' in capsys.readouterr().err
     assert cli('import', tmp_path / 'run', '--from', 'verl', '--out', tmp_path / 'x', '--temperature', -1) == 2
     assert '--temperature must be >= 0.0, got -1.0' in capsys.readouterr().err
+
+
+def test_cli_import_of_server_logs_is_strict_about_sampling_fields(tmp_path, capsys):
+    example = Path(__file__).resolve().parents[1] / 'docs' / 'examples' / 'vllm_completions.jsonl'
+    assert cli('import', example, '--from', 'vllm', '--out', tmp_path / 'ok') == 0        # the documented format
+    [r] = store.read_trajectories(tmp_path / 'ok' / 'trajectories.parquet')
+    assert r.ids.tolist() == [1, 2, 3, 10, 11, 5, 60, 61, 12, 5] and r.provenance.sampling == SamplingSpec(
+        temperature=0.8, logp_mode='raw')
+    assert set(r.info['import']['sampling_sources'].values()) == {'request'}
+    ep = json.loads(example.read_text())
+    for e in ep['exchanges']:
+        for f in ('top_p', 'top_k', 'min_p'):
+            del e['request'][f]
+    bare = tmp_path / 'bare.jsonl'
+    bare.write_text(json.dumps(ep) + '\n')
+    capsys.readouterr()
+    assert cli('import', bare, '--from', 'vllm', '--out', tmp_path / 'no') == 2
+    err = capsys.readouterr().err
+    assert err.startswith('agentrl: error: episode 0 exchange 0: request: has no top_p, top_k, min_p; the server '
+                          'filled them from its defaults') and err.count('\n') == 1 and not (tmp_path / 'no').exists()
+    gen = tmp_path / 'generation_config.json'
+    gen.write_text(json.dumps({'temperature': 0.6, 'top_k': 20, 'top_p': 0.95, 'min_p': 0.0}))
+    assert cli('import', bare, '--from', 'vllm', '--out', tmp_path / 'gen', '--generation-config', gen) == 0
+    [r] = store.read_trajectories(tmp_path / 'gen' / 'trajectories.parquet')
+    assert r.provenance.sampling == SamplingSpec(temperature=0.8, top_k=20, top_p=0.95, logp_mode='raw')
+    assert cli('import', bare, '--from', 'vllm', '--out', tmp_path / 'spec', '--temperature', 0.8) == 0
+    capsys.readouterr()
+    assert cli('import', bare, '--from', 'vllm', '--out', tmp_path / 'x', '--chat-template-kwargs', '[1]') == 2
+    assert "--chat-template-kwargs must be a JSON object, got '[1]'" in capsys.readouterr().err
+    assert cli('import', bare, '--from', 'verl', '--out', tmp_path / 'x', '--generation-config', gen) == 2
+    assert '--generation-config applies to --from vllm or sglang' in capsys.readouterr().err

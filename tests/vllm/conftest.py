@@ -28,6 +28,12 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope='session')
+def vllm_py() -> Path:
+    """The vLLM venv's python (for tests that start their own server)."""
+    return vllm_python()
+
+
+@pytest.fixture(scope='session')
 def model_dir(tmp_path_factory):
     pytest.importorskip('transformers')
     from _tokenizers import tokenizer_path

@@ -115,3 +115,47 @@ def test_sampling_fields_the_request_leaves_out_are_refused_by_name_unless_suppl
                                                                               'generation_config', 'generation_config')
     [rec] = interop.from_openai([ep], tok, strict_sampling=True, spec=SamplingSpec(top_k=20))
     assert set(rec.info['import']['sampling_sources'].values()) == {'request', 'spec'}
+
+
+def chat_episode(server, seed, turns=3):
+    """One episode on the server's /v1/chat/completions (history sent as text), as [{'request', 'response'}]."""
+    import urllib.request
+    msgs, out = [{'role': 'user', 'content': 'Fix clamp.'}], []
+    for k in range(turns):
+        body = {'model': server.endpoint.model, 'messages': list(msgs), 'max_tokens': 12, 'temperature': 1.0,
+                'top_p': 1.0, 'top_k': 0, 'min_p': 0.0, 'repetition_penalty': 1.0, 'presence_penalty': 0.0,
+                'frequency_penalty': 0.0, 'seed': seed * 10 + k, 'logprobs': True, 'top_logprobs': 0,
+                'return_token_ids': True, 'skip_special_tokens': False}
+        req = urllib.request.Request(server.url + '/v1/chat/completions', data=json.dumps(body).encode(),
+                                     headers={'Content-Type': 'application/json'})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            resp = json.loads(r.read())
+        out.append({'request': body, 'response': resp})
+        msgs += [{'role': 'assistant', 'content': resp['choices'][0]['message']['content']},
+                 {'role': 'user', 'content': f'Go on ({k}).'}]
+    return out
+
+
+def test_a_chat_endpoint_record_that_drifted_is_reported_by_check_with_its_turn_and_first_token(server, lm, model_dir,
+                                                                                              tmp_path):
+    from agentrl import store
+    from agentrl.jobs.check import CheckOptions, run_check
+    tok = lm[1]
+    eps = [{'exchanges': chat_episode(server, s), 'group_id': 'chat', 'rollout_id': str(s)} for s in range(4)]
+    recs = interop.from_openai(eps, tok, spec=SamplingSpec(logp_mode='processed'), source='vllm')
+    drifted = {r.provenance.rollout_id: r for r in recs if r.info['import']['context_drift']}
+    assert drifted, 'no chat episode drifted (the server re-rendered every turn as sampled)'
+    store.write_trajectories(tmp_path / 'chat.parquet', recs)
+    rep = run_check(CheckOptions(path=str(tmp_path / 'chat.parquet'), model=str(model_dir)))
+    assert len(rep.drift) == len(drifted)
+    text = rep.format()
+    assert f'context drift    {len(drifted)} records ({sum(len(d) for _, d in rep.drift)} turns)' in text
+    for key, turns in rep.drift:
+        rec = drifted[key.split('/')[-1].split('#')[0]]
+        assert [d.turn for d in turns] == rec.info['import']['context_drift']
+        for d in turns:                          # the first differing token, from the server's own prompt ids
+            server_ids = eps[int(rec.provenance.rollout_id)]['exchanges'][d.turn]['response']['prompt_token_ids']
+            mine = rec.ids.tolist()
+            j = next(i for i, (a, b) in enumerate(zip(mine, server_ids)) if a != b)
+            assert (d.position, d.record_id, d.server_id) == (j, mine[j], server_ids[j])
+    assert rep.replay.overall.n > 0 and rep.mismatch.max_abs < 1e-4   # the drifted turns replay in the server's context

@@ -26,6 +26,12 @@ class ImportOptions:
         temperature, top_k, top_p, min_p, logp_mode: the sampler, when the source does not carry it
             (``temperature`` None: not declared; ``logp_mode`` None: processed, or raw for vllm/sglang).
         model: model id for the provenance.
+        generation_config: vllm/sglang: the model folder's ``generation_config.json`` the server
+            filled absent sampling fields from. Server imports are strict: a sampling field the first
+            request leaves out is refused by name unless ``--temperature`` (the whole sampler) or this
+            file supplies it (:func:`agentrl.interop.from_openai` ``strict_sampling``).
+        chat_template_kwargs: vllm/sglang chat logs: JSON object of chat-template options the
+            server rendered with (``{"enable_thinking": false}``) when the requests do not carry them.
     """
     path: str = option(None, 'the file or export folder to import', positional=True, metavar='PATH')
     source: str = option(None, 'source framework or server (required)', choices=SOURCES, flag='--from')
@@ -39,6 +45,13 @@ class ImportOptions:
     logp_mode: str | None = option(None, "log-prob mode of the source (default: processed; vllm/sglang: raw, vLLM's "
                                        'default)', choices=('processed', 'raw'))
     model: str | None = option(None, 'model id for the provenance')
+    generation_config: str | None = option(None, "vllm/sglang: the model folder's generation_config.json the "
+                                                 'server filled absent sampling fields from (without it, and '
+                                                 'without --temperature, a request that leaves a sampling field '
+                                                 'out is refused, naming it)', metavar='FILE')
+    chat_template_kwargs: str | None = option(None, 'vllm/sglang chat logs: JSON object of chat-template options the '
+                                                    'server rendered with, e.g. \'{"enable_thinking": false}\' '
+                                                    '(the requests\' own chat_template_kwargs win)', metavar='JSON')
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
@@ -52,6 +65,29 @@ class ImportOptions:
             raise UserError(f'--out {self.out!r} is a file; pass a folder for the run')
         if self.tokenizer and not os.path.isdir(self.tokenizer):
             raise UserError(f'--tokenizer {self.tokenizer!r} is not a folder; pass a tokenizer folder')
+        for flag, v in (('--generation-config', self.generation_config),
+                        ('--chat-template-kwargs', self.chat_template_kwargs)):
+            if v is not None and self.source not in ('vllm', 'sglang'):
+                raise UserError(f'{flag} applies to --from vllm or sglang (server logs), not --from {self.source}; '
+                                f'drop {flag}')
+        if self.generation_config and not os.path.isfile(self.generation_config):
+            raise UserError(f'--generation-config {self.generation_config!r} is not a file; pass the model folder\'s '
+                            'generation_config.json')
+        self.template_kwargs()
+
+    def template_kwargs(self) -> dict:
+        """``--chat-template-kwargs`` as a dict (empty when not given); UserError for anything but a JSON object."""
+        if self.chat_template_kwargs is None:
+            return {}
+        try:
+            d = json.loads(self.chat_template_kwargs)
+        except ValueError as e:
+            raise UserError(f'--chat-template-kwargs is not JSON ({e}); pass an object, e.g. '
+                            '\'{"enable_thinking": false}\'') from None
+        if not isinstance(d, dict):
+            raise UserError(f'--chat-template-kwargs must be a JSON object, got {self.chat_template_kwargs!r}; e.g. '
+                            '\'{"enable_thinking": false}\'')
+        return d
 
     def mode(self) -> str:
         """The declared log-prob mode (raw for servers, processed otherwise, unless given)."""
@@ -87,8 +123,9 @@ def run(args) -> int:
         from ..templates import load_tokenizer
         tok = load_tokenizer(opts.tokenizer)
     kwargs = {'model': opts.model or ''}
-    if opts.source in ('vllm', 'sglang'):
-        kwargs['logp_mode'] = opts.mode()
+    if opts.source in ('vllm', 'sglang'):     # strict: every sampling field from the request, --temperature or the file
+        kwargs.update(logp_mode=opts.mode(), strict_sampling=True, generation_config=opts.generation_config,
+                      **opts.template_kwargs())
     if os.path.exists(opts.out) and (not os.path.isdir(opts.out) or os.listdir(opts.out)):
         raise UserError(f'--out {opts.out!r} exists and is not an empty folder; import into a new folder '
                         '(a run folder is never overwritten)')
@@ -101,7 +138,10 @@ def run(args) -> int:
         policies[name] = policies.get(name, 0) + 1
     summary = {'episodes': len(records), 'source': opts.source, 'imported_from': os.path.basename(opts.path),
                'trajectories': os.path.basename(path), 'policies': {k: {'episodes': n} for k, n in policies.items()},
-               'options': {'from': opts.source, 'tokenizer': opts.tokenizer, 'temperature': opts.temperature}}
+               'options': {'from': opts.source, 'tokenizer': opts.tokenizer, 'temperature': opts.temperature,
+                           **({'generation_config': os.path.basename(opts.generation_config)}
+                              if opts.generation_config else {}),
+                           **({'chat_template_kwargs': opts.template_kwargs()} if opts.chat_template_kwargs else {})}}
     atomic_write(os.path.join(opts.out, 'summary.json'), json.dumps(summary, indent=2, sort_keys=True) + '\n')
     print(f'imported {len(records)} records from {opts.source} into {path}')
     return 0

@@ -29,6 +29,8 @@ class MakeTestModelOptions:
             temperature 1 (so turns end); 0 = a plain random init.
         force: replace a model this command wrote into ``out`` (without it, such a folder is refused;
             any other non-empty folder is refused either way).
+        for_vllm: refuse a head size vLLM CPU attention cannot run
+            (:data:`agentrl.engines.vllm.CPU_HEAD_DIMS`; the server would die at its first request).
     """
     out: str = option(None, 'output folder', positional=True, metavar='OUT')
     tokenizer: str | None = option(None, 'tokenizer folder (default: $AGENTRL_TOKENIZERS/qwen3 or '
@@ -42,6 +44,8 @@ class MakeTestModelOptions:
                                          '1, so that turns end (0 = plain random init)', min=0.0, max=0.999999)
     force: bool = option(False, 'replace the model files of a folder OUT this command wrote (any other non-empty '
                               'folder is refused)')
+    for_vllm: bool = option(False, 'refuse a head size (hidden / heads) that vLLM CPU attention cannot run, so '
+                                 'the model serves with --engine vllm (e.g. --hidden 64 --heads 2 --kv-heads 1)')
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix.
@@ -55,6 +59,15 @@ class MakeTestModelOptions:
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise UserError(f'--hidden {self.hidden} must be divisible by --heads {self.heads}, and --heads by '
                             f'--kv-heads {self.kv_heads}')
+        if self.for_vllm:
+            from ..engines.vllm.server import CPU_HEAD_DIMS
+            hd = self.hidden // self.heads
+            if hd not in CPU_HEAD_DIMS:
+                fix = (f'--heads {self.hidden // 32} --kv-heads 1' if self.hidden % 32 == 0
+                       else '--hidden 64 --heads 2 --kv-heads 1')
+                raise UserError(f'--for-vllm: head_dim {hd} (--hidden {self.hidden} / --heads {self.heads}) is not '
+                                f'one vLLM CPU attention runs ({", ".join(map(str, CPU_HEAD_DIMS))}); fix: {fix} '
+                                '(head_dim 32)')
         if os.path.exists(self.out) and not os.path.isdir(self.out):
             raise UserError(f'OUT {self.out!r} is a file; pass a folder')
         if not os.path.isdir(self.out) or not os.listdir(self.out):

@@ -50,6 +50,14 @@ class _Store(_Given, argparse._StoreAction):
     pass
 
 
+class _Extend(_Given, argparse._StoreAction):
+    """A repeatable list flag (``metadata['repeatable']``): each use adds its comma-separated values."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        values = list(getattr(namespace, self.dest, None) or []) + list(values)
+        super().__call__(parser, namespace, values, option_string)
+
+
 class _StoreTrue(_Given, argparse._StoreTrueAction):
     pass
 
@@ -80,7 +88,8 @@ def add_fields(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
 
     ``--some-name`` for ``some_name`` (``metadata['flag']`` overrides, e.g. ``--no-batch`` for a
     ``bool`` defaulting to True); a ``bool`` field is a switch; ``parse='list'`` takes
-    comma-separated values; ``positional`` makes it a positional argument.
+    comma-separated values (``repeatable``: the flag may be given again, the lists are joined);
+    ``positional`` makes it a positional argument.
     """
     for f in fields(cls):
         if f.name in skip:
@@ -109,7 +118,8 @@ def add_fields(parser: argparse.ArgumentParser, cls, skip: tuple = ()) -> None:
         if m.get('positional'):
             parser.add_argument(f.name, **kw)
         else:
-            parser.add_argument(flag_of(f), dest=f.name, default=default, action=_Store, **kw)
+            action = _Extend if m.get('repeatable') else _Store
+            parser.add_argument(flag_of(f), dest=f.name, default=default, action=action, **kw)
 
 
 def from_args(cls, args: argparse.Namespace, **extra):

@@ -34,8 +34,11 @@ def run(args) -> int:
         opts.validate()
     except ValueError as e:
         raise UserError(str(e)) from None
+    from ..engines.vllm.server import VLLMError
     try:
         summary = rollout_summary(opts)
+    except VLLMError as e:                  # a server that does not start, answer, or died mid-run: one line
+        raise UserError(str(e)) from None
     except RunInterrupted as e:
         print(f'agentrl: {e}', file=sys.stderr)
         return 130

@@ -171,8 +171,14 @@ class BugFixAdapter:
         if len(trajs) != len(self.tasks):
             raise ValueError(f'BugFixAdapter.finish: {len(trajs)} records for {len(self.tasks)} tasks; '
                              'pass the records of every episode, in order')
-        for t, env, calls in zip(trajs, self.envs, self.tool_calls):
-            t.info['tool_calls'] = calls
-            if t.info.get('stop') == StopReason.TRUNCATED and 'task' not in t.info:
-                t.info.update({k: v for k, v in env.final_info(False).items() if k not in t.info})
+        for i, t in enumerate(trajs):
+            self.finish_one(i, t)
         return trajs
+
+    def finish_one(self, i: int, traj):
+        """:meth:`finish` for the record of episode ``i`` alone (e.g. the episodes that ended before
+        a server died); returns ``traj``."""
+        traj.info['tool_calls'] = self.tool_calls[i]
+        if traj.info.get('stop') == StopReason.TRUNCATED and 'task' not in traj.info:
+            traj.info.update({k: v for k, v in self.envs[i].final_info(False).items() if k not in traj.info})
+        return traj

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from ..gym.calls import StopReason
 
-__all__ = ['Reply', 'EpisodeState', 'StopReason']
+__all__ = ['Reply', 'SampledTurn', 'EpisodeState', 'StopReason']
 
 
 @dataclass
@@ -35,6 +35,28 @@ class Reply:
     reward: float = 0.0
     info: dict | None = None
     action: object = None
+
+
+@dataclass
+class SampledTurn:
+    """One sampled assistant turn.
+
+    Attributes:
+        ids: sampled token ids, in order; the end-of-turn token is the last one when the turn
+            stopped on it (it was sampled, so it is policy-owned and kept).
+        logp: ``len(ids)`` float sampling log-probs (nats) under the sampler's spec
+            (``processed`` mode: after temperature and truncation, renormalised).
+        truncated: True when the turn was cut at its token budget (``max_new_tokens`` or the
+            context limit): then ``ids`` holds no end-of-turn token.
+        prompt_len: number of prompt ids the turn was sampled after.
+
+    Source: book chapter 5.8 ("Problem: stop-token handling": keep the sampled stop token; a turn
+    cut at the limit stays unterminated).
+    """
+    ids: list = field(default_factory=list)
+    logp: list = field(default_factory=list)
+    truncated: bool = False
+    prompt_len: int = 0
 
 
 @dataclass

@@ -66,7 +66,7 @@ def hf_scorer(model, name: str = '') -> Scorer:
     return Scorer(fn, name, 0 if pad is None else int(pad), getattr(cfg, 'max_position_embeddings', None))
 
 
-def load_scorer(path, *, device: str | torch.device | None = None) -> Scorer:
+def load_scorer(path, *, device: str | torch.device | None = None, dtype: torch.dtype = torch.float32) -> Scorer:
     """Load the model at ``path`` as a replay scorer.
 
     Args:
@@ -74,6 +74,7 @@ def load_scorer(path, *, device: str | torch.device | None = None) -> Scorer:
             :func:`agentrl.model.load_checkpoint`), or a Hugging Face model folder holding
             ``config.json`` (:func:`agentrl.engines.hf.load_model`; needs the ``hf`` extra).
         device: where to run the model (default CPU).
+        dtype: parameter dtype (default float32: the step-0 check's tolerances are stated in fp32).
 
     Returns:
         :class:`~agentrl.checks.replay.Scorer` named after the file or folder (its base name,
@@ -94,7 +95,7 @@ def load_scorer(path, *, device: str | torch.device | None = None) -> Scorer:
         if not (p / 'config.json').is_file():
             raise FileNotFoundError(f'--model {str(p)!r} is a folder without config.json; pass a TinyAgent '
                                     'model.pt file or a Hugging Face folder written by save_pretrained')
-        model, _ = load_model(p, device=device)
+        model, _ = load_model(p, device=device, dtype=dtype)
         return hf_scorer(model, name=p.resolve().name)
     if not p.exists():
         raise FileNotFoundError(f'--model {str(p)!r} not found; pass a TinyAgent model.pt file or a Hugging Face '
@@ -102,4 +103,6 @@ def load_scorer(path, *, device: str | torch.device | None = None) -> Scorer:
     model = load_checkpoint(str(p))
     if device is not None:
         model.to(device)
+    if dtype != torch.float32:
+        model.to(dtype)
     return tiny_scorer(model, name=p.name)

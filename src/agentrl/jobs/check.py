@@ -58,6 +58,11 @@ class CheckOptions:
             1e-3; ``inf``: report only, e.g. when replaying with another checkpoint; NaN refused).
         examples: how many refusal messages to print (>= 0).
         batch_size: records read per batch (>= 1).
+        dtype: the replay model's parameter dtype: ``float32`` (the step-0 check: passes at ``tol``
+            1e-4 and ``max_ratio_dev`` 1e-3) or ``bfloat16`` (reports its mismatch; passes only when
+            every token's ``|Δ log-p|`` is within the ``tol`` the user gives, since bfloat16 replays
+            of float32 samples differ by up to about 0.06 nats: docs/vllm.md).
+        device: where the replay model runs (``cpu``, ``cuda``, ``cuda:1`` ...).
     """
     path: str = field(metadata={'positional': True, 'help': 'trajectory .parquet file or folder of shards'})
     model: str | None = field(default=None, metadata={
@@ -83,6 +88,11 @@ class CheckOptions:
                                              'checkpoint; NaN is refused)'})
     examples: int = field(default=5, metadata={'min': 0, 'help': 'refusal messages to print'})
     batch_size: int = field(default=256, metadata={'min': 1, 'help': 'records per read batch'})
+    dtype: str = field(default='float32', metadata={
+        'choices': ('float32', 'bfloat16'), 'help': "the --model replay's dtype: float32 (the step-0 check) or "
+                                                    "bfloat16 (reports the mismatch; passes only within --tol)"})
+    device: str = field(default='cpu', metadata={'metavar': 'DEV', 'help': 'where the --model replay runs '
+                                                                           '(cpu, cuda, cuda:1 ...)'})
 
     def validate(self) -> None:
         """Raise ValueError naming the flag when an option is out of range (nothing has run yet).
@@ -109,11 +119,12 @@ class CheckOptions:
             raise ValueError(f'--eot-id must be >= 0, got {min(self.eot_ids)}')
 
 
-def load_model(path: str):
+def load_model(path: str, dtype: str = 'float32', device: str = 'cpu'):
     """Load the replay scorer of ``--model``: a TinyAgent checkpoint or a Hugging Face model folder.
 
     Uses :func:`agentrl.engines.scorer.load_scorer` (a checkpoint's config is validated and
-    bounded before anything is allocated).
+    bounded before anything is allocated); ``dtype`` (``'float32'`` / ``'bfloat16'``) and
+    ``device``: as :class:`CheckOptions`.
 
     Returns:
         :class:`agentrl.checks.Scorer`.
@@ -127,8 +138,9 @@ def load_model(path: str):
     if not os.path.exists(path):
         raise FileNotFoundError(f'--model {path!r} does not exist; pass a TinyAgent checkpoint (model.pt) or a '
                                 'Hugging Face model folder')
+    import torch
     try:
-        return load_scorer(path)
+        return load_scorer(path, device=device, dtype=getattr(torch, dtype))
     except ValueError as e:
         msg = str(e)
         raise ValueError(msg if msg.startswith('--model') else f'--model {msg}') from None
@@ -184,6 +196,11 @@ class CheckReport:
         replays: :class:`agentrl.checks.RecordReplay` per replayed record.
         replay_skipped: ``Counter`` of why records were not replayed (scripted only).
         sampler_defects: replays whose declared sampler does not reproduce the stored log-probs.
+        mismatch: engine-vs-trainer |Δ log-p| and KL estimates of the replay (:class:`~agentrl.checks.mismatch.LogpMismatch`).
+        drift: ``(record key, [TurnDrift])`` of imported records whose server prompt differs from the
+            record (:func:`agentrl.checks.mismatch.context_drift`); reported, not refused (the replay
+            scores those turns in the server's context).
+        dtype, tol: the replay's dtype and tolerance.
     """
     path: str
     model: str | None = None
@@ -201,6 +218,9 @@ class CheckReport:
     stops: Counter = field(default_factory=Counter)
     replays: list = field(default_factory=list)
     replay_skipped: Counter = field(default_factory=Counter)
+    dtype: str = 'float32'
+    tol: float = 1e-4
+    drift: list = field(default_factory=list)
 
     def refuse(self, key: str, problems: list) -> None:
         """Count one refused row with its problems (RecordError list)."""
@@ -221,6 +241,17 @@ class CheckReport:
         return ReplayReport.of(self.replays)
 
     @property
+    def mismatch(self):
+        """:class:`agentrl.checks.mismatch.LogpMismatch` of every replayed token (None without a model)."""
+        if self.model is None:
+            return None
+        import torch
+
+        from ..checks.mismatch import LogpMismatch
+        lr = [r.log_ratio for r in self.replays]
+        return LogpMismatch.of(torch.cat(lr) if lr else torch.zeros(0, dtype=torch.float64))
+
+    @property
     def sampler_defects(self) -> list:
         return [r for r in self.replays if r.kind in SAMPLER_DEFECTS]
 
@@ -237,6 +268,10 @@ class CheckReport:
             if rep.overall.n and not math.isfinite(dev):
                 out.append(f'non-finite replay ratios (max |ratio - 1| is {dev}; the model gives NaN or inf '
                            'log-probs)')
+            elif self.dtype != 'float32':             # a low-precision replay passes only within the user's --tol
+                worst = self.mismatch.max_abs
+                if rep.overall.n and not worst <= self.tol:
+                    out.append(f'{self.dtype} replay: max |Δ log-p| {worst:.2e} > --tol {self.tol}')
             elif rep.overall.n and dev > self.max_ratio_dev:
                 out.append(f'replay ratio off by {dev:.2e}')
         return out
@@ -260,6 +295,11 @@ class CheckReport:
                  f'trained tokens   {_stats(self.trained)}',
                  'stops            ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.stops.items())) or 'none'),
                  f'truncation rate  {self.truncated / n:.3f}  (episodes stopped truncated or with a turn cut at its budget)' if n else 'truncation rate  n/a']
+        if self.drift:
+            turns = sum(len(d) for _, d in self.drift)
+            lines.append(f'context drift    {len(self.drift)} records ({turns} turns): the server re-rendered the '
+                         "history from text, so a turn's prompt differs from the record's ids")
+            lines += [f'  e.g. {p(k)} {d[0]}' for k, d in self.drift[:self.examples_max]]
         if self.kinds:
             lines.append('refusals by kind:')
             lines += [f'  {kind:<28} {c}' for kind, c in self.kinds.most_common()]
@@ -271,8 +311,11 @@ class CheckReport:
                          '(OUT/trajectories.parquet or OUT/trajectories/)')
         rep = self.replay
         if rep is not None:
-            lines.append(f'replay under the declared sampler (model {p(self.model)}, {len(self.replays)} records):')
+            lines.append(f'replay under the declared sampler (model {p(self.model)}, {self.dtype}, '
+                         f'{len(self.replays)} records):')
             lines += ['  ' + line for line in rep.table().splitlines()]
+            if rep.overall.n:
+                lines.append('  engine vs trainer: ' + self.mismatch.line())
             lines += [f'  not replayed: {c} {why}' for why, c in self.replay_skipped.items()]
             for r in self.sampler_defects[:self.examples_max]:
                 lines.append(f'  e.g. {p(r.key)}: {r.kind} (ratio mean {r.stats.mean:.4f}); the declared sampler does '
@@ -281,7 +324,7 @@ class CheckReport:
             if rep.overall.n and not math.isfinite(dev):
                 lines.append(f'  max |ratio - 1| = {dev} is not finite: the model gives NaN or inf log-probs '
                              '(a diverged or damaged checkpoint)')
-            elif rep.overall.n and dev > self.max_ratio_dev:
+            elif rep.overall.n and dev > self.max_ratio_dev and self.dtype == 'float32':
                 lines.append(f'  max |ratio - 1| = {dev:.2e} exceeds --max-ratio-dev {self.max_ratio_dev} (stored '
                              'sample_logp is not what this model gives; pass --max-ratio-dev inf to only report)')
         reasons = self.reasons()
@@ -449,11 +492,13 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             ``opts.path`` or ``opts.model``.
     """
     from .. import checks, store
+    from ..checks.mismatch import context_drift
     opts.validate()
-    scorer = load_model(opts.model) if opts.model else None
+    scorer = load_model(opts.model, opts.dtype, opts.device) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
                            eot_ids=tuple(opts.eot_ids), vocab_size=opts.vocab_size)
-    rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples)
+    rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples,
+                      dtype=opts.dtype, tol=opts.tol)
     seen = checks.Deduper(compact=True)     # identity (or digest) -> (file, row) where first seen
     for batch in store.scan(opts.path, opts.batch_size):
         rows = []
@@ -470,6 +515,9 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             if verdict != checks.Deduper.NEW:
                 problems.append(_repeat_problem(verdict, first, key))
             _tally(rep, rec)
+            drift = context_drift(rec)
+            if drift:
+                rep.drift.append((key, drift))
             rows.append(_Row(rec, key, problems))
         if scorer is not None:
             sampled = []

@@ -31,7 +31,7 @@ POLICIES = ('oracle', 'blind', 'random', 'hacker', 'model')
 #: The scripted policies (:func:`agentrl.gym.scripted_policy`).
 SCRIPTED = ('oracle', 'blind', 'random', 'hacker')
 #: Engines of the ``model`` policy.
-ENGINES = ('tinyagent', 'hf')
+ENGINES = ('tinyagent', 'hf', 'vllm')
 #: The run manifest inside the run folder.
 MANIFEST = 'run.json'
 #: The shard folder inside the run folder.
@@ -49,7 +49,7 @@ class RolloutOptions:
     ``engines`` names the engines a flag applies to (any other engine refuses it).
 
     Attributes:
-        policy: policies to run (None: all five; with ``engine='hf'``: ``['model']``).
+        policy: policies to run (None: all five; with ``engine='hf'`` or ``'vllm'``: ``['model']``).
         split: task split: ``train`` (24), ``heldout`` (6) or ``all`` (30).
         repeats: episodes per task and policy.
         seed: the run seed: episode seeds (:func:`agentrl.sampling.episode_seed`), the
@@ -67,14 +67,19 @@ class RolloutOptions:
         address: Ray cluster to join (``auto`` or ``HOST:PORT``); None starts a local instance.
         resume: a run folder to finish: only its missing episodes run, with its plan.
         chunk_size: episodes per chunk: one batch, one shard, the unit an interrupt finishes.
-        engine: ``tinyagent`` or ``hf`` (the ``model`` policy is a Hugging Face causal LM).
-        model: ``save_pretrained`` folder for ``engine='hf'``.
+        engine: ``tinyagent``, ``hf`` (the ``model`` policy is a Hugging Face causal LM) or ``vllm``
+            (the same model sampled by vLLM servers, docs/vllm.md).
+        model: ``save_pretrained`` folder for ``engine='hf'``; for ``'vllm'`` the tokenizer and
+            template (and the model of a local server when no ``server`` is given).
+        server: running vLLM servers' URLs (``engine='vllm'``; None: start one from ``model``).
+        vllm_python: the vLLM venv's python for a local server (None: ``.venv-vllm/bin/python``).
+        vllm_cpus: ``taskset -c`` cores of a local server (None: no pinning).
         top_k, top_p, min_p: truncation of the model policy's sampler, either engine (0, 1.0, 0.0 = off).
         max_new_tokens: token budget of one ``hf`` turn.
         profile: time the ``hf`` engine per turn (summary ``hf.profile``; in process only).
     """
     policy: list | None = option(None, 'comma-separated policies from oracle,blind,random,hacker,model '
-                                     '(default: all; with --engine hf: model)', parse='list', metavar='P[,P...]')
+                                     '(default: all; with --engine hf or vllm: model)', parse='list', metavar='P[,P...]')
     split: str = option('all', 'task split: train (24 tasks), heldout (6) or all (30)',
                       choices=('train', 'heldout', 'all'))
     repeats: int = option(3, 'episodes per task and policy (at most 100000)', min=1, max=100_000)
@@ -100,24 +105,36 @@ class RolloutOptions:
                               metavar='DIR')
     chunk_size: int = option(32, 'episodes per chunk: one batch, one shard, the unit an interrupt finishes',
                            min=1, max=100_000)
-    engine: str = option('tinyagent', 'model policy: tinyagent, or hf: a Hugging Face causal LM from --model '
-                                    'through real function calling (needs agentrl[hf])', choices=ENGINES)
-    model: str | None = option(None, 'save_pretrained folder for --engine hf (`agentrl make-test-model OUT` '
-                                   'builds one)', metavar='DIR', engines=('hf',),
-                             wrong_engine='--model is the Hugging Face model of --engine hf; add --engine hf (or use '
-                                          '--checkpoint for a TinyAgent)')
+    engine: str = option('tinyagent', 'model policy: tinyagent; hf: a Hugging Face causal LM from --model '
+                                    'through real function calling (needs agentrl[hf]); vllm: the same model '
+                                    'sampled by vLLM servers (--server URL, or a local one from --model)',
+                         choices=ENGINES)
+    model: str | None = option(None, 'save_pretrained folder for --engine hf or vllm (`agentrl make-test-model OUT` '
+                                   'builds one); with --engine vllm its tokenizer and template, and the model of a '
+                                   'local server when no --server is given', metavar='DIR', engines=('hf', 'vllm'),
+                             wrong_engine='--model is the Hugging Face model of --engine hf or vllm; add --engine hf '
+                                          '(or use --checkpoint for a TinyAgent)')
+    server: list | None = option(None, 'running vLLM servers for --engine vllm (repeatable or comma-separated '
+                                     'URLs; an episode stays on one server); default: start one from --model',
+                                 parse='list', repeatable=True, metavar='URL', engines=('vllm',))
+    vllm_python: str | None = option(None, 'python of the vLLM venv for the local server of --engine vllm '
+                                         '(default: .venv-vllm/bin/python)', metavar='PATH', engines=('vllm',))
+    vllm_cpus: str | None = option(None, 'taskset -c cores of the local vLLM server (default: not pinned)',
+                                   metavar='LIST', engines=('vllm',))
     # top_k/top_p/min_p ranges are SamplingSpec's own (checked by sampling_spec, which names the field)
     top_k: int = option(0, 'sampler top-k, 0 = off', min=0, max=2 ** 31 - 1)
     top_p: float = option(1.0, 'sampler nucleus mass in (0, 1], 1 = off')
     min_p: float = option(0.0, 'sampler min-p in [0, 1), 0 = off')
-    max_new_tokens: int = option(256, 'token budget of one hf turn; a turn cut there is truncated', min=1,
-                               max=1 << 20, engines=('hf',))
+    max_new_tokens: int = option(256, 'token budget of one hf or vllm turn; a turn cut there is truncated', min=1,
+                               max=1 << 20, engines=('hf', 'vllm'),
+                               wrong_engine='--max-new-tokens applies to --engine hf, not --engine tinyagent; drop '
+                                            '--max-new-tokens or choose --engine hf (or vllm)')
     profile: bool = option(False, "print the hf engine's per-turn time split (prefill, decode, sampling, template, "
                                 'gym) and store it in summary.json (in this process: --workers 0)', engines=('hf',))
 
     def __post_init__(self):
         if self.policy is None:
-            self.policy = ['model'] if self.engine == 'hf' else list(POLICIES)
+            self.policy = ['model'] if self.engine in ('hf', 'vllm') else list(POLICIES)
         elif isinstance(self.policy, str):
             self.policy = [p.strip() for p in self.policy.split(',')]     # validate refuses an empty name
         else:
@@ -147,10 +164,21 @@ class RolloutOptions:
             raise ValueError('--address joins a Ray cluster for the workers; add --workers N (N >= 1)')
         if self.resume and not os.path.isdir(self.resume):
             raise ValueError(f'--resume {self.resume!r} is not a folder; pass the --out folder of a run')
-        if self.engine == 'hf':
+        if self.engine in ('hf', 'vllm'):
             if not self.model or not os.path.isfile(os.path.join(self.model, 'config.json')):
-                raise ValueError(f'--engine hf needs --model DIR with config.json (got {self.model!r}); '
+                raise ValueError(f'--engine {self.engine} needs --model DIR with config.json (got {self.model!r}); '
                                  '`agentrl make-test-model OUT` builds a small one')
+        if self.engine == 'vllm' and not self.server:
+            from ..engines.vllm.server import VLLMError, check_head_dim, default_python
+            try:
+                check_head_dim(self.model)      # the head size vLLM CPU cannot run, and the fix
+            except VLLMError as e:
+                raise ValueError(f'--model {self.model!r}: {e}') from None
+            py = self.vllm_python or str(default_python())
+            if not os.path.isfile(py):
+                raise ValueError(f'--engine vllm without --server starts a local server with {py!r}, which does not '
+                                 'exist; build .venv-vllm (docs/vllm.md#install), pass --vllm-python PATH, or '
+                                 '--server URL of a running server')
             if self.profile and self.workers:
                 raise ValueError('--profile times the hf engine in this process; drop --workers')
 
@@ -257,7 +285,7 @@ def plan_chunks(jobs: Sequence[EpisodeJob], chunk_size: int) -> list[list[Episod
 def public_options(opts: RolloutOptions) -> dict:
     """The options as stored in a summary: local paths reduced to their last component."""
     d = asdict(opts)
-    for k in ('checkpoint', 'model', 'resume', 'out'):
+    for k in ('checkpoint', 'model', 'resume', 'out', 'vllm_python'):
         if d.get(k):
             d[k] = Path(d[k]).name
     return d

@@ -38,16 +38,19 @@ class RunComplete(Exception):
                          'written; nothing to run')
 
 
-def resume_command(out: str, checkpoint: str | None = None, model: str | None = None) -> str:
+def resume_command(out: str, checkpoint: str | None = None, model: str | None = None, server=None) -> str:
     """The command that finishes the run in ``out``: ``agentrl rollout --resume OUT`` plus the model flag it needs.
 
     A run sampled from ``--checkpoint FILE`` or ``--model DIR`` stores the model's name, not its
-    path, so its resume passes the flag again (shell-quoted when needed).
+    path, so its resume passes the flag again (shell-quoted when needed); ``server``: the
+    ``--server`` URLs of a vllm run (any live servers of that model will do: seeds are per request).
     """
     cmd = f'agentrl rollout --resume {shlex.quote(str(out))}'
     for flag, path in (('--checkpoint', checkpoint), ('--model', model)):
         if path:
             cmd += f' {flag} {shlex.quote(str(path))}'
+    if server:
+        cmd += ' --server ' + shlex.quote(','.join(server))
     return cmd
 
 
@@ -102,7 +105,7 @@ def read_manifest(run_dir: str | os.PathLike) -> dict | None:
 
 
 #: RolloutOptions fields a resume may change: how the missing episodes are run, not which or how they sample.
-SCALE_OUT_FIELDS = ('workers', 'address', 'profile', 'resume')
+SCALE_OUT_FIELDS = ('workers', 'address', 'profile', 'resume', 'server', 'vllm_python', 'vllm_cpus')
 
 
 def _shown(v) -> str:
@@ -232,6 +235,10 @@ def _expected_provenance(spec: RunSpec, tok) -> Callable[[EpisodeJob], dict]:
     opts = spec.options
     sampling = spec.sampling.to_dict()
     word = {'tokenizer': tok.fingerprint(), 'template': tok.template_fingerprint()}
+    vllm_sampling = None
+    if opts.engine == 'vllm':            # what the servers declared: the probed log-prob mode (RunSpec.logp_mode)
+        from ..engines.vllm.episodes import checked_spec
+        vllm_sampling = checked_spec(spec.sampling, spec.logp_mode or spec.sampling.logp_mode).to_dict()
     hf: dict = {}
 
     def hf_fingerprints() -> dict:
@@ -246,8 +253,9 @@ def _expected_provenance(spec: RunSpec, tok) -> Callable[[EpisodeJob], dict]:
     def expected(job: EpisodeJob) -> dict:
         if job.policy != 'model':
             return dict(policy=job.policy, model='', sampling=None, logp_placeholder=True, **word, seed=job.seed)
-        fps = hf_fingerprints() if opts.engine == 'hf' else word
-        return dict(policy='hf' if opts.engine == 'hf' else 'model', model=spec.model_id, sampling=sampling,
+        fps = hf_fingerprints() if opts.engine in ('hf', 'vllm') else word
+        policy = opts.engine if opts.engine in ('hf', 'vllm') else 'model'
+        return dict(policy=policy, model=spec.model_id, sampling=vllm_sampling if policy == 'vllm' else sampling,
                     logp_placeholder=False, **fps, seed=job.seed)
     return expected
 

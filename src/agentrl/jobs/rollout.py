@@ -41,12 +41,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from ..engines.vllm.client import ServerDied
 from ..fields import check_fields
 from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
 from .plan import MANIFEST, SUMMARY, TRAJECTORY_DIR, RolloutOptions, plan_episodes, public_options
 from .resume import RunComplete, holds_run, manifest_of, refuse_if_complete, resume_command, resume_options, \
     stored_records
 from .runner import RunReport, RunSpec, run_chunks
+from .vllm_servers import server_died_line, vllm_run_spec
 
 __all__ = ['RunReport', 'RunInterrupted', 'RunComplete', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
            'model_fingerprint', 'resume_command', 'LOCK', 'Prepared', 'prepare', 'run', 'summarise', 'RunSummary',
@@ -146,6 +148,7 @@ class Prepared:
         model: ``{'name', 'fingerprint'}`` of the model policy (None without one).
         model_bytes: the untrained TinyAgent to save as ``OUT/model.pt`` (None otherwise).
         tok: agentrl's word-level tokenizer.
+        logp_mode: the vllm servers' probed log-prob mode (set by :func:`run`; '' otherwise).
     """
     opts: RolloutOptions
     manifest: dict | None
@@ -156,6 +159,7 @@ class Prepared:
     model: dict | None
     model_bytes: bytes | None
     tok: object
+    logp_mode: str = ''
 
     @property
     def out(self) -> Path:
@@ -247,7 +251,8 @@ class _Tally:
     def __init__(self, p: Prepared):
         from ..stats import SummaryBuilder
         self.index = {j.key: j for j in p.jobs}
-        self.builders = {pol: SummaryBuilder(None if pol == 'model' and p.opts.engine == 'hf' else p.tok.unk_id)
+        self.builders = {pol: SummaryBuilder(None if pol == 'model' and p.opts.engine in ('hf', 'vllm')
+                                             else p.tok.unk_id)
                          for pol in p.opts.policy}
         self.hf_provenance = None
 
@@ -259,7 +264,7 @@ class _Tally:
                 ts, order = by_policy.setdefault(j.policy, ([], []))
                 ts.append(t)
                 order.append(j.index)
-            if self.hf_provenance is None and t.provenance.policy == 'hf':
+            if self.hf_provenance is None and t.provenance.policy in ('hf', 'vllm'):
                 self.hf_provenance = t.provenance
         for pol, (ts, order) in by_policy.items():
             self.builders[pol].add(ts, order)
@@ -284,19 +289,24 @@ def run(p: Prepared, tally: _Tally, written: list, *, on_chunk: Callable | None 
         _refuse_a_run_in(out, opts, p.model_bytes is not None)             # again, under the lock
         written.append(atomic_write(out / MANIFEST, _json(manifest_of(opts, len(p.jobs), p.model))))
     shard_dir = out / TRAJECTORY_DIR
-    if p.manifest is not None and shard_dir.is_dir():
-        for batch in stored_records(shard_dir, p.jobs, p.spec, p.tok):     # what a resume finds, provenance checked
-            tally.add(batch)
-    if p.model_bytes is not None and not (out / 'model.pt').exists():
-        written.append(atomic_write(out / 'model.pt', p.model_bytes))
-    with _Signals() if handle_signals else contextlib.nullcontext() as sig:
-        report = run_chunks(p.jobs, shard_dir, p.spec, p.weights, workers=opts.workers, address=opts.address,
-                            chunk_size=opts.chunk_size, resume=p.manifest is not None, progress=progress,
-                            on_chunk=on_chunk, on_records=lambda c, r: tally.add(r),
-                            should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
+    command = resume_command(opts.out, opts.checkpoint, opts.model, opts.server)
+    # a local vllm server starts before the signal handlers (Ctrl-C while it starts stops it) and stops after them
+    with vllm_run_spec(p) as spec, _Signals() if handle_signals else contextlib.nullcontext() as sig:
+        if p.manifest is not None and shard_dir.is_dir():
+            for batch in stored_records(shard_dir, p.jobs, spec, p.tok):   # what a resume finds, provenance checked
+                tally.add(batch)
+        if p.model_bytes is not None and not (out / 'model.pt').exists():
+            written.append(atomic_write(out / 'model.pt', p.model_bytes))
+        p.logp_mode = spec.logp_mode
+        try:
+            report = run_chunks(p.jobs, shard_dir, spec, p.weights, workers=opts.workers, address=opts.address,
+                                chunk_size=opts.chunk_size, resume=p.manifest is not None, progress=progress,
+                                on_chunk=on_chunk, on_records=lambda c, r: tally.add(r),
+                                should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
+        except ServerDied as err:                   # one line naming the server; the finished shards are kept
+            raise ServerDied(err.url, err.detail, server_died_line(err, str(opts.out), len(p.jobs), command)) from None
     if report.stopped:
-        raise RunInterrupted(str(opts.out), report.skipped + report.written, report.planned,
-                             resume_command(opts.out, opts.checkpoint, opts.model))
+        raise RunInterrupted(str(opts.out), report.skipped + report.written, report.planned, command)
     return report
 
 
@@ -411,6 +421,8 @@ def summarise(p: Prepared, report: RunReport, tally: _Tally, seconds: float) -> 
         hp = tally.hf_provenance
         hf = {'model': hp.model, 'tokenizer': hp.tokenizer, 'template': hp.template,
               'sampling': hp.sampling.to_dict() if hp.sampling is not None else None}
+        if p.opts.engine == 'vllm':
+            hf.update(servers=len(p.opts.server or [None]), logp_mode=p.logp_mode)
         if report.profiles:
             from ..engines.hf import merge_profiles
             hf['profile'] = merge_profiles(report.profiles)

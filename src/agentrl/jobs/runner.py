@@ -33,10 +33,14 @@ class RunSpec:
         model_id: ``provenance.model`` of model records: the model's name and fingerprint
             (``model.pt@1a2b3c4d5e6f``), never a local path.
         threads: torch intra-op threads while a chunk runs (1: reproducible, one core per worker).
+        logp_mode: the ``vllm`` engine's servers' log-prob mode, probed once at the job's start
+            (:func:`~agentrl.engines.vllm.check_logp_mode`); '' for other engines. The servers are
+            ``options.server`` (a local server's URL is set there once it runs).
     """
     options: RolloutOptions = field(default_factory=RolloutOptions)
     model_id: str = ''
     threads: int = 1
+    logp_mode: str = ''
 
     @property
     def sampling(self):
@@ -59,6 +63,9 @@ def _threads(n: int):
 class EpisodeRunner:
     """Runs chunks of episodes in one process (a Ray actor, or the driver with ``workers=0``).
 
+    The ``vllm`` engine's servers are ``spec.options.server`` (connected at its first model chunk)
+    and its log-prob mode ``spec.logp_mode``; the tokenizer and template come from ``options.model``.
+
     Args:
         spec: the :class:`RunSpec`.
         weights: ``{'config': TinyAgent.config(), 'state_dict': ...}`` of the TinyAgent policy,
@@ -77,6 +84,7 @@ class EpisodeRunner:
         self.tok = gym.bugfix_tokenizer()
         self.model = None
         self._hf = None
+        self._vllm = None
         self.profiles: list = []            # the hf engine's time split per chunk (options.profile)
         if weights is not None:
             from ..model import TinyAgent
@@ -108,6 +116,13 @@ class EpisodeRunner:
             self._hf = (model, ChatTemplate(tok, tools=TOOL_SCHEMAS))
         return self._hf
 
+    def _vllm_servers(self):
+        """The ``vllm`` engine's (endpoints, template): ``options.server`` connected, ``--model``'s tokenizer; once."""
+        if self._vllm is None:
+            from ..engines.vllm import bugfix_template, connect
+            self._vllm = (connect(self.spec.options.server), bugfix_template(self.spec.options.model))
+        return self._vllm
+
     def run(self, jobs: Sequence[EpisodeJob]) -> list:
         """Run one chunk and return its records, in chunk order, with their identities set.
 
@@ -125,6 +140,8 @@ class EpisodeRunner:
 
         Raises:
             ValueError: see the class.
+            ServerDied: a vLLM server stopped answering; ``err.finished`` maps chunk position ->
+                record (identities set) of every episode of the chunk that had ended.
         """
         jobs = list(jobs)
         if not jobs:
@@ -133,14 +150,23 @@ class EpisodeRunner:
         if len(policies) != 1:
             raise ValueError(f'EpisodeRunner.run: one policy per chunk, got {sorted(policies)}; '
                              'cut chunks with plan_chunks')
-        with _threads(self.spec.threads):
-            recs = self._run(jobs[0].policy, jobs)
+        from ..engines.vllm.client import ServerDied
+        try:
+            with _threads(self.spec.threads):
+                recs = self._run(jobs[0].policy, jobs)
+        except ServerDied as err:                 # the episodes that ended are kept: give them their identities
+            for i, rec in err.finished.items():
+                self._identify(rec, jobs[i])
+            raise
         for rec, job in zip(recs, jobs):
-            p = rec.provenance
-            p.group_id, p.rollout_id, p.attempt, p.seed = job.group_id, job.rollout_id, job.attempt, job.seed
-            if job.policy == 'model':
-                p.model = self.spec.model_id
+            self._identify(rec, job)
         return recs
+
+    def _identify(self, rec, job: EpisodeJob) -> None:
+        p = rec.provenance
+        p.group_id, p.rollout_id, p.attempt, p.seed = job.group_id, job.rollout_id, job.attempt, job.seed
+        if job.policy == 'model':
+            p.model = self.spec.model_id
 
     def _run(self, policy: str, jobs: list) -> list:
         import torch
@@ -163,6 +189,13 @@ class EpisodeRunner:
             if prof:
                 self.profiles.append(prof)
             return recs
+        if opts.engine == 'vllm':
+            from ..engines.vllm import bugfix_vllm_rollouts
+            endpoints, template = self._vllm_servers()
+            return bugfix_vllm_rollouts(endpoints, template, tasks, seeds=[j.seed for j in jobs],
+                                        spec=self.spec.sampling, max_new_tokens=opts.max_new_tokens,
+                                        reward_tests=opts.reward_tests, model_name=self.spec.model_id,
+                                        logp_mode=self.spec.logp_mode or None, **kw)
         if self.model is None:
             raise ValueError('EpisodeRunner.run: a model episode but no weights; pass the weights '
                              'of the model policy')
@@ -251,9 +284,12 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
         ValueError: ``workers < 0``; without ``resume`` a folder that already holds planned
             episodes (fix: ``--resume DIR``, or a new ``--out``).
         ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
+        ServerDied: a vLLM server stopped answering (in process): the chunk's finished episodes
+            are written as a shard first; ``err.stored`` counts the episodes stored.
     """
     from .. import store
     from ..engines import ray as ray_pool
+    from ..engines.vllm.client import ServerDied
     if workers < 0:
         raise ValueError(f'run_chunks: workers must be >= 0, got {workers}')
     t_start = time.perf_counter()
@@ -283,7 +319,15 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
             startup = time.perf_counter() - t_start
             stopped = False
             for n, chunk in enumerate(chunks):
-                path = sink(chunk, runner.run(chunk))
+                try:
+                    recs = runner.run(chunk)
+                except ServerDied as err:         # keep the chunk's finished episodes, then stop with the one line
+                    kept = [err.finished[i] for i in sorted(err.finished)]
+                    if kept:
+                        sink(chunk, kept)
+                    err.stored = state.done + len(kept)
+                    raise
+                path = sink(chunk, recs)
                 if path is not None:
                     state.shards.append(str(path))
                 state.done += len(chunk)

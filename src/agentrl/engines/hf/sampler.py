@@ -25,7 +25,6 @@ adjacent token is drawn). The log-probs of the same ids agree to ~1e-6 either wa
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 import torch
 
@@ -33,34 +32,13 @@ from ...batching import pad_rows
 from ...record import SamplingSpec
 from ...sampling import PenaltyContext, Scratch, choose
 from ...templates.chat import require_hf
+from ..episode import SampledTurn  # noqa: F401 - its home is engines.episode (torch-free)
 from .models import forward_kwargs
 
 __all__ = ['SampledTurn', 'HFSampler', 'STAT_KEYS']
 
 #: Counters of :attr:`HFSampler.stats` (``_s``: wall seconds).
 STAT_KEYS = ('prefill_tokens', 'prefill_s', 'decode_tokens', 'decode_steps', 'decode_s', 'sample_s')
-
-
-@dataclass
-class SampledTurn:
-    """One sampled assistant turn.
-
-    Attributes:
-        ids: sampled token ids, in order; the end-of-turn token is the last one when the turn
-            stopped on it (it was sampled, so it is policy-owned and kept).
-        logp: ``len(ids)`` float sampling log-probs (nats) under the sampler's spec
-            (``processed`` mode: after temperature and truncation, renormalised).
-        truncated: True when the turn was cut at its token budget (``max_new_tokens`` or the
-            context limit): then ``ids`` holds no end-of-turn token.
-        prompt_len: number of prompt ids the turn was sampled after.
-
-    Source: book chapter 5.8 ("Problem: stop-token handling": keep the sampled stop token; a turn
-    cut at the limit stays unterminated).
-    """
-    ids: list = field(default_factory=list)
-    logp: list = field(default_factory=list)
-    truncated: bool = False
-    prompt_len: int = 0
 
 
 class HFSampler:

@@ -22,9 +22,9 @@ __all__ = ['turn_seed', 'request_body', 'Completion', 'complete', 'session', 'pr
 class ServerDied(VLLMError):
     """A server stopped answering (connection refused / reset, or its engine died: HTTP 500) mid-run."""
 
-    def __init__(self, url: str, detail: str):
-        super().__init__(f'vllm server {url} died mid-run ({detail}); finished episodes are kept; fix: see the '
-                         'server log, restart it and rerun with --resume')
+    def __init__(self, url: str, detail: str, message: str | None = None):
+        super().__init__(message or f'vllm server {url} died mid-run ({detail}); finished episodes are kept; fix: '
+                         'see the server log, restart it and rerun with --resume')
         self.url, self.detail = url, detail
         self.finished: dict = {}
 

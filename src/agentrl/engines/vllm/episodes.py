@@ -16,23 +16,20 @@ import os
 from dataclasses import dataclass
 from typing import Callable
 
-from ...gym import TOOL_SCHEMAS, BugFixEnv
+from ...gym import TOOL_SCHEMAS
 from ...record import Provenance, SamplingSpec
 from ...templates import ChatRecorder, ChatTemplate, load_tokenizer
-from ..hf.episodes import Reply, bugfix_opening, gym_call, parse_tool_calls
-from ..hf.sampler import SampledTurn
+from ..bugfix import BugFixAdapter
+from ..episode import Reply, SampledTurn
 from .client import Completion, ServerDied, complete, probe_logp_mode, request_body, session, turn_seed
 from .server import Endpoint, VLLMError
 
 __all__ = ['VLLMTurn', 'vllm_rollouts', 'run_vllm_episodes', 'bugfix_vllm_rollouts', 'bugfix_template', 'checked_spec',
            'route', 'check_logp_mode']
 
-_MALFORMED = ''
-
-
 @dataclass
 class VLLMTurn(SampledTurn):
-    """A :class:`~agentrl.engines.hf.SampledTurn` sampled by a server, with what the server said.
+    """A :class:`~agentrl.engines.episode.SampledTurn` sampled by a server, with what the server said.
 
     Attributes (besides ``ids``, ``logp``, ``truncated``, ``prompt_len``):
         finish_reason: ``'stop'`` or ``'length'``. stop_reason: the stop id, or None.
@@ -248,39 +245,19 @@ def bugfix_vllm_rollouts(endpoints, template: ChatTemplate, tasks, *, seeds, spe
     Raises:
         As :func:`run_vllm_episodes`; ValueError for ``seeds`` of another length than ``tasks``.
     """
-    # the lead swaps this block for agentrl.engines.bugfix.BugFixAdapter at merge
     if len(seeds) != len(tasks):
         raise ValueError(f'bugfix_vllm_rollouts: {len(seeds)} seeds for {len(tasks)} tasks; pass one per task')
-    envs = [BugFixEnv(max_turns=max_turns, reward_tests=reward_tests) for _ in tasks]
-    recorders = [ChatRecorder(template, bugfix_opening(env.reset(t))) for env, t in zip(envs, tasks)]
-    parsed: list = [[] for _ in tasks]
+    adapter = BugFixAdapter(tasks, max_turns=max_turns, reward_tests=reward_tests)
+    recorders = [ChatRecorder(template, messages) for messages in adapter.openings()]
+    on_done = kw.pop('on_done', None)
 
-    def respond(i, turn, text):
-        calls = None if turn.truncated else parse_tool_calls(text)
-        call = gym_call(calls) if calls is not None else None
-        parsed[i].append([{'name': n, 'arguments': a} for n, a in calls] if calls is not None else None)
-        obs, reward, done, info = envs[i].step(call if call is not None else _MALFORMED)
-        return Reply(messages=[{'role': 'tool', 'content': obs}], done=done, reward=reward, info=info,
-                     action=call or '')
+    def done(i, rec):                      # finished as the others before it is streamed (or kept by ServerDied)
+        adapter.finish_one(i, rec)
+        if on_done is not None:
+            on_done(i, rec)
 
-    def finish_one(i, t):
-        t.info['tool_calls'] = parsed[i]
-        if t.info.get('stop') == 'truncated' and 'task' not in t.info:
-            t.info.update({k: v for k, v in envs[i].final_info(False).items() if k not in t.info})
-
-    def finish(trajs):
-        for i, t in enumerate(trajs):
-            finish_one(i, t)
-        return trajs
-
-    try:
-        return finish(vllm_rollouts(endpoints, recorders, respond, seeds=seeds, spec=spec,
-                                    max_new_tokens=max_new_tokens, max_turns=max_turns, model_name=model_name, **kw))
-    except ServerDied as err:              # the episodes that ended are kept, finished as the others
-        done = getattr(err, 'finished', {})
-        for i, t in done.items():
-            finish_one(i, t)
-        raise
+    return vllm_rollouts(endpoints, recorders, adapter.respond, seeds=seeds, spec=spec, max_new_tokens=max_new_tokens,
+                         max_turns=max_turns, model_name=model_name, on_done=done, **kw)
 
 
 def bugfix_template(tokenizer, **options) -> ChatTemplate:
