@@ -197,3 +197,31 @@ def test_tinyagent_and_hf_rollouts_take_policy_version(tmp_path, tasks, tok):
     store.write_trajectories(tmp_path / 'h.parquet', recs)
     back = store.read_trajectories(tmp_path / 'h.parquet')
     assert [r.provenance.policy_version for r in back] == ['sha256:ab12'] * 2
+
+
+def test_check_reports_versions_and_refuses_records_older_than_max_staleness(tmp_path, capsys):
+    from agentrl.cli.main import main
+    recs = _recs()                     # versions: 3..4 (spans), 'ckpt-9f2a', none, 5
+    path = tmp_path / 'v.parquet'
+    store.write_trajectories(path, recs)
+    common = ['check', str(path), '--vocab-size', '64', '--eot-id', str(EOT), '--pad-id', str(PAD)]
+    assert main(common) == 0
+    out = capsys.readouterr().out
+    assert 'policy versions  3..4 1  ckpt-9f2a 1  (none) 1  5 1; 1 records span several versions' in out
+    assert 'staleness' not in out
+    assert main(common + ['--current-version', '5']) == 0
+    assert 'staleness        0 steps 1  2 steps 1  not a step 1' in capsys.readouterr().out
+    assert main(common + ['--current-version', '5', '--max-staleness', '1']) == 1
+    out = capsys.readouterr().out
+    assert 'StaleVersionError            1' in out
+    assert 'was sampled 2 steps before --current-version 5 (> --max-staleness 1)' in out
+
+
+def test_model_rollouts_are_stamped_with_the_checkpoint_fingerprint(tmp_path):
+    from agentrl.cli.main import main
+    out = tmp_path / 'run'
+    assert main(['rollout', '--policy', 'model,oracle', '--split', 'heldout', '--repeats', '1', '--out', str(out)]) == 0
+    recs = store.read_trajectories(out / 'trajectories')
+    model = [r for r in recs if r.provenance.policy == 'model']
+    assert model and {r.provenance.policy_version for r in model} == {model[0].provenance.model.rsplit('@', 1)[1]}
+    assert {r.provenance.policy_version for r in recs if r.provenance.policy != 'model'} == {None}

@@ -63,6 +63,8 @@ class CheckOptions:
             every token's ``|Δ log-p|`` is within the ``tol`` the user gives, since bfloat16 replays
             of float32 samples differ by up to about 0.06 nats: docs/vllm.md).
         device: where the replay model runs (``cpu``, ``cuda``, ``cuda:1`` ...).
+        current_version, max_staleness: report staleness against the trainer's step, and refuse records
+            more than ``max_staleness`` steps old (:mod:`agentrl.checks.staleness`; docs/design.md#training).
     """
     path: str = field(metadata={'positional': True, 'help': 'trajectory .parquet file or folder of shards'})
     model: str | None = field(default=None, metadata={
@@ -93,6 +95,11 @@ class CheckOptions:
                                                     "bfloat16 (reports the mismatch; passes only within --tol)"})
     device: str = field(default='cpu', metadata={'metavar': 'DEV', 'help': 'where the --model replay runs '
                                                                            '(cpu, cuda, cuda:1 ...)'})
+    current_version: int | None = field(default=None, metadata={
+        'min': 0, 'metavar': 'STEP', 'help': "the trainer's current step: report each record's staleness against it "
+                                             '(records stamped with integer policy versions)'})
+    max_staleness: int | None = field(default=None, metadata={
+        'min': 0, 'metavar': 'K', 'help': 'with --current-version: refuse records sampled more than K steps earlier'})
 
     def validate(self) -> None:
         """Raise ValueError naming the flag when an option is out of range (nothing has run yet).
@@ -201,6 +208,9 @@ class CheckReport:
             record (:func:`agentrl.checks.mismatch.context_drift`); reported, not refused (the replay
             scores those turns in the server's context).
         dtype, tol: the replay's dtype and tolerance.
+        versions: ``Counter`` of ``provenance.policy_version`` (``'(none)'`` when unstamped). spanning:
+            records whose turns span several versions. staleness: ``Counter`` of steps behind
+            ``--current-version`` (``'not a step'`` for a fingerprint version).
     """
     path: str
     model: str | None = None
@@ -221,6 +231,9 @@ class CheckReport:
     dtype: str = 'float32'
     tol: float = 1e-4
     drift: list = field(default_factory=list)
+    versions: Counter = field(default_factory=Counter)
+    spanning: int = 0
+    staleness: Counter = field(default_factory=Counter)
 
     def refuse(self, key: str, problems: list) -> None:
         """Count one refused row with its problems (RecordError list)."""
@@ -295,6 +308,14 @@ class CheckReport:
                  f'trained tokens   {_stats(self.trained)}',
                  'stops            ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.stops.items())) or 'none'),
                  f'truncation rate  {self.truncated / n:.3f}  (episodes stopped truncated or with a turn cut at its budget)' if n else 'truncation rate  n/a']
+        if self.versions and set(self.versions) != {'(none)'}:
+            lines.append('policy versions  ' + '  '.join(f'{p(k)} {v}' for k, v in self.versions.most_common(8))
+                         + (f'  ({len(self.versions)} versions)' if len(self.versions) > 8 else '')
+                         + (f'; {self.spanning} records span several versions' if self.spanning else ''))
+        if self.staleness:
+            lines.append('staleness        ' + '  '.join(f'{k} steps {v}' if isinstance(k, int) else f'{k} {v}'
+                                                         for k, v in sorted(self.staleness.items(),
+                                                                            key=lambda kv: (isinstance(kv[0], str), str(kv[0]).zfill(12)))))
         if self.drift:
             turns = sum(len(d) for _, d in self.drift)
             lines.append(f'context drift    {len(self.drift)} records ({turns} turns): the server re-rendered the '
@@ -476,6 +497,28 @@ def _tally(rep: CheckReport, rec) -> None:
         rep.scripted += 1
 
 
+def _versions(rep: CheckReport, rec, opts: CheckOptions, key) -> list:
+    """Count the record's policy versions and staleness; return a refusal when it is older than ``--max-staleness``."""
+    from ..checks.staleness import StaleVersionError, record_staleness, record_versions
+    versions = record_versions(rec)
+    rep.versions[('..'.join(str(v) for v in (versions[0], versions[-1])) if len(versions) > 1 else str(versions[0]))
+                 if versions else '(none)'] += 1
+    rep.spanning += len(versions) > 1
+    if opts.current_version is None or not versions:
+        return []
+    try:
+        steps = record_staleness(rec, opts.current_version)
+    except StaleVersionError:
+        rep.staleness['not a step'] += 1
+        return []
+    rep.staleness[steps] += 1
+    if opts.max_staleness is not None and steps > opts.max_staleness:
+        return [StaleVersionError(f'was sampled {steps} steps before --current-version {opts.current_version} '
+                                  f'(> --max-staleness {opts.max_staleness})', field='provenance.policy_version',
+                                  fix='resample it with the current weights, or raise --max-staleness')]
+    return []
+
+
 def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None) -> CheckReport:
     """Check every row of ``opts.path``; return the :class:`CheckReport`.
 
@@ -515,6 +558,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             if verdict != checks.Deduper.NEW:
                 problems.append(_repeat_problem(verdict, first, key))
             _tally(rep, rec)
+            problems += _versions(rep, rec, opts, key)
             drift = context_drift(rec)
             if drift:
                 rep.drift.append((key, drift))

@@ -167,6 +167,8 @@ class EpisodeRunner:
         p.group_id, p.rollout_id, p.attempt, p.seed = job.group_id, job.rollout_id, job.attempt, job.seed
         if job.policy == 'model':
             p.model = self.spec.model_id
+            if p.policy_version is None and '@' in self.spec.model_id:   # the weights that sampled every turn
+                p.policy_version = self.spec.model_id.rsplit('@', 1)[1]
 
     def _run(self, policy: str, jobs: list) -> list:
         import torch
