@@ -531,3 +531,30 @@ def test_end_of_turn_rule_exempts_turns_cut_at_the_token_limit():
     checks.validate(record({'template': {'unterminated_turns': [0]}}), exp)
     with pytest.raises(checks.EndOfTurnNotTrainedError):       # another turn's exemption does not apply
         checks.validate(record({'template': {'unterminated_turns': [1]}}), exp)
+
+
+def test_check_prints_the_would_be_correction_weights(tmp_path, capsys):
+    from agentrl import store
+    from agentrl.cli.main import main
+    from agentrl.jobs.check import CheckOptions, run_check
+    from agentrl.model import TinyAgent
+    from agentrl.train.correction import off_policy_correction
+    torch.manual_seed(0)
+    ckpt = tmp_path / 'model.pt'
+    model = TinyAgent(40, max_len=32).eval()
+    torch.save({'state_dict': model.state_dict(), 'vocab_size': 40, 'max_len': 32}, ckpt)
+    store.write_trajectories(tmp_path / 'ok.parquet', sampled_records(model, 4, temperature=0.7))
+    # the sampling model: every weight is 1, nothing clipped or masked
+    assert main(['check', str(tmp_path / 'ok.parquet'), '--model', str(ckpt), '--correction', 'token_tis']) == 0
+    assert ('  would-be token_tis weights: mean 1.0000  min 1.0000  max 1.0000  clipped 0.00%  masked 0.00% of '
+            'tokens (0 units)') in capsys.readouterr().out
+    # another model: the printed numbers are off_policy_correction's over the replayed log-ratios
+    torch.manual_seed(1)
+    torch.save({'state_dict': TinyAgent(40, max_len=32).state_dict(), 'vocab_size': 40, 'max_len': 32}, ckpt)
+    rep = run_check(CheckOptions(path=str(tmp_path / 'ok.parquet'), model=str(ckpt), max_ratio_dev=float('inf'),
+                                 correction='icepop'))
+    lr = torch.stack([r.log_ratio.float() for r in rep.replays])          # 4 records x 6 sampled tokens
+    want = off_policy_correction(lr, torch.zeros_like(lr), torch.ones_like(lr), 'icepop').metrics
+    assert rep.weights == want and want['corr_masked_frac'] > 0
+    assert main(['check', str(tmp_path / 'ok.parquet'), '--correction', 'icepop']) == 2
+    assert '--correction needs --model' in capsys.readouterr().err

@@ -63,6 +63,8 @@ class CheckOptions:
             every token's ``|Δ log-p|`` is within the ``tol`` the user gives, since bfloat16 replays
             of float32 samples differ by up to about 0.06 nats: docs/vllm.md).
         device: where the replay model runs (``cpu``, ``cuda``, ``cuda:1`` ...).
+        correction: with ``model``, print the would-be weight distribution of this off-policy correction
+            mode (:func:`agentrl.train.off_policy_correction`, default thresholds) over the replayed tokens.
         current_version, max_staleness: report staleness against the trainer's step, and refuse records
             more than ``max_staleness`` steps old (:mod:`agentrl.checks.staleness`; docs/design.md#training).
     """
@@ -98,6 +100,10 @@ class CheckOptions:
     current_version: int | None = field(default=None, metadata={
         'min': 0, 'metavar': 'STEP', 'help': "the trainer's current step: report each record's staleness against it "
                                              '(records stamped with integer policy versions)'})
+    correction: str | None = field(default=None, metadata={
+        'choices': ('token_tis', 'seq_tis', 'token_mask', 'icepop', 'geo_mask', 'seq_mask_tis'), 'metavar': 'MODE',
+        'help': 'with --model: print the off-policy correction weights this replay would give '
+                '(agentrl.train.correction; default thresholds)'})
     max_staleness: int | None = field(default=None, metadata={
         'min': 0, 'metavar': 'K', 'help': 'with --current-version: refuse records sampled more than K steps earlier'})
 
@@ -114,6 +120,10 @@ class CheckOptions:
         if not (isinstance(self.max_ratio_dev, (int, float)) and self.max_ratio_dev >= 0):
             raise ValueError(f'--max-ratio-dev must be a number >= 0 (inf: only report the ratios), got '
                              f'{self.max_ratio_dev}; a NaN threshold would switch the gate off')
+        if self.correction is not None and self.model is None:
+            raise ValueError('--correction needs --model: the weights compare the replayed log-probs with the stored ones')
+        if self.max_staleness is not None and self.current_version is None:
+            raise ValueError('--max-staleness needs --current-version (the step staleness is counted from)')
         if self.batch_size < 1:
             raise ValueError(f'--batch-size must be >= 1, got {self.batch_size}')
         if self.examples < 0:
@@ -230,6 +240,7 @@ class CheckReport:
     replay_skipped: Counter = field(default_factory=Counter)
     dtype: str = 'float32'
     tol: float = 1e-4
+    correction: str | None = None
     drift: list = field(default_factory=list)
     versions: Counter = field(default_factory=Counter)
     spanning: int = 0
@@ -263,6 +274,20 @@ class CheckReport:
         from ..checks.mismatch import LogpMismatch
         lr = [r.log_ratio for r in self.replays]
         return LogpMismatch.of(torch.cat(lr) if lr else torch.zeros(0, dtype=torch.float64))
+
+    @property
+    def weights(self) -> dict | None:
+        """``Correction.metrics`` of :attr:`correction` over the replayed tokens (one row per replay unit; None
+        without a model or a mode)."""
+        if self.model is None or self.correction is None or not self.replays:
+            return None
+        import torch
+
+        from ..batching import pad_rows
+        from ..train.correction import off_policy_correction
+        lr = pad_rows([r.log_ratio.float() for r in self.replays], None, 0.0)
+        mask = pad_rows([torch.ones(len(r.log_ratio)) for r in self.replays], None, 0.0)
+        return off_policy_correction(lr, lr.new_zeros(lr.shape), mask, self.correction).metrics
 
     @property
     def sampler_defects(self) -> list:
@@ -337,6 +362,12 @@ class CheckReport:
             lines += ['  ' + line for line in rep.table().splitlines()]
             if rep.overall.n:
                 lines.append('  engine vs trainer: ' + self.mismatch.line())
+            w = self.weights if rep.overall.n else None
+            if w is not None:
+                lines.append(f'  would-be {self.correction} weights: mean {w["corr_weight_mean"]:.4f}  min '
+                             f'{w["corr_weight_min"]:.4f}  max {w["corr_weight_max"]:.4f}  clipped '
+                             f'{w["corr_clipped_frac"]:.2%}  masked {w["corr_masked_frac"]:.2%} of tokens '
+                             f'({w["corr_masked_records"]} units)')
             lines += [f'  not replayed: {c} {why}' for why, c in self.replay_skipped.items()]
             for r in self.sampler_defects[:self.examples_max]:
                 lines.append(f'  e.g. {p(r.key)}: {r.kind} (ratio mean {r.stats.mean:.4f}); the declared sampler does '
@@ -541,7 +572,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
                            eot_ids=tuple(opts.eot_ids), vocab_size=opts.vocab_size)
     rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples,
-                      dtype=opts.dtype, tol=opts.tol)
+                      correction=opts.correction, dtype=opts.dtype, tol=opts.tol)
     seen = checks.Deduper(compact=True)     # identity (or digest) -> (file, row) where first seen
     for batch in store.scan(opts.path, opts.batch_size):
         rows = []
