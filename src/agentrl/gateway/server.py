@@ -37,10 +37,18 @@ def bind(host: str = '127.0.0.1', port: int = 0) -> socket.socket:
 
 
 def write_serve_json(out, host: str, port: int, gateway, admin_token: str = '') -> Path:
-    """``RUN/serve.json`` (mode 0600: it holds the admin token): host, port, url, pid, model, limits, timeout."""
-    info = {'admin_token': admin_token, 'host': host, 'port': port, 'url': f'http://{host}:{port}', 'sessions_url': f'http://{host}:{port}/sessions',
-            'pid': os.getpid(), 'model': gateway.upstream.model_name, 'limits': gateway.limits.to_dict(),
-            'session_timeout': gateway.session_timeout}
+    """``RUN/serve.json`` (mode 0600: it holds the admin token): host, port, url, pid, model, engine, limits, timeout.
+
+    ``engine``: ``policy``, ``concurrency``, and for vLLM the ``servers`` and the probed ``logp_mode``.
+    """
+    up = gateway.upstream
+    engine = {'policy': getattr(up, 'policy', 'hf'), 'concurrency': getattr(up, 'concurrency', 1)}
+    for k in ('urls', 'logp_mode'):
+        if getattr(up, k, None) is not None:
+            engine['servers' if k == 'urls' else k] = getattr(up, k)
+    info = {'admin_token': admin_token, 'host': host, 'port': port, 'url': f'http://{host}:{port}',
+            'sessions_url': f'http://{host}:{port}/sessions', 'pid': os.getpid(), 'model': up.model_name,
+            'engine': engine, 'limits': gateway.limits.to_dict(), 'session_timeout': gateway.session_timeout}
     path = atomic_write(Path(out) / 'serve.json', json.dumps(info, indent=2) + '\n')
     os.chmod(path, 0o600)
     return path
@@ -106,5 +114,6 @@ class Server:
 
     def close(self) -> None:
         self.sock.close()
+        self.gateway.engine_pool.shutdown(wait=True)
         self.gateway.pool.shutdown(wait=True)
         self.gateway.journal.close()
