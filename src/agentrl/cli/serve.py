@@ -83,12 +83,25 @@ def run(args) -> int:
         raise ImportError(f'agentrl serve needs starlette and uvicorn ({e}); pip install agentrl[serve]') from None
     import contextlib
     import signal
-    with contextlib.ExitStack() as stack:
-        if engine == 'vllm' and not args.server:     # SIGTERM while the local server starts stops it too
-            old = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-            stack.callback(signal.signal, signal.SIGTERM, old)
-        upstream = _upstream(args, engine, stack)
-        return _serve(args, upstream)
+    import threading
+
+    def term(*_):                 # uvicorn hands SIGTERM back after its graceful stop; unwind, stop the engine
+        raise _Stopped
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, term) if main else None
+    try:
+        with contextlib.ExitStack() as stack:
+            return _serve(args, _upstream(args, engine, stack))
+    except _Stopped:
+        print('agentrl serve: stopped (SIGTERM)', file=sys.stderr)
+        return 0
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)
+
+
+class _Stopped(BaseException):
+    """SIGTERM arrived: stop serving, stop a local vLLM server, exit 0."""
 
 
 def _upstream(args, engine: str, stack):

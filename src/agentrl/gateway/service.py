@@ -303,7 +303,8 @@ class Gateway:
                                   finish_reason(message, truncated), template)
         ev = {'ev': 'call', 'sid': session.sid, 'index': index, 'digest': p.digest, 'retry': p.retry,
               'req': req.recorded(), 'ids': ids, 'logp': logp, 'truncated': truncated, 'seed': sample.seed,
-              'message': message, 'response': response, 'version': p.version, 't0': p.t0, 't': time.time()}
+              'message': message, 'response': response, 'version': p.version, 'max_tokens': p.budget,
+              't0': p.t0, 't': time.time()}
         if sample.server is not None:
             ev['server'] = sample.server
         self.journal.append(ev)
