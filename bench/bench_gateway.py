@@ -139,14 +139,18 @@ def main(argv=None) -> int:
                                   'engine_direct_ms_p50': 1e3 * _pct(direct, 0.5)}
             print(json.dumps(rows['concurrent']), flush=True)
             long = _load(srv.url, 1, a.long, 4, 'long')
-            journal = {e['seed']: e for e in read_journal(Path(tmp) / 'run' / 'journal.jsonl') if e['ev'] == 'call'}
+            journal, last = {}, {}
+            for e in read_journal(Path(tmp) / 'run' / 'journal.jsonl'):
+                if e['ev'] == 'call':                          # the journal keeps each call's new messages only
+                    last[e['sid']] = e['msgs'] = last.get(e['sid'], [])[:e['req']['prefix']] + e['req']['messages']
+                    journal[e['seed']] = e
             tmpl = gw.template(None)
             pts, rer = [], []
             for n in (10, 50, a.long):
                 sel = [c for c in long if n - 5 <= c['turn'] + 1 <= n]
                 pts.append((n, statistics.median(c['latency'] - (up.spans[c['seed']][1] - journal[c['seed']]['t0'])
                                                  for c in sel)))
-                msgs = journal[sel[-1]['seed']]['req']['messages']
+                msgs = journal[sel[-1]['seed']]['msgs']
                 ts = []
                 for _ in range(5):
                     t0 = time.perf_counter()

@@ -214,9 +214,9 @@ class _Routes:
         s.in_flight += 1
         try:
             raw = await self.body_of(request, lim.max_body_bytes)
-            req, _ = parse_request(raw, lim.max_body_bytes)
+            req, body = parse_request(raw, lim.max_body_bytes)
             retry = request.headers.get('x-stainless-retry-count', '0')
-            response, index, replayed = await self.serve_call(s, req, body_digest(raw),
+            response, index, replayed = await self.serve_call(s, req, body_digest(raw, body),
                                                               int(retry) if retry.isdigit() else 0)
         except GatewayError as e:
             s.in_flight -= 1

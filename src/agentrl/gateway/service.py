@@ -302,7 +302,7 @@ class Gateway:
         response = self._response(session, index, req, p.plan.prompt_ids, sample, message,
                                   finish_reason(message, truncated), template)
         ev = {'ev': 'call', 'sid': session.sid, 'index': index, 'digest': p.digest, 'retry': p.retry,
-              'req': req.recorded(), 'ids': ids, 'logp': logp, 'truncated': truncated, 'seed': sample.seed,
+              'req': _recorded(req, session.last_messages), 'ids': ids, 'logp': logp, 'truncated': truncated, 'seed': sample.seed,
               'message': message, 'response': response, 'version': p.version, 'max_tokens': p.budget,
               't0': p.t0, 't': time.time()}
         if sample.server is not None:
@@ -316,6 +316,7 @@ class Gateway:
         s = Sample(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed, server=sample.server)
         if session.spec is None:
             session.spec = req.spec
+        session.last_messages = req.messages
         session.commit(plan, s, message, {'index': len(session.calls), 'digest': digest, 'seed': sample.seed,
                                           'response': response, 'version': version, 'server': sample.server})
         session.last_seen = time.time()
@@ -398,7 +399,7 @@ class Gateway:
             if kind == 'session':
                 self.sessions[ev['sid']] = Session(ev['sid'], ev['identity'], ev['t'])
             elif kind == 'call' and s is not None:
-                req = ChatRequest.from_recorded(ev['req'])
+                req = ChatRequest.from_recorded(_full(ev['req'], s.last_messages))
                 plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True), self.template(req.tools))
                 sample = Sample(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'],
                                 server=ev.get('server'))
@@ -424,6 +425,24 @@ class Gateway:
                                   f'{e}); it stays finished and uncommitted in {self.out}/journal.jsonl')
             elif s.state == 'open':
                 s.last_seen = max(s.last_seen, time.time())     # the restart is not idleness
+
+
+def _recorded(req: ChatRequest, last: list) -> dict:
+    """The journal's form of a request: the messages after the ``prefix`` it shares with the session's
+    previous call (a harness resends its whole history; journalling only the new part keeps a
+    call's line O(1) in the conversation's length)."""
+    msgs, k = req.messages, 0
+    n = min(len(last), len(msgs))
+    while k < n and last[k] == msgs[k]:
+        k += 1
+    return dict(req.recorded(), messages=msgs[k:], prefix=k)
+
+
+def _full(rec: dict, last: list) -> dict:
+    """The inverse of :func:`_recorded` (a line without ``prefix`` holds every message)."""
+    if 'prefix' not in rec:
+        return rec
+    return dict({k: v for k, v in rec.items() if k != 'prefix'}, messages=last[:rec['prefix']] + rec['messages'])
 
 
 def _cut_at_stop(template, ids, logp, stops) -> tuple:
