@@ -23,7 +23,9 @@ def bind(host: str = '127.0.0.1', port: int = 0) -> socket.socket:
     Raises:
         OSError: the address is in use or cannot be bound (names it).
     """
-    sock = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP: asyncio turns TCP_NODELAY on only for sockets that say so; without it a
+    # kept-alive client (the openai SDK, aiohttp) waits ~40 ms (Nagle + delayed ACK) on every response
+    sock = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
