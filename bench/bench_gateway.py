@@ -21,6 +21,7 @@ engine spends or queues for (the HF engine samples one call at a time).
    gateway cost at 10, 50 and 200 turns (median of the 5 calls ending there), the log-log slope,
    and the same for a full re-render of the conversation (``template.render`` + ``encode``), the
    cost a gateway that re-tokenizes the history every call would pay.
+3. The floor: p50/p99 of one fsync'd 2 KB line in the run folder (every call waits for one).
 """
 from __future__ import annotations
 
@@ -93,7 +94,11 @@ def main(argv=None) -> int:
     ap.add_argument('--turns', type=int, default=4)
     ap.add_argument('--long', type=int, default=200)
     ap.add_argument('--json', default=None)
+    ap.add_argument('--switch-interval', type=float, default=None,
+                    help='sys.setswitchinterval in the gateway process (agentrl serve sets 0.0005)')
     a = ap.parse_args(argv)
+    if a.switch_interval:
+        sys.setswitchinterval(a.switch_interval)
     import torch
     torch.set_num_threads(1)
     from agentrl.engines import hf
@@ -161,6 +166,16 @@ def main(argv=None) -> int:
                               'slope': round(_slope(pts), 3), 'full_rerender_ms': [round(1e3 * y, 3) for _, y in rer],
                               'full_rerender_slope': round(_slope(rer), 3)}
             print(json.dumps(rows['length']), flush=True)
+            ts = []
+            with open(Path(tmp) / 'run' / 'fsync-probe', 'ab') as f:     # the floor: one fsync'd line per call
+                for _ in range(50):
+                    t0 = time.perf_counter()
+                    f.write(b'x' * 2048 + b'\n')
+                    f.flush()
+                    os.fsync(f.fileno())
+                    ts.append(time.perf_counter() - t0)
+            rows['fsync_ms'] = {'p50': round(1e3 * _pct(ts, 0.5), 3), 'p99': round(1e3 * _pct(ts, 0.99), 3)}
+            print(json.dumps(rows['fsync_ms']), flush=True)
         finally:
             srv.stop()
     if a.json:

@@ -172,14 +172,17 @@ def match(view: list, messages: list, seen: tuple = ([], [])) -> tuple:
     request's prefix is repeated verbatim by most harnesses, so a call costs O(1) comparisons
     of substance, not O(turns)).
     """
-    variants, per = [], []
     old, old_notes = seen
-    for i, (v, turn) in enumerate(view):
+    m = min(len(old), len(view), len(messages))
+    while m and old[:m] != messages[:m]:            # one C-level comparison in the common case
+        m //= 2
+    per = list(old_notes[:m])
+    variants = [(view[i][1], per[i]) for i in range(m) if per[i]]
+    for i in range(m, len(view)):
+        v, turn = view[i]
         if i >= len(messages):
             return i, variants, per
-        if i < len(old) and old[i] == messages[i]:
-            notes = old_notes[i]
-        elif turn is not None:
+        if turn is not None:
             notes = _echo_notes(v, messages[i])
             if notes is None:
                 return i, variants, per
