@@ -140,7 +140,8 @@ def main(argv=None) -> int:
                                   e['max_tokens'], e['seed'], stop)
                 direct.append(time.perf_counter() - t0)
             rows['concurrent'] = {'sessions': a.sessions, 'calls': len(calls),
-                                  'gateway_cost_ms_p50': 1e3 * _pct(cost, 0.5), 'gateway_cost_ms_p99': 1e3 * _pct(cost, 0.99),
+                                  'gateway_cost_ms_p50': 1e3 * _pct(cost, 0.5),
+                                  'gateway_cost_ms_p99': 1e3 * _pct(cost, 0.99),
                                   'latency_ms_p50': 1e3 * _pct([c['latency'] for c in calls], 0.5),
                                   'engine_in_gateway_ms_p50': 1e3 * _pct(engine_in, 0.5),
                                   'engine_direct_ms_p50': 1e3 * _pct(direct, 0.5)}

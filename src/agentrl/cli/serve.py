@@ -33,7 +33,8 @@ def register(sub) -> None:
     p.add_argument('--server', metavar='URL[,URL...]',
                    help='running vLLM server(s) (http://HOST:PORT); each session sticks to one server')
     p.add_argument('--vllm-python', metavar='PATH', default=None,
-                   help='python of the vLLM venv for --engine vllm (default $AGENTRL_VLLM_PYTHON or .venv-vllm/bin/python)')
+                   help='python of the vLLM venv for --engine vllm (default $AGENTRL_VLLM_PYTHON or '
+                        '.venv-vllm/bin/python)')
     p.add_argument('--vllm-cpus', metavar='LIST', default=None, help='taskset -c core list for --engine vllm\'s server')
     p.add_argument('--concurrency', type=int, default=64,
                    help='vLLM requests in flight at once, all sessions together (--engine hf samples one at a time)')

@@ -302,7 +302,8 @@ class Gateway:
         response = self._response(session, index, req, p.plan.prompt_ids, sample, message,
                                   finish_reason(message, truncated), template)
         ev = {'ev': 'call', 'sid': session.sid, 'index': index, 'digest': p.digest, 'retry': p.retry,
-              'req': _recorded(req, session.last_messages), 'ids': ids, 'logp': logp, 'truncated': truncated, 'seed': sample.seed,
+              'req': _recorded(req, session.last_messages), 'ids': ids, 'logp': logp, 'truncated': truncated,
+              'seed': sample.seed,
               'message': message, 'response': response, 'version': p.version, 'max_tokens': p.budget,
               't0': p.t0, 't': time.time()}
         if sample.server is not None:
@@ -383,8 +384,8 @@ class Gateway:
     def write_summary(self) -> dict:
         """Rewrite ``RUN/summary.json`` with :func:`~agentrl.gateway.records.run_metrics`."""
         m = run_metrics(list(self.sessions.values()), self.records)
-        summary = {'kind': 'gateway', 'model': self.upstream.model_name, 'policy': getattr(self.upstream, 'policy', 'hf'),
-                   'trajectories': 'trajectories', **m}
+        summary = {'kind': 'gateway', 'model': self.upstream.model_name,
+                   'policy': getattr(self.upstream, 'policy', 'hf'), 'trajectories': 'trajectories', **m}
         if getattr(self.upstream, 'logp_mode', None):
             summary['logp_mode'] = self.upstream.logp_mode
         atomic_write(self.out / 'summary.json', json.dumps(summary, indent=2) + '\n')
