@@ -449,7 +449,12 @@ def test_cli_serve_refuses_without_a_model(tmp_path, capsys):
     assert main(['serve', '--out', str(tmp_path / 'r')]) == 2
     assert 'agentrl: error: --engine hf needs --model DIR' in capsys.readouterr().err
     assert main(['serve', '--out', str(tmp_path / 'r'), '--server', 'http://x']) == 2
-    assert '--server (vLLM) is not available yet' in capsys.readouterr().err
+    assert "--server needs --model DIR: the served model's folder" in capsys.readouterr().err
+    assert main(['serve', '--out', str(tmp_path / 'r'), '--server', 'http://x', '--engine', 'hf', '--model', 'm']) == 2
+    assert '--server is a vLLM server: drop --engine hf' in capsys.readouterr().err
+    assert main(['serve', '--out', str(tmp_path / 'r'), '--server', 'http://127.0.0.1:9', '--model',
+                 str(tmp_path)]) == 2
+    assert 'vllm server http://127.0.0.1:9 is not ready' in capsys.readouterr().err
 
 
 #: A template whose tool wrapper counts messages: a bridge's shape cannot be reused across rounds.

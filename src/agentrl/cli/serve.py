@@ -2,6 +2,10 @@
 
 The first line printed is the bound address (``serving on http://HOST:PORT``); it is also in
 ``RUN/serve.json``. Restarting on the same ``--out`` resumes the open sessions from the journal.
+
+Engines: ``--engine hf --model DIR`` (in this process), ``--server URL[,URL...] --model DIR``
+(running vLLM servers; DIR is the served model's folder, for its tokenizer), ``--engine vllm
+--model DIR`` (starts a local vLLM server, stopped when the gateway stops).
 """
 from __future__ import annotations
 
@@ -21,10 +25,19 @@ def register(sub) -> None:
                                    'branch leaves are stored in RUN/trajectories (check them with `agentrl check '
                                    'RUN --model DIR`). See docs/gateway.md.')
     p.add_argument('--out', required=True, metavar='RUN', help='run folder (created; an existing gateway run resumes)')
-    p.add_argument('--engine', choices=['hf'], default='hf', help='engine: hf (a Hugging Face model in this process)')
-    p.add_argument('--model', metavar='DIR', help='Hugging Face model folder for --engine hf (e.g. from '
-                                                  '`agentrl make-test-model`)')
-    p.add_argument('--server', metavar='URL', help='vLLM server URL (not available yet)')
+    p.add_argument('--engine', choices=['hf', 'vllm'], default=None,
+                   help='engine: hf (a Hugging Face model in this process, the default) or vllm (starts a local vLLM '
+                        'server from --vllm-python; stopped on exit). With --server: vllm')
+    p.add_argument('--model', metavar='DIR', help='model folder (e.g. from `agentrl make-test-model`): the model of '
+                                                  '--engine hf/vllm, or the tokenizer of the --server model')
+    p.add_argument('--server', metavar='URL[,URL...]',
+                   help='running vLLM server(s) (http://HOST:PORT); each session sticks to one server')
+    p.add_argument('--vllm-python', metavar='PATH', default=None,
+                   help='python of the vLLM venv for --engine vllm (default $AGENTRL_VLLM_PYTHON or '
+                        '.venv-vllm/bin/python)')
+    p.add_argument('--vllm-cpus', metavar='LIST', default=None, help='taskset -c core list for --engine vllm\'s server')
+    p.add_argument('--concurrency', type=int, default=64,
+                   help='vLLM requests in flight at once, all sessions together (--engine hf samples one at a time)')
     p.add_argument('--host', default='127.0.0.1', help='address to listen on (default 127.0.0.1)')
     p.add_argument('--port', type=int, default=0, help='port (0: a free port; printed and in RUN/serve.json)')
     p.add_argument('--device', default=None, help='torch device for --engine hf (default cuda if available)')
@@ -49,14 +62,18 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
-    if args.server:
-        raise UserError('--server (vLLM) is not available yet; use --engine hf --model DIR')
+    engine = args.engine or ('vllm' if args.server else 'hf')
+    if args.server and args.engine == 'hf':
+        raise UserError('--server is a vLLM server: drop --engine hf (or pass --engine vllm)')
     if not args.model:
-        raise UserError('--engine hf needs --model DIR (make one with `agentrl make-test-model DIR`)')
+        if args.server:
+            raise UserError('--server needs --model DIR: the served model\'s folder (its tokenizer and fingerprint)')
+        raise UserError(f'--engine {engine} needs --model DIR (make one with `agentrl make-test-model DIR`)')
     for name in ('port', 'max_new_tokens', 'max_turns', 'max_prompt_tokens', 'max_output_tokens', 'max_body_bytes',
-                 'max_concurrent'):
+                 'max_concurrent', 'concurrency'):
         v = getattr(args, name)
-        if v < 0 or (name in ('max_new_tokens', 'max_body_bytes') and v < 1) or (name == 'port' and v > 65535):
+        if v < 0 or (name in ('max_new_tokens', 'max_body_bytes', 'concurrency') and v < 1) or \
+                (name == 'port' and v > 65535):
             raise UserError(f'--{name.replace("_", "-")} is out of range: {v}')
     if not args.session_timeout > 0 or args.max_wall_s < 0:
         raise UserError('--session-timeout must be > 0 and --max-wall-s >= 0')
@@ -65,13 +82,57 @@ def run(args) -> int:
         import uvicorn  # noqa: F401
     except ImportError as e:
         raise ImportError(f'agentrl serve needs starlette and uvicorn ({e}); pip install agentrl[serve]') from None
-    from ..gateway import Gateway, HFUpstream, Limits
+    import contextlib
+    import signal
+    import threading
+
+    def term(*_):                 # uvicorn hands SIGTERM back after its graceful stop; unwind, stop the engine
+        raise _Stopped
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, term) if main else None
+    try:
+        with contextlib.ExitStack() as stack:
+            return _serve(args, _upstream(args, engine, stack))
+    except _Stopped:
+        print('agentrl serve: stopped (SIGTERM)', file=sys.stderr)
+        return 0
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, old)
+
+
+class _Stopped(BaseException):
+    """SIGTERM arrived: stop serving, stop a local vLLM server, exit 0."""
+
+
+def _upstream(args, engine: str, stack):
+    """The engine: HF in process, running vLLM servers, or a local vLLM server (stopped by ``stack``)."""
+    from ..gateway import HFUpstream
+    if engine == 'hf':
+        return HFUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
+    from ..engines.vllm import VLLMError, VLLMServer
+    from ..gateway.vllm import VLLMUpstream
+    urls = [u.strip() for u in (args.server or '').split(',') if u.strip()]
+    try:
+        if not urls:
+            py = args.vllm_python or os.environ.get('AGENTRL_VLLM_PYTHON') or None
+            os.makedirs(args.out, exist_ok=True)
+            srv = stack.enter_context(VLLMServer(args.model, python=py, cpus=args.vllm_cpus,
+                                                 log_path=os.path.join(args.out, 'vllm-server.log')))
+            print(f'agentrl serve: vllm server {srv.url} (pid {srv.pid}) started', file=sys.stderr, flush=True)
+            urls = [srv.url]
+        return VLLMUpstream(urls, args.model, max_new_tokens=args.max_new_tokens, concurrency=args.concurrency)
+    except (VLLMError, ValueError) as e:
+        raise UserError(str(e)) from None
+
+
+def _serve(args, upstream) -> int:
+    from ..gateway import Gateway, Limits
     from ..gateway.server import Server
     from ..io import folder_lock
     limits = Limits(max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens,
                     max_output_tokens=args.max_output_tokens, max_body_bytes=args.max_body_bytes,
                     max_concurrent=args.max_concurrent, max_wall_s=args.max_wall_s)
-    upstream = HFUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
     os.makedirs(args.out, exist_ok=True)
     with folder_lock(args.out):
         gw = Gateway(upstream, args.out, limits=limits, session_timeout=args.session_timeout,
@@ -79,8 +140,9 @@ def run(args) -> int:
                      conformance=not args.no_conformance)
         srv = Server(gw, args.host, args.port, stream_interval=args.stream_interval, pause_wait=args.pause_wait)
         open_ = sum(s.state == 'open' for s in gw.sessions.values())
+        mode = f'; vllm log-probs {upstream.logp_mode}' if getattr(upstream, 'logp_mode', None) else ''
         print(f'serving on {srv.url} (sessions: POST {srv.url}/sessions; run {args.out}; '
-              f'{open_} open sessions resumed)', flush=True)
+              f'{open_} open sessions resumed{mode})', flush=True)
         srv.run()
     print('agentrl serve: stopped', file=sys.stderr)
     return 0

@@ -15,8 +15,10 @@ from .parse import message_deltas, normalize_assistant, parse_reply
 from .protocol import ChatRequest, GatewayError, parse_request
 from .service import Gateway, session_id
 from .sessions import FORK_CATEGORIES, Branch, Session, Turn
+from .vllm import VLLMUpstream
 
-__all__ = ['Gateway', 'HFUpstream', 'Upstream', 'Sample', 'Limits', 'Journal', 'read_journal', 'ChatRequest',
+__all__ = ['Gateway', 'HFUpstream', 'VLLMUpstream', 'Upstream', 'Sample', 'Limits', 'Journal', 'read_journal',
+           'ChatRequest',
            'GatewayError', 'parse_request', 'parse_reply', 'message_deltas', 'normalize_assistant', 'Session',
            'Branch', 'Turn', 'FORK_CATEGORIES', 'session_id', 'conformance', 'ConformanceError', 'create_app', 'Server']
 

@@ -15,7 +15,9 @@ Routes:
   (``RUN/serve.json``).
 
 Every error is OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``). State
-changes run in the gateway's worker thread; the event loop only parses, awaits and sends.
+changes run in the gateway's state thread and engine calls in its engine threads; the event loop
+only parses, awaits and sends. One call of a session is served at a time (a per-session lock);
+calls of different sessions sample concurrently.
 
 Source: docs/gateway.md#endpoints; the OpenAI chat-completions API (chunks, ``[DONE]``).
 """
@@ -104,9 +106,33 @@ class _Routes:
         self.gw, self.public_url, self.stream_interval = gateway, public_url, stream_interval
         self.admin_token, self.pause_wait = admin_token, pause_wait
         self.running = None                      # asyncio.Event: set while not paused (made in the loop)
+        self.idle = None                         # asyncio.Event: set while no call is dispatched
+        self.dispatched = 0
+        self.locks: dict = {}                    # session id -> asyncio.Lock (one call of a session at a time)
 
     async def work(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.gw.pool, fn, *args)
+
+    async def serve_call(self, s, req, digest: str, retry: int) -> tuple:
+        """Prepare (state thread), sample (engine thread), complete (state thread): ``(response, index, replayed)``."""
+        async with self.locks.setdefault(s.sid, asyncio.Lock()):
+            await self.wait_running()            # no await between this check and the dispatch count below
+            self.dispatched += 1
+            self.idle.clear()
+            try:
+                p = await self.work(self.gw.prepare, s, req, digest, retry)
+                if p.replay is not None:
+                    return p.replay
+                try:
+                    sample = await asyncio.get_running_loop().run_in_executor(self.gw.engine_pool, self.gw.sample, p)
+                except BaseException:
+                    await self.work(self.gw.drop, p)
+                    raise
+                return await self.work(self.gw.complete, p, sample)
+            finally:
+                self.dispatched -= 1
+                if self.dispatched == 0:
+                    self.idle.set()
 
     @staticmethod
     async def body_of(request, limit: int) -> bytes:
@@ -188,11 +214,10 @@ class _Routes:
         s.in_flight += 1
         try:
             raw = await self.body_of(request, lim.max_body_bytes)
-            req, _ = parse_request(raw, lim.max_body_bytes)
+            req, body = parse_request(raw, lim.max_body_bytes)
             retry = request.headers.get('x-stainless-retry-count', '0')
-            await self.wait_running()            # no await between this check and the submit below
-            response, index, replayed = await self.work(self.gw.chat, s, req, body_digest(raw),
-                                                        int(retry) if retry.isdigit() else 0)
+            response, index, replayed = await self.serve_call(s, req, body_digest(raw, body),
+                                                              int(retry) if retry.isdigit() else 0)
         except GatewayError as e:
             s.in_flight -= 1
             return _error(e, {'Retry-After': '1'} if e.code == 'paused' else None)
@@ -227,7 +252,7 @@ class _Routes:
         except GatewayError as e:
             return _error(e)
         self.running.clear()
-        await self.work(lambda: None)           # the worker is serial: every dispatched call has finished
+        await self.idle.wait()                  # every dispatched call has been journalled (or refused)
         return _json(self.admin_state())
 
     async def resume(self, request):
@@ -291,8 +316,9 @@ def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0, a
 
     @asynccontextmanager
     async def lifespan(app):
-        r.running = asyncio.Event()
+        r.running, r.idle = asyncio.Event(), asyncio.Event()
         r.running.set()
+        r.idle.set()
         task = asyncio.ensure_future(r.reaper())
         try:
             yield

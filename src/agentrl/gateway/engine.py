@@ -2,8 +2,8 @@
 
 :class:`Upstream` is the protocol; :class:`HFUpstream` runs a Hugging Face model in this process
 through :class:`agentrl.engines.hf.HFSampler` (one sampler per :class:`~agentrl.record.SamplingSpec`;
-calls are synchronous and not thread-safe: the gateway makes them from one worker thread).
-A vLLM upstream over a token-id ``/v1/completions`` client plugs in with the same three members.
+calls are synchronous and not thread-safe: ``concurrency`` 1, the gateway makes them from one engine
+thread). :class:`agentrl.gateway.vllm.VLLMUpstream` is the same protocol over vLLM servers.
 """
 from __future__ import annotations
 
@@ -21,11 +21,13 @@ __all__ = ['Sample', 'Upstream', 'HFUpstream']
 @dataclass
 class Sample:
     """One sampled turn. ``ids`` ``[n]`` int (the stop id last when it stopped on one), ``logp`` ``[n]``
-    float nats under the spec, ``truncated``: cut at the budget (no stop id); ``seed``: the draw's seed."""
+    float nats under the spec, ``truncated``: cut at the budget (no stop id); ``seed``: the draw's seed;
+    ``server``: the engine server that sampled it (None in process)."""
     ids: list = field(default_factory=list)
     logp: list = field(default_factory=list)
     truncated: bool = False
     seed: int | None = None
+    server: str | None = None
 
 
 class Upstream(Protocol):
@@ -36,11 +38,18 @@ class Upstream(Protocol):
         model_name: ``Provenance.model`` of the records (e.g. ``'name@fingerprint'``).
         max_context: the context limit in tokens.
         max_new_tokens: the default turn budget.
+        concurrency: how many ``sample`` calls may run at once (engine threads; 1: not thread-safe).
+        policy: ``Provenance.policy`` of the records (``'hf'``, ``'vllm'``).
+
+    Optional: ``route(session_id) -> server`` (sticky routing; ``sample`` then gets ``server=``) and
+    ``record_spec(spec) -> SamplingSpec`` (the spec the records declare, e.g. a probed log-prob mode).
     """
     tokenizer: object
     model_name: str
     max_context: int
     max_new_tokens: int
+    concurrency: int
+    policy: str
 
     def sample(self, prompt_ids: list, spec: SamplingSpec, max_new_tokens: int, seed: int,
                stop_ids: frozenset) -> Sample:
@@ -56,10 +65,15 @@ class HFUpstream:
         device: default ``cuda`` when available, else CPU (fp32 parameters).
         max_new_tokens: the default turn budget.
 
+    Attributes: ``concurrency`` 1 (HF sampling is not thread-safe), ``policy`` ``'hf'``.
+
     Raises:
         ImportError: without the ``hf`` extra. FileNotFoundError / ValueError: as
             :func:`agentrl.engines.hf.load_model`.
     """
+
+    concurrency = 1
+    policy = 'hf'
 
     def __init__(self, model_dir, *, device=None, max_new_tokens: int = 256):
         import torch

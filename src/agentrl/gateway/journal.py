@@ -1,7 +1,8 @@
 """L5: the gateway's append-only journal: one JSON line per event, flushed and fsync'd before it counts.
 
 Events (``ev``): ``session`` (opened: id, identity, task), ``call`` (a completed call: the request
-as recorded, the sampled ids and log-probs, the response sent), ``undelivered`` (the client never
+as recorded, its messages after the ``prefix`` shared with the session's previous call, the sampled
+ids and log-probs, the response sent), ``undelivered`` (the client never
 received a call's response), ``finish`` (reward and info, or aborted), ``committed`` (its records
 are stored). The gateway's whole state is a fold of these events, so a gateway killed with
 SIGKILL and restarted on the same folder resumes exactly where the last fsync'd line left it. A

@@ -87,10 +87,11 @@ class ChatRequest:
                    spec=SamplingSpec.from_dict(d['spec']), max_tokens=d['max_tokens'], stop=d['stop'], seed=d['seed'])
 
 
-def body_digest(body: bytes) -> str:
-    """sha256 hex of the canonical JSON of a request body (key order and spacing do not matter)."""
+def body_digest(body: bytes, parsed=None) -> str:
+    """sha256 hex of the canonical JSON of a request body (key order and spacing do not matter);
+    ``parsed``: the body already decoded (saves decoding it again)."""
     try:
-        canon = json.dumps(json.loads(body), sort_keys=True, separators=(',', ':'))
+        canon = json.dumps(json.loads(body) if parsed is None else parsed, sort_keys=True, separators=(',', ':'))
     except ValueError:
         canon = body.decode('utf-8', 'replace')
     return hashlib.sha256(canon.encode()).hexdigest()

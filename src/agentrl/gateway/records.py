@@ -32,13 +32,17 @@ def _recorder(branch):
     return rec
 
 
-def session_records(session, model_name: str) -> list:
+def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=None) -> list:
     """One record per branch leaf with a delivered turn, in branch order.
+
+    ``policy`` is ``Provenance.policy`` (the upstream's); ``spec_of(spec)`` gives the declared
+    sampler (e.g. the vLLM upstream's probed log-prob mode; default the session's spec).
 
     Identity: ``group_id`` and ``rollout_id`` from the session's identity (default the session
     id); with several leaves, branch ``k > 0`` gets ``rollout_id + '/b' + k``. ``info`` holds the
     harness's info plus ``gateway``: session, branch, leaves, its fork (or None), the calls and
-    seeds of its turns, the echo variants noted on them, ``aborted``, ``task``.
+    seeds of its turns, the echo variants noted on them, ``aborted``, ``task`` (and ``servers`` when an
+    engine server sampled them).
 
     Raises:
         ValueError: as :meth:`~agentrl.templates.ChatRecorder.finish`.
@@ -59,7 +63,11 @@ def session_records(session, model_name: str) -> list:
                            'variants': [dict(v, turn=t.call) for t in turns for v in t.variants],
                            'truncated_turns': [k for k, t in enumerate(turns) if t.truncated],
                            'aborted': session.aborted, 'task': ident.get('task')}
-        prov = Provenance(policy='hf', sampling=session.spec, model=model_name, group_id=str(group),
+        servers = [session.calls[t.call].get('server') for t in turns]
+        if any(x is not None for x in servers):
+            info['gateway']['servers'] = servers
+        spec = spec_of(session.spec) if spec_of is not None and session.spec is not None else session.spec
+        prov = Provenance(policy=policy, sampling=spec, model=model_name, group_id=str(group),
                           rollout_id=str(rollout) if b.index == 0 or len(leaves) == 1 else f'{rollout}/b{b.index}',
                           seed=seeds[0] if seeds else None)
         out.append(rec.finish(reward=0.0 if session.aborted else float(session.reward), info=info, provenance=prov))

@@ -23,7 +23,9 @@ def bind(host: str = '127.0.0.1', port: int = 0) -> socket.socket:
     Raises:
         OSError: the address is in use or cannot be bound (names it).
     """
-    sock = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP: asyncio turns TCP_NODELAY on only for sockets that say so; without it a
+    # kept-alive client (the openai SDK, aiohttp) waits ~40 ms (Nagle + delayed ACK) on every response
+    sock = socket.socket(socket.AF_INET6 if ':' in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, port))
@@ -37,10 +39,18 @@ def bind(host: str = '127.0.0.1', port: int = 0) -> socket.socket:
 
 
 def write_serve_json(out, host: str, port: int, gateway, admin_token: str = '') -> Path:
-    """``RUN/serve.json`` (mode 0600: it holds the admin token): host, port, url, pid, model, limits, timeout."""
-    info = {'admin_token': admin_token, 'host': host, 'port': port, 'url': f'http://{host}:{port}', 'sessions_url': f'http://{host}:{port}/sessions',
-            'pid': os.getpid(), 'model': gateway.upstream.model_name, 'limits': gateway.limits.to_dict(),
-            'session_timeout': gateway.session_timeout}
+    """``RUN/serve.json`` (mode 0600: it holds the admin token): host, port, url, pid, model, engine, limits, timeout.
+
+    ``engine``: ``policy``, ``concurrency``, and for vLLM the ``servers`` and the probed ``logp_mode``.
+    """
+    up = gateway.upstream
+    engine = {'policy': getattr(up, 'policy', 'hf'), 'concurrency': getattr(up, 'concurrency', 1)}
+    for k in ('urls', 'logp_mode'):
+        if getattr(up, k, None) is not None:
+            engine['servers' if k == 'urls' else k] = getattr(up, k)
+    info = {'admin_token': admin_token, 'host': host, 'port': port, 'url': f'http://{host}:{port}',
+            'sessions_url': f'http://{host}:{port}/sessions', 'pid': os.getpid(), 'model': up.model_name,
+            'engine': engine, 'limits': gateway.limits.to_dict(), 'session_timeout': gateway.session_timeout}
     path = atomic_write(Path(out) / 'serve.json', json.dumps(info, indent=2) + '\n')
     os.chmod(path, 0o600)
     return path
@@ -106,5 +116,6 @@ class Server:
 
     def close(self) -> None:
         self.sock.close()
+        self.gateway.engine_pool.shutdown(wait=True)
         self.gateway.pool.shutdown(wait=True)
         self.gateway.journal.close()

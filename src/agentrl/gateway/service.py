@@ -1,9 +1,11 @@
-"""L5: the gateway's state and its one worker: sessions, calls, the journal, commits, restart.
+"""L5: the gateway's state, its state thread and its engine threads: sessions, calls, the journal, restart.
 
-:class:`Gateway` owns everything; every change of state (planning a call, sampling, committing,
-finishing) runs in one worker thread (:attr:`Gateway.pool`), so engine calls are serialised and
-the HTTP event loop stays free (:mod:`agentrl.gateway.app` awaits the worker). A marked retry of
-a call still in the worker's queue finds the call committed when its turn comes: it is replayed.
+:class:`Gateway` owns everything. Every change of state (planning a call, journalling and
+applying its sample, committing, finishing) runs in one state thread (:attr:`Gateway.pool`), so
+changes are serial; the engine calls run in :attr:`Gateway.engine_pool` (``upstream.concurrency``
+threads), so sessions sample concurrently. The HTTP app (:mod:`agentrl.gateway.app`) serves one
+call of a session at a time: a marked retry of a call still sampling waits for it and finds it
+committed, so it is replayed.
 
 Run folder::
 
@@ -23,6 +25,7 @@ import json
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..io import atomic_write
@@ -34,9 +37,28 @@ from .protocol import ChatRequest, GatewayError
 from .records import run_metrics, session_records
 from .sessions import Session
 
-__all__ = ['Gateway', 'session_id']
+__all__ = ['Gateway', 'Pending', 'session_id']
 
 _IDENTITY = ('group_id', 'rollout_id', 'task')
+
+
+@dataclass
+class Pending:
+    """A call between :meth:`Gateway.prepare` and :meth:`Gateway.complete`: its plan, template, turn
+    budget, seed, policy version (taken at dispatch), server (sticky routing) and dispatch time
+    ``t0``; or ``replay`` = ``(response, index, True)`` for a marked retry of an earlier call."""
+    session: Session
+    req: ChatRequest
+    digest: str
+    retry: int
+    plan: object = None
+    template: object = None
+    budget: int = 0
+    seed: int | None = None
+    version: str = '0'
+    server: str | None = None
+    t0: float = 0.0
+    replay: tuple | None = None
 
 
 def session_id(token: str) -> str:
@@ -75,6 +97,8 @@ class Gateway:
         self._writer = None
         self.template(None)             # the start-up conformance gate (raises ConformanceError)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix='agentrl-gateway')
+        self.engine_pool = ThreadPoolExecutor(max_workers=max(1, int(getattr(upstream, 'concurrency', 1))),
+                                              thread_name_prefix='agentrl-engine')
         self.out.mkdir(parents=True, exist_ok=True)
         run = self.out / 'run.json'
         if run.is_file():
@@ -163,10 +187,31 @@ class Gateway:
 
     # ------------------------------------------------------------------ calls
     def chat(self, session: Session, req: ChatRequest, digest: str, retry: int) -> tuple:
-        """Serve one call (in the worker thread): ``(response dict, call index, replayed)``.
+        """Serve one call in this thread: ``(response dict, call index, replayed)``.
+
+        :meth:`prepare` (state), :meth:`sample` (engine), :meth:`complete` (state) in a row; the
+        HTTP app runs the three on the state thread, an engine thread and the state thread, so
+        sessions sample concurrently while every change of state stays serial.
+
+        Raises:
+            GatewayError: as :meth:`prepare`, :meth:`sample` and :meth:`complete`.
+        """
+        p = self.prepare(session, req, digest, retry)
+        if p.replay is not None:
+            return p.replay
+        try:
+            sample = self.sample(p)
+        except BaseException:
+            self.drop(p)
+            raise
+        return self.complete(p, sample)
+
+    def prepare(self, session: Session, req: ChatRequest, digest: str, retry: int) -> 'Pending':
+        """Plan one call (state thread): the branch it extends or forks, its prompt, budget and seed.
 
         A marked retry (``retry > 0``) whose body digest matches an earlier call of the session
-        gets that call's response again; anything else samples.
+        gets that call's response again (``Pending.replay``); anything else is planned to sample.
+        The policy version is taken here (at dispatch).
 
         Raises:
             GatewayError: 409 for a finished session; 429 for a spent limit; 400 for sampling
@@ -176,7 +221,7 @@ class Gateway:
         if retry > 0:
             for c in reversed(session.calls):
                 if c['digest'] == digest:
-                    return c['response'], c['index'], True
+                    return Pending(session, req, digest, retry, replay=(c['response'], c['index'], True))
         if session.state != 'open':
             raise GatewayError(409, f'the session is {session.state}; open a new one', code='session_closed')
         self.limits.check_call(len(session.calls), session.out_tokens, time.time() - session.created)
@@ -186,16 +231,64 @@ class Gateway:
             raise GatewayError(400, f'{name}={b[name]} differs from this session\'s first call ({a[name]}): one '
                                     'session samples under one sampler; open a new session for another', param=name)
         template = self.template(req.tools)
-        tools_key = json.dumps(req.tools, sort_keys=True)
         try:
-            plan = session.plan(req.messages, tools_key, template)
+            plan = session.plan(req.messages, json.dumps(req.tools, sort_keys=True), template)
         except ValueError as e:
             raise GatewayError(400, f'messages: {e}', param='messages') from None
+        p = Pending(session, req, digest, retry, plan=plan, template=template, version=self.policy_version,
+                    t0=time.time())
         try:
-            sample, budget = self._sample(session, req, plan, template)
+            self.limits.check_prompt(len(plan.prompt_ids))
+            room = self.upstream.max_context - len(plan.prompt_ids)
+            p.budget = min(x for x in (req.max_tokens or self.upstream.max_new_tokens, room,
+                                       self.limits.output_budget(session.out_tokens)) if x is not None)
+            if p.budget < 1:
+                raise GatewayError(400, f'the prompt is {len(plan.prompt_ids)} tokens; no room for a turn within the '
+                                        f'context of {self.upstream.max_context}', code='context_length_exceeded')
         except BaseException:
-            session.abandon(plan)
+            self.drop(p)
             raise
+        p.seed = req.seed if req.seed is not None else \
+            int(hashlib.sha256(f'{session.sid}/{len(session.calls)}'.encode()).hexdigest()[:15], 16)
+        route = getattr(self.upstream, 'route', None)
+        p.server = route(session.sid) if route is not None else None
+        return p
+
+    def sample(self, p: 'Pending'):
+        """Sample a prepared call (an engine thread; touches no state).
+
+        Raises:
+            GatewayError: 502 when the engine refuses the request or fails (names the engine's
+                message); 503 when its server stopped answering.
+        """
+        from ..engines.vllm.client import ServerDied
+        from ..engines.vllm.server import VLLMError
+        kw = {} if p.server is None else {'server': p.server}
+        try:
+            return self.upstream.sample(p.plan.prompt_ids, p.req.spec, p.budget, p.seed, p.template.stop_ids, **kw)
+        except ServerDied as e:
+            raise GatewayError(503, f'the engine server stopped answering: {e}', type='server_error',
+                               code='upstream_unavailable') from None
+        except VLLMError as e:
+            raise GatewayError(502, f'the engine refused the call: {e}', type='server_error',
+                               code='upstream_error') from None
+
+    def drop(self, p: 'Pending') -> None:
+        """Undo a prepared call whose sampling failed (state thread)."""
+        if p.plan is not None:
+            p.session.abandon(p.plan)
+
+    def complete(self, p: 'Pending', sample) -> tuple:
+        """Journal and apply a sampled call (state thread): ``(response dict, call index, False)``.
+
+        Raises:
+            GatewayError: 409 when the session was finished while the call sampled (nothing is kept).
+        """
+        session, req, template = p.session, p.req, p.template
+        if session.state != 'open':
+            self.drop(p)
+            raise GatewayError(409, f'the session was {session.state} while this call was sampled; open a new one',
+                               code='session_closed')
         index = len(session.calls)
         ids, logp, stopped = _cut_at_stop(template, sample.ids, sample.logp, req.stop)
         text = template.decode(ids)
@@ -206,34 +299,27 @@ class Gateway:
         message = parse_reply(text, id_seed=f'{session.sid}/{index}', tools=req.tool_choice != 'none')
         sample.ids, sample.logp = ids, logp
         truncated = sample.truncated and stopped is None
-        response = self._response(session, index, req, plan.prompt_ids, sample, message,
+        response = self._response(session, index, req, p.plan.prompt_ids, sample, message,
                                   finish_reason(message, truncated), template)
-        self.journal.append({'ev': 'call', 'sid': session.sid, 'index': index, 'digest': digest, 'retry': retry,
-                             'req': req.recorded(), 'ids': ids, 'logp': logp, 'truncated': truncated,
-                             'seed': sample.seed, 'message': message, 'response': response,
-                             'version': self.policy_version, 't': time.time()})
-        self._apply(session, plan, sample, message, truncated, digest, response, req, self.policy_version)
+        ev = {'ev': 'call', 'sid': session.sid, 'index': index, 'digest': p.digest, 'retry': p.retry,
+              'req': _recorded(req, session.last_messages), 'ids': ids, 'logp': logp, 'truncated': truncated,
+              'seed': sample.seed,
+              'message': message, 'response': response, 'version': p.version, 'max_tokens': p.budget,
+              't0': p.t0, 't': time.time()}
+        if sample.server is not None:
+            ev['server'] = sample.server
+        self.journal.append(ev)
+        self._apply(session, p.plan, sample, message, truncated, p.digest, response, req, p.version)
         return response, index, False
-
-    def _sample(self, session, req, plan, template):
-        self.limits.check_prompt(len(plan.prompt_ids))
-        room = self.upstream.max_context - len(plan.prompt_ids)
-        budget = min(x for x in (req.max_tokens or self.upstream.max_new_tokens, room,
-                                 self.limits.output_budget(session.out_tokens)) if x is not None)
-        if budget < 1:
-            raise GatewayError(400, f'the prompt is {len(plan.prompt_ids)} tokens; no room for a turn within the '
-                                    f'context of {self.upstream.max_context}', code='context_length_exceeded')
-        seed = req.seed if req.seed is not None else \
-            int(hashlib.sha256(f'{session.sid}/{len(session.calls)}'.encode()).hexdigest()[:15], 16)
-        return self.upstream.sample(plan.prompt_ids, req.spec, budget, seed, template.stop_ids), budget
 
     def _apply(self, session, plan, sample, message, truncated, digest, response, req, version) -> None:
         from .engine import Sample
-        s = Sample(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed)
+        s = Sample(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed, server=sample.server)
         if session.spec is None:
             session.spec = req.spec
+        session.last_messages = req.messages
         session.commit(plan, s, message, {'index': len(session.calls), 'digest': digest, 'seed': sample.seed,
-                                          'response': response, 'version': version})
+                                          'response': response, 'version': version, 'server': sample.server})
         session.last_seen = time.time()
 
     def _response(self, session, index, req, prompt, sample, message, reason, template) -> dict:
@@ -275,7 +361,8 @@ class Gateway:
         return self._commit(session)
 
     def _commit(self, session: Session) -> dict:
-        recs = session_records(session, self.upstream.model_name)
+        recs = session_records(session, self.upstream.model_name, policy=getattr(self.upstream, 'policy', 'hf'),
+                               spec_of=getattr(self.upstream, 'record_spec', None))
         if recs:
             self.writer().write(recs)
         self.journal.append({'ev': 'committed', 'sid': session.sid, 'records': len(recs)})
@@ -297,7 +384,10 @@ class Gateway:
     def write_summary(self) -> dict:
         """Rewrite ``RUN/summary.json`` with :func:`~agentrl.gateway.records.run_metrics`."""
         m = run_metrics(list(self.sessions.values()), self.records)
-        summary = {'kind': 'gateway', 'model': self.upstream.model_name, 'trajectories': 'trajectories', **m}
+        summary = {'kind': 'gateway', 'model': self.upstream.model_name,
+                   'policy': getattr(self.upstream, 'policy', 'hf'), 'trajectories': 'trajectories', **m}
+        if getattr(self.upstream, 'logp_mode', None):
+            summary['logp_mode'] = self.upstream.logp_mode
         atomic_write(self.out / 'summary.json', json.dumps(summary, indent=2) + '\n')
         return summary
 
@@ -310,9 +400,10 @@ class Gateway:
             if kind == 'session':
                 self.sessions[ev['sid']] = Session(ev['sid'], ev['identity'], ev['t'])
             elif kind == 'call' and s is not None:
-                req = ChatRequest.from_recorded(ev['req'])
+                req = ChatRequest.from_recorded(_full(ev['req'], s.last_messages))
                 plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True), self.template(req.tools))
-                sample = Sample(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'])
+                sample = Sample(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'],
+                                server=ev.get('server'))
                 self._apply(s, plan, sample, ev['message'], ev['truncated'], ev['digest'], ev['response'], req,
                             ev.get('version', '0'))
                 s.last_seen = ev['t']
@@ -335,6 +426,24 @@ class Gateway:
                                   f'{e}); it stays finished and uncommitted in {self.out}/journal.jsonl')
             elif s.state == 'open':
                 s.last_seen = max(s.last_seen, time.time())     # the restart is not idleness
+
+
+def _recorded(req: ChatRequest, last: list) -> dict:
+    """The journal's form of a request: the messages after the ``prefix`` it shares with the session's
+    previous call (a harness resends its whole history; journalling only the new part keeps a
+    call's line O(1) in the conversation's length)."""
+    msgs = req.messages
+    k = min(len(last), len(msgs))
+    while k and last[:k] != msgs[:k]:               # one C-level comparison in the common case
+        k //= 2
+    return dict(req.recorded(), messages=msgs[k:], prefix=k)
+
+
+def _full(rec: dict, last: list) -> dict:
+    """The inverse of :func:`_recorded` (a line without ``prefix`` holds every message)."""
+    if 'prefix' not in rec:
+        return rec
+    return dict({k: v for k, v in rec.items() if k != 'prefix'}, messages=last[:rec['prefix']] + rec['messages'])
 
 
 def _cut_at_stop(template, ids, logp, stops) -> tuple:

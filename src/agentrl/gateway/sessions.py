@@ -71,10 +71,12 @@ class Branch:
         self.index, self.template, self.tools_key = index, template, tools_key
         self.opening, self.steps, self.fork = list(opening), list(steps), fork
         self.recorder = None
+        self.seen: tuple = ([], [])       # the harness's last matching messages and their echo notes (match cache)
         self.build()
 
     def build(self) -> None:
         """(Re)build the recorder by replaying the steps (the same ids as when they were first added)."""
+        self._view, self._folded = [(m, None) for m in self.opening], 0
         rec = ChatRecorder(self.template, self.opening, history='sampled')
         for kind, x in self.steps:
             if kind == 'turn':
@@ -88,11 +90,13 @@ class Branch:
         return [x for kind, x in self.steps if kind == 'turn']
 
     def view(self) -> list:
-        """``[(message, Turn or None)]``: the conversation as the harness was shown it."""
-        out = [(m, None) for m in self.opening]
-        for kind, x in self.steps:
-            out += [(x.message, x)] if kind == 'turn' else [(m, None) for m in x]
-        return out
+        """``[(message, Turn or None)]``: the conversation as the harness was shown it (cached; do not mutate)."""
+        if self._folded > len(self.steps):
+            self._view, self._folded = [(m, None) for m in self.opening], 0
+        for kind, x in self.steps[self._folded:]:
+            self._view += [(x.message, x)] if kind == 'turn' else [(m, None) for m in x]
+        self._folded = len(self.steps)
+        return self._view
 
     def sampled_after(self, offset: int) -> int:
         """Sampled tokens of this branch at positions >= ``offset``."""
@@ -103,12 +107,13 @@ class Branch:
 class Plan:
     """Where a request goes: ``branch`` (extended in place, or new and not yet attached), its
     ``prompt_ids`` ``[L]``, ``new`` (True for a fork or the first branch), ``fork`` (the fork data or None),
-    ``variants`` ``[(Turn, [note])]`` to note on echoed turns."""
+    ``variants`` ``[(Turn, [note])]`` to note on echoed turns, ``seen`` the branch's match cache once committed."""
     branch: Branch
     prompt_ids: list
     new: bool
     fork: dict | None = None
     variants: list = field(default_factory=list)
+    seen: tuple = ([], [])
 
 
 def _content(m: dict) -> str:
@@ -158,21 +163,37 @@ def _edit_category(view: list, n: int, messages: list) -> str:
     return 'history_edited'
 
 
-def match(view: list, messages: list) -> tuple:
-    """``(n, variants)``: how many view entries ``messages`` repeats in substance, and the echo notes."""
-    variants = []
-    for i, (v, turn) in enumerate(view):
+def match(view: list, messages: list, seen: tuple = ([], [])) -> tuple:
+    """``(n, variants, notes)``: how many view entries ``messages`` repeats in substance, the echo notes
+    ``[(Turn, [note])]``, and the per-entry notes (None for non-turn entries).
+
+    ``seen`` = ``(messages, notes)`` of an earlier request that matched this view: an entry equal
+    to the one seen there matched then and gets the same notes without comparing again (the
+    request's prefix is repeated verbatim by most harnesses, so a call costs O(1) comparisons
+    of substance, not O(turns)).
+    """
+    old, old_notes = seen
+    m = min(len(old), len(view), len(messages))
+    while m and old[:m] != messages[:m]:            # one C-level comparison in the common case
+        m //= 2
+    per = list(old_notes[:m])
+    variants = [(view[i][1], per[i]) for i in range(m) if per[i]]
+    for i in range(m, len(view)):
+        v, turn = view[i]
         if i >= len(messages):
-            return i, variants
+            return i, variants, per
         if turn is not None:
             notes = _echo_notes(v, messages[i])
             if notes is None:
-                return i, variants
-            if notes:
-                variants.append((turn, notes))
+                return i, variants, per
         elif not _same(v, messages[i]):
-            return i, variants
-    return len(view), variants
+            return i, variants, per
+        else:
+            notes = None
+        per.append(notes)
+        if turn is not None and notes:
+            variants.append((turn, notes))
+    return len(view), variants, per
 
 
 def _common(a: list, b: list) -> int:
@@ -203,6 +224,7 @@ class Session:
         self.out_tokens = 0
         self.in_flight = 0
         self.spec = None
+        self.last_messages: list = []      # the messages of the latest call (the journal stores calls as deltas)
 
     # ------------------------------------------------------------------ planning
     def plan(self, messages: list, tools_key: str, template) -> Plan:
@@ -211,26 +233,32 @@ class Session:
         Raises:
             ValueError: the template cannot render or bridge the messages (the message says why).
         """
-        cands = [(*match(b.view(), messages), b) for b in self.branches]
-        ext = [(n, b.index, var, b) for n, var, b in cands if extends(b, n, tools_key, messages)]
+        cands = []
+        for b in self.branches:
+            view = b.view()
+            n, var, per = match(view, messages, b.seen)
+            cands.append((n, var, per, b, len(view)))
+        ext = [(n, b.index, var, per, b) for n, var, per, b, size in cands
+               if n == size and b.tools_key == tools_key and len(messages) > n
+               and all(m['role'] != 'assistant' for m in messages[n:])]
         if ext:
-            n, _, var, b = max(ext, key=lambda x: x[:2])
+            n, _, var, per, b = max(ext, key=lambda x: x[:2])
             tail = messages[n:]
             prompt = b.recorder.add_messages(tail)
             b.steps.append(('msgs', tail))
-            return Plan(b, prompt, False, variants=var)
-        pool = [(n, b.index, var, b) for n, var, b in cands if b.tools_key == tools_key] or \
-            [(n, b.index, var, b) for n, var, b in cands]
+            return Plan(b, prompt, False, variants=var, seen=(messages, per + [None] * len(tail)))
+        pool = [(n, b.index, var, per, b) for n, var, per, b, _ in cands if b.tools_key == tools_key] or \
+            [(n, b.index, var, per, b) for n, var, per, b, _ in cands]
         if not pool:
-            return self._fork(None, 0, [], messages, tools_key, template)
-        n, _, var, b = max(pool, key=lambda x: x[:2])
-        return self._fork(b, n, var, messages, tools_key, template)
+            return self._fork(None, 0, [], [], messages, tools_key, template)
+        n, _, var, per, b = max(pool, key=lambda x: x[:2])
+        return self._fork(b, n, var, per, messages, tools_key, template)
 
-    def _fork(self, parent, n, variants, messages, tools_key, template) -> Plan:
+    def _fork(self, parent, n, variants, per, messages, tools_key, template) -> Plan:
         index = len(self.branches)
         if parent is None:
             b = Branch(index, template, tools_key, messages)
-            return Plan(b, b.recorder.prompt_ids, True)
+            return Plan(b, b.recorder.prompt_ids, True, seen=(messages, [None] * len(messages)))
         view = parent.view()
         matched = [i for i, (_, t) in enumerate(view[:n]) if t is not None] if parent.tools_key == tools_key else []
         tail = messages[matched[-1] + 1:] if matched else None
@@ -241,10 +269,12 @@ class Session:
                 if seen == len(matched):
                     break
             b = Branch(index, template, tools_key, parent.opening, parent.steps[:k + 1] + [('msgs', tail)])
+            seen = (messages, per[:matched[-1] + 1] + [None] * len(tail))
             category = 'retry' if n == len(messages) and n < len(view) and view[n][1] is not None \
                 else _edit_category(view, n, messages)
         else:
             b = Branch(index, template, tools_key, messages)
+            seen = (messages, [None] * len(messages))
             category = 'retry' if (parent.tools_key == tools_key and n == len(messages) and n < len(view)
                                    and view[n][1] is not None) else self._root_category(parent, view, n, messages,
                                                                                          tools_key)
@@ -256,7 +286,7 @@ class Session:
                 'category': category, 'sampled_left_untrained': parent.sampled_after(offset),
                 'shared_sampled_tokens': shared, 'call': len(self.calls)}
         b.fork = fork
-        return Plan(b, prompt, True, fork=fork, variants=variants)
+        return Plan(b, prompt, True, fork=fork, variants=variants, seen=seen)
 
     @staticmethod
     def _root_category(parent, view, n, messages, tools_key) -> str:
@@ -281,6 +311,7 @@ class Session:
                     truncated=bool(sample.truncated), start=len(plan.prompt_ids))
         b.recorder.add_turn(turn.ids, turn.logp, message=turn.record_message())
         b.steps.append(('turn', turn))
+        b.seen = plan.seen
         for t in b.turns:                  # echoed back (or replayed from): the client had them
             if not t.delivered:
                 t.delivered = True

@@ -1,0 +1,193 @@
+"""The recording gateway's own cost per call (``agentrl serve``), side by side with the engine it fronts.
+
+Run by hand (results go to bench/RESULTS.md)::
+
+    PYTHONPATH=src .venv/bin/python bench/bench_gateway.py [--sessions 32] [--turns 4] [--long 200] [--json OUT]
+
+One process serves the gateway (uvicorn in a thread, ``Gateway`` over ``HFUpstream`` of
+``make_test_model``'s tiny Qwen3 with the real tokenizer, ``--no-conformance``); the clients are a
+second process (aiohttp, one task per session), so client work does not count as gateway work.
+The engine is timed inside the gateway (a subclass of ``HFUpstream`` that notes when each
+``sample`` starts and ends, keyed by the call's seed).
+
+Per call: ``gateway cost = client latency - (engine end - dispatch)``, where dispatch is the
+journal's ``t0`` (the end of planning on the state thread): everything the gateway adds (HTTP,
+JSON, planning, state-thread queueing, the fsync'd journal line, the response) and nothing the
+engine spends or queues for (the HF engine samples one call at a time).
+
+1. ``--sessions`` sessions at once, ``--turns`` turns each (8 new tokens a turn): p50/p99 of the
+   gateway cost, next to the same calls made directly on the engine (same prompts, budgets, seeds).
+2. One session of ``--long`` turns (4 new tokens a turn, a short tool result after each): the
+   gateway cost at 10, 50 and 200 turns (median of the 5 calls ending there), the log-log slope,
+   and the same for a full re-render of the conversation (``template.render`` + ``encode``), the
+   cost a gateway that re-tokenizes the history every call would pay.
+3. The floor: p50/p99 of one fsync'd 2 KB line in the run folder (every call waits for one).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def client_main(url: str, sessions: int, turns: int, max_tokens: int, prefix: str, ids: bool) -> None:
+    """The load (second process): prints one JSON line ``[{seed, latency}]``."""
+    import aiohttp
+    out = []
+
+    async def one(http, k: int):
+        async with http.post(f'{url}/sessions', json={'rollout_id': f'{prefix}{k}'}) as r:
+            sess = await r.json()
+        msgs = [{'role': 'user', 'content': f'Fix clamp, episode {k}.'}]
+        for t in range(turns):
+            seed = k * 100000 + t
+            data = json.dumps({'messages': msgs, 'seed': seed, 'max_tokens': max_tokens, 'return_token_ids': ids})
+            t0 = time.perf_counter()                  # the client's own JSON work is outside the timed span
+            async with http.post(sess['base_url'] + '/chat/completions', data=data,
+                                 headers={'Content-Type': 'application/json'}) as r:
+                raw = await r.read()
+            out.append({'seed': seed, 'latency': time.perf_counter() - t0, 'turn': t})
+            resp = json.loads(raw)
+            assert r.status == 200, resp
+            msgs = msgs + [resp['choices'][0]['message'], {'role': 'tool', 'content': f'ok {t}'}]
+        async with http.post(f'{url}/sessions/{sess["token"]}/finish', json={'reward': 1.0}) as r:
+            await r.read()
+
+    async def go():
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
+            await asyncio.gather(*(one(http, k) for k in range(sessions)))
+    asyncio.run(go())
+    print(json.dumps(out))
+
+
+def _pct(xs, q):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
+
+
+def _slope(points):
+    lx = [math.log(x) for x, _ in points]
+    ly = [math.log(y) for _, y in points]
+    mx, my = sum(lx) / len(lx), sum(ly) / len(ly)
+    return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
+
+
+def _load(url, sessions, turns, max_tokens, prefix, ids=False):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / 'src'))
+    out = subprocess.run([sys.executable, __file__, '--client', url, str(sessions), str(turns), str(max_tokens),
+                          prefix, '1' if ids else ''], capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('--sessions', type=int, default=32)
+    ap.add_argument('--turns', type=int, default=4)
+    ap.add_argument('--long', type=int, default=200)
+    ap.add_argument('--json', default=None)
+    ap.add_argument('--switch-interval', type=float, default=None,
+                    help='sys.setswitchinterval in the gateway process (agentrl serve sets 0.0005)')
+    a = ap.parse_args(argv)
+    if a.switch_interval:
+        sys.setswitchinterval(a.switch_interval)
+    import torch
+    torch.set_num_threads(1)
+    from agentrl.engines import hf
+    from agentrl.gateway import Gateway, HFUpstream, read_journal
+    from agentrl.gateway.server import Server
+
+    class Timed(HFUpstream):
+        spans: dict = {}
+
+        def sample(self, prompt_ids, spec, max_new_tokens, seed, stop_ids):
+            t0 = time.time()
+            s = super().sample(prompt_ids, spec, max_new_tokens, seed, stop_ids)
+            self.spans[int(seed)] = (t0, time.time())
+            return s
+
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = hf.make_test_model(Path(tmp) / 'm', ROOT.parent / 'shared' / 'tokenizers' / 'qwen3'
+                                   if (ROOT.parent / 'shared' / 'tokenizers' / 'qwen3').is_dir()
+                                   else Path('/work/shared/tokenizers/qwen3'), max_positions=1 << 15)
+        up = Timed(model, device='cpu', max_new_tokens=8)
+        gw = Gateway(up, Path(tmp) / 'run', conformance=False)
+        srv = Server(gw).start()
+        try:
+            _load(srv.url, 2, 2, 8, 'warm')                                   # warm-up (imports, first forward)
+            calls = _load(srv.url, a.sessions, a.turns, 8, 'c', ids=True)
+            journal = {e['seed']: e for e in read_journal(Path(tmp) / 'run' / 'journal.jsonl') if e['ev'] == 'call'}
+            cost = [c['latency'] - (up.spans[c['seed']][1] - journal[c['seed']]['t0']) for c in calls]
+            engine_in = [up.spans[c['seed']][1] - up.spans[c['seed']][0] for c in calls]
+            from agentrl.record import SamplingSpec
+            stop = gw.template(None).stop_ids
+            direct = []
+            for c in calls:                                                     # the same calls, straight to the engine
+                e = journal[c['seed']]
+                t0 = time.perf_counter()
+                HFUpstream.sample(up, e['response']['prompt_token_ids'], SamplingSpec.from_dict(e['req']['spec']),
+                                  e['max_tokens'], e['seed'], stop)
+                direct.append(time.perf_counter() - t0)
+            rows['concurrent'] = {'sessions': a.sessions, 'calls': len(calls),
+                                  'gateway_cost_ms_p50': 1e3 * _pct(cost, 0.5),
+                                  'gateway_cost_ms_p99': 1e3 * _pct(cost, 0.99),
+                                  'latency_ms_p50': 1e3 * _pct([c['latency'] for c in calls], 0.5),
+                                  'engine_in_gateway_ms_p50': 1e3 * _pct(engine_in, 0.5),
+                                  'engine_direct_ms_p50': 1e3 * _pct(direct, 0.5)}
+            print(json.dumps(rows['concurrent']), flush=True)
+            long = _load(srv.url, 1, a.long, 4, 'long')
+            journal, last = {}, {}
+            for e in read_journal(Path(tmp) / 'run' / 'journal.jsonl'):
+                if e['ev'] == 'call':                          # the journal keeps each call's new messages only
+                    last[e['sid']] = e['msgs'] = last.get(e['sid'], [])[:e['req']['prefix']] + e['req']['messages']
+                    journal[e['seed']] = e
+            tmpl = gw.template(None)
+            pts, rer = [], []
+            for n in (10, 50, a.long):
+                sel = [c for c in long if n - 5 <= c['turn'] + 1 <= n]
+                pts.append((n, statistics.median(c['latency'] - (up.spans[c['seed']][1] - journal[c['seed']]['t0'])
+                                                 for c in sel)))
+                msgs = journal[sel[-1]['seed']]['msgs']
+                ts = []
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    tmpl.encode(tmpl.render(msgs, True))
+                    ts.append(time.perf_counter() - t0)
+                rer.append((n, statistics.median(ts)))
+            rows['length'] = {'turns': [n for n, _ in pts], 'gateway_cost_ms': [round(1e3 * y, 3) for _, y in pts],
+                              'slope': round(_slope(pts), 3), 'full_rerender_ms': [round(1e3 * y, 3) for _, y in rer],
+                              'full_rerender_slope': round(_slope(rer), 3)}
+            print(json.dumps(rows['length']), flush=True)
+            ts = []
+            with open(Path(tmp) / 'run' / 'fsync-probe', 'ab') as f:     # the floor: one fsync'd line per call
+                for _ in range(50):
+                    t0 = time.perf_counter()
+                    f.write(b'x' * 2048 + b'\n')
+                    f.flush()
+                    os.fsync(f.fileno())
+                    ts.append(time.perf_counter() - t0)
+            rows['fsync_ms'] = {'p50': round(1e3 * _pct(ts, 0.5), 3), 'p99': round(1e3 * _pct(ts, 0.99), 3)}
+            print(json.dumps(rows['fsync_ms']), flush=True)
+        finally:
+            srv.stop()
+    if a.json:
+        Path(a.json).write_text(json.dumps(rows, indent=2) + '\n')
+    return 0
+
+
+if __name__ == '__main__':
+    if len(sys.argv) > 1 and sys.argv[1] == '--client':
+        client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], bool(sys.argv[7]))
+    else:
+        sys.exit(main())

@@ -1,0 +1,162 @@
+"""L5: the gateway's vLLM upstream: one ``/v1/completions`` request on token ids per call.
+
+:class:`VLLMUpstream` implements :class:`~agentrl.gateway.engine.Upstream` over one or more
+running vLLM servers (``agentrl serve --server URL[,URL...]``, or the one ``--engine vllm``
+starts). Every call is :func:`agentrl.engines.vllm.request_body`: the prompt as token ids, every
+sampling field explicit, ``seed`` = the call's seed, ``stop_token_ids`` = the template's stop ids
+(``ignore_eos``), ``return_token_ids`` and the sampled token's log-prob. The answer's
+``token_ids`` and ``logprobs.token_logprobs`` are the turn as they are (docs/vllm.md#token-api).
+A session is sticky: all its calls go to one server (:meth:`VLLMUpstream.route`).
+
+Requests are blocking (``urllib``) so that the gateway runs many of them at once from its engine
+threads (:attr:`VLLMUpstream.concurrency`); the log-prob mode is probed once per server at start
+(:func:`agentrl.engines.vllm.probe_logp_mode`) and declared on every record.
+
+Source: docs/gateway.md#engines; docs/vllm.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from ..engines.vllm.client import ServerDied, request_body
+from ..engines.vllm.server import VLLMError
+from ..record import SamplingSpec
+from .engine import Sample
+
+__all__ = ['VLLMUpstream', 'complete_ids']
+
+
+def complete_ids(url: str, body: dict, timeout: float = 600.0) -> dict:
+    """POST one ``/v1/completions`` body (blocking) and check its answer.
+
+    Args:
+        url: the server's base URL (``http://host:port``). body: from
+            :func:`~agentrl.engines.vllm.request_body` (``prompt`` a list of ids).
+
+    Returns:
+        ``{'ids': [n] int, 'logp': [n] float nats, 'finish_reason', 'stop_reason'}``.
+
+    Raises:
+        ServerDied: connection refused/reset or HTTP >= 500 (an engine that died answers 500).
+        VLLMError: HTTP 4xx (e.g. a prompt over ``--max-model-len``; the server's message is kept),
+            or an answer without ``token_ids`` / one log-prob per token, or whose
+            ``prompt_token_ids`` differ from the prompt sent.
+    """
+    req = urllib.request.Request(f'{url}/v1/completions', data=json.dumps(body).encode(),
+                                 headers={'Content-Type': 'application/json'})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            raw = r.read()
+    except urllib.error.HTTPError as e:
+        text = e.read()[:400].decode(errors='replace')
+        if e.code >= 500:
+            raise ServerDied(url, f'HTTP {e.code}: {text}') from None
+        raise VLLMError(f'vllm server {url}: /v1/completions answered HTTP {e.code}: {text}') from None
+    except OSError as e:
+        raise ServerDied(url, f'{type(e).__name__}: {e}') from None
+    try:
+        ch = json.loads(raw)['choices'][0]
+        ids, logp = ch['token_ids'], ch['logprobs']['token_logprobs']
+    except (ValueError, KeyError, IndexError, TypeError):
+        raise VLLMError(f'vllm server {url}: answer without choices[0].token_ids / logprobs.token_logprobs '
+                        f'({raw[:200]!r}); fix: use vLLM >= 0.10 (return_token_ids)') from None
+    if ids is None or logp is None or len(ids) != len(logp) or any(x is None for x in logp):
+        raise VLLMError(f'vllm server {url}: {len(ids or [])} token_ids but log-probs {str(logp)[:80]}; '
+                        'fix: a server that returns one log-prob per token')
+    if ch.get('prompt_token_ids') is not None and ch['prompt_token_ids'] != body['prompt']:
+        raise VLLMError(f'vllm server {url}: prompt_token_ids differ from the prompt sent; fix: send token ids')
+    return {'ids': [int(i) for i in ids], 'logp': [float(x) for x in logp], 'finish_reason': ch.get('finish_reason'),
+            'stop_reason': ch.get('stop_reason')}
+
+
+class VLLMUpstream:
+    """Running vLLM servers as the gateway's engine (``agentrl serve --server URL[,URL...] --model DIR``).
+
+    Args:
+        urls: the servers' base URLs (each checked with one real completion: :func:`agentrl.engines.vllm.connect`).
+        model_dir: the served model's folder (its tokenizer; the records' ``name@fingerprint`` and
+            ``agentrl check --model`` use it).
+        max_new_tokens: the default turn budget. concurrency: requests in flight at once, all servers
+            together (the gateway's engine threads). timeout: seconds one request may take.
+
+    Attributes:
+        tokenizer, model_name, max_context (the smallest ``max_model_len``), max_new_tokens,
+        concurrency, policy (``'vllm'``), urls, logp_mode (probed: ``'processed'`` or ``'raw'``).
+
+    Raises:
+        ValueError / VLLMError: as :func:`~agentrl.engines.vllm.connect` (no URL, a server not ready);
+            VLLMError: servers in different log-prob modes, or in a logits mode.
+    """
+    policy = 'vllm'
+
+    def __init__(self, urls, model_dir, *, max_new_tokens: int = 256, concurrency: int = 64, timeout: float = 600.0):
+        from transformers import AutoTokenizer
+
+        from ..engines.vllm import connect
+        from ..jobs.rollout import model_fingerprint
+        self.endpoints = connect(list(urls))
+        self.urls = [ep.url for ep in self.endpoints]
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.model_name = f'{Path(model_dir).resolve().name}@{model_fingerprint(model_dir)}'
+        lens = [ep.max_model_len for ep in self.endpoints if ep.max_model_len]
+        self.max_context = int(min(lens)) if lens else 1 << 30
+        self.max_new_tokens, self.concurrency, self.timeout = int(max_new_tokens), int(concurrency), float(timeout)
+        self.logp_mode = self._probe()
+
+    def _probe(self) -> str:
+        import asyncio
+
+        from ..engines.vllm.client import probe_logp_mode, session
+        from ..templates import ChatRecorder, ChatTemplate
+        ids = ChatRecorder(ChatTemplate(self.tokenizer), [{'role': 'user', 'content': 'Say hello.'}],
+                           history='sampled').prompt_ids
+
+        async def go():
+            async with session(limit=4) as http:
+                return {ep.url: await probe_logp_mode(http, ep.url, ep.model, ids) for ep in self.endpoints}
+        modes = asyncio.run(go())
+        if len(set(modes.values())) != 1:
+            raise VLLMError(f'vllm servers return different log-prob modes {modes}; fix: start every server with the '
+                            'same --logprobs-mode')
+        return next(iter(modes.values()))
+
+    def route(self, session: str) -> str:
+        """The server of a session (sticky): ``urls[sha256(session) % len(urls)]``, the same after a restart."""
+        h = int(hashlib.sha256(str(session).encode()).hexdigest()[:15], 16)
+        return self.urls[h % len(self.urls)]
+
+    def record_spec(self, spec: SamplingSpec) -> SamplingSpec:
+        """``spec`` as the records declare it: the probed log-prob mode; ``penalty_semantics='vllm'`` when penalized."""
+        kw = {'logp_mode': self.logp_mode}
+        if spec.penalized:
+            kw['penalty_semantics'] = 'vllm'
+        return dataclasses.replace(spec, **kw)
+
+    def body(self, prompt_ids, spec: SamplingSpec, max_new_tokens: int, seed: int, stop_ids, server: str) -> dict:
+        """The ``/v1/completions`` body of one call (:func:`~agentrl.engines.vllm.request_body`)."""
+        model = next(ep.model for ep in self.endpoints if ep.url == server)
+        return request_body(model, prompt_ids, spec, max_tokens=max_new_tokens, stop_ids=stop_ids, seed=seed)
+
+    def sample(self, prompt_ids, spec: SamplingSpec, max_new_tokens: int, seed: int, stop_ids,
+               server: str | None = None) -> Sample:
+        """One turn from ``server`` (default the first); thread-safe.
+
+        Raises:
+            ServerDied, VLLMError: as :func:`complete_ids`; VLLMError also for an empty turn or
+                ``finish_reason`` ``stop`` without a stop id last.
+        """
+        url = server or self.urls[0]
+        c = complete_ids(url, self.body(prompt_ids, spec, max_new_tokens, seed, stop_ids, url), self.timeout)
+        ids = c['ids']
+        if not ids:
+            raise VLLMError(f'vllm server {url}: a turn of no tokens (finish_reason {c["finish_reason"]!r})')
+        stopped = ids[-1] in stop_ids
+        if c['finish_reason'] not in ('stop', 'length') or (c['finish_reason'] == 'stop' and not stopped):
+            raise VLLMError(f'vllm server {url}: finish_reason {c["finish_reason"]!r} with last id {ids[-1]} '
+                            f'(stop ids {sorted(stop_ids)}); fix: a server that honours stop_token_ids / ignore_eos')
+        return Sample(ids=ids, logp=c['logp'], truncated=not stopped, seed=int(seed), server=url)
