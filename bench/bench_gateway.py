@@ -124,9 +124,10 @@ def main(argv=None) -> int:
                                    if (ROOT.parent / 'shared' / 'tokenizers' / 'qwen3').is_dir()
                                    else Path('/work/shared/tokenizers/qwen3'), max_positions=1 << 15)
         up = Timed(model, device='cpu', max_new_tokens=8)
-        for variant in a.variants.split(','):                                # uvicorn parser/loop, same engine
-            rows.setdefault('concurrent', {})[variant] = row = _concurrent(up, Path(tmp), variant, a.sessions, a.turns)
-            print(json.dumps({variant: row}), flush=True)
+        for k, variant in enumerate(a.variants.split(',')):                  # uvicorn parser/loop, same engine
+            row = _concurrent(up, Path(tmp) / f'run-{k}', variant, a.sessions, a.turns)
+            rows.setdefault('concurrent', []).append(row)
+            print(json.dumps(row), flush=True)
         gw = Gateway(up, Path(tmp) / 'run', conformance=False)
         srv = Server(gw).start()
         try:
@@ -176,7 +177,7 @@ def _finish(rows, path):
     return 0
 
 
-def _concurrent(up, root: Path, variant: str, sessions: int, turns: int) -> dict:
+def _concurrent(up, run: Path, variant: str, sessions: int, turns: int) -> dict:
     """Phase 1 on a fresh gateway whose uvicorn runs ``variant`` = ``HTTP/LOOP`` (``h11/asyncio``, ``httptools/uvloop``).
 
     ``gateway_cost`` = latency - (engine end - dispatch): the engine's time and its queue are not the
@@ -187,7 +188,6 @@ def _concurrent(up, root: Path, variant: str, sessions: int, turns: int) -> dict
     from agentrl.gateway.server import Server
     from agentrl.record import SamplingSpec
     http, loop = variant.split('/')
-    run = root / f'run-{http}-{loop}'
     gw = Gateway(up, run, conformance=False)
     srv = Server(gw)
     srv.server.config.http, srv.server.config.loop = http, loop
@@ -210,7 +210,7 @@ def _concurrent(up, root: Path, variant: str, sessions: int, turns: int) -> dict
                           e['max_tokens'], e['seed'], stop)
         direct.append(time.perf_counter() - t0)
     slow = _pct(engine_in, 0.5) - _pct(direct, 0.5)
-    return {'sessions': sessions, 'calls': len(calls), 'http': srv.server.config.http_protocol_class.__name__,
+    return {'variant': variant, 'sessions': sessions, 'calls': len(calls), 'http': srv.server.config.http_protocol_class.__name__,
             'loop': loop,
             'gateway_cost_ms_p50': 1e3 * _pct(cost, 0.5), 'gateway_cost_ms_p99': 1e3 * _pct(cost, 0.99),
             'latency_ms_p50': 1e3 * _pct([c['latency'] for c in calls], 0.5),
