@@ -3,6 +3,7 @@
 Run by hand (results go to bench/RESULTS.md)::
 
     PYTHONPATH=src .venv/bin/python bench/bench_gateway.py [--sessions 32] [--turns 4] [--long 200] [--json OUT]
+        [--variants h11/asyncio,httptools/asyncio,httptools/uvloop]
 
 One process serves the gateway (uvicorn in a thread, ``Gateway`` over ``HFUpstream`` of
 ``make_test_model``'s tiny Qwen3 with the real tokenizer, ``--no-conformance``); the clients are a
@@ -16,8 +17,9 @@ JSON, planning, state-thread queueing, the fsync'd journal line, the response) a
 engine spends or queues for (the HF engine samples one call at a time).
 
 1. ``--sessions`` sessions at once, ``--turns`` turns each (8 new tokens a turn): p50/p99 of the
-   gateway cost, next to the same calls made directly on the engine (same prompts, budgets, seeds).
-2. One session of ``--long`` turns (4 new tokens a turn, a short tool result after each): the
+   gateway cost, next to the same calls made directly on the engine (same prompts, budgets, seeds);
+   once per ``--variants`` uvicorn ``HTTP/LOOP`` pair, each on a fresh gateway over the same engine.
+2. One session of ``--long`` turns (0: skipped) (4 new tokens a turn, a short tool result after each): the
    gateway cost at 10, 50 and 200 turns (median of the 5 calls ending there), the log-log slope,
    and the same for a full re-render of the conversation (``template.render`` + ``encode``), the
    cost a gateway that re-tokenizes the history every call would pay.
