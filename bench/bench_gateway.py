@@ -3,6 +3,7 @@
 Run by hand (results go to bench/RESULTS.md)::
 
     PYTHONPATH=src .venv/bin/python bench/bench_gateway.py [--sessions 32] [--turns 4] [--long 200] [--json OUT]
+        [--variants h11/asyncio,httptools/asyncio,httptools/uvloop]
 
 One process serves the gateway (uvicorn in a thread, ``Gateway`` over ``HFUpstream`` of
 ``make_test_model``'s tiny Qwen3 with the real tokenizer, ``--no-conformance``); the clients are a
@@ -16,8 +17,9 @@ JSON, planning, state-thread queueing, the fsync'd journal line, the response) a
 engine spends or queues for (the HF engine samples one call at a time).
 
 1. ``--sessions`` sessions at once, ``--turns`` turns each (8 new tokens a turn): p50/p99 of the
-   gateway cost, next to the same calls made directly on the engine (same prompts, budgets, seeds).
-2. One session of ``--long`` turns (4 new tokens a turn, a short tool result after each): the
+   gateway cost, next to the same calls made directly on the engine (same prompts, budgets, seeds);
+   once per ``--variants`` uvicorn ``HTTP/LOOP`` pair, each on a fresh gateway over the same engine.
+2. One session of ``--long`` turns (0: skipped) (4 new tokens a turn, a short tool result after each): the
    gateway cost at 10, 50 and 200 turns (median of the 5 calls ending there), the log-log slope,
    and the same for a full re-render of the conversation (``template.render`` + ``encode``), the
    cost a gateway that re-tokenizes the history every call would pay.
@@ -96,6 +98,8 @@ def main(argv=None) -> int:
     ap.add_argument('--turns', type=int, default=4)
     ap.add_argument('--long', type=int, default=200)
     ap.add_argument('--json', default=None)
+    ap.add_argument('--variants', default='h11/asyncio,httptools/asyncio,httptools/uvloop',
+                    help='uvicorn HTTP/LOOP pairs for phase 1, run one after the other on the same engine')
     ap.add_argument('--switch-interval', type=float, default=None,
                     help='sys.setswitchinterval in the gateway process (agentrl serve sets 0.0005)')
     a = ap.parse_args(argv)
@@ -122,30 +126,15 @@ def main(argv=None) -> int:
                                    if (ROOT.parent / 'shared' / 'tokenizers' / 'qwen3').is_dir()
                                    else Path('/work/shared/tokenizers/qwen3'), max_positions=1 << 15)
         up = Timed(model, device='cpu', max_new_tokens=8)
+        for k, variant in enumerate(a.variants.split(',')):                  # uvicorn parser/loop, same engine
+            row = _concurrent(up, Path(tmp) / f'run-{k}', variant, a.sessions, a.turns)
+            rows.setdefault('concurrent', []).append(row)
+            print(json.dumps(row), flush=True)
         gw = Gateway(up, Path(tmp) / 'run', conformance=False)
         srv = Server(gw).start()
         try:
-            _load(srv.url, 2, 2, 8, 'warm')                                   # warm-up (imports, first forward)
-            calls = _load(srv.url, a.sessions, a.turns, 8, 'c', ids=True)
-            journal = {e['seed']: e for e in read_journal(Path(tmp) / 'run' / 'journal.jsonl') if e['ev'] == 'call'}
-            cost = [c['latency'] - (up.spans[c['seed']][1] - journal[c['seed']]['t0']) for c in calls]
-            engine_in = [up.spans[c['seed']][1] - up.spans[c['seed']][0] for c in calls]
-            from agentrl.record import SamplingSpec
-            stop = gw.template(None).stop_ids
-            direct = []
-            for c in calls:                                                     # the same calls, straight to the engine
-                e = journal[c['seed']]
-                t0 = time.perf_counter()
-                HFUpstream.sample(up, e['response']['prompt_token_ids'], SamplingSpec.from_dict(e['req']['spec']),
-                                  e['max_tokens'], e['seed'], stop)
-                direct.append(time.perf_counter() - t0)
-            rows['concurrent'] = {'sessions': a.sessions, 'calls': len(calls),
-                                  'gateway_cost_ms_p50': 1e3 * _pct(cost, 0.5),
-                                  'gateway_cost_ms_p99': 1e3 * _pct(cost, 0.99),
-                                  'latency_ms_p50': 1e3 * _pct([c['latency'] for c in calls], 0.5),
-                                  'engine_in_gateway_ms_p50': 1e3 * _pct(engine_in, 0.5),
-                                  'engine_direct_ms_p50': 1e3 * _pct(direct, 0.5)}
-            print(json.dumps(rows['concurrent']), flush=True)
+            if a.long <= 0:
+                return _finish(rows, a.json)
             long = _load(srv.url, 1, a.long, 4, 'long')
             journal, last = {}, {}
             for e in read_journal(Path(tmp) / 'run' / 'journal.jsonl'):
@@ -181,9 +170,55 @@ def main(argv=None) -> int:
             print(json.dumps(rows['fsync_ms']), flush=True)
         finally:
             srv.stop()
-    if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=2) + '\n')
+    return _finish(rows, a.json)
+
+
+def _finish(rows, path):
+    if path:
+        Path(path).write_text(json.dumps(rows, indent=2) + '\n')
     return 0
+
+
+def _concurrent(up, run: Path, variant: str, sessions: int, turns: int) -> dict:
+    """Phase 1 on a fresh gateway whose uvicorn runs ``variant`` = ``HTTP/LOOP`` (``h11/asyncio``, ``httptools/uvloop``).
+
+    ``gateway_cost`` = latency - (engine end - dispatch): the engine's time and its queue are not the
+    gateway's. ``engine_in_gateway`` - ``engine_direct`` is the engine's slowdown inside the gateway (the
+    CPU and GIL time the gateway's threads take from it); ``gateway_cost_plus_engine_slowdown`` adds it.
+    """
+    from agentrl.gateway import Gateway, HFUpstream, read_journal
+    from agentrl.gateway.server import Server
+    from agentrl.record import SamplingSpec
+    http, loop = variant.split('/')
+    gw = Gateway(up, run, conformance=False)
+    srv = Server(gw)
+    srv.server.config.http, srv.server.config.loop = http, loop
+    srv.start()
+    try:
+        _load(srv.url, 2, 2, 8, f'warm-{variant}')                          # warm-up (imports, first forward)
+        calls = _load(srv.url, sessions, turns, 8, f'c-{variant}', ids=True)
+    finally:
+        srv.stop()
+    journal = {e['seed']: e for e in read_journal(run / 'journal.jsonl') if e['ev'] == 'call'}
+    cost = [c['latency'] - (up.spans[c['seed']][1] - journal[c['seed']]['t0']) for c in calls]
+    engine_in = [up.spans[c['seed']][1] - up.spans[c['seed']][0] for c in calls]
+    queue = [up.spans[c['seed']][0] - journal[c['seed']]['t0'] for c in calls]
+    stop = gw.template(None).stop_ids
+    direct = []
+    for c in calls:                                                             # the same calls, straight to the engine
+        e = journal[c['seed']]
+        t0 = time.perf_counter()
+        HFUpstream.sample(up, e['response']['prompt_token_ids'], SamplingSpec.from_dict(e['req']['spec']),
+                          e['max_tokens'], e['seed'], stop)
+        direct.append(time.perf_counter() - t0)
+    slow = _pct(engine_in, 0.5) - _pct(direct, 0.5)
+    return {'variant': variant, 'sessions': sessions, 'calls': len(calls), 'http': srv.server.config.http_protocol_class.__name__,
+            'loop': loop,
+            'gateway_cost_ms_p50': 1e3 * _pct(cost, 0.5), 'gateway_cost_ms_p99': 1e3 * _pct(cost, 0.99),
+            'latency_ms_p50': 1e3 * _pct([c['latency'] for c in calls], 0.5),
+            'engine_queue_ms_p50': 1e3 * _pct(queue, 0.5),
+            'engine_in_gateway_ms_p50': 1e3 * _pct(engine_in, 0.5), 'engine_direct_ms_p50': 1e3 * _pct(direct, 0.5),
+            'gateway_cost_plus_engine_slowdown_ms_p50': 1e3 * (_pct(cost, 0.5) + slow)}
 
 
 if __name__ == '__main__':

@@ -27,9 +27,9 @@ except ImportError:
     httpx = pytest.importorskip('httpx')
 H = httpx.Client(timeout=120)
 
-from agentrl.gateway import Gateway, GatewayError, HFUpstream, Limits, parse_reply, message_deltas  # noqa: E402
+from _gateway import ForcingHF  # noqa: E402
+from agentrl.gateway import Gateway, GatewayError, Limits, parse_reply, message_deltas  # noqa: E402
 from agentrl.gateway import parse_request, read_journal  # noqa: E402
-from agentrl.gateway.engine import Sample  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
 from agentrl.gym import TOOL_SCHEMAS  # noqa: E402
 from agentrl.templates.chat import function_tools  # noqa: E402
@@ -38,24 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 TOOLS = function_tools(TOOL_SCHEMAS)
 USER = [{'role': 'user', 'content': 'Fix clamp.'}]
 READ = '<think>\nhm\n</think>\n\n<tool_call>\n{"name": "read", "arguments": {}}\n</tool_call><|im_end|>'
-
-
-class ForcingHF(HFUpstream):
-    """HFUpstream whose next turns can be forced: the given text's ids, scored by the real model."""
-
-    def __init__(self, *a, **k):
-        super().__init__(*a, **k)
-        self.force = []
-
-    def sample(self, prompt_ids, spec, max_new_tokens, seed, stop_ids):
-        if not self.force:
-            return super().sample(prompt_ids, spec, max_new_tokens, seed, stop_ids)
-        import torch
-        from agentrl.engines.hf import HFSampler
-        ids = self.tokenizer(self.force.pop(0), add_special_tokens=False)['input_ids']
-        s = HFSampler(self.model, stop_ids, spec, max_new_tokens=len(ids))
-        t = s.sample([list(prompt_ids)], [torch.Generator().manual_seed(seed)], teacher=[ids])[0]
-        return Sample(ids=t.ids, logp=t.logp, truncated=t.truncated, seed=seed)
 
 
 @pytest.fixture(scope='session')
