@@ -61,6 +61,9 @@ def test_raw_logprobs_declared_processed_are_a_logp_mode_mismatch(raw_recs, mode
     assert main(['check', str(tmp_path / 'lying.parquet'), '--model', str(model_dir)]) == 1
     out = capsys.readouterr().out
     assert 'logp_mode_mismatch' in out and 'result: FAILED' in out, out
+    from agentrl.jobs.check import CheckOptions, run_check
+    rep = run_check(CheckOptions(path=str(tmp_path / 'lying.parquet'), model=str(model_dir)))
+    assert not rep.ok and len(rep.replays) == 3 and {r.kind for r in rep.replays} == {'logp_mode_mismatch'}
 
 
 def test_a_chat_request_with_tools_is_accepted_by_the_hermes_parser_and_imports(raw_server, lm, model_dir, tmp_path,
