@@ -179,8 +179,8 @@ class RolloutOptions:
                 raise ValueError(f'--engine vllm without --server starts a local server with {py!r}, which does not '
                                  'exist; build .venv-vllm (docs/vllm.md#install), pass --vllm-python PATH, or '
                                  '--server URL of a running server')
-            if self.profile and self.workers:
-                raise ValueError('--profile times the hf engine in this process; drop --workers')
+        if self.profile and self.workers:
+            raise ValueError('--profile times the hf engine in this process; drop --workers')
 
     def sampling_spec(self):
         """The :class:`~agentrl.record.SamplingSpec` of the model policy (either engine).
