@@ -23,7 +23,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..engines.vllm.client import ServerDied, request_body
+from ..engines.vllm.client import ServerDied, parse_completion, request_body
 from ..engines.vllm.server import VLLMError
 from ..record import SamplingSpec
 from .engine import Sample
@@ -59,19 +59,8 @@ def complete_ids(url: str, body: dict, timeout: float = 600.0) -> dict:
         raise VLLMError(f'vllm server {url}: /v1/completions answered HTTP {e.code}: {text}') from None
     except OSError as e:
         raise ServerDied(url, f'{type(e).__name__}: {e}') from None
-    try:
-        ch = json.loads(raw)['choices'][0]
-        ids, logp = ch['token_ids'], ch['logprobs']['token_logprobs']
-    except (ValueError, KeyError, IndexError, TypeError):
-        raise VLLMError(f'vllm server {url}: answer without choices[0].token_ids / logprobs.token_logprobs '
-                        f'({raw[:200]!r}); fix: use vLLM >= 0.10 (return_token_ids)') from None
-    if ids is None or logp is None or len(ids) != len(logp) or any(x is None for x in logp):
-        raise VLLMError(f'vllm server {url}: {len(ids or [])} token_ids but log-probs {str(logp)[:80]}; '
-                        'fix: a server that returns one log-prob per token')
-    if ch.get('prompt_token_ids') is not None and ch['prompt_token_ids'] != body['prompt']:
-        raise VLLMError(f'vllm server {url}: prompt_token_ids differ from the prompt sent; fix: send token ids')
-    return {'ids': [int(i) for i in ids], 'logp': [float(x) for x in logp], 'finish_reason': ch.get('finish_reason'),
-            'stop_reason': ch.get('stop_reason')}
+    c = parse_completion(url, raw, body['prompt'])
+    return {'ids': c.ids, 'logp': c.logp, 'finish_reason': c.finish_reason, 'stop_reason': c.stop_reason}
 
 
 class VLLMUpstream:

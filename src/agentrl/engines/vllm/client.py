@@ -130,7 +130,22 @@ async def complete(http, url: str, body: dict) -> Completion:
             ``token_ids`` / log-probs, of other lengths, or whose ``prompt_token_ids`` differ from
             the prompt sent (the server re-tokenized it).
     """
-    raw = await _post(http, url, body)
+    return parse_completion(url, await _post(http, url, body), body['prompt'])
+
+
+def parse_completion(url: str, raw: bytes | str, prompt: list) -> Completion:
+    """Check and read one ``/v1/completions`` answer (the one parser for the engine and the gateway).
+
+    Args:
+        url: the server (named in errors). raw: the response body. prompt: the token ids sent.
+
+    Returns:
+        :class:`Completion` with the sampled ``ids`` and their ``logp`` (nats, one per id).
+
+    Raises:
+        VLLMError: an answer without ``token_ids`` / log-probs, of other lengths, or whose
+            ``prompt_token_ids`` differ from ``prompt`` (the server re-tokenized it).
+    """
     try:
         ch = json.loads(raw)['choices'][0]
         ids, logp = ch['token_ids'], ch['logprobs']['token_logprobs']
@@ -140,9 +155,10 @@ async def complete(http, url: str, body: dict) -> Completion:
     if ids is None or logp is None or len(ids) != len(logp) or any(x is None for x in logp):
         raise VLLMError(f'vllm server {url}: {len(ids or [])} token_ids but log-probs {str(logp)[:80]}; '
                         'fix: a server that returns one log-prob per token')
-    if ch.get('prompt_token_ids') is not None and ch['prompt_token_ids'] != body['prompt']:
+    if ch.get('prompt_token_ids') is not None and ch['prompt_token_ids'] != prompt:
         raise VLLMError(f'vllm server {url}: prompt_token_ids differ from the prompt sent; fix: send token ids')
-    return Completion(list(ids), [float(x) for x in logp], ch.get('finish_reason'), ch.get('stop_reason'), url, raw)
+    return Completion([int(i) for i in ids], [float(x) for x in logp], ch.get('finish_reason'), ch.get('stop_reason'),
+                      url, raw)
 
 
 def probe_body(model: str, prompt_ids, *, seed: int = 0) -> dict:
