@@ -42,7 +42,7 @@ def tok(tasks):
 
 # ---------------------------------------------------------------------------- the 'slow' marker
 #: whole files that are slow (each test starts Ray, a vLLM server or a subprocess job)
-SLOW_FILES = ('tests/test_ray.py', 'tests/vllm/')
+SLOW_FILES = ('tests/test_ray.py', 'tests/live_vllm/')
 _SLOW = {line.strip() for line in (ROOT / 'tests' / 'slow_tests.txt').read_text().splitlines()
          if line.strip() and not line.startswith('#')}
 
@@ -53,3 +53,9 @@ def pytest_collection_modifyitems(config, items):
         rel = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
         if rel.startswith(SLOW_FILES) or f'{rel}::{item.originalname}' in _SLOW:
             item.add_marker(pytest.mark.slow)
+
+
+# tests/ is on sys.path while pytest runs (rootdir conftest); a folder here named like a package (e.g. ``vllm``) would
+# shadow it for every `find_spec` check (trl's is_vllm_available read tests/vllm as vLLM "N/A" and failed to import).
+assert not (ROOT / 'tests' / 'vllm').exists(), ('tests/vllm shadows the vllm package: the live tests are in tests/live_vllm; '
+                                               'remove the folder (after a pull it holds only __pycache__)')

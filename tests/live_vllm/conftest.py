@@ -23,7 +23,7 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason=f'no vLLM venv at {vllm_python()}: run `make test-vllm` (builds .venv-vllm) '
                                    'or set AGENTRL_VLLM_PYTHON')
     for item in items:
-        if 'tests/vllm' in str(item.fspath).replace(os.sep, '/'):
+        if 'tests/live_vllm' in str(item.fspath).replace(os.sep, '/'):
             item.add_marker(skip)
 
 
