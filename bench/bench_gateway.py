@@ -122,9 +122,8 @@ def main(argv=None) -> int:
 
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
-        model = hf.make_test_model(Path(tmp) / 'm', ROOT.parent / 'shared' / 'tokenizers' / 'qwen3'
-                                   if (ROOT.parent / 'shared' / 'tokenizers' / 'qwen3').is_dir()
-                                   else Path('/work/shared/tokenizers/qwen3'), max_positions=1 << 15)
+        from agentrl.templates.loading import find_tokenizer_dir     # $AGENTRL_TOKENIZERS, ../shared, the hub
+        model = hf.make_test_model(Path(tmp) / 'm', find_tokenizer_dir('qwen3'), max_positions=1 << 15)
         up = Timed(model, device='cpu', max_new_tokens=8)
         for k, variant in enumerate(a.variants.split(',')):                  # uvicorn parser/loop, same engine
             row = _concurrent(up, Path(tmp) / f'run-{k}', variant, a.sessions, a.turns)
