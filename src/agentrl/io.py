@@ -10,6 +10,9 @@ own folder guarantees that.
 Reading: :func:`read_json` reads a JSON or JSONL file and names the file (and line) in every
 decode error, so a CLI reader never shows a bare ``Expecting ',' delimiter``.
 
+Bounds: :func:`env_bound` reads the environment variable that raises one of the documented bounds
+(docs/design.md#bounds); :func:`read_json` reads only regular files, up to ``AGENTRL_MAX_INPUT_BYTES``.
+
 Terminal output: :func:`printable` is the one helper that neutralises escape and control
 characters in data (record fields, file names, messages) before they reach a terminal.
 """
@@ -24,7 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ['atomic_write', 'atomic_path', 'temp_name', 'fsync_dir', 'TEMP_PREFIX', 'printable', 'read_json']
+__all__ = ['atomic_write', 'atomic_path', 'temp_name', 'fsync_dir', 'TEMP_PREFIX', 'printable', 'read_json',
+           'env_bound', 'regular_file', 'MAX_INPUT_BYTES']
 
 #: The lock file of a run folder (``fcntl.flock``).
 LOCK = '.lock'
@@ -113,12 +117,71 @@ def atomic_write(final: str | os.PathLike, data: bytes | str, *, fsync: bool = T
     return final
 
 
-def read_json(path: str | os.PathLike, *, fix: str, lines: bool | str = False):
+#: Default of ``AGENTRL_MAX_INPUT_BYTES``: the largest JSON/JSONL input read (docs/design.md#bounds).
+MAX_INPUT_BYTES = 1 << 30
+
+
+def env_bound(name: str, default: int | float, *, kind: type = int) -> int | float:
+    """The bound set by environment variable ``name`` (read at each call), else ``default``.
+
+    Args:
+        name: e.g. ``'AGENTRL_MAX_INPUT_BYTES'`` (every bound and its variable: docs/design.md#bounds).
+        default: the documented default.
+        kind: ``int`` (bytes, characters) or ``float`` (seconds).
+
+    Returns:
+        a positive ``kind``.
+
+    Raises:
+        ValueError: ``NAME='abc' is not a positive number; unset it for the default D``.
+    """
+    raw = os.environ.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = kind(raw.strip())
+        ok = value > 0 and value == value and value != float('inf')
+    except ValueError:
+        ok = False
+    if not ok:
+        raise ValueError(f'{name}={raw!r} is not a positive {"integer" if kind is int else "number"}; set it to '
+                         f'the bound you want, or unset it for the default {default}')
+    return value
+
+
+def _refuse_irregular(path, st: os.stat_result, what: str) -> None:
+    import stat
+    if not stat.S_ISREG(st.st_mode):
+        kind = {stat.S_IFIFO: 'a FIFO', stat.S_IFCHR: 'a character device', stat.S_IFBLK: 'a block device',
+                stat.S_IFSOCK: 'a socket', stat.S_IFDIR: 'a folder'}.get(stat.S_IFMT(st.st_mode), 'not a file')
+        raise ValueError(f'{str(path)!r} is {kind}, not a regular file; agentrl reads {what} only from regular '
+                         'files: copy the data into a file and pass that')
+
+
+def regular_file(path: str | os.PathLike, what: str = 'input') -> os.stat_result:
+    """Refuse anything but a regular file before it is opened (a FIFO blocks the reader; ``/dev/zero`` never ends).
+
+    Returns:
+        the file's ``os.stat`` result (``st_size`` is its length in bytes).
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: ``'PATH' is a FIFO, not a regular file; ...`` (also a character device, socket,
+            folder ...): one line naming the file and the fix.
+    """
+    st = os.stat(path)
+    _refuse_irregular(path, st, what)
+    return st
+
+
+def read_json(path: str | os.PathLike, *, fix: str, lines: bool | str = False, max_bytes: int | None = None):
     """The JSON value of the UTF-8 file ``path`` (``lines=True``: a list, one value per non-blank line).
 
     Args:
-        path: the file.
+        path: the file (a regular file: :func:`regular_file`).
         fix: what the user should do, appended to every error (e.g. ``'pass a template audit .json'``).
+        max_bytes: the largest file read (None: ``AGENTRL_MAX_INPUT_BYTES``, default
+            :data:`MAX_INPUT_BYTES`; docs/design.md#bounds).
         lines: True: JSON Lines, one value per line, blank lines skipped; ``'auto'``: a JSON list
             when the text starts with ``[``, else JSON Lines.
 
@@ -128,15 +191,25 @@ def read_json(path: str | os.PathLike, *, fix: str, lines: bool | str = False):
     Raises:
         ValueError: ``'PATH' is not UTF-8 text (byte 0xff at offset 0); FIX`` or ``'PATH' is not
             valid JSON (Expecting value at line 2 column 1); FIX`` (JSONL: ``'PATH' line 3 is not
-            valid JSON (...)``), one line each.
+            valid JSON (...)``), one line each; not a regular file (:func:`regular_file`), or larger than
+            ``max_bytes`` (``'PATH' holds N bytes, over the bound of M bytes ...``).
         OSError: the file cannot be read (``FileNotFoundError`` names it).
 
     Example:
         ``read_json('a.json', fix='fix it')`` on a file holding ``{"x": 1`` raises
         ``ValueError("'a.json' is not valid JSON (Expecting ',' delimiter at line 1 column 8); fix it")``.
     """
-    raw = Path(path).read_bytes()
     name = repr(str(path))
+    cap = env_bound('AGENTRL_MAX_INPUT_BYTES', MAX_INPUT_BYTES) if max_bytes is None else max_bytes
+    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0))    # a FIFO: open returns, fstat refuses it
+    with os.fdopen(fd, 'rb') as f:
+        st = os.fstat(fd)
+        _refuse_irregular(path, st, 'JSON')
+        size = st.st_size
+        raw = f.read(cap + 1) if size <= cap else b''
+    if size > cap or len(raw) > cap:
+        raise ValueError(f'{name} holds {max(size, len(raw))} bytes, over the bound of {cap} bytes for a JSON input '
+                         '(AGENTRL_MAX_INPUT_BYTES); split the file, or raise AGENTRL_MAX_INPUT_BYTES if you trust it')
     try:
         text = raw.decode('utf-8')
     except UnicodeDecodeError as e:

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..io import atomic_path, atomic_write, read_json
+from ..io import atomic_path, atomic_write, read_json, regular_file
 from .common import SupportMismatchWarning, _load_pt, guess_source, source_fix  # noqa: F401 - old place
 
 __all__ = ['EXPORTS', 'IMPORTS', 'export', 'load_export', 'import_records']
@@ -170,8 +170,9 @@ def load_export(path, framework: str):
 
     Raises:
         ValueError: no such file in the folder, an unknown framework, a ``.pt`` file holding
-            objects beyond tensors and plain containers, a slime file without ``samples``, or a
-            JSON/JSONL file that is not UTF-8 JSON (each names the file).
+            objects beyond tensors and plain containers, a slime file without ``samples``, a
+            JSON/JSONL file that is not UTF-8 JSON or is over ``AGENTRL_MAX_INPUT_BYTES``, or a path
+            that is not a regular file (a FIFO, a device; each names the file).
     """
     path = Path(path)
     name = {'verl': 'verl_batch.pt', 'trl': 'trl_batch.pt', 'slime': '0.pt', 'openrlhf': 'experience.pt',
@@ -181,6 +182,7 @@ def load_export(path, framework: str):
             raise ValueError(f'{str(path)!r} has no {name}; pass the file or the folder `agentrl export --to '
                              f'{framework}` wrote')
         path = path / name
+    regular_file(path, 'imports')         # a FIFO would block, /dev/zero never ends (docs/design.md#bounds)
     if framework == 'verl':
         if path.suffix == '.dp':
             from verl.protocol import DataProto

@@ -10,14 +10,21 @@ from pathlib import Path
 from typing import Iterator
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ..checks.errors import RecordError
+from ..io import env_bound
 from ..record import Trajectory
 from .rows import _rows
 from .schema import _check_schema
 
-__all__ = ['data_files', 'StoredRow', 'scan', 'read_trajectories', 'iter_batches']
+__all__ = ['data_files', 'StoredRow', 'scan', 'read_trajectories', 'iter_batches', 'MAX_ROW_GROUP_BYTES']
+
+#: Default of ``AGENTRL_MAX_ROW_GROUP_BYTES``: decoded bytes one row group may hold (docs/design.md#bounds).
+MAX_ROW_GROUP_BYTES = 1 << 30
+#: Decoded bytes per value of the fixed-width Parquet types (Arrow holds a boolean in one bit; counted as a byte).
+_WIDTH = {'BOOLEAN': 1, 'INT32': 4, 'INT64': 8, 'INT96': 12, 'FLOAT': 4, 'DOUBLE': 8}
 
 
 def data_files(path: str | os.PathLike) -> list[str]:
@@ -47,7 +54,7 @@ def data_files(path: str | os.PathLike) -> list[str]:
     raise FileNotFoundError(f'no trajectory file or folder at {str(p)!r}')
 
 
-def _parquet(f) -> pq.ParquetFile:
+def _parquet(f, read_dictionary=None) -> pq.ParquetFile:
     """Open ``f`` as Parquet, or raise ValueError naming the file and the fix."""
     try:
         os.fsdecode(f).encode('utf-8')
@@ -55,7 +62,7 @@ def _parquet(f) -> pq.ParquetFile:
         raise ValueError(f'{os.fsdecode(f)!r}: the file name is not valid UTF-8; rename it (shards are named '
                          'part-NNNNNN.parquet) or move it out of the folder') from None
     try:
-        return pq.ParquetFile(f)
+        return pq.ParquetFile(f, read_dictionary=read_dictionary)
     except UnicodeDecodeError as e:       # a damaged footer: a column name or metadata key that is not UTF-8
         raise ValueError(f'{str(f)!r} is damaged: its Parquet metadata is not UTF-8 (byte 0x{e.object[e.start]:02x} '
                          'in a column name or key); re-run the rollout that wrote it, or remove the file') from None
@@ -66,13 +73,80 @@ def _parquet(f) -> pq.ParquetFile:
                          'pass the trajectories.parquet written by `agentrl rollout` or a folder of its shards') from None
 
 
-def _batches(pf: pq.ParquetFile, f: str, batch_size: int) -> Iterator[pa.RecordBatch]:
-    """Record batches of ``pf``; a damaged file becomes a one-line ValueError naming it."""
+def _footer_bytes(rg, bound: int) -> tuple[int, str, set]:
+    """``(decoded bytes, largest column, string columns a dictionary may expand)`` of row group metadata ``rg``.
+
+    Fixed-width values count ``num_values x width`` (exact: dictionary and run-length encoding do not
+    hide them); strings count their uncompressed pages, and a dictionary-encoded string column whose
+    values could exceed ``bound`` (``num_values x`` its stored bytes) is listed for dictionary reading.
+    """
+    total, top, expand = 0, ('', -1), set()
+    for k in range(rg.num_columns):
+        c = rg.column(k)
+        w = _WIDTH.get(c.physical_type)
+        n = c.num_values * w if w else c.total_uncompressed_size
+        if w is None and c.has_dictionary_page and c.num_values * c.total_uncompressed_size > bound:
+            expand.add(c.path_in_schema.split('.')[0])
+        total += n
+        top = max(top, (c.path_in_schema.split('.')[0], n), key=lambda t: t[1])
+    return total, top[0], expand
+
+
+def _too_big(f: str, i: int, rows: int, size: int, column: str, bound: int) -> ValueError:
+    return ValueError(f'{f!r} row group {i} ({rows} rows) decodes to {size} bytes (column {column!r} the most), over '
+                      f'the bound of {bound} bytes per row group (AGENTRL_MAX_ROW_GROUP_BYTES): a compression bomb or '
+                      'a damaged file; remove it, or raise AGENTRL_MAX_ROW_GROUP_BYTES if you trust it')
+
+
+def _open_bounded(f: str, bound: int) -> pq.ParquetFile:
+    """Open ``f``, refusing a row group whose footer is over ``bound``; expanding strings read as dictionaries."""
+    pf = _parquet(f)
+    md, expand = pf.metadata, set()
+    for i in range(md.num_row_groups):
+        size, column, more = _footer_bytes(md.row_group(i), bound)
+        if size > bound:
+            raise _too_big(f, i, md.row_group(i).num_rows, size, column, bound)
+        expand |= more
+    return _parquet(f, sorted(expand)) if expand else pf
+
+
+def _decoded(rb: pa.RecordBatch, used: int, bound: int, where) -> tuple[pa.RecordBatch, int]:
+    """``rb`` with its dictionary columns decoded, and ``used`` plus their decoded bytes (refused over ``bound``)."""
+    cols = list(rb.columns)
+    for k, col in enumerate(cols):
+        if pa.types.is_dictionary(col.type):
+            used += pc.sum(pc.take(pc.binary_length(col.dictionary), col.indices)).as_py() or 0
+            if used > bound:
+                raise _too_big(*where, used, rb.schema.names[k], bound)
+            cols[k] = col.dictionary_decode()
+    if cols == list(rb.columns):
+        return rb, used
+    return pa.RecordBatch.from_arrays(cols, names=rb.schema.names).replace_schema_metadata(rb.schema.metadata), used
+
+
+def _batches(pf: pq.ParquetFile, f: str, batch_size: int, bound: int | None = None) -> Iterator[pa.RecordBatch]:
+    """Record batches of ``pf``, row group by row group; a damaged file becomes a one-line ValueError naming it.
+
+    Raises:
+        ValueError: a row group decodes to more than ``bound`` bytes (default ``AGENTRL_MAX_ROW_GROUP_BYTES``).
+        MemoryError: a row group within the bound that this process has no memory for (names it).
+    """
+    bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES) if bound is None else bound
+    md, i = pf.metadata, 0
     try:
-        yield from pf.iter_batches(batch_size=batch_size)
+        for i in range(md.num_row_groups):
+            rg = md.row_group(i)
+            used, where = _footer_bytes(rg, bound)[0], (f, i, rg.num_rows)
+            for rb in pf.iter_batches(batch_size=batch_size, row_groups=[i]):
+                rb, used = _decoded(rb, used, bound, where)
+                yield rb
     except UnicodeDecodeError as e:
         raise ValueError(f'{f!r} is damaged: its Parquet metadata is not UTF-8 (byte 0x{e.object[e.start]:02x} '
                          'in a column name or key); re-run the rollout that wrote it, or remove the file') from None
+    except MemoryError:         # ArrowMemoryError too: within the bound, but not within this process's memory
+        raise MemoryError(f'{f!r} row group {i} does not fit in the memory this process may use (its footer says '
+                          f'{_footer_bytes(md.row_group(i), bound)[0]} decoded bytes); raise the memory limit, or lower '
+                          'AGENTRL_MAX_ROW_GROUP_BYTES to refuse such files') from None
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f'{f!r} is damaged and cannot be read ({" ".join(str(e).split())[:120]}); re-run the '
                          'rollout that wrote it, or remove the file') from None
@@ -116,15 +190,20 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
 
     Raises:
         FileNotFoundError: nothing at ``path``.
-        ValueError: ``batch_size`` < 1; a file that is not a trajectory file, or is damaged.
+        ValueError: ``batch_size`` < 1; a file that is not a trajectory file, or is damaged; a row group
+            that decodes to more than ``AGENTRL_MAX_ROW_GROUP_BYTES`` (docs/design.md#bounds), named by file and
+            number, refused before it is read.
+        MemoryError: a row group within the bound that does not fit in this process's memory (names it).
     """
     if batch_size < 1:
         raise ValueError(f'batch_size must be >= 1, got {batch_size}')
+    bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES)
     for f in data_files(path):
         pf = _parquet(f)
         _check_schema(pf.schema_arrow, repr(f))
+        pf = _open_bounded(f, bound)
         row = 0
-        for rb in _batches(pf, f, batch_size):
+        for rb in _batches(pf, f, batch_size, bound):
             out = []
             for n, rec, digest in _rows(rb, repr(f), row, verify):
                 bad = isinstance(rec, RecordError)

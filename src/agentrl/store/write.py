@@ -28,9 +28,18 @@ _SHARD_RE = re.compile(r'^part-(\d{6,})\.parquet$')
 _TEMP_RE = re.compile(r'^\..+\.tmp-(\d+)-[0-9a-f]+$')
 
 
+#: Decoded bytes a written row group aims at, far under the readers' bound (docs/design.md#bounds).
+_ROW_GROUP_TARGET = 64 << 20
+
+
 def _write_temp(table: pa.Table, tmp: Path, fsync: bool) -> None:
-    """Write the Parquet bytes of ``table`` to the temporary path ``tmp`` (flushed by the caller)."""
-    pq.write_table(table, tmp, compression='zstd')
+    """Write the Parquet bytes of ``table`` to the temporary path ``tmp`` (flushed by the caller).
+
+    Row groups hold about :data:`_ROW_GROUP_TARGET` decoded bytes each, so readers stay far within
+    ``AGENTRL_MAX_ROW_GROUP_BYTES`` however many rows the file holds.
+    """
+    rows = max(1, table.num_rows * _ROW_GROUP_TARGET // max(1, table.nbytes))
+    pq.write_table(table, tmp, compression='zstd', row_group_size=min(rows, 1 << 20))
 
 
 def _write_table(table: pa.Table, final: Path, fsync: bool, overwrite: bool) -> None:

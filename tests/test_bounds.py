@@ -1,0 +1,100 @@
+"""Bounded, no hangs (issue 25 item 4): every reader, renderer and allocator has a documented bound
+(docs/design.md#bounds) and refuses past it in one line, naming the file, row group, template or flag."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from agentrl import store
+from agentrl.record import Provenance, SamplingSpec, Trajectory
+from agentrl.store.schema import to_table
+
+AGENTRL = [sys.executable, '-m', 'agentrl']
+
+
+def record(k: int = 0) -> Trajectory:
+    ids = [1, 10 + k, 11 + k, 20, 21, 30]
+    owner = ['template', 'prompt', 'prompt', 'policy', 'policy', 'tool']
+    p = Provenance(policy='model', tokenizer='tokfp', template='tplfp', sampling=SamplingSpec(0.7), model='tiny',
+                   group_id='g0', rollout_id=f'r{k}', attempt=1, seed=k)
+    return Trajectory.from_tokens(ids, owner, [-1, -1, -1, 0, 0, 0], [0, 0, 0, -0.1, -0.2, 0], 1.0,
+                                  {'task': 'clamp', 'stop': 'solved'}, provenance=p)
+
+
+def bomb(path, column: str, values) -> None:
+    """A trajectory file (agentrl schema and metadata) whose ``column`` row 0 is replaced by ``values``, zstd."""
+    t = to_table([record(0), record(1)])
+    col = t.column(column)
+    if pa.types.is_list(col.type):
+        arr = pa.array(values, col.type.value_type)
+        new = pa.ListArray.from_arrays(pa.array([0, len(arr), len(arr)], pa.int32()), arr).cast(col.type)
+    else:
+        new = pa.array(values, col.type)
+    t = t.set_column(t.schema.get_field_index(column), t.schema.field(column), new)
+    pq.write_table(t, path, compression='zstd')
+
+
+# ------------------------------------------------------------------------------ Parquet: decoded bytes per row group
+
+def test_zip_bomb_shard_is_refused_from_its_footer_before_it_is_read(tmp_path, monkeypatch):
+    f = tmp_path / 'bomb.parquet'
+    bomb(f, 'ids', np.zeros(20_000_000, dtype=np.int32))     # 80 MB of zeros: about 1 KB on disk
+    assert f.stat().st_size < 20_000
+    monkeypatch.setenv('AGENTRL_MAX_ROW_GROUP_BYTES', str(10 << 20))
+    with pytest.raises(ValueError, match=r"^'.*bomb.parquet' row group 0 \(2 rows\) decodes to 8000\d{4} bytes "
+                                         r"\(column 'ids' the most\), over the bound of 10485760 bytes per row group "
+                                         r'\(AGENTRL_MAX_ROW_GROUP_BYTES\): a compression bomb'):
+        next(store.scan(f))
+    with pytest.raises(ValueError, match='row group 0 .* over the bound'):
+        store.read_trajectories(f)
+
+
+def test_string_dictionary_bomb_is_counted_as_it_decodes(tmp_path, monkeypatch):
+    """One 1 MB string repeated: the footer holds 1 MB, the rows decode to 300 MB; read as a dictionary, refused."""
+    f = tmp_path / 'strings.parquet'
+    t = to_table([record(k) for k in range(300)])
+    i = t.schema.get_field_index('info')
+    t = t.set_column(i, t.schema.field('info'), pa.array(['x' * (1 << 20)] * 300, pa.string()))
+    pq.write_table(t, f, compression='zstd')
+    assert f.stat().st_size < 100_000
+    monkeypatch.setenv('AGENTRL_MAX_ROW_GROUP_BYTES', str(50 << 20))
+    with pytest.raises(ValueError, match=r"row group 0 \(300 rows\) decodes to \d+ bytes \(column 'info' the most\), "
+                                         'over the bound of 52428800 bytes per row group'):
+        for _ in store.scan(f, batch_size=16):
+            pass
+
+
+def test_files_within_the_bound_read_as_before(tmp_path, monkeypatch):
+    f = tmp_path / 'ok.parquet'
+    recs = [record(k) for k in range(40)]
+    store.write_trajectories(f, recs)
+    monkeypatch.setenv('AGENTRL_MAX_ROW_GROUP_BYTES', '30000')      # forces dictionary reads of the string columns
+    got = store.read_trajectories(f)
+    assert [r.ids.tolist() for r in got] == [r.ids.tolist() for r in recs]
+    assert [r.info for r in got] == [r.info for r in recs] and got[3].provenance == recs[3].provenance
+    monkeypatch.setenv('AGENTRL_MAX_ROW_GROUP_BYTES', 'lots')
+    with pytest.raises(ValueError, match=r"^AGENTRL_MAX_ROW_GROUP_BYTES='lots' is not a positive integer"):
+        store.read_trajectories(f)
+
+
+def test_writer_keeps_row_groups_small(tmp_path, monkeypatch):
+    import agentrl.store.write as w
+    monkeypatch.setattr(w, '_ROW_GROUP_TARGET', 4000)
+    f = store.write_trajectories(tmp_path / 'many.parquet', [record(k) for k in range(50)])
+    md = pq.ParquetFile(f).metadata
+    assert md.num_row_groups > 1 and md.num_rows == 50
+    assert len(store.read_trajectories(f)) == 50
+
+
+def test_check_cli_refuses_the_bomb_in_one_line(tmp_path):
+    f = tmp_path / 'bomb.parquet'
+    bomb(f, 'ids', np.zeros(20_000_000, dtype=np.int32))
+    env = dict(os.environ, AGENTRL_MAX_ROW_GROUP_BYTES=str(10 << 20))
+    p = subprocess.run([*AGENTRL, 'check', str(f)], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.count('\n') == 1 and 'row group 0 (2 rows) decodes to' in p.stderr
+    assert 'is damaged' not in p.stderr
