@@ -98,3 +98,101 @@ def test_check_cli_refuses_the_bomb_in_one_line(tmp_path):
     assert p.returncode == 2, p.stderr
     assert p.stderr.count('\n') == 1 and 'row group 0 (2 rows) decodes to' in p.stderr
     assert 'is damaged' not in p.stderr
+
+
+# ------------------------------------------------------------------------------ import: regular files, byte caps
+
+@pytest.mark.parametrize('framework', ['vllm', 'prime-rl', 'skyrl', 'verl', 'trl'])
+def test_import_of_a_fifo_is_refused_without_blocking(tmp_path, framework):
+    from agentrl import interop
+    fifo = tmp_path / 'pipe'
+    os.mkfifo(fifo)                         # nobody writes it: opening it for reading would block forever
+    with pytest.raises(ValueError, match=rf"^'{fifo}' is a FIFO, not a regular file; agentrl reads .* only from "
+                                         'regular files: copy the data into a file and pass that$'):
+        interop.import_records(fifo, framework)
+
+
+@pytest.mark.parametrize('framework', ['vllm', 'slime'])
+def test_import_of_dev_zero_is_refused(framework):
+    from agentrl import interop
+    with pytest.raises(ValueError, match=r"^'/dev/zero' is a character device, not a regular file"):
+        interop.import_records('/dev/zero', framework)
+
+
+def test_json_inputs_have_a_byte_cap(tmp_path, monkeypatch):
+    from agentrl import interop
+    from agentrl.io import read_json
+    f = tmp_path / 'episodes.jsonl'
+    f.write_text('{"exchanges": []}\n' * 100)
+    monkeypatch.setenv('AGENTRL_MAX_INPUT_BYTES', '1000')
+    with pytest.raises(ValueError, match=rf"^'{f}' holds 1800 bytes, over the bound of 1000 bytes for a JSON input "
+                                         r'\(AGENTRL_MAX_INPUT_BYTES\); split the file, or raise'):
+        interop.import_records(f, 'vllm')
+    assert read_json(f, fix='', lines=True, max_bytes=1800) == [{'exchanges': []}] * 100
+
+
+def test_import_cli_refuses_a_fifo_in_one_line(tmp_path):
+    fifo = tmp_path / 'pipe'
+    os.mkfifo(fifo)
+    p = subprocess.run([*AGENTRL, 'import', str(fifo), '--from', 'prime-rl', '--out', str(tmp_path / 'run')],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr == (f"agentrl: error: '{fifo}' is a FIFO, not a regular file; agentrl reads "
+                                              'imports only from regular files: copy the data into a file and pass '
+                                              'that\n')
+    assert not (tmp_path / 'run').exists()
+
+
+# ------------------------------------------------------------------------------ export: widths against the records
+
+def test_export_width_past_the_cap_is_refused_before_allocating(tmp_path):
+    from agentrl import interop
+    out = tmp_path / 'verl'
+    with pytest.raises(ValueError, match=r'^to_verl: prompt_length 100000000 is over the cap of 16777216 tokens; the '
+                                         'longest prompt of these records is 3 tokens and the longest response 2: pass '
+                                         r'widths near those \(or none: the longest\)$'):
+        interop.export([record(0), record(1)], 'verl', out, prompt_length=100_000_000)
+    assert not out.exists() and os.listdir(tmp_path) == []
+
+
+def test_export_tensors_past_the_byte_bound_are_refused(tmp_path, monkeypatch):
+    from agentrl import interop
+    monkeypatch.setenv('AGENTRL_MAX_EXPORT_BYTES', str(1 << 20))
+    out = tmp_path / 'verl'
+    out.mkdir()                                             # an empty --out stays as it was
+    with pytest.raises(ValueError, match=r'^to_verl: prompt_length 10000 \+ response_length 2 for 2 records would '
+                                         r'allocate about 1120224 bytes of padded tensors, over the bound of 1048576 '
+                                         r'bytes \(AGENTRL_MAX_EXPORT_BYTES\); the longest prompt'):
+        interop.export([record(0), record(1)], 'verl', out, prompt_length=10_000)
+    assert os.listdir(out) == [] and os.listdir(tmp_path) == ['verl']
+    m = interop.export([record(0), record(1)], 'verl', out, prompt_length=16)
+    assert m['records'] == 2 and sorted(os.listdir(out))[-1] == 'verl_batch.pt' and os.listdir(tmp_path) == ['verl']
+
+
+def test_export_cli_refuses_the_flag_in_one_line(tmp_path):
+    f = store.write_trajectories(tmp_path / 'trajectories.parquet', [record(0), record(1)])
+    p = subprocess.run([*AGENTRL, 'export', str(f), '--to', 'verl', '--out', str(tmp_path / 'o'),
+                        '--prompt-length', '100000000'], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr == ('agentrl: error: --prompt-length must be >= 1 and <= 16777216, got '
+                                              '100000000\n'), p.stderr
+    assert not (tmp_path / 'o').exists()
+
+
+def test_export_killed_mid_write_leaves_no_out(tmp_path):
+    """SIGKILL after the first file is written (a known point): --out never appears, empty or partial."""
+    out = tmp_path / 'verl'
+    script = f'''
+import os, signal, sys
+sys.path.insert(0, {os.path.dirname(__file__)!r})
+from test_bounds import record
+from agentrl.interop import files
+real = files._save_pt
+def save_then_die(obj, path):
+    real(obj, path)
+    os.kill(os.getpid(), signal.SIGKILL)
+files._save_pt = save_then_die
+files.export([record(0), record(1)], 'verl', {str(out)!r})
+'''
+    p = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=300)
+    assert p.returncode == -9, p.stderr
+    assert not out.exists()
+    assert [n.startswith('.verl.tmp-') for n in os.listdir(tmp_path)] == [True]   # hidden, like every temporary

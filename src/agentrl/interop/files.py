@@ -23,6 +23,7 @@ skyrl-sft      ``sft.parquet``             SkyRL ``pretokenized_dataset_paths`` 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 
 from .. import __version__
-from ..io import atomic_path, atomic_write, read_json, regular_file
+from ..io import atomic_path, atomic_write, fsync_dir, read_json, regular_file, temp_name
 from .common import SupportMismatchWarning, _load_pt, guess_source, source_fix  # noqa: F401 - old place
 
 __all__ = ['EXPORTS', 'IMPORTS', 'export', 'load_export', 'import_records']
@@ -111,7 +112,9 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
     Args:
         records: agentrl records.
         framework: one of :data:`EXPORTS`.
-        out: output folder: new or empty (created; removed again if the export is refused).
+        out: output folder: new or empty. The files are written into a hidden folder next to it
+            (``.NAME.tmp-PID-RANDOM``) renamed to ``out`` when complete, so a refused, failed or
+            killed export never leaves ``out`` empty or partial.
         pad_id: the tokenizer's pad id (verl, TRL, OpenRLHF).
         trim: drop the trailing observation (None: the framework's default).
         allow_support_mismatch: warn instead of refusing top-k/top-p log-probs (one
@@ -141,24 +144,23 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f'export: {str(out)!r} exists and is not an empty folder; pass a new --out '
                          '(an export never mixes its files with another folder\'s)')
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    work = temp_name(out)           # built hidden, renamed into place: a kill never leaves an empty or partial out
+    work.mkdir()
     try:
         opts = {'allow_support_mismatch': allow_support_mismatch}
         tr = {} if trim is None else {'trim': trim}
-        files = _write_files(framework, records, out, pad_id, tr, opts, prompt_length, response_length)
+        files = _write_files(framework, records, work, pad_id, tr, opts, prompt_length, response_length)
         manifest = {'framework': framework, 'files': files, 'records': len(records), 'pad_id': pad_id,
                     'trim': trim, 'allow_support_mismatch': allow_support_mismatch, 'sort_groups': sort_groups,
                     'split_turns': split_turns,
                     'agentrl_version': __version__}
-        atomic_write(out / 'manifest.json', json.dumps(manifest, indent=2, sort_keys=True) + '\n')
+        atomic_write(work / 'manifest.json', json.dumps(manifest, indent=2, sort_keys=True) + '\n')
+        os.replace(work, out)       # rename(2): onto a missing or empty folder
+        fsync_dir(out.parent)
         return manifest
     except BaseException:      # a refusal or a failed write leaves nothing behind
-        if created:
-            shutil.rmtree(out, ignore_errors=True)
-        else:
-            for f in out.iterdir():
-                shutil.rmtree(f, ignore_errors=True) if f.is_dir() else f.unlink(missing_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
         raise
 
 

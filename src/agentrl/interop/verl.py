@@ -24,6 +24,9 @@ Non-tensor (object arrays): ``uid`` (GRPO groups rows by it: ``provenance.group_
 Traps handled: the ``P-1`` slice (only after it does ``response_mask`` equal agentrl's mask);
 fixed widths (a prompt longer than ``Lp`` would be left-truncated by verl: refused here); the
 trailing observation ``ids[E:]`` is trimmed so ``rm_scores`` lands on a policy token.
+
+Bounds (docs/design.md#bounds): widths over :data:`MAX_WIDTH` tokens, or padded tensors over
+``AGENTRL_MAX_EXPORT_BYTES`` (default :data:`MAX_EXPORT_BYTES`), are refused before anything is allocated.
 """
 from __future__ import annotations
 
@@ -35,7 +38,30 @@ import torch
 from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
 from .common import _load_pt, as_list, prepare_export, provenance_for_import, record_from_response, source_fix, split
-__all__ = ['to_verl', 'to_verl_dataproto', 'from_verl']
+__all__ = ['to_verl', 'to_verl_dataproto', 'from_verl', 'MAX_WIDTH', 'MAX_EXPORT_BYTES']
+
+#: The widest ``prompt_length`` / ``response_length`` accepted, in tokens (docs/design.md#bounds).
+MAX_WIDTH = 1 << 24
+#: Default of ``AGENTRL_MAX_EXPORT_BYTES``: the padded tensors one verl export may allocate.
+MAX_EXPORT_BYTES = 4 << 30
+#: Bytes of the padded tensors per row and width token (5 int64 tensors over Lp+Lr, 2 float32 and 1 int64 over Lr, temporaries).
+_BYTES_PER_TOKEN = 56
+
+
+def _check_widths(B: int, Lp: int, Lr: int, longest_p: int, longest_r: int) -> None:
+    """Refuse widths past :data:`MAX_WIDTH` or tensors past ``AGENTRL_MAX_EXPORT_BYTES``, naming the records' longest."""
+    from ..io import env_bound
+    fix = (f'the longest prompt of these records is {longest_p} tokens and the longest response {longest_r}: pass '
+           'widths near those (or none: the longest)')
+    for name, L in (('prompt_length', Lp), ('response_length', Lr)):
+        if L > MAX_WIDTH:
+            raise ValueError(f'to_verl: {name} {L} is over the cap of {MAX_WIDTH} tokens; {fix}')
+    cap = env_bound('AGENTRL_MAX_EXPORT_BYTES', MAX_EXPORT_BYTES)
+    need = B * (Lp + Lr) * _BYTES_PER_TOKEN
+    if need > cap:
+        raise ValueError(f'to_verl: prompt_length {Lp} + response_length {Lr} for {B} records would allocate about '
+                         f'{need} bytes of padded tensors, over the bound of {cap} bytes (AGENTRL_MAX_EXPORT_BYTES); '
+                         f'{fix}, or raise AGENTRL_MAX_EXPORT_BYTES')
 
 
 def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_length: int | None = None,
@@ -59,7 +85,8 @@ def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_
         agentrl.checks.errors.RecordError: a record the acceptance check refuses, placeholder
             log-probs (ScriptedRecordError) or a support mismatch (SupportMismatchError).
         ValueError: no records, a prompt longer than ``prompt_length`` (verl would left-truncate
-            it) or a response longer than ``response_length`` (fix: raise the width).
+            it) or a response longer than ``response_length`` (fix: raise the width); a width over
+            :data:`MAX_WIDTH`, or tensors over ``AGENTRL_MAX_EXPORT_BYTES`` (docs/design.md#bounds).
     """
     records, temperature = prepare_export(records, 'to_verl', 'verl', allow_support_mismatch=allow_support_mismatch)
     prompts, responses, masks, logps, rewards, uids, turns, provs, infos = [], [], [], [], [], [], [], [], []
@@ -87,6 +114,7 @@ def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_
         if len(r) > Lr:
             raise ValueError(f'to_verl: record {i} has a response of {len(r)} tokens > response_length {Lr}. '
                              'Fix: raise rollout.response_length (response_length=)')
+    _check_widths(len(records), Lp, Lr, max(map(len, prompts)), max(map(len, responses)))
     prompts_t = pad_rows(prompts, Lp, pad_id, side='left', dtype=torch.long)
     responses_t = pad_rows(responses, Lr, pad_id, dtype=torch.long)
     attn = torch.cat([pad_rows([[1] * len(p) for p in prompts], Lp, 0, side='left', dtype=torch.long),
