@@ -172,8 +172,10 @@ def test_export_cli_refuses_the_flag_in_one_line(tmp_path):
     f = store.write_trajectories(tmp_path / 'trajectories.parquet', [record(0), record(1)])
     p = subprocess.run([*AGENTRL, 'export', str(f), '--to', 'verl', '--out', str(tmp_path / 'o'),
                         '--prompt-length', '100000000'], capture_output=True, text=True, timeout=300)
-    assert p.returncode == 2 and p.stderr == ('agentrl: error: --prompt-length must be >= 1 and <= 16777216, got '
-                                              '100000000\n'), p.stderr
+    assert p.returncode == 2 and p.stderr == ('agentrl: error: to_verl: prompt_length 100000000 is over the cap of '
+                                              '16777216 tokens; the longest prompt of these records is 3 tokens and '
+                                              'the longest response 2: pass widths near those (or none: the '
+                                              'longest)\n'), p.stderr
     assert not (tmp_path / 'o').exists()
 
 
@@ -196,3 +198,31 @@ files.export([record(0), record(1)], 'verl', {str(out)!r})
     assert p.returncode == -9, p.stderr
     assert not out.exists()
     assert [n.startswith('.verl.tmp-') for n in os.listdir(tmp_path)] == [True]   # hidden, like every temporary
+
+
+# ------------------------------------------------------------------------------ sandbox: source size, result size
+
+def test_sandbox_refuses_a_huge_source_before_parsing_it():
+    import time
+
+    from agentrl.gym import sandbox
+    source = 'def f():\n    return 1\n' + 'x = 1\n' * 2_000_000           # 12 MB
+    t = time.perf_counter()
+    r = sandbox.run_tests(source, [((), 1)], 'f')
+    assert time.perf_counter() - t < 1.0
+    assert r == [sandbox.TestResult(False, None, f'refused: the source is {len(source)} characters, over '
+                                                 'MAX_SOURCE_CHARS (100000)')]
+    assert sandbox.check_source(source) == r[0].error
+    assert sandbox.run_tests('def f():\n    return 1\n', [((), 1)], 'f')[0].passed
+
+
+def test_sandbox_result_whose_repr_never_ends_comes_back_as_a_summary():
+    from agentrl.gym import sandbox
+    source = 'def f():\n    t = (1, 2)\n    for i in range(60):\n        t = (t, t)\n    return t\n'
+    r = sandbox.run_tests(source, [((), 0)], 'f')[0]
+    assert not r.passed and r.error is None and isinstance(r.got, sandbox.Opaque)
+    assert repr(r.got) == '<tuple whose repr is over MAX_RESULT_CHARS (10000) characters>'
+    assert repr(r) == ("TestResult(passed=False, got=<tuple whose repr is over MAX_RESULT_CHARS (10000) characters>, "
+                       'error=None)')
+    small = sandbox.run_tests('def f():\n    return ((1, 2), 3)\n', [((), ((1, 2), 3))], 'f')[0]
+    assert small.passed and small.got == ((1, 2), 3)

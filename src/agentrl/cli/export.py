@@ -45,10 +45,8 @@ class ExportOptions:
     sort_groups: bool = option(False, "make each group's rows contiguous (stable order)")
     split_turns: bool = option(False, 'one row per turn for records whose template rewrites history (slime, SkyRL, '
                                     'prime-rl, OpenRLHF, SFT)')
-    prompt_length: int | None = option(None, 'verl rollout.prompt_length (default: the longest prompt)', min=1,
-                                       max=2 ** 24)
-    response_length: int | None = option(None, 'verl rollout.response_length (default: the longest response)', min=1,
-                                         max=2 ** 24)
+    prompt_length: int | None = option(None, 'verl rollout.prompt_length (default: the longest prompt)', min=1)
+    response_length: int | None = option(None, 'verl rollout.response_length (default: the longest response)', min=1)
 
     def source(self) -> str:
         """The trajectory file or shard folder inside ``run``."""

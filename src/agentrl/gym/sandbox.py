@@ -29,6 +29,11 @@ the gym alive and the host untouched:
    The parent checks sources against the whitelist itself (cached), so refused sources never
    cost a round trip.
 
+Bounds (docs/design.md#bounds): a source over ``MAX_SOURCE_CHARS`` is refused before it is parsed
+(parsing and compiling run in the parent), and a returned value whose repr would pass
+``MAX_RESULT_CHARS`` (a tuple nesting shared tuples grows exponentially) comes back as an
+:class:`Opaque` summary, so printing a result always ends.
+
 Every failure becomes an error result; ``run_tests`` never raises and never hangs
 (docs/design.md#gym).
 """
@@ -52,7 +57,7 @@ from typing import Any
 
 __all__ = ['TestResult', 'run_tests', 'check_source', 'MAX_RANGE', 'MAX_INT_BITS', 'MAX_SEQ',
            'STEP_BUDGET', 'TIME_LIMIT_S', 'TOTAL_TIME_S', 'MAX_DEPTH', 'HARD_DEADLINE_S', 'WORKER_MEMORY_BYTES',
-           'Opaque']
+           'Opaque', 'MAX_SOURCE_CHARS', 'MAX_RESULT_CHARS']
 
 #: Largest number of elements a sandboxed ``range`` may have.
 MAX_RANGE = 10 ** 6
@@ -75,6 +80,11 @@ HARD_DEADLINE_S = TOTAL_TIME_S + 0.5
 WORKER_MEMORY_BYTES = 1 << 30
 #: CPU seconds one call may use in the worker (``RLIMIT_CPU``, set before each call).
 WORKER_CPU_S = 3
+
+#: Longest task source (characters) parsed and compiled; longer ones are refused unparsed.
+MAX_SOURCE_CHARS = 100_000
+#: Longest repr (characters) of a returned value; a longer one comes back as an :class:`Opaque` summary.
+MAX_RESULT_CHARS = 10_000
 
 _FILENAME = '<agentrl-sandbox>'
 _GUARD = '_arl_binop'
@@ -170,8 +180,17 @@ def check_source(source: str) -> str | None:
     return _parse_checked(source)[1]
 
 
+def _too_long(source) -> str | None:
+    """The refusal of a source over :data:`MAX_SOURCE_CHARS` (checked before parsing), else None."""
+    if isinstance(source, str) and len(source) > MAX_SOURCE_CHARS:
+        return f'refused: the source is {len(source)} characters, over MAX_SOURCE_CHARS ({MAX_SOURCE_CHARS})'
+    return None
+
+
 def _parse_checked(source: str):
     """``(tree, None)`` for a source that parses and passes the whitelist, else ``(None, reason)``."""
+    if _too_long(source):
+        return None, _too_long(source)
     try:
         tree = ast.parse(source, filename=_FILENAME)
     except BaseException as exc:  # noqa: BLE001 - SyntaxError, ValueError, RecursionError, ...
@@ -458,8 +477,40 @@ def _write_frame(fd: int, payload: bytes) -> None:
         data = data[os.write(fd, data):]
 
 
+def _repr_over(value, budget: int) -> bool:
+    """True when ``repr(value)`` would be longer than ``budget`` characters (walks at most ``budget`` items).
+
+    Counts the tree, not the object graph: a tuple nesting one shared tuple 60 times has a repr of 2**60
+    items, found over the budget after ``budget`` steps.
+    """
+    stack, left = [value], budget
+    while stack:
+        v = stack.pop()
+        if type(v) is tuple:
+            left -= 2 + 2 * len(v)
+            if left >= 0:
+                stack.extend(v)
+        elif type(v) is int:
+            left -= 1 + v.bit_length() * 30103 // 100000
+        else:
+            left -= 24 if type(v) in (float, bool) or v is None else 200
+        if left < 0:
+            return True
+    return False
+
+
+def _bounded(value):
+    """``value``, or an :class:`Opaque` summary when its repr would pass :data:`MAX_RESULT_CHARS`."""
+    if _repr_over(value, MAX_RESULT_CHARS):
+        return Opaque(f'<{type(value).__name__} whose repr is over MAX_RESULT_CHARS ({MAX_RESULT_CHARS}) characters>')
+    return value
+
+
 def _plain(value):
-    """``value`` if :mod:`marshal` can carry it, else an ``('opaque', repr)`` marker."""
+    """``value`` if :mod:`marshal` can carry it, else an ``('opaque', repr)`` marker (also for a repr too long)."""
+    value = _bounded(value)
+    if isinstance(value, Opaque):
+        return 1, value.text
     try:
         marshal.dumps(value)
         return 0, value
@@ -636,6 +687,8 @@ def run_tests(source, tests, fn_name) -> list[TestResult]:
         error = f'TypeError: source must be a str, not {type(source).__name__}'
     elif not isinstance(fn_name, str):
         error = f'TypeError: fn_name must be a str, not {type(fn_name).__name__}'
+    elif _too_long(source):
+        error = _too_long(source)                   # before parsing, and before the compile cache keeps it
     else:
         try:
             code, error = _compile(source)           # refused here, without a round trip
@@ -656,7 +709,7 @@ def run_tests(source, tests, fn_name) -> list[TestResult]:
         try:
             results = _in_worker(code, pairs, fn_name)
         except Exception:  # noqa: BLE001 - unpicklable arguments, no subprocess: run here (layers 1-4)
-            results = _run_local(source, pairs, fn_name)
+            results = [TestResult(r.passed, _bounded(r.got), r.error) for r in _run_local(source, pairs, fn_name)]
         if results is None:
             results = [TestResult(False, None, 'SandboxLimit: time limit exceeded (hard deadline, worker killed)')
                        for _ in pairs]
