@@ -226,3 +226,81 @@ def test_sandbox_result_whose_repr_never_ends_comes_back_as_a_summary():
                        'error=None)')
     small = sandbox.run_tests('def f():\n    return ((1, 2), 3)\n', [((), ((1, 2), 3))], 'f')[0]
     assert small.passed and small.got == ((1, 2), 3)
+
+
+# ------------------------------------------------------------------------------ chat templates: characters and time
+
+NESTED_LOOPS = ('{% for m in messages %}{% for a in range(100000) %}{% for b in range(100000) %}'
+                '{% endfor %}{% endfor %}{{ m.content }}{% endfor %}')
+HUGE_OUTPUT = ('{% for m in messages %}{% for a in range(100000) %}{% for b in range(100000) %}xxxxxxxxxx'
+               '{% endfor %}{% endfor %}{% endfor %}')
+HI = [{'role': 'user', 'content': 'Hi'}]
+
+
+def tiny():
+    pytest.importorskip('transformers')
+    from _tokenizers import load
+    return load('tiny')
+
+
+def test_template_with_nested_loops_is_stopped_in_time(monkeypatch):
+    import time
+
+    import agentrl.templates as tt
+    tok = tiny()
+    monkeypatch.setenv('AGENTRL_TEMPLATE_SECONDS', '0.3')
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match=r"^the chat template passed as chat_template= for '.*tiny-chat' took more "
+                                         r'than 0.3 s to render one call \(AGENTRL_TEMPLATE_SECONDS\): a loop in the '
+                                         'template that does not end; fix the template, or raise'):
+        tt.ChatTemplate(tok, chat_template=NESTED_LOOPS).render(HI)
+    assert time.perf_counter() - t < 5
+    ok = tt.ChatTemplate(tok)                                       # the thread renders normally afterwards
+    assert ok.render(HI) == tok.apply_chat_template(HI, tokenize=False)
+
+
+def test_template_writing_too_much_is_stopped_at_the_character_bound(monkeypatch):
+    import agentrl.templates as tt
+    tok = tiny()
+    monkeypatch.setenv('AGENTRL_TEMPLATE_MAX_CHARS', '100000')
+    with pytest.raises(ValueError, match=r"^the chat template passed as chat_template= for '.*' wrote more than "
+                                         r'100000 characters in one render call \(100010 so far; '
+                                         r'AGENTRL_TEMPLATE_MAX_CHARS\)'):
+        tt.ChatTemplate(tok, chat_template=HUGE_OUTPUT).render(HI)
+    monkeypatch.setenv('AGENTRL_TEMPLATE_MAX_CHARS', '1000000000')
+    monkeypatch.setenv('AGENTRL_TEMPLATE_SECONDS', '0.3')           # the time bound stops it where the characters do not
+    with pytest.raises(ValueError, match='took more than 0.3 s'):
+        tt.ChatTemplate(tok, chat_template=HUGE_OUTPUT).render(HI)
+
+
+def test_template_budget_holds_in_any_thread(monkeypatch):
+    import concurrent.futures
+
+    import agentrl.templates as tt
+    tok = tiny()
+    monkeypatch.setenv('AGENTRL_TEMPLATE_SECONDS', '0.3')
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        bad = pool.submit(tt.ChatTemplate(tok, chat_template=NESTED_LOOPS).render, HI)
+        good = pool.submit(lambda: [tt.ChatTemplate(tok).render(HI) for _ in range(20)])
+        with pytest.raises(ValueError, match='took more than 0.3 s'):
+            bad.result(timeout=30)
+        assert good.result(timeout=30)[0] == tok.apply_chat_template(HI, tokenize=False)
+
+
+def test_template_audit_cli_ends_on_a_hanging_template(tmp_path):
+    import shutil
+    from _tokenizers import tokenizer_path
+    tiny()
+    folder = tmp_path / 'tok'
+    shutil.copytree(tokenizer_path('tiny'), folder)
+    for f in folder.glob('chat_template.jinja'):
+        f.unlink()
+    import json
+    cfg = json.loads((folder / 'tokenizer_config.json').read_text())
+    cfg['chat_template'] = NESTED_LOOPS
+    (folder / 'tokenizer_config.json').write_text(json.dumps(cfg))
+    env = dict(os.environ, AGENTRL_TEMPLATE_SECONDS='0.5', HF_HUB_OFFLINE='1')
+    p = subprocess.run([*AGENTRL, 'template', 'audit', str(folder)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert p.returncode != 0 and p.stderr.count('\n') == 1, p.stderr
+    assert f"the chat template of '{folder}' took more than 0.5 s to render one call" in p.stderr

@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any, Iterable, Sequence
 
+from .budget import bounded_render
 from .loading import (TOKENIZER_FAMILIES, find_tokenizer_dir, load_tokenizer, require_hf,  # noqa: F401 - old place
                       tokenizer_family)
 from .messages import (PROMPT_ROLES, TOOL_ROLES, check_messages, common_prefix, common_suffix,  # noqa: F401
@@ -196,6 +197,19 @@ class ChatTemplate:
         return src
 
     @property
+    def name(self) -> str:
+        """The template as error messages name it: ``"the chat template of 'Qwen/Qwen3-8B'"``."""
+        owner = getattr(self.tokenizer, 'name_or_path', '') or type(self.tokenizer).__name__
+        return f'the chat template {"passed as chat_template= for" if self.chat_template else "of"} {owner!r}'
+
+    def _rendered_source(self, tools) -> str | None:
+        """The Jinja string transformers renders for a call with ``tools`` (its named-template choice), or None."""
+        try:
+            return self.tokenizer.get_chat_template(self.chat_template, self.tools if tools == 'default' else tools)
+        except Exception:  # noqa: BLE001 - no template: apply_chat_template itself reports it
+            return None
+
+    @property
     def has_generation_blocks(self) -> bool:
         """True when the template marks assistant text with ``{% generation %}`` blocks."""
         import re
@@ -217,17 +231,19 @@ class ChatTemplate:
 
         Raises:
             ValueError: the template raised while rendering (the message names the jinja error;
-                check the fields the template expects, e.g. tool-call arguments as a string).
+                check the fields the template expects, e.g. tool-call arguments as a string); the
+                render went past ``AGENTRL_TEMPLATE_MAX_CHARS`` characters or ``AGENTRL_TEMPLATE_SECONDS``
+                (:func:`agentrl.templates.budget.bounded_render`, docs/design.md#bounds), naming the template.
         """
         if not messages:
             raise ValueError('messages is empty: a chat template needs at least one message')
         jinja2 = __import__('jinja2')
         kwargs = {**self.template_kwargs, **override}
         try:
-            return self.tokenizer.apply_chat_template(
+            return bounded_render(lambda: self.tokenizer.apply_chat_template(
                 list(messages), tools=self.tools if tools == 'default' else tools,
                 chat_template=self.chat_template, tokenize=False,
-                add_generation_prompt=add_generation_prompt, **kwargs)
+                add_generation_prompt=add_generation_prompt, **kwargs), self._rendered_source(tools), self.name)
         except (jinja2.TemplateError, TypeError, KeyError, IndexError) as e:
             raise ValueError(f'the chat template could not render these messages ({type(e).__name__}: {e}); '
                              'check the message fields this template expects (roles, content, tool_calls '
