@@ -304,3 +304,39 @@ def test_template_audit_cli_ends_on_a_hanging_template(tmp_path):
                        timeout=300)
     assert p.returncode != 0 and p.stderr.count('\n') == 1, p.stderr
     assert f"the chat template of '{folder}' took more than 0.5 s to render one call" in p.stderr
+
+
+# ------------------------------------------------------------------------------ SIGTERM ends a job within seconds
+
+def _catches_sigterm(pid: int) -> bool:
+    """True once process ``pid`` runs its own SIGTERM handler (Linux: SigCgt of /proc/PID/status)."""
+    import signal
+    for line in open(f'/proc/{pid}/status').read().splitlines():
+        if line.startswith('SigCgt:'):
+            return bool(int(line.split()[1], 16) >> (signal.SIGTERM - 1) & 1)
+    return False
+
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/status'), reason='needs /proc to see the handler installed')
+def test_sigterm_stops_a_rollout_in_the_middle_of_a_long_chunk(tmp_path):
+    """One chunk of 60,000 episodes (minutes): SIGTERM, sent once the job's handler is installed, ends it at once."""
+    import signal
+    import time
+    out = tmp_path / 'run'
+    proc = subprocess.Popen([*AGENTRL, 'rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '10000',
+                             '--no-batch', '--chunk-size', '60000', '--out', str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        while not _catches_sigterm(proc.pid):
+            assert proc.poll() is None, proc.communicate()
+            time.sleep(0.05)
+        t = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130 and err == 'agentrl: interrupted\n', err
+    assert took < 10
+    assert not out.exists()                          # nothing finished: OUT is left as it was (it did not exist)

@@ -22,9 +22,10 @@ Nothing is written before every refusal check has passed (options, checkpoint, a
 in ``OUT``, Ray installed). A run that fails before its first shard leaves ``OUT`` as it found
 it; after that it is resumable: ``--resume OUT`` runs only the missing episodes, after checking that
 the records already there are of this plan (the provenance run.json fixes); it writes nothing when
-the run is already complete. Ctrl-C or SIGTERM finishes the chunk in hand, keeps every finished
-shard and raises :class:`RunInterrupted` naming the command that resumes (a second Ctrl-C stops
-at once). ``run.json`` names a ``--checkpoint`` or ``--model`` by ``name@fingerprint``, never by
+the run is already complete. Ctrl-C finishes the chunk in hand, keeps every finished shard and
+raises :class:`RunInterrupted` naming the command that resumes (a second Ctrl-C stops at once);
+SIGTERM stops at once (within seconds, whatever the chunk in hand is doing: docs/design.md#bounds),
+keeps every finished shard (the chunk in hand runs again on resume) and raises the same. ``run.json`` names a ``--checkpoint`` or ``--model`` by ``name@fingerprint``, never by
 its path, so a resume of such a run passes that flag again.
 """
 from __future__ import annotations
@@ -109,15 +110,27 @@ def _checkpoint_bytes(net) -> bytes:
     return buf.getvalue()
 
 
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: the job stops where it is (raised once, by :class:`_Signals`)."""
+
+
 class _Signals:
-    """While active: the first SIGINT/SIGTERM asks the job to stop after the chunk in hand; a second
-    SIGINT raises KeyboardInterrupt at once. Only in the main thread (signals are delivered there)."""
+    """While active: the first SIGINT asks the job to stop after the chunk in hand; a second SIGINT
+    raises KeyboardInterrupt at once; SIGTERM raises :class:`_Terminated` at once (once: a second one
+    is ignored while the job unwinds). Only in the main thread (signals are delivered there)."""
 
     def __init__(self):
         self.stop = False
+        self.terminated = False
         self._old = {}
 
     def _handle(self, signum, frame):
+        if signum == signal.SIGTERM:
+            self.stop = True
+            if not self.terminated:
+                self.terminated = True
+                raise _Terminated
+            return
         if self.stop and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.stop = True
@@ -281,7 +294,7 @@ def run(p: Prepared, tally: _Tally, written: list, *, on_chunk: Callable | None 
         the :class:`RunReport` of :func:`run_chunks`.
 
     Raises:
-        RunInterrupted: Ctrl-C or SIGTERM stopped the run after a chunk. ValueError: as
+        RunInterrupted: Ctrl-C stopped the run after a chunk, or SIGTERM during one (shards stored). ValueError: as
             :func:`rollout_job`; and what :func:`run_chunks` raises.
     """
     out, opts = p.out, p.opts
@@ -305,6 +318,12 @@ def run(p: Prepared, tally: _Tally, written: list, *, on_chunk: Callable | None 
                                 should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
         except ServerDied as err:                   # one line naming the server; the finished shards are kept
             raise ServerDied(err.url, err.detail, server_died_line(err, str(opts.out), len(p.jobs), command)) from None
+        except _Terminated:                         # SIGTERM: finished shards are kept, the chunk in hand is not
+            from ..store import stored_identities
+            stored = len(stored_identities(shard_dir))
+            if not stored:
+                raise                               # nothing kept: OUT is left as it was (agentrl: interrupted)
+            raise RunInterrupted(str(opts.out), stored, len(p.jobs), command) from None
     if report.stopped:
         raise RunInterrupted(str(opts.out), report.skipped + report.written, report.planned, command)
     return report
