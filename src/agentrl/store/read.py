@@ -98,9 +98,9 @@ def _too_big(f: str, i: int, rows: int, size: int, column: str, bound: int) -> V
                       'a damaged file; remove it, or raise AGENTRL_MAX_ROW_GROUP_BYTES if you trust it')
 
 
-def _open_bounded(f: str, bound: int) -> pq.ParquetFile:
-    """Open ``f``, refusing a row group whose footer is over ``bound``; expanding strings read as dictionaries."""
-    pf = _parquet(f)
+def _open_bounded(f: str, bound: int, pf: pq.ParquetFile) -> pq.ParquetFile:
+    """``pf`` (opened from ``f``) checked: a row group whose footer is over ``bound`` is refused; a file with
+    strings a dictionary could expand past it is opened again, reading those as dictionaries."""
     md, expand = pf.metadata, set()
     for i in range(md.num_row_groups):
         size, column, more = _footer_bytes(md.row_group(i), bound)
@@ -201,7 +201,7 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
     for f in data_files(path):
         pf = _parquet(f)
         _check_schema(pf.schema_arrow, repr(f))
-        pf = _open_bounded(f, bound)
+        pf = _open_bounded(f, bound, pf)
         row = 0
         for rb in _batches(pf, f, batch_size, bound):
             out = []
