@@ -112,14 +112,15 @@ def _open_bounded(f: str, bound: int, pf: pq.ParquetFile) -> pq.ParquetFile:
 
 def _decoded(rb: pa.RecordBatch, used: int, bound: int, where) -> tuple[pa.RecordBatch, int]:
     """``rb`` with its dictionary columns decoded, and ``used`` plus their decoded bytes (refused over ``bound``)."""
-    cols = list(rb.columns)
+    cols, changed = list(rb.columns), False
     for k, col in enumerate(cols):
         if pa.types.is_dictionary(col.type):
+            changed = True
             used += pc.sum(pc.take(pc.binary_length(col.dictionary), col.indices)).as_py() or 0
             if used > bound:
                 raise _too_big(*where, used, rb.schema.names[k], bound)
             cols[k] = col.dictionary_decode()
-    if cols == list(rb.columns):
+    if not changed:
         return rb, used
     return pa.RecordBatch.from_arrays(cols, names=rb.schema.names).replace_schema_metadata(rb.schema.metadata), used
 
