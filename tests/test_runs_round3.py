@@ -70,3 +70,27 @@ def test_export_of_an_unfinished_run_says_incomplete_in_the_manifest_and_on_stde
         m = json.loads((dest / 'manifest.json').read_text())
         assert m['incomplete'] == note and m['records'] == done - n_last
         assert printed.startswith(f'wrote {done - n_last} records for sft to {dest}')
+
+
+# ----------------------------------------------------------------------------- 7. pickle stays out
+
+def test_import_refuses_a_pickled_verl_file_without_trust_pickle(tmp_path, capsys):
+    import importlib.util
+    import pickle
+    dp = tmp_path / 'gen_batch.dp'
+    dp.write_bytes(pickle.dumps({'never': 'read'}))
+    code, _, err = _cli(capsys, 'import', dp, '--from', 'verl', '--out', tmp_path / 'imp')
+    assert code == 2 and not (tmp_path / 'imp').exists()
+    assert err == (f"agentrl: error: PATH {str(dp)!r} is a pickle (verl's DataProto.save_to_disk): unpickling runs "
+                   'any code the file holds, so it is not read; pass --trust-pickle if you trust the file, or import '
+                   'the verl_batch.pt `agentrl export --to verl` writes (tensors only)\n')
+    js = tmp_path / 'x.jsonl'
+    js.write_text('{}\n')
+    code, _, err = _cli(capsys, 'import', js, '--from', 'prime-rl', '--out', tmp_path / 'imp', '--trust-pickle')
+    assert code == 2 and err == (f'agentrl: error: --trust-pickle applies to a verl .dp file (--from verl); '
+                                 f'{str(js)!r} is read without unpickling code; drop --trust-pickle\n')
+    if importlib.util.find_spec('verl') is None:            # the main venv: the fix is named (tests/interop reads one)
+        code, _, err = _cli(capsys, 'import', dp, '--from', 'verl', '--out', tmp_path / 'imp', '--trust-pickle')
+        assert code == 2 and err == (f"agentrl: error: PATH {str(dp)!r} is a verl DataProto pickle, read only by "
+                                     "verl's DataProto.load_from_disk, and verl is not installed; pip install verl, "
+                                     'or import the verl_batch.pt `agentrl export --to verl` writes (no verl needed)\n')
