@@ -94,3 +94,88 @@ def test_import_refuses_a_pickled_verl_file_without_trust_pickle(tmp_path, capsy
         assert code == 2 and err == (f"agentrl: error: PATH {str(dp)!r} is a verl DataProto pickle, read only by "
                                      "verl's DataProto.load_from_disk, and verl is not installed; pip install verl, "
                                      'or import the verl_batch.pt `agentrl export --to verl` writes (no verl needed)\n')
+
+
+# ----------------------------------------------------------------------------- 6. words that fit
+
+def _server_episode(logprobs: bool) -> dict:
+    """Two completions exchanges of a vLLM server: the first cut at max_tokens, the second stopped."""
+    def choice(ids, prompt, finish, lps):
+        c = {'text': 'x', 'token_ids': ids, 'prompt_token_ids': prompt, 'finish_reason': finish}
+        if logprobs:
+            c['logprobs'] = {'token_logprobs': lps}
+        return c
+    req = {'temperature': 0.8, 'top_p': 1.0, 'top_k': 0, 'min_p': 0.0, 'repetition_penalty': 1.0,
+           'presence_penalty': 0.0, 'frequency_penalty': 0.0, 'model': 'm'}
+    return {'exchanges': [
+        {'request': dict(req, prompt=[1, 2, 3], max_tokens=2),
+         'response': {'choices': [choice([10, 11], [1, 2, 3], 'length', [-0.5, -0.25])]}},
+        {'request': dict(req, prompt=[1, 2, 3, 10, 11, 60, 61]),
+         'response': {'choices': [choice([12, 7], [1, 2, 3, 10, 11, 60, 61], 'stop', [-1.0, -2.0])]}}],
+        'reward': 1.0, 'group_id': 'q1'}
+
+
+def test_check_of_records_without_log_probs_says_so_and_speaks_of_finish_reasons(tmp_path, capsys):
+    import torch
+
+    from agentrl.model import TinyAgent, save_checkpoint
+    (tmp_path / 'ep.jsonl').write_text(json.dumps(_server_episode(logprobs=False)) + '\n')
+    code, _, err = _cli(capsys, 'import', tmp_path / 'ep.jsonl', '--from', 'vllm', '--out', tmp_path / 'imp')
+    assert code == 0, err
+    code, out, _ = _cli(capsys, 'check', tmp_path / 'imp')
+    lines = out.splitlines()
+    assert code == 0 and lines[0] == 'records          1  (refused 0, scripted 0, no sampling log-probs 1)'
+    assert lines[4] == 'stops            finish_reason stop 1'        # the server's words, not the gym's 'submitted'
+    assert lines[5].startswith('truncation rate  1.000  ')                 # turn 0 was cut at max_tokens
+    assert lines[6] == ('sampling logps   none in 1 records: their source stored none (a server called without '
+                        'logprobs); fine for SFT, but RL trainers and the replay need them: sample again with '
+                        'log-probs (vLLM chat: "logprobs": true; SGLang: "return_logprob": true)')
+    torch.manual_seed(0)
+    save_checkpoint(TinyAgent(64).eval(), str(tmp_path / 'model.pt'))
+    code, out, _ = _cli(capsys, 'check', tmp_path / 'imp', '--model', tmp_path / 'model.pt')
+    assert code == 1                                       # the RL-readiness check fails on them
+    assert '  not replayed: 1 no sampling log-probs (their source stored none)' in out
+    assert out.rstrip().endswith('result: FAILED (1 records have no sampling log-probs (the replay and RL trainers '
+                                 'need them))')
+    (tmp_path / 'ep2.jsonl').write_text(json.dumps(_server_episode(logprobs=True)) + '\n')
+    _cli(capsys, 'import', tmp_path / 'ep2.jsonl', '--from', 'vllm', '--out', tmp_path / 'imp2')
+    code, out, _ = _cli(capsys, 'check', tmp_path / 'imp2')
+    assert code == 0 and out.splitlines()[0] == 'records          1  (refused 0, scripted 0)'
+
+
+def test_replay_with_a_model_of_another_tokenizer_says_so_before_any_ratio(tmp_path, capsys):
+    pytest.importorskip('transformers')
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from _tokenizers import TINY
+
+    from agentrl.engines import hf
+    from agentrl.record import Provenance, SamplingSpec, Trajectory
+    model = hf.make_test_model(tmp_path / 'm', TINY)
+    rec = Trajectory.from_tokens([5, 6, 7, 8], ['prompt', 'prompt', 'policy', 'policy'], [-1, -1, 0, 0],
+                                 [0.0, 0.0, -0.5, -0.25], 1.0, {'stop': 'stop'},
+                                 provenance=Provenance(policy='vllm', tokenizer='0123456789abcdef',
+                                                       sampling=SamplingSpec(1.0), group_id='g', rollout_id='r'))
+    store.write_trajectories(tmp_path / 'r.parquet', [rec])
+    code, out, _ = _cli(capsys, 'check', tmp_path / 'r.parquet', '--model', model)
+    assert code == 1
+    assert (f"  e.g. g/r#1: TokenizerMismatchError: provenance.tokenizer: is '0123456789abcdef' but the tokenizer of "
+            f"--model m is ") in out
+    assert "the model reads these ids as other words, so no replay ratio is computed" in out
+    assert 'replay under the declared sampler (model ' in out and ', 0 records):' in out
+
+
+def test_a_mistyped_local_tokenizer_path_is_not_sent_to_the_hub(tmp_path, monkeypatch):
+    import time
+
+    from agentrl.templates import load_tokenizer
+    (tmp_path / 'runs').mkdir()
+    monkeypatch.chdir(tmp_path)
+    for name in ('./qwen3-tok', '~/no-such-tokenizer', str(tmp_path / 'tok'), 'runs/tok', 'a/b/c'):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError) as e:
+            load_tokenizer(name)
+        assert time.monotonic() - t0 < 1.0
+        assert str(e.value) == (f'TOKENIZER {name!r} is not a folder (no such folder); it looks like a local path, so '
+                                'the Hugging Face hub is not asked: check the path, or pass a hub id such as '
+                                'Qwen/Qwen3-0.6B')
