@@ -149,13 +149,20 @@ def load_model(path: str, dtype: str = 'float32', device: str = 'cpu'):
     Raises:
         FileNotFoundError: nothing at ``path``, or a folder without ``config.json``.
         ValueError: not a TinyAgent checkpoint, or a config out of bounds (one line, naming
-            ``--model``). ImportError: a Hugging Face folder without the ``hf`` extra.
+            ``--model``); a ``device`` torch does not know or this machine lacks (naming ``--device``).
+            ImportError: a Hugging Face folder without the ``hf`` extra.
     """
     from ..engines.scorer import load_scorer
     if not os.path.exists(path):
         raise FileNotFoundError(f'--model {path!r} does not exist; pass a TinyAgent checkpoint (model.pt) or a '
                                 'Hugging Face model folder')
     import torch
+    try:
+        torch.empty(0, device=torch.device(device))         # a device this machine has, before the model loads
+    except (RuntimeError, AssertionError) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        raise ValueError(f'--device {device!r} cannot be used here ({why}); pass --device cpu, or cuda / cuda:N on '
+                         'a machine with that GPU') from None
     try:
         return load_scorer(path, device=device, dtype=getattr(torch, dtype))
     except ValueError as e:
