@@ -179,3 +179,48 @@ def test_a_mistyped_local_tokenizer_path_is_not_sent_to_the_hub(tmp_path, monkey
         assert str(e.value) == (f'TOKENIZER {name!r} is not a folder (no such folder); it looks like a local path, so '
                                 'the Hugging Face hub is not asked: check the path, or pass a hub id such as '
                                 'Qwen/Qwen3-0.6B')
+
+
+def test_report_on_a_shard_folder_names_the_run_folder(tmp_path, capsys, monkeypatch):
+    _run(tmp_path / 'run')
+    monkeypatch.chdir(tmp_path)
+    for arg in ('run/trajectories', 'run/trajectories/'):
+        code, _, err = _cli(capsys, 'report', arg)
+        assert code == 2 and err == (f"agentrl: error: {arg!r} is the shard folder of the run 'run'; pass the run "
+                                     'folder: `agentrl report run`\n')
+    code, _, err = _cli(capsys, 'report', 'run/trajectories/part-000000.parquet')
+    assert code == 2 and err == ("agentrl: error: 'run/trajectories/part-000000.parquet' is a file; pass the run "
+                                 'folder that holds it (`agentrl report run`)\n')
+    Path('loose').mkdir()
+    shutil.copy('run/trajectories/part-000000.parquet', 'loose/')
+    code, _, err = _cli(capsys, 'report', 'loose')
+    assert code == 2 and err == ("agentrl: error: 'loose' holds trajectory files but is not a run folder (no "
+                                 'trajectories/ or trajectories.parquet in it); `agentrl check` and `agentrl show` '
+                                 'read such a folder, `agentrl report` reads the run folder that holds trajectories/\n')
+    Path('run/summary.json').write_text('{"policies": 5}')
+    code, _, err = _cli(capsys, 'report', 'run')
+    assert code == 2 and err == ("agentrl: error: 'run/summary.json': policies is a number, not a JSON object, so "
+                                 'this is not a run summary; delete it or rerun `agentrl rollout`\n')
+
+
+def test_no_internal_error_lines_for_a_device_or_a_malformed_server_log(tmp_path, capsys):
+    import torch
+
+    from agentrl.model import TinyAgent, save_checkpoint
+    out = _run(tmp_path / 'run')
+    save_checkpoint(TinyAgent(316).eval(), str(tmp_path / 'm.pt'))
+    code, _, err = _cli(capsys, 'check', out / 'trajectories', '--model', tmp_path / 'm.pt', '--device', 'bogus')
+    assert code == 2 and err.startswith("agentrl: error: --device 'bogus' cannot be used here (Expected one of ")
+    assert err.endswith('); pass --device cpu, or cuda / cuda:N on a machine with that GPU\n')
+    if not torch.cuda.is_available():
+        code, _, err = _cli(capsys, 'check', out / 'trajectories', '--model', tmp_path / 'm.pt', '--device', 'cuda')
+        assert code == 2 and err == ("agentrl: error: --device 'cuda' cannot be used here (Torch not compiled with "
+                                     'CUDA enabled); pass --device cpu, or cuda / cuda:N on a machine with that GPU\n')
+    log = tmp_path / 'h.json'
+    log.write_text('[{"exchanges": [{"request": {"prompt": [1]}, "response": {"choices": 5}}]}]')
+    code, _, err = _cli(capsys, 'import', log, '--from', 'vllm', '--out', tmp_path / 'imp', '--temperature', '1')
+    assert code == 2 and not (tmp_path / 'imp').exists()
+    assert err == (f"agentrl: error: PATH {str(log)!r} holds a value agentrl cannot read as vllm exchanges "
+                   "(TypeError: 'int' object is not subscriptable); log each exchange as the request and response "
+                   'bodies the server sent and received\n')
+    assert 'internal error' not in err

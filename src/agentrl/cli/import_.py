@@ -159,7 +159,15 @@ def run(args) -> int:
     if os.path.exists(opts.out) and (not os.path.isdir(opts.out) or os.listdir(opts.out)):
         raise UserError(f'--out {opts.out!r} exists and is not an empty folder; import into a new folder '
                         '(a run folder is never overwritten)')
-    records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(), **kwargs)
+    try:
+        records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(), **kwargs)
+    except (TypeError, KeyError, AttributeError, IndexError) as e:     # a value of the wrong shape deep in the file
+        what = ' '.join(str(e).split())[:160] or type(e).__name__
+        server = opts.source in ('vllm', 'sglang')
+        fix = ('log each exchange as the request and response bodies the server sent and received' if server else
+               f'pass a file `agentrl export --to {opts.source}` or {opts.source} wrote')
+        raise UserError(f'PATH {opts.path!r} holds a value agentrl cannot read as {opts.source} '
+                        f'{"exchanges" if server else "data"} ({type(e).__name__}: {what}); {fix}') from None
     os.makedirs(opts.out, exist_ok=True)
     path = store.write_trajectories(os.path.join(opts.out, 'trajectories.parquet'), records)
     policies: dict = {}

@@ -39,7 +39,8 @@ class ReportOptions:
         """Check the options before anything is read.
 
         Raises:
-            ValueError: naming the bad flag (or RUN_DIR) and the fix.
+            ValueError: naming the bad flag (or RUN_DIR) and the fix; a shard folder names its run
+                folder; a ``summary.json`` that is not a run summary names the file.
         """
         if os.path.isfile(self.run_dir):
             run = _run_of(os.path.dirname(self.run_dir))
@@ -60,6 +61,7 @@ class ReportOptions:
             raise ValueError(f'{self.trajectories()} not found; run `agentrl rollout --out {self.run_dir}` first')
         if self.fold < 0:
             raise ValueError(f'--fold must be >= 0 (0 = never fold), got {self.fold}')
+        _read_summary(self.run_dir)                # a summary.json that is not one: refused before any reading
         if self.out and os.path.isdir(self.out):
             raise ValueError(f'--out {self.out!r} is a folder; pass a file name such as '
                              f'{os.path.join(self.out, "report.html")!r}')
