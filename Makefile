@@ -36,9 +36,10 @@ demo: $(STAMP)
 	$(VENV)/bin/agentrl report runs/demo
 	$(VENV)/bin/agentrl report runs/demo/trained
 
-# every suite runs even when an earlier one fails; the exit status is non-zero if any failed
+# every suite runs even when an earlier one fails; each one's result is printed; the exit status is non-zero if any failed
 test: $(STAMP)
-	@rc=0; $(PY) -m pytest -q --ignore=tests/live_vllm || rc=1; $(MAKE) test-interop || rc=1; exit $$rc
+	@main=0; interop=0; $(PY) -m pytest -q --ignore=tests/live_vllm || main=$$?; $(MAKE) test-interop || interop=$$?; \
+	echo "suite results: main exit $$main; interop exit $$interop"; [ $$main -eq 0 ] && [ $$interop -eq 0 ]
 
 $(ISTAMP): pyproject.toml
 	test -x $(IPY) || python3 -m venv $(IVENV)

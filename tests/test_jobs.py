@@ -238,19 +238,41 @@ def _wait_until_ready(proc, ready, what: str, timeout: float = 900.0) -> None:
         time.sleep(0.05)
 
 
+#: ``agentrl rollout ARGS`` held after its first shard until the test's signal has reached the job's handler
+#: (jobs.rollout._Signals): the job cannot finish first, however loaded the machine is (issue 25, item 8)
+_HELD_ROLLOUT = textwrap.dedent('''
+    import signal, sys, time
+    from pathlib import Path
+    from agentrl import store
+    from agentrl.cli.main import main
+    write, marker = store.ShardWriter.write, Path(sys.argv[1])
+
+    def held(self, recs):
+        path = write(self, recs)
+        if not marker.exists():
+            job = signal.getsignal(signal.SIGTERM).__self__          # the job's _Signals, installed by now
+            marker.write_text(str(path))
+            while not job.stop:                                      # until the test's signal has landed
+                time.sleep(0.01)
+        return path
+    store.ShardWriter.write = held
+    sys.exit(main(sys.argv[2:]))
+''')
+
+
 @pytest.mark.parametrize('sig', [signal.SIGINT, signal.SIGTERM])
 def test_ctrl_c_and_sigterm_keep_finished_shards_and_say_how_to_resume(tmp_path, sig):
-    out = tmp_path / 'run'
+    out, marker = tmp_path / 'run', tmp_path / 'first-shard'
+    env = dict(os.environ, PYTHONPATH=str(Path(arl.__file__).parents[1]))
     # the child restores the default SIGINT handler: a parent that ignores SIGINT must not make it hang
-    proc = subprocess.Popen([*AGENTRL, 'rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '80',
-                             '--no-batch', '--chunk-size', '4', '--out', str(out)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen([sys.executable, '-c', _HELD_ROLLOUT, str(marker), 'rollout', '--policy', 'model',
+                             '--split', 'heldout', '--repeats', '80', '--no-batch', '--chunk-size', '4', '--out',
+                             str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
-        # the first shard is written inside the job's signal-handling block (jobs.rollout._Signals):
-        # once it exists, SIGINT and SIGTERM reach the job's handler, not Python's default
-        _wait_until_ready(proc, lambda: (out / 'trajectories').is_dir() and store.data_files(out / 'trajectories'),
-                          'the first shard')
+        # the marker is written after the first shard, inside the job's signal-handling block, and the
+        # job then waits for the signal: it is sent at that known point, never after a sleep
+        _wait_until_ready(proc, marker.exists, 'the first shard')
         assert _catches(proc.pid, signal.SIGTERM)          # _Signals installs SIGINT and SIGTERM together
         proc.send_signal(sig)
         _, err = proc.communicate(timeout=300)
@@ -259,7 +281,7 @@ def test_ctrl_c_and_sigterm_keep_finished_shards_and_say_how_to_resume(tmp_path,
             proc.kill()
     assert proc.returncode == 130, err
     kept = store.stored_identities(out / 'trajectories')
-    assert 0 < len(kept) < 480 and len(kept) % 4 == 0            # whole chunks only
+    assert len(kept) == 4                                        # the chunk in hand when the signal came, whole
     assert f'agentrl: interrupted: {len(kept)} of 480 episodes are stored in {str(out)!r}' in err
     assert f'finish the run with: agentrl rollout --resume {out}' in err
     assert not (out / 'summary.json').exists() and not list(out.rglob('.*.tmp-*'))
@@ -677,16 +699,37 @@ def test_train_killed_mid_run_leaves_no_run_and_the_next_run_cleans_up(tmp_path)
     assert json.loads((out / 'summary.json').read_text())['sft']['steps'] == 2
 
 
+#: ``agentrl train`` (its own SIGTERM handler) held at SFT step 2 until the signal ends it (issue 25, item 8)
+_HELD_TRAIN = textwrap.dedent('''
+    import sys, time
+    from pathlib import Path
+    import agentrl.train.loop as loop
+    from agentrl.cli.main import main
+    train, marker = loop.train, Path(sys.argv[1])
+
+    def held(cfg, on_event=None):
+        def hook(row):
+            on_event(row)
+            if row['phase'] == 'sft' and row['step'] == 2:
+                marker.write_text('at sft step 2')
+                while True:                  # the SIGTERM handler of `agentrl train` raises SystemExit here
+                    time.sleep(0.01)
+        return train(cfg, hook)
+    loop.train = held
+    sys.exit(main(['train', '--sft-steps', '4', '--grpo-steps', '0', '--out', sys.argv[2]]))
+''')
+
+
 def test_sigterm_during_train_leaves_no_run(tmp_path):
-    out = tmp_path / 'tc'
+    out, marker = tmp_path / 'tc', tmp_path / 'at-step-2'
     env = dict(os.environ, PYTHONPATH=str(Path(arl.__file__).parents[1]))
-    p = subprocess.Popen([sys.executable, '-m', 'agentrl', 'train', '--sft-steps', '2000', '--grpo-steps', '0',
-                          '--out', str(out)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, '-c', _HELD_TRAIN, str(marker), str(out)], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
     try:
-        # metrics.jsonl is written after `agentrl train` installs its SIGTERM handler; the handler is
-        # checked too, so the signal never reaches a child still importing torch (exit -15, not 143)
-        _wait_until_ready(p, lambda: list(out.glob('.train-tmp-*/metrics.jsonl')) and _catches(p.pid, signal.SIGTERM),
-                          "train's first metrics")
+        # the child writes the marker at SFT step 2 (after `agentrl train` installed its SIGTERM handler)
+        # and then waits there: train cannot finish before the signal lands, however loaded the machine is
+        _wait_until_ready(p, lambda: marker.exists() and _catches(p.pid, signal.SIGTERM), 'SFT step 2')
+        assert list(out.glob('.train-tmp-*/metrics.jsonl'))
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=300)
     finally:

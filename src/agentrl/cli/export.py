@@ -5,6 +5,11 @@ Before anything is written, the records pass the rules ``agentrl check RUN`` run
 (:func:`agentrl.jobs.check.require_accepted`): a record the check refuses stops the export with the
 check's first refusal line and its exit code 1, and ``PATH`` is not created. The exporter's own
 refusals (placeholder log-probs for RL, support, groups) follow.
+
+A rollout run that is not finished (fewer episodes stored than ``run.json`` plans, no ``summary.json``,
+or a job still holding ``RUN/.lock``) is exported with what it holds, exit 0, and says so: a warning on
+stderr and ``"incomplete": "incomplete: K of N episodes stored ...; resume with ..."`` in
+``PATH/manifest.json`` (the key is absent for a complete run or an input without a plan).
 """
 from __future__ import annotations
 
@@ -107,5 +112,46 @@ def run(args) -> int:
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,
                        prompt_length=opts.prompt_length, response_length=opts.response_length,
                        split_turns=opts.split_turns)
+    note = _incomplete_note(opts.run, records)
+    if note:                                    # the manifest and stderr say so; the export itself stands
+        _add_to_manifest(opts.out, incomplete=note)
+        import warnings
+        warnings.warn(f'{opts.run!r} is {note}; the export holds only those records (manifest.json says '
+                      '"incomplete")')
     print(f"wrote {m['records']} records for {opts.to} to {opts.out}: {', '.join(m['files'])}, manifest.json")
     return 0
+
+
+def _incomplete_note(run: str, records) -> str:
+    """What says the rollout run behind ``run`` is unfinished (:func:`agentrl.jobs.report.incompleteness`), or ''.
+
+    ``run`` is a run folder, its ``trajectories/`` folder or one of its shards; any other input
+    (a plain ``.parquet`` file, an import) has no plan to compare with and gives ''. A run whose
+    ``OUT/.lock`` is still there may be being written (or its job was killed).
+    """
+    from pathlib import Path
+
+    from ..jobs.report import incompleteness
+    folder = Path(run).resolve()
+    if folder.is_file():                                    # a shard or RUN/trajectories.parquet: its folder
+        folder = folder.parent
+    if folder.name == 'trajectories' and not (folder / 'run.json').is_file():
+        folder = folder.parent
+    if not (folder / 'run.json').is_file():
+        return ''
+    note = incompleteness(str(folder), records, (folder / 'summary.json').is_file())
+    if note and (folder / '.lock').exists():
+        note = note.replace('; resume with', ', OUT/.lock held (a job may still be writing it); resume with', 1)
+    return note
+
+
+def _add_to_manifest(out: str, **fields) -> None:
+    """Add ``fields`` to ``out/manifest.json`` (rewritten atomically, still the last file written)."""
+    import json
+
+    from ..io import atomic_write
+    path = os.path.join(out, 'manifest.json')
+    with open(path) as f:
+        manifest = json.load(f)
+    manifest.update(fields)
+    atomic_write(path, json.dumps(manifest, indent=2, sort_keys=True) + '\n')

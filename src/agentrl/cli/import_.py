@@ -32,6 +32,8 @@ class ImportOptions:
             file supplies it (:func:`agentrl.interop.from_openai` ``strict_sampling``).
         chat_template_kwargs: vllm/sglang chat logs: JSON object of chat-template options the
             server rendered with (``{"enable_thinking": false}``) when the requests do not carry them.
+        trust_pickle: read a verl ``.dp`` file (a pickle) with verl's ``DataProto.load_from_disk``;
+            without it such a file is refused (:meth:`check_pickle`).
     """
     path: str = option(None, 'the file or export folder to import', positional=True, metavar='PATH')
     source: str = option(None, 'source framework or server (required)', choices=SOURCES, flag='--from')
@@ -52,6 +54,9 @@ class ImportOptions:
     chat_template_kwargs: str | None = option(None, 'vllm/sglang chat logs: JSON object of chat-template options the '
                                                     'server rendered with, e.g. \'{"enable_thinking": false}\' '
                                                     '(the requests\' own chat_template_kwargs win)', metavar='JSON')
+    trust_pickle: bool = option(False, "--from verl: read a .dp file (a pickle: verl's DataProto.save_to_disk) with "
+                                       "verl's DataProto.load_from_disk; unpickling runs any code the file holds, "
+                                       'so only for files you trust (default: refused)')
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix."""
@@ -74,6 +79,31 @@ class ImportOptions:
             raise UserError(f'--generation-config {self.generation_config!r} is not a file; pass the model folder\'s '
                             'generation_config.json')
         self.template_kwargs()
+        self.check_pickle()
+
+    def check_pickle(self) -> None:
+        """Refuse a pickled input (a verl ``.dp`` file) without ``--trust-pickle``, and ``--trust-pickle`` elsewhere.
+
+        A ``.dp`` file is unpickled by verl's ``DataProto.load_from_disk``, which runs any code the file
+        holds; every other input is read as data (JSON, or ``torch.load(weights_only=True)``).
+
+        Raises:
+            UserError: a ``.dp`` file without ``--trust-pickle``; ``--trust-pickle`` for another input;
+                a trusted ``.dp`` file without verl installed (the fix: ``pip install verl``).
+        """
+        pickled = self.source == 'verl' and os.path.isfile(self.path) and self.path.endswith('.dp')
+        if pickled and not self.trust_pickle:
+            raise UserError(f"PATH {self.path!r} is a pickle (verl's DataProto.save_to_disk): unpickling runs any "
+                            'code the file holds, so it is not read; pass --trust-pickle if you trust the file, or '
+                            'import the verl_batch.pt `agentrl export --to verl` writes (tensors only)')
+        if self.trust_pickle and not pickled:
+            raise UserError(f'--trust-pickle applies to a verl .dp file (--from verl); {self.path!r} is read '
+                            'without unpickling code; drop --trust-pickle')
+        import importlib.util
+        if pickled and importlib.util.find_spec('verl') is None:
+            raise UserError(f"PATH {self.path!r} is a verl DataProto pickle, read only by verl's "
+                            'DataProto.load_from_disk, and verl is not installed; pip install verl, or import the '
+                            'verl_batch.pt `agentrl export --to verl` writes (no verl needed)')
 
     def template_kwargs(self) -> dict:
         """``--chat-template-kwargs`` as a dict (empty when not given); UserError for anything but a JSON object."""
@@ -129,7 +159,15 @@ def run(args) -> int:
     if os.path.exists(opts.out) and (not os.path.isdir(opts.out) or os.listdir(opts.out)):
         raise UserError(f'--out {opts.out!r} exists and is not an empty folder; import into a new folder '
                         '(a run folder is never overwritten)')
-    records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(), **kwargs)
+    try:
+        records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(), **kwargs)
+    except (TypeError, KeyError, AttributeError, IndexError) as e:     # a value of the wrong shape deep in the file
+        what = ' '.join(str(e).split())[:160] or type(e).__name__
+        server = opts.source in ('vllm', 'sglang')
+        fix = ('log each exchange as the request and response bodies the server sent and received' if server else
+               f'pass a file `agentrl export --to {opts.source}` or {opts.source} wrote')
+        raise UserError(f'PATH {opts.path!r} holds a value agentrl cannot read as {opts.source} '
+                        f'{"exchanges" if server else "data"} ({type(e).__name__}: {what}); {fix}') from None
     os.makedirs(opts.out, exist_ok=True)
     path = store.write_trajectories(os.path.join(opts.out, 'trajectories.parquet'), records)
     policies: dict = {}

@@ -149,13 +149,20 @@ def load_model(path: str, dtype: str = 'float32', device: str = 'cpu'):
     Raises:
         FileNotFoundError: nothing at ``path``, or a folder without ``config.json``.
         ValueError: not a TinyAgent checkpoint, or a config out of bounds (one line, naming
-            ``--model``). ImportError: a Hugging Face folder without the ``hf`` extra.
+            ``--model``); a ``device`` torch does not know or this machine lacks (naming ``--device``).
+            ImportError: a Hugging Face folder without the ``hf`` extra.
     """
     from ..engines.scorer import load_scorer
     if not os.path.exists(path):
         raise FileNotFoundError(f'--model {path!r} does not exist; pass a TinyAgent checkpoint (model.pt) or a '
                                 'Hugging Face model folder')
     import torch
+    try:
+        torch.empty(0, device=torch.device(device))         # a device this machine has, before the model loads
+    except (RuntimeError, AssertionError) as e:
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        raise ValueError(f'--device {device!r} cannot be used here ({why}); pass --device cpu, or cuda / cuda:N on '
+                         'a machine with that GPU') from None
     try:
         return load_scorer(path, device=device, dtype=getattr(torch, dtype))
     except ValueError as e:
@@ -204,12 +211,15 @@ class CheckReport:
 
     Attributes:
         path, model, max_ratio_dev: as checked.
-        n: rows read. refused: rows refused (any reason). scripted: placeholder records.
+        n: rows read. refused: rows refused (any reason). scripted: placeholder records of agentrl's
+        policies. no_logp: placeholder records of any other source (imported without sampling log-probs,
+        e.g. a server called without ``logprobs``); with a model they fail the check (RL needs them).
         kinds: ``Counter`` of refusal kinds (error class names). examples: first messages.
         lengths, trained: tokens per record and trained tokens per record (accepted rows).
-        policies, stops: ``Counter`` of ``provenance.policy`` and ``info['stop']``.
-        truncated: records truncated (:func:`agentrl.stats.is_truncated`: ``stop == 'truncated'`` or a
-            turn cut at its token budget).
+        policies, stops: ``Counter`` of ``provenance.policy`` and the stop reason (:func:`_stop_reason`:
+            ``info['stop']``; an imported record's finish reason as its server or trainer named it).
+        truncated: records truncated (as :func:`agentrl.train.grpo.is_overlong`: ``stop == 'truncated'``, a
+            turn cut at its token budget, or a turn cut at ``max_tokens``: ``info['template']['unterminated_turns']``).
         replays: :class:`agentrl.checks.RecordReplay` per replayed record.
         replay_skipped: ``Counter`` of why records were not replayed (scripted only).
         sampler_defects: replays whose declared sampler does not reproduce the stored log-probs.
@@ -229,6 +239,7 @@ class CheckReport:
     n: int = 0
     refused: int = 0
     scripted: int = 0
+    no_logp: int = 0
     truncated: int = 0
     kinds: Counter = field(default_factory=Counter)
     examples: list = field(default_factory=list)
@@ -299,6 +310,8 @@ class CheckReport:
         if self.n == 0:
             out.append('no records')
         rep = self.replay
+        if rep is not None and self.no_logp:
+            out.append(f'{self.no_logp} records have no sampling log-probs (the replay and RL trainers need them)')
         if rep is not None:
             if self.sampler_defects:
                 out.append(f'{len(self.sampler_defects)} records not reproduced by their declared sampler')
@@ -327,12 +340,17 @@ class CheckReport:
         """The report as printed by ``agentrl check`` (data from the records is made printable)."""
         p = printable
         n = self.n
-        lines = [f'records          {n}  (refused {self.refused}, scripted {self.scripted})',
+        no_logp = f', no sampling log-probs {self.no_logp}' if self.no_logp else ''
+        lines = [f'records          {n}  (refused {self.refused}, scripted {self.scripted}{no_logp})',
                  'policies         ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.policies.items())) or 'none'),
                  f'length (tokens)  {_stats(self.lengths)}',
                  f'trained tokens   {_stats(self.trained)}',
                  'stops            ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.stops.items())) or 'none'),
                  f'truncation rate  {self.truncated / n:.3f}  (episodes stopped truncated or with a turn cut at its budget)' if n else 'truncation rate  n/a']
+        if self.no_logp:
+            lines.append(f'sampling logps   none in {self.no_logp} records: their source stored none (a server called '
+                         'without logprobs); fine for SFT, but RL trainers and the replay need them: sample again '
+                         'with log-probs (vLLM chat: "logprobs": true; SGLang: "return_logprob": true)')
         if self.versions and set(self.versions) != {'(none)'}:
             lines.append('policy versions  ' + '  '.join(f'{p(k)} {v}' for k, v in self.versions.most_common(8))
                          + (f'  ({len(self.versions)} versions)' if len(self.versions) > 8 else '')
@@ -521,11 +539,59 @@ def _tally(rep: CheckReport, rec) -> None:
     rep.lengths.append(len(rec.ids))
     if rec.action_mask is not None:
         rep.trained.append(int(rec.action_mask.float().sum()))
-    rep.stops[str((rec.info or {}).get('stop'))] += 1
-    rep.truncated += is_truncated(rec)
+    rep.stops[_stop_reason(rec)] += 1
+    template = (rec.info or {}).get('template')           # a turn cut at max_tokens: unterminated_turns
+    rep.truncated += is_truncated(rec) or (isinstance(template, dict) and bool(template.get('unterminated_turns')))
     rep.policies[prov.policy if prov is not None else '(none)'] += 1
     if prov is not None and prov.logp_placeholder:
-        rep.scripted += 1
+        if _ours(prov):
+            rep.scripted += 1
+        else:
+            rep.no_logp += 1
+
+
+def _ours(prov) -> bool:
+    """Whether a record comes from one of agentrl's BugFix policies (scripted or TinyAgent), not an import."""
+    from .plan import POLICIES
+    return prov.policy in POLICIES
+
+
+def _stop_reason(rec) -> str:
+    """The stop reason to count: ``info['stop']`` (the gym's words: submitted, budget, truncated), except for
+    an imported record, which keeps its source's words: the server's ``finish_reason`` (``stop``,
+    ``length``, ``tool_calls``) or the trainer's stop field; ``'(not recorded)'`` when it has none."""
+    info = rec.info or {}
+    meta = info.get('import')
+    if isinstance(meta, dict) and meta.get('finish') is not None:
+        return f"finish_reason {meta['finish']}"
+    stop = info.get('stop')
+    if rec.provenance is not None and not _ours(rec.provenance) and stop is None:
+        return '(not recorded)'
+    return str(stop)
+
+
+def _model_tokenizer(path: str) -> str | None:
+    """The tokenizer fingerprint of a Hugging Face ``--model`` folder (None for a TinyAgent checkpoint, which
+    does not name its tokenizer, or a folder whose tokenizer cannot be loaded)."""
+    if not os.path.isdir(path):
+        return None
+    try:
+        from ..templates import load_tokenizer
+        from ..templates.chat import tokenizer_fingerprint
+        return tokenizer_fingerprint(load_tokenizer(path))
+    except (ImportError, ValueError, AttributeError):
+        return None
+
+
+def _other_tokenizer(prov, model_tok: str, name: str) -> list:
+    """A refusal of a sampled record whose tokenizer is not the replay model's (no ratio would mean anything)."""
+    from ..checks import TokenizerMismatchError
+    if not prov.tokenizer or prov.tokenizer == model_tok:
+        return []
+    return [TokenizerMismatchError(
+        f"is {prov.tokenizer!r} but the tokenizer of --model {name} is {model_tok!r}: the model reads these ids as "
+        'other words, so no replay ratio is computed', field='provenance.tokenizer',
+        fix='replay with the model (and tokenizer) that sampled the records')]
 
 
 def _versions(rep: CheckReport, rec, opts: CheckOptions, key) -> list:
@@ -569,6 +635,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     from ..checks.mismatch import context_drift
     opts.validate()
     scorer = load_model(opts.model, opts.dtype, opts.device) if opts.model else None
+    model_tok = _model_tokenizer(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
                            eot_ids=tuple(opts.eot_ids), vocab_size=opts.vocab_size)
     rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples,
@@ -585,6 +652,8 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             key = checks.record_key(rec) if rec.provenance is not None else row.source
             problems = checks.find_problems(rec, _expected(opts, base, rec.provenance,
                                                            getattr(scorer, 'vocab_size', None)))
+            if model_tok and rec.provenance is not None and not rec.provenance.logp_placeholder:
+                problems += _other_tokenizer(rec.provenance, model_tok, scorer.name)   # said before any ratio
             verdict, first = seen.see(rec, where=(row.file, row.row), digest=row.digest)   # hashed once, at verify
             if verdict != checks.Deduper.NEW:
                 problems.append(_repeat_problem(verdict, first, key))
@@ -599,7 +668,8 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             for r in rows:
                 if not r.problems:
                     if r.record.provenance.logp_placeholder:
-                        rep.replay_skipped['scripted (placeholder log-probs)'] += 1
+                        rep.replay_skipped['scripted (placeholder log-probs)' if _ours(r.record.provenance)
+                                           else 'no sampling log-probs (their source stored none)'] += 1
                     else:
                         sampled.append(r)
             _replay(sampled, scorer, opts.tol)

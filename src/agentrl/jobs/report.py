@@ -39,21 +39,42 @@ class ReportOptions:
         """Check the options before anything is read.
 
         Raises:
-            ValueError: naming the bad flag (or RUN_DIR) and the fix.
+            ValueError: naming the bad flag (or RUN_DIR) and the fix; a shard folder names its run
+                folder; a ``summary.json`` that is not a run summary names the file.
         """
         if os.path.isfile(self.run_dir):
-            raise ValueError(f'{self.run_dir!r} is a file; pass the run folder that holds it (RUN_DIR of '
-                             '`agentrl rollout --out RUN_DIR`)')
+            run = _run_of(os.path.dirname(self.run_dir))
+            raise ValueError(f'{self.run_dir!r} is a file; pass the run folder that holds it ' +
+                             (f'(`agentrl report {run}`)' if run else '(RUN_DIR of `agentrl rollout --out RUN_DIR`)'))
         if not os.path.isdir(self.run_dir):
             raise ValueError(f'run folder {self.run_dir!r} does not exist; create it with '
                              f'`agentrl rollout --out {self.run_dir}`')
         if not os.path.exists(self.trajectories()):
+            run = _run_of(self.run_dir)
+            if run:
+                raise ValueError(f'{self.run_dir!r} is the shard folder of the run {run!r}; pass the run folder: '
+                                 f'`agentrl report {run}`')
+            if any(f.endswith('.parquet') for f in os.listdir(self.run_dir)):
+                raise ValueError(f'{self.run_dir!r} holds trajectory files but is not a run folder (no trajectories/ '
+                                 'or trajectories.parquet in it); `agentrl check` and `agentrl show` read such a '
+                                 'folder, `agentrl report` reads the run folder that holds trajectories/')
             raise ValueError(f'{self.trajectories()} not found; run `agentrl rollout --out {self.run_dir}` first')
         if self.fold < 0:
             raise ValueError(f'--fold must be >= 0 (0 = never fold), got {self.fold}')
+        _read_summary(self.run_dir)                # a summary.json that is not one: refused before any reading
         if self.out and os.path.isdir(self.out):
             raise ValueError(f'--out {self.out!r} is a folder; pass a file name such as '
                              f'{os.path.join(self.out, "report.html")!r}')
+
+
+def _run_of(folder: str) -> str:
+    """The run folder whose shard folder ``folder`` is (``RUN`` for ``RUN/trajectories``), or ''."""
+    folder = folder.rstrip(os.sep) or os.sep
+    parent = os.path.dirname(folder) or '.'
+    if os.path.basename(folder) == 'trajectories' and any(
+            os.path.isfile(os.path.join(parent, n)) for n in ('run.json', 'summary.json')):
+        return parent
+    return ''
 
 
 @dataclass
@@ -128,6 +149,12 @@ def _read_summary(run_dir: str) -> dict | None:
     summary = read_json(spath, fix='delete it or rerun `agentrl rollout`')
     if not isinstance(summary, dict):
         raise ValueError(f'{spath!r} is not a run summary (a JSON object); delete it or rerun `agentrl rollout`')
+    for key in ('policies', 'options'):          # what the page reads from it
+        if summary.get(key) is not None and not isinstance(summary[key], dict):
+            what = {bool: 'true/false', int: 'a number', float: 'a number', str: 'a string', list: 'a list'}.get(
+                type(summary[key]), 'not an object')
+            raise ValueError(f'{spath!r}: {key} is {what}, not a JSON object, so this is not a run summary; delete '
+                             'it or rerun `agentrl rollout`')
     return summary
 
 

@@ -260,6 +260,18 @@ def _expected_provenance(spec: RunSpec, tok) -> Callable[[EpisodeJob], dict]:
     return expected
 
 
+def _repeat_line(where: str, row, first: tuple, verdict: str, shard_dir: Path) -> str:
+    """The one-line refusal of a stored record that repeats an earlier one's identity (a stray copy of a shard)."""
+    from ..checks import episode_key
+    prov = row.record.provenance
+    ident = (f'episode {episode_key(prov.group_id, prov.rollout_id)} attempt {prov.attempt}' if prov is not None
+             else 'a record without identity')
+    what = 'the same record' if verdict == 'resend' else 'the identity of'
+    return (f'{where}: {row.file!r} row {row.row} repeats {what} {first[0]!r} row {first[1]} ({ident} is stored '
+            f'twice: a copy of a shard?); move one of the two files out of {str(shard_dir)!r} (the episodes only '
+            'it held then run again), then resume; nothing was run')
+
+
 def stored_records(shard_dir: Path, jobs: list, spec: RunSpec, tok):
     """Yield the records a resume finds in ``shard_dir``, a batch at a time, each checked against run.json.
 
@@ -270,17 +282,25 @@ def stored_records(shard_dir: Path, jobs: list, spec: RunSpec, tok):
     Raises:
         ValueError: a record of an episode the plan does not hold, or whose provenance differs from
             what run.json fixes (a shard of another run); the message names the shard file, the row,
-            the field and the fix. MalformedRowError, DigestMismatchError: a row that cannot be trusted.
+            the field and the fix; a record stored twice (a copy of a shard: the same identity
+            ``(group_id, rollout_id, attempt)`` in two rows), naming both files and rows. Resume refuses such
+            a store rather than healing it: which copy is the stray one is the user's call.
+            MalformedRowError, DigestMismatchError: a row that cannot be trusted.
     """
     from .. import store
+    from ..checks import Deduper
     index = {j.key: j for j in jobs}
     expected = _expected_provenance(spec, tok)
     where = f'--resume {spec.options.out!r}'
+    seen = Deduper()
     for rows in store.scan(shard_dir, 256):
         recs = []
         for row in rows:
             if row.problem is not None:
                 raise row.problem
+            verdict, first = seen.see(row.record, where=(row.file, row.row), digest=row.digest)
+            if verdict != Deduper.NEW:
+                raise ValueError(_repeat_line(where, row, first, verdict, shard_dir))
             prov = row.record.provenance
             fix = (f'move {Path(row.file).name} out of {str(shard_dir)!r} (its episodes then run again), or '
                    'start a new --out')

@@ -176,6 +176,27 @@ def require_hf(what: str = 'agentrl.templates'):
     return transformers
 
 
+def _refuse_missing_path(name: str) -> None:
+    """Refuse a local path that names no folder, before the hub is asked (offline, its retries cost ~50 s).
+
+    Path-like: starts with ``/``, ``.`` or ``~``, holds ``os.sep`` (other than ``/``) or more than one
+    ``/`` (a hub id is ``name`` or ``org/name``), or its parent folder exists here.
+
+    Raises:
+        ValueError: ``TOKENIZER 'PATH' is not a folder ...`` (one line, the fix).
+    """
+    name = str(name)
+    if os.path.isdir(name) or os.path.isdir(os.path.expanduser(name)) and name.startswith('~'):
+        return
+    parent = os.path.dirname(name)
+    pathlike = (name.startswith(('/', '.', '~')) or (os.sep != '/' and os.sep in name) or name.count('/') > 1
+                or (parent and os.path.isdir(os.path.expanduser(parent))))
+    if pathlike:
+        what = 'a file' if os.path.exists(name) else 'no such folder'
+        raise ValueError(f'TOKENIZER {name!r} is not a folder ({what}); it looks like a local path, so the Hugging '
+                         'Face hub is not asked: check the path, or pass a hub id such as Qwen/Qwen3-0.6B')
+
+
 def load_tokenizer(name_or_path: str):
     """Load a Hugging Face tokenizer from a local folder or a hub id.
 
@@ -190,10 +211,12 @@ def load_tokenizer(name_or_path: str):
     Raises:
         ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
         ValueError: the folder or id does not hold a tokenizer; pass a folder that contains
-            ``tokenizer.json`` or a hub id reachable from this machine.
+            ``tokenizer.json`` or a hub id reachable from this machine. A local path that names no
+            folder is refused before the hub is asked (:func:`_refuse_missing_path`).
 
     Source: Hugging Face ``AutoTokenizer.from_pretrained``.
     """
+    _refuse_missing_path(name_or_path)              # before transformers is imported, and before any hub call
     transformers = require_hf('load_tokenizer')
     if name_or_path in TOKENIZER_FAMILIES and not os.path.isdir(name_or_path):
         try:                                 # a family name: the one lookup (env, ../shared, hub)
