@@ -51,7 +51,8 @@ def expected(recs, trainer, mode, **kw):
     c = off_policy_correction(pad_rows(lp, W, 0.0), pad_rows([r.sample_logp for r in recs], W, 0.0),
                               pad_rows([r.action_mask.float() for r in recs], W, 0.0), mode, **kw)
     n = [len(r.ids) - 1 for r in recs]
-    return lp, [c.weights[b, :k] for b, k in enumerate(n)], [c.mask[b, :k] for b, k in enumerate(n)], c
+    w = c.weights * c.mask
+    return lp, [w[b, :k] for b, k in enumerate(n)], [c.mask[b, :k] for b, k in enumerate(n)], c
 
 
 def _close(a, b):

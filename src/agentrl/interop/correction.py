@@ -148,7 +148,8 @@ class RecordCorrections:
     """Per-record results of :func:`correct_records`, in agentrl's ``[T-1]`` alignment.
 
     Attributes:
-        weights, keep, logp: lists of ``[T_i - 1]`` float32: the weights (0 off the kept action tokens),
+        weights, keep, logp: lists of ``[T_i - 1]`` float32: the weights (0 off the kept action tokens;
+            1 on the kept ones for the pure mask modes ``token_mask`` / ``geo_mask``),
             the kept-token mask (action mask with rejected tokens 0), the trainer's log-probs (0 off actions).
         summary: the manifest's ``correction`` entry (mode, thresholds, model, fingerprints, weight
             statistics over kept action tokens, masked counts).
@@ -206,7 +207,8 @@ def correct_records(records, corr: ExportCorrection) -> RecordCorrections:
                'weights': {'mean': m['corr_weight_mean'], 'min': m['corr_weight_min'], 'max': m['corr_weight_max']},
                'action_tokens': act, 'masked_tokens': act - kept, 'masked_records': m['corr_masked_records'],
                'clipped_frac': m['corr_clipped_frac'], 'log_ratio_mean': m['corr_log_ratio_mean']}
-    return RecordCorrections([c.weights[b, :k].clone() for b, k in enumerate(n)],
+    w = c.weights * c.mask                  # 0 on every token the loss mask drops (token_mask / geo_mask weigh 1)
+    return RecordCorrections([w[b, :k].clone() for b, k in enumerate(n)],
                              [c.mask[b, :k].clone() for b, k in enumerate(n)], lp, summary)
 
 
