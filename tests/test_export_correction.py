@@ -173,3 +173,11 @@ def test_refusals_by_name(run, capsys, tmp_path):
     assert not (tmp_path / 'b').exists()
     with pytest.raises(ValueError, match=r"correction mode 'tis' is unknown"):
         interop.ExportCorrection(None, 'tis')
+
+
+def test_cli_modes_are_the_trainers_modes():
+    from agentrl.cli.export import CORRECTION_MODES
+    from agentrl.jobs.check import CheckOptions
+    from agentrl.train.correction import CORRECTION_MODES as TRAIN
+    assert CORRECTION_MODES == TRAIN
+    assert {f.name: f for f in __import__('dataclasses').fields(CheckOptions)}['correction'].metadata['choices'] == TRAIN

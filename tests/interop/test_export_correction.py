@@ -108,3 +108,38 @@ def test_openrlhf_experience_and_policy_loss_read_the_export(records, lm, traine
     assert float((coef * mask - d['agentrl_is_weights']).abs().max()) <= 1e-6
     assert torch.equal(exp.action_mask.long(), ((coef * mask) != 0).long())
     assert 0 < int(exp.action_mask.sum()) < int(mask.sum())
+
+
+def test_trl_compute_loss_reads_the_ratio_and_the_mask(records, lm, trainer, tmp_path, monkeypatch):
+    """TRL's own ``_compute_loss`` on the exported ``trl_batch.pt``, with its vLLM IS correction switched on: at step 0
+    (``old_per_token_logps`` equal to TRL's recomputation) the GRPO loss with advantage 1 per row is
+    ``-mean_b(sum_t w * m / sum_t m)``, ``m = completion_mask * tool_mask``: TRL reads both exported fields."""
+    pytest.importorskip('trl')
+    datasets = pytest.importorskip('datasets')
+    from trl import GRPOConfig, GRPOTrainer
+    monkeypatch.setenv('TRL_EXPERIMENTAL_SILENCE', '1')
+    tok = lm[2]
+    corr = interop.load_correction(trainer[0], 'icepop', is_correction_threshold=BAND)
+    interop.export(records, 'trl', tmp_path / 'c', pad_id=tok.pad_token_id, correction=corr)
+    d = interop.load_export(tmp_path / 'c', 'trl')
+    cfg = GRPOConfig(output_dir=str(tmp_path / 'grpo'), per_device_train_batch_size=4, num_generations=2, max_steps=1,
+                     beta=0.0, temperature=1.0, use_cpu=True, report_to=[], save_strategy='no', bf16=False,
+                     loss_type='grpo', dataloader_num_workers=0)
+    t = GRPOTrainer(model=str(trainer[0]), processing_class=tok, reward_funcs=[interop.trl_reward], args=cfg,
+                    train_dataset=datasets.Dataset.from_dict({'prompt': ['fix the bug'] * 4}),
+                    rollout_func=interop.trl_rollout_func(records))
+    t.use_vllm = t.vllm_importance_sampling_correction = True          # the branch that multiplies by the ratio
+    keys = ('prompt_ids', 'prompt_mask', 'completion_ids', 'completion_mask', 'tool_mask', 'old_per_token_logps',
+            'sampling_per_token_logps', 'importance_sampling_ratio')
+    inputs = {k: d[k] for k in keys}
+    inputs['advantages'] = torch.ones(len(records))
+    t.model.eval()
+    with torch.no_grad():
+        loss = float(t._compute_loss(t.model, inputs))
+        ones = float(t._compute_loss(t.model, {**inputs, 'importance_sampling_ratio': torch.ones_like(
+            d['importance_sampling_ratio'])}))
+    m = (d['completion_mask'] * d['tool_mask']).float()
+    want = -float(((d['importance_sampling_ratio'] * m).sum(-1) / m.sum(-1).clamp(min=1)).mean())
+    print(f'TRL _compute_loss on the exported batch: {loss:.6f}, expected {want:.6f}, with ratio 1: {ones:.6f}')
+    assert loss == pytest.approx(want, abs=1e-5)
+    assert ones == pytest.approx(-float((m.sum(-1) > 0).float().mean()), abs=1e-5) and abs(loss - ones) > 1e-3
