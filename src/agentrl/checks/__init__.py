@@ -33,7 +33,8 @@ from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, classify_tokens,
 from .gate import require_sampled, require_trainable
 from .identity import (dedupe, dedupe_key, digest_arrays, episode_key, has_identity, identity, is_resend, new_attempt,
                        record_digest, record_key)
-from .replay import RatioStats, RecordReplay, ReplayReport, Scorer, replay_check, replay_record, replay_records
+from .replay import (RatioStats, RecordReplay, ReplayReport, Scorer, replay_check, replay_record, replay_records,
+                     score_sequences)
 from .targets import action_targets
 
 __all__ = [
@@ -54,7 +55,7 @@ __all__ = [
     # replay
     'TOKEN_KINDS', 'MIN_FIT_TOKENS', 'FIT_BUDGET', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled',
     'require_trainable', 'classify_tokens', 'fit_sampler', 'RatioStats', 'RecordReplay', 'ReplayReport',
-    'replay_record', 'Scorer', 'replay_records', 'replay_check',
+    'replay_record', 'Scorer', 'score_sequences', 'replay_records', 'replay_check',
     # targets
     'action_targets',
 ]

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..batching import pad_rows
+from ..model import TinyAgent
+from ..packing import pack_order
 from ..record import SamplingSpec, Trajectory, turn_records, turn_spans
 from ..sampling import PenaltyContext
 from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, _KIND, _fit, classify_tokens,  # noqa: F401
@@ -37,7 +39,7 @@ from .identity import record_key
 
 __all__ = ['TOKEN_KINDS', 'MIN_FIT_TOKENS', 'FIT_BUDGET', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled',
            'require_trainable', 'classify_tokens', 'fit_sampler', 'RatioStats', 'RecordReplay', 'ReplayReport',
-           'replay_record', 'Scorer', 'replay_records', 'replay_check']
+           'replay_record', 'Scorer', 'score_sequences', 'replay_records', 'replay_check']
 
 
 @dataclass
@@ -232,13 +234,18 @@ class Scorer:
         name: what to call the model in reports (a file or folder name).
         pad_id: the id written into padding (masked by ``attention_mask``).
         max_len: longest sequence the model takes (None: no limit).
+        packed: optional ``packed(ids [R, N] int64, position_ids [R, N] int64, r [K], j [K]) -> [K, V]``
+            float32 logits of packed rows (records end to end, positions restarting at 0, each record
+            attending only to itself) at the K (row, column) pairs; None: the scorer only takes padded
+            batches. :func:`score_sequences` prefers it.
 
     Use :meth:`of_model` for any ``ids [B, T] -> logits [B, T, V]`` callable (TinyAgent), or
     :func:`agentrl.engines.scorer.load_scorer` for a checkpoint file or Hugging Face folder.
     """
 
-    def __init__(self, fn, name: str = '', pad_id: int = 0, max_len: int | None = None):
+    def __init__(self, fn, name: str = '', pad_id: int = 0, max_len: int | None = None, packed=None):
         self.fn, self.name, self.pad_id, self.max_len = fn, name, int(pad_id), max_len
+        self.packed = packed
 
     def __call__(self, ids: torch.Tensor, attention_mask: torch.Tensor, rows: list) -> list:
         return self.fn(ids, attention_mask, rows)
@@ -248,7 +255,8 @@ class Scorer:
         """Wrap ``model(ids [B, T]) -> logits [B, T, V]`` (or an object with ``.logits``), run
         without gradients on the model's device, in eval mode (dropout off, as at sampling; a
         module's mode is restored after). Right padding is harmless under causal attention, so
-        the mask is not passed."""
+        the mask is not passed. A :class:`~agentrl.model.TinyAgent` also scores packed rows
+        (``forward(ids, position_ids=...)``)."""
         device = None
         module = model if isinstance(model, torch.nn.Module) else None
         if module is not None:
@@ -270,7 +278,20 @@ class Scorer:
                 out = out[0]
             return [out[b, r.to(out.device)].float().cpu() for b, r in enumerate(rows)]
 
-        return cls(fn, name or type(model).__name__, pad_id, getattr(model, 'max_len', None))
+        packed = None
+        if isinstance(model, TinyAgent):                 # masks attention by record from position_ids
+
+            @torch.no_grad()
+            def packed(ids, position_ids, r, j):
+                was = model.training
+                model.eval()
+                try:
+                    out = model(ids.to(device), position_ids=position_ids.to(device))
+                finally:
+                    model.train(was)
+                return out[r.to(out.device), j.to(out.device)].float().cpu()
+
+        return cls(fn, name or type(model).__name__, pad_id, getattr(model, 'max_len', None), packed)
 
 
 @dataclass
@@ -321,11 +342,80 @@ def _units(n: int, rec: Trajectory) -> list:
     return out
 
 
-def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -> ReplayReport:
+def _score_padded(seqs: list, rows: list, scorer, batch_size: int, pad: int) -> list:
+    """Logits at ``rows[i]`` of each sequence: right-padded batches of ``batch_size`` sequences."""
+    out = []
+    for start in range(0, len(seqs), batch_size):
+        chunk = seqs[start:start + batch_size]
+        L = max(len(x) for x in chunk)
+        ids = pad_rows([x.long() for x in chunk], L, pad)
+        mask = pad_rows([torch.ones(len(x), dtype=torch.long) for x in chunk], L, 0)
+        out.extend(scorer(ids, mask, rows[start:start + batch_size]))
+    return out
+
+
+def _score_packed(seqs: list, rows: list, scorer, batch_size: int, pad: int) -> list:
+    """Logits at ``rows[i]`` of each sequence: sequences laid end to end by first-fit decreasing into rows as
+    wide as the longest (:func:`agentrl.packing.pack_order`), ``batch_size`` rows per ``scorer.packed`` call."""
+    lens = [len(x) for x in seqs]
+    bins = pack_order(lens, max(lens))
+    out: list = [None] * len(seqs)
+    for start in range(0, len(bins), batch_size):
+        group = bins[start:start + batch_size]
+        N = max(sum(lens[i] for i in b) for b in group)
+        ids = torch.full((len(group), N), pad, dtype=torch.long)
+        pos = torch.zeros((len(group), N), dtype=torch.long)      # 0 on padding: each pad is a segment of its own
+        rr, jj, order = [], [], []
+        for ri, b in enumerate(group):
+            off = 0
+            for i in b:
+                ids[ri, off:off + lens[i]] = seqs[i]
+                pos[ri, off:off + lens[i]] = torch.arange(lens[i])
+                rr.append(torch.full((len(rows[i]),), ri, dtype=torch.long))
+                jj.append(rows[i].long() + off)
+                order.append(i)
+                off += lens[i]
+        logits = scorer.packed(ids, pos, torch.cat(rr), torch.cat(jj))
+        for i, lg in zip(order, torch.split(logits, [len(rows[i]) for i in order])):
+            out[i] = lg
+    return out
+
+
+def score_sequences(seqs: list, rows: list, scorer, *, batch_size: int = 8, packed: bool = True) -> list:
+    """Logits at chosen prediction rows of each sequence, from packed rows or right-padded batches.
+
+    Args:
+        seqs: S int64 tensors ``[L_i]`` (token ids).
+        rows: S int64 tensors; ``rows[i]`` are the positions j of ``seqs[i]`` whose logits predict ``seqs[i][j+1]``.
+        scorer: a :class:`Scorer` (or a callable with its signature).
+        batch_size: padded: sequences per scorer call; packed: rows per call (each as wide as the longest sequence).
+        packed: score packed rows through ``scorer.packed`` (default; each record attends only to itself, so
+            the logits equal the padded path's within fp32 rounding, 1e-5 tested in tests/test_replay_packed.py);
+            False, or a scorer without ``packed``: right-padded batches (``scorer(ids, mask, rows)``).
+
+    Returns:
+        S float32 tensors ``[len(rows[i]), V]``, in input order.
+
+    Raises:
+        ReplayUnsupportedError: the scorer raised ValueError, IndexError or RuntimeError (ids outside its
+            vocabulary, a sequence too long); fix: score with the model (and tokenizer) that sampled them.
+    """
+    if not seqs:
+        return []
+    pad = getattr(scorer, 'pad_id', 0)
+    fn = _score_packed if packed and getattr(scorer, 'packed', None) is not None else _score_padded
+    try:
+        return fn(seqs, rows, scorer, batch_size, pad)
+    except (ValueError, IndexError, RuntimeError) as e:   # ids outside the vocabulary, too long
+        raise ReplayUnsupportedError(f'cannot be scored by the model ({type(e).__name__}: {e})', field='ids',
+                                     fix='replay with the model (and tokenizer) that sampled the record') from e
+
+
+def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, packed: bool = True) -> ReplayReport:
     """Replay every record's trained tokens with a scorer under each record's declared sampler.
 
-    Records are right-padded in batches of ``batch_size`` and scored in one call per batch; the
-    logits at each action row are replayed under the record's own
+    Records are scored by :func:`score_sequences`: packed end to end (default, when the scorer has a
+    packed path) or right-padded, ``batch_size`` rows per call; the logits at each action row are replayed under the record's own
     :class:`~agentrl.record.SamplingSpec` (penalties against each turn's context and the turn's
     ids so far). A record with ``turn_contexts`` is scored turn by turn, each turn after the
     context it was sampled in (one report entry per turn, key ``'... turn k'``). For the model
@@ -335,7 +425,9 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -
         records: sampled :class:`~agentrl.record.Trajectory` records.
         scorer: a :class:`Scorer` (or any callable with its signature).
         tol: agreement tolerance in nats (default 1e-4).
-        batch_size: sequences per scorer call.
+        batch_size: rows per scorer call.
+        packed: score packed rows (default); False: right-padded batches (the same numbers within fp32
+            rounding; the reference path).
 
     Returns:
         :class:`ReplayReport`; ``report.ok`` when every token matched, a non-finite ratio is
@@ -350,29 +442,20 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -
     """
     units = [u for n, rec in enumerate(records) for u in _units(n, rec)]
     max_len = getattr(scorer, 'max_len', None)
-    pad = getattr(scorer, 'pad_id', 0)
-    reps, budget = [], {'fits': FIT_BUDGET}
-    for start in range(0, len(units), batch_size):
-        chunk = units[start:start + batch_size]
-        L = max(len(u.ids) for u in chunk)
-        if max_len is not None and L > max_len:
-            u = max(chunk, key=lambda u: len(u.ids))
+    for u in units:
+        if max_len is not None and len(u.ids) > max_len:
             raise ReplayUnsupportedError(f'has {len(u.ids)} tokens to score but the model takes at most {max_len}',
                                          field='ids', fix='replay with the model that sampled the record')
-        ids = pad_rows([u.ids.long() for u in chunk], L, pad)
-        mask = pad_rows([torch.ones(len(u.ids), dtype=torch.long) for u in chunk], L, 0)
-        try:
-            logits = scorer(ids, mask, [u.rows for u in chunk])
-        except (ValueError, IndexError, RuntimeError) as e:   # ids outside the vocabulary, too long
-            raise ReplayUnsupportedError(f'cannot be scored by the model ({type(e).__name__}: {e})', field='ids',
-                                         fix='replay with the model (and tokenizer) that sampled the record') from e
-        for u, lg in zip(chunk, logits):
-            reps.append(_judge(u.key, u.out_rows, lg, u.ids[u.rows + 1], u.stored, u.spec, tol, u.context(),
-                               u.history, budget))
+    logits = score_sequences([u.ids for u in units], [u.rows for u in units], scorer, batch_size=batch_size,
+                             packed=packed)
+    reps, budget = [], {'fits': FIT_BUDGET}
+    for u, lg in zip(units, logits):
+        reps.append(_judge(u.key, u.out_rows, lg, u.ids[u.rows + 1], u.stored, u.spec, tol, u.context(),
+                           u.history, budget))
     return ReplayReport.of(reps)
 
 
-def replay_check(records, model, *, tol: float = 1e-4, batch_size: int = 1) -> ReplayReport:
+def replay_check(records, model, *, tol: float = 1e-4, batch_size: int = 1, packed: bool = True) -> ReplayReport:
     """Replay every record's trained tokens with ``model`` under each record's declared sampler.
 
     For an unchanged model every ratio ``exp(replayed - stored)`` is 1 (within float error);
@@ -386,6 +469,7 @@ def replay_check(records, model, *, tol: float = 1e-4, batch_size: int = 1) -> R
             gradients on the model's device.
         tol: see :func:`classify_tokens`.
         batch_size: records per scorer call (default 1: no padding).
+        packed: see :func:`replay_records`.
 
     Returns:
         :class:`ReplayReport`.
@@ -398,4 +482,4 @@ def replay_check(records, model, *, tol: float = 1e-4, batch_size: int = 1) -> R
             or inconsistent ``turn_contexts``.
     """
     scorer = model if isinstance(model, Scorer) else Scorer.of_model(model)
-    return replay_records(list(records), scorer, tol=tol, batch_size=batch_size)
+    return replay_records(list(records), scorer, tol=tol, batch_size=batch_size, packed=packed)

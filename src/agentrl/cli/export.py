@@ -21,6 +21,8 @@ from ..fields import option
 from .options import UserError, add_fields, check_numbers, from_args
 
 FRAMEWORKS = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'sft', 'skyrl-sft')
+#: :data:`agentrl.train.CORRECTION_MODES` (written out: the CLI starts without torch)
+CORRECTION_MODES = ('token_tis', 'seq_tis', 'token_mask', 'icepop', 'geo_mask', 'seq_mask_tis')
 
 
 @dataclass
@@ -38,6 +40,11 @@ class ExportOptions:
         sort_groups: reorder records so each group's rows are contiguous.
         split_turns: one row per turn for records with per-turn contexts (not verl, TRL).
         prompt_length, response_length: verl's fixed widths (None: the longest).
+        model: the trainer's model (TinyAgent ``model.pt`` or Hugging Face folder), with ``correction``.
+        correction: write this off-policy correction's weights and rejection mask into the trainer's own
+            fields (:mod:`agentrl.interop.correction`); needs ``model``.
+        rollout_is_threshold, is_correction_threshold: the correction's thresholds (verl's C; OpenRLHF's
+            ``LOW,HIGH`` band). device: where ``model`` runs. no_packed: score right-padded batches.
     """
     run: str = option(None, 'run folder, trajectories .parquet file or shard folder', positional=True, metavar='RUN')
     to: str = option(None, 'target framework (required)', choices=FRAMEWORKS)
@@ -52,6 +59,18 @@ class ExportOptions:
                                     'prime-rl, OpenRLHF, SFT)')
     prompt_length: int | None = option(None, 'verl rollout.prompt_length (default: the longest prompt)', min=1)
     response_length: int | None = option(None, 'verl rollout.response_length (default: the longest response)', min=1)
+    model: str | None = option(None, "with --correction: the trainer's model (TinyAgent model.pt or Hugging Face "
+                                     'folder) whose log-probs the weights compare with the stored ones', metavar='M')
+    correction: str | None = option(None, "write this off-policy correction's weights and rejection mask into the "
+                                          "trainer's own batch fields (docs/interop.md#off-policy-correction)",
+                                    choices=CORRECTION_MODES, metavar='MODE')
+    rollout_is_threshold: float = option(2.0, 'token_tis / seq_tis: truncate weights at C (verl rollout_is_threshold)',
+                                         gt=0)
+    is_correction_threshold: list | None = option(None, 'token_mask / icepop / geo_mask / seq_mask_tis: keep ratios '
+                                                        'in LOW,HIGH (OpenRLHF is_correction_threshold; default '
+                                                        '0.5,5.0)', parse='list', metavar='LOW,HIGH')
+    device: str = option('cpu', 'where --model runs (cpu, cuda ...)', metavar='DEV')
+    no_packed: bool = option(False, 'score the --model right-padded instead of packed (same numbers)')
 
     def source(self) -> str:
         """The trajectory file or shard folder inside ``run``."""
@@ -70,6 +89,35 @@ class ExportOptions:
             raise UserError(f'RUN {self.run!r} does not exist; pass a run folder or a trajectories .parquet file')
         if os.path.isfile(self.out):
             raise UserError(f'--out {self.out!r} is a file; pass a folder')
+        if self.correction is not None and self.model is None:
+            raise UserError('--correction needs --model: the weights compare the trainer\'s log-probs (recomputed by '
+                            'the model) with the stored ones; pass --model model.pt or a Hugging Face folder')
+        if self.model is not None and self.correction is None:
+            raise UserError(f'--model is only read with --correction; pass --correction MODE ({", ".join(CORRECTION_MODES)}) '
+                            'or drop --model')
+        if self.correction is not None and self.to in ('sft', 'skyrl-sft'):
+            raise UserError(f'--correction: {self.to} exports carry no sampling log-probs, so there is nothing to '
+                            'correct; export to an RL trainer')
+        if self.model is not None and not os.path.exists(self.model):
+            raise UserError(f'--model {self.model!r} does not exist; pass a TinyAgent model.pt or a Hugging Face folder')
+        self.thresholds()
+
+    def thresholds(self) -> tuple:
+        """``--is-correction-threshold`` as ``(low, high)`` floats (default (0.5, 5.0)).
+
+        Raises:
+            UserError: not two numbers with 0 < LOW <= HIGH.
+        """
+        if self.is_correction_threshold is None:
+            return (0.5, 5.0)
+        try:
+            low, high = (float(x) for x in self.is_correction_threshold)
+        except ValueError:
+            low = high = float('nan')
+        if not 0 < low <= high < float('inf'):
+            raise UserError(f'--is-correction-threshold must be LOW,HIGH with 0 < LOW <= HIGH, got '
+                            f'{",".join(self.is_correction_threshold)}')
+        return (low, high)
 
 
 def _check_pad_id(pad_id: int, records) -> None:
@@ -108,10 +156,21 @@ def run(args) -> int:
     require_accepted(opts.source())             # what `agentrl check` refuses is never exported; nothing written yet
     records = store.read_trajectories(opts.source())
     _check_pad_id(opts.pad_id, records)
+    corr = None
+    if opts.correction is not None:
+        from ..interop.correction import load_correction
+        from ..jobs.rollout import model_fingerprint
+        try:
+            corr = load_correction(opts.model, opts.correction, rollout_is_threshold=opts.rollout_is_threshold,
+                                   is_correction_threshold=opts.thresholds(), device=opts.device,
+                                   model_fingerprint=model_fingerprint(opts.model), packed=not opts.no_packed)
+        except (FileNotFoundError, ValueError) as e:
+            msg = str(e)
+            raise UserError(msg if msg.startswith('--model') else f'--model {opts.model!r}: {msg}') from None
     m = interop.export(records, opts.to, opts.out, pad_id=opts.pad_id, trim=False if opts.no_trim else None,
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,
                        prompt_length=opts.prompt_length, response_length=opts.response_length,
-                       split_turns=opts.split_turns)
+                       split_turns=opts.split_turns, correction=corr)
     note = _incomplete_note(opts.run, records)
     if note:                                    # the manifest and stderr say so; the export itself stands
         _add_to_manifest(opts.out, incomplete=note)
@@ -119,6 +178,12 @@ def run(args) -> int:
         warnings.warn(f'{opts.run!r} is {note}; the export holds only those records (manifest.json says '
                       '"incomplete")')
     print(f"wrote {m['records']} records for {opts.to} to {opts.out}: {', '.join(m['files'])}, manifest.json")
+    c = m.get('correction')
+    if c:
+        w = c['weights']
+        print(f"  {c['mode']} weights in {c['fields']['weights']} (rejections in {c['fields']['mask']}): mean "
+              f"{w['mean']:.4f}  min {w['min']:.4f}  max {w['max']:.4f}; {c['masked_tokens']} of "
+              f"{c['action_tokens']} action tokens masked in {c['masked_records']} records")
     return 0
 
 

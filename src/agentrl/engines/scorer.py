@@ -40,7 +40,8 @@ def hf_scorer(model, name: str = '') -> Scorer:
     """A :class:`~agentrl.checks.replay.Scorer` over a transformers causal LM.
 
     One plain forward pass per right-padded batch (:func:`agentrl.engines.hf.score_rows`: only
-    the requested rows go through the output head), in eval mode (attention and hidden dropout
+    the requested rows go through the output head), or per packed batch (``Scorer.packed``: records
+    end to end, each attending only to itself, :mod:`agentrl.engines.packed`), in eval mode (attention and hidden dropout
     off, as at sampling; the module's mode is restored).
 
     Args:
@@ -61,9 +62,35 @@ def hf_scorer(model, name: str = '') -> Scorer:
         finally:
             model.train(was)
 
+    @torch.no_grad()
+    def packed(ids, position_ids, r, j):
+        was = model.training
+        model.eval()
+        try:
+            return _packed_rows(model, ids, position_ids, r, j)
+        finally:
+            model.train(was)
+
     pad = getattr(cfg, 'pad_token_id', None)
     name = name or os.path.basename(str(getattr(cfg, '_name_or_path', '') or '').rstrip('/')) or type(model).__name__
-    return Scorer(fn, name, 0 if pad is None else int(pad), getattr(cfg, 'max_position_embeddings', None))
+    return Scorer(fn, name, 0 if pad is None else int(pad), getattr(cfg, 'max_position_embeddings', None), packed)
+
+
+def _packed_rows(model, ids, position_ids, r, j) -> torch.Tensor:
+    """``[K, V]`` float32 CPU logits at (row ``r``, column ``j``) of packed rows: per-record attention
+    (:data:`agentrl.engines.packed.SEGMENT_ATTENTION`), or transformers' packed block mask when a record is
+    longer than the model's sliding window or attention logits are soft-capped; only the K rows go through the output head."""
+    from contextlib import nullcontext
+
+    from .hf.models import _head
+    from .packed import _logits, _segments
+    dev = next(model.parameters()).device
+    window = getattr(model.config, 'sliding_window', None)
+    longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
+    per_record = (window is None or longest <= window) and not getattr(model.config, 'attn_logit_softcapping', None)
+    with _segments(model, position_ids) if per_record else nullcontext():
+        logits = _logits(model, _head(model), ids.to(dev), position_ids.to(dev), r.to(dev), j.to(dev))
+    return logits.float().cpu()
 
 
 def load_scorer(path, *, device: str | torch.device | None = None, dtype: torch.dtype = torch.float32) -> Scorer:

@@ -14,6 +14,7 @@ loading); the layouts are written from their source at the versions named in eac
 """
 from .common import (SupportMismatchWarning, check_groups, check_support, expected_step0_ratio, sort_by_group, split,
                      split_turns)
+from .correction import CORRECTION_FIELDS, ExportCorrection, load_correction
 from .files import EXPORTS, IMPORTS, export, import_records, load_export
 from .openai import from_openai, parse_response, spec_from_request
 from .openrlhf import from_openrlhf, to_openrlhf
@@ -29,4 +30,4 @@ __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl', 'to_trl', 'to_trl_rollou
            'to_prime_rl', 'from_prime_rl', 'to_sft', 'check_sft_row', 'SFT_FORMS', 'from_openai', 'parse_response',
            'spec_from_request', 'export', 'import_records', 'load_export', 'EXPORTS', 'IMPORTS', 'split',
            'check_groups', 'check_support', 'SupportMismatchWarning', 'expected_step0_ratio', 'sort_by_group',
-           'split_turns']
+           'split_turns', 'CORRECTION_FIELDS', 'ExportCorrection', 'load_correction']

@@ -58,13 +58,17 @@ def _save_parquet(rows: list, path: Path) -> None:
 
 
 def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict, opts: dict,
-                 prompt_length: int | None, response_length: int | None) -> list:
-    """Write ``framework``'s files for ``records`` into ``out`` (see :func:`export`); return their names."""
+                 prompt_length: int | None, response_length: int | None, post=None) -> list:
+    """Write ``framework``'s files for ``records`` into ``out`` (see :func:`export`); return their names.
+
+    ``post(obj, rollout=None)`` (the correction, :func:`agentrl.interop.correction.apply_correction`) edits
+    each exported object after the exporter's checks and before it is written."""
     from . import openrlhf, prime_rl, sft, skyrl, slime, trl, verl
+    post = post or (lambda obj, rollout=None: obj)
     files = []
     if framework == 'verl':
-        d = verl.to_verl(records, pad_id=pad_id, prompt_length=prompt_length, response_length=response_length,
-                         **tr, **opts)
+        d = post(verl.to_verl(records, pad_id=pad_id, prompt_length=prompt_length, response_length=response_length,
+                              **tr, **opts))
         _save_pt(verl._as_saveable(d), out / 'verl_batch.pt')
         files.append('verl_batch.pt')
         try:
@@ -80,21 +84,21 @@ def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict
         r = trl.to_trl_rollout(records, **tr, **opts)
         with warnings.catch_warnings():                 # the same records: warned about just above
             warnings.simplefilter('ignore', SupportMismatchWarning)
-            d = trl.to_trl(records, pad_id=pad_id, **tr, **opts)
+            d = post(trl.to_trl(records, pad_id=pad_id, **tr, **opts), rollout=r)
         _save_pt(d, out / 'trl_batch.pt')
         _save_text(json.dumps(r), out / 'trl_rollout.json')
         files += ['trl_batch.pt', 'trl_rollout.json']
     elif framework == 'slime':
-        _save_pt({'samples': slime.to_slime(records, **tr, **opts)}, out / '0.pt')
+        _save_pt({'samples': post(slime.to_slime(records, **tr, **opts))}, out / '0.pt')
         files.append('0.pt')
     elif framework == 'openrlhf':
-        _save_pt(openrlhf.to_openrlhf(records, pad_id=pad_id, **opts), out / 'experience.pt')
+        _save_pt(post(openrlhf.to_openrlhf(records, pad_id=pad_id, **opts)), out / 'experience.pt')
         files.append('experience.pt')
     elif framework == 'skyrl':
-        _save_text(json.dumps(skyrl.to_skyrl(records, **tr, **opts)), out / 'generator_output.json')
+        _save_text(json.dumps(post(skyrl.to_skyrl(records, **tr, **opts))), out / 'generator_output.json')
         files.append('generator_output.json')
     elif framework == 'prime-rl':
-        rows = prime_rl.to_prime_rl(records, **opts)
+        rows = post(prime_rl.to_prime_rl(records, **opts))
         _save_text(''.join(json.dumps(r) + '\n' for r in rows), out / 'training_samples.jsonl')
         files.append('training_samples.jsonl')
     else:
@@ -106,7 +110,7 @@ def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict
 
 def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None = None,
            allow_support_mismatch: bool = False, sort_groups: bool = False, prompt_length: int | None = None,
-           response_length: int | None = None, split_turns: bool = False) -> dict:
+           response_length: int | None = None, split_turns: bool = False, correction=None) -> dict:
     """Export ``records`` for ``framework`` into folder ``out``; return the manifest (also ``out/manifest.json``).
 
     Args:
@@ -123,10 +127,15 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
         prompt_length, response_length: verl's fixed widths (None: the longest).
         split_turns: replace records with per-turn contexts by one row per turn (not for verl and TRL,
             which take one trajectory per prompt).
+        correction: an :class:`~agentrl.interop.correction.ExportCorrection`: re-score the records with its
+            model and write the weights and rejection mask into the trainer's own fields
+            (:data:`~agentrl.interop.correction.CORRECTION_FIELDS`); the manifest's ``correction`` entry
+            records mode, thresholds, model fingerprint and weight statistics. None: no correction.
 
     Raises:
-        ValueError: an unknown framework, ``split_turns`` for verl or TRL, or a refusal of the exporter (a RecordError names the
-            record, the field and the fix).
+        ValueError: an unknown framework, ``split_turns`` for verl or TRL, a correction for an SFT export, or a
+            refusal of the exporter (a RecordError names the record, the field and the fix;
+            ``TokenizerMismatchError`` for a correction model of another tokenizer).
     """
     from .common import sort_by_group
     if framework not in EXPORTS:
@@ -140,6 +149,20 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
         records = _split_turns(records)
     if sort_groups:
         records = sort_by_group(records)
+    post, summary = None, {}
+    if correction is not None:
+        from .correction import CORRECTION_FIELDS, apply_correction, correct_records
+        if framework not in CORRECTION_FIELDS:
+            raise ValueError(f'--correction: {framework} exports carry no sampling log-probs, so there is nothing '
+                             f'to correct; export to one of {", ".join(CORRECTION_FIELDS)}')
+        done: dict = {}
+
+        def post(obj, rollout=None):            # scored once, after the exporter's own refusals
+            if 'rc' not in done:
+                done['rc'] = correct_records(records, correction)
+                summary.update(done['rc'].summary, fields=dict(zip(('weights', 'mask', 'old_log_probs'),
+                                                                    CORRECTION_FIELDS[framework])))
+            return apply_correction(framework, obj, records, done['rc'], trim, rollout=rollout)
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ValueError(f'export: {str(out)!r} exists and is not an empty folder; pass a new --out '
@@ -150,11 +173,13 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
     try:
         opts = {'allow_support_mismatch': allow_support_mismatch}
         tr = {} if trim is None else {'trim': trim}
-        files = _write_files(framework, records, work, pad_id, tr, opts, prompt_length, response_length)
+        files = _write_files(framework, records, work, pad_id, tr, opts, prompt_length, response_length, post)
         manifest = {'framework': framework, 'files': files, 'records': len(records), 'pad_id': pad_id,
                     'trim': trim, 'allow_support_mismatch': allow_support_mismatch, 'sort_groups': sort_groups,
                     'split_turns': split_turns,
                     'agentrl_version': __version__}
+        if summary:
+            manifest['correction'] = summary
         atomic_write(work / 'manifest.json', json.dumps(manifest, indent=2, sort_keys=True) + '\n')
         os.replace(work, out)       # rename(2): onto a missing or empty folder
         fsync_dir(out.parent)

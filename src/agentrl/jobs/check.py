@@ -67,6 +67,7 @@ class CheckOptions:
             mode (:func:`agentrl.train.off_policy_correction`, default thresholds) over the replayed tokens.
         current_version, max_staleness: report staleness against the trainer's step, and refuse records
             more than ``max_staleness`` steps old (:mod:`agentrl.checks.staleness`; docs/design.md#training).
+        no_packed: replay right-padded batches instead of packed rows (:func:`agentrl.checks.score_sequences`).
     """
     path: str = field(metadata={'positional': True, 'help': 'trajectory .parquet file or folder of shards'})
     model: str | None = field(default=None, metadata={
@@ -106,6 +107,8 @@ class CheckOptions:
                 '(agentrl.train.correction; default thresholds)'})
     max_staleness: int | None = field(default=None, metadata={
         'min': 0, 'metavar': 'K', 'help': 'with --current-version: refuse records sampled more than K steps earlier'})
+    no_packed: bool = field(default=False, metadata={
+        'help': 'with --model: score right-padded batches instead of packed rows (the reference path; same numbers)'})
 
     def validate(self) -> None:
         """Raise ValueError naming the flag when an option is out of range (nothing has run yet).
@@ -481,7 +484,7 @@ class _Row:
     replays: list = field(default_factory=list)
 
 
-def _replay(rows: list, scorer, tol: float, batch_size: int = 8) -> None:
+def _replay(rows: list, scorer, tol: float, batch_size: int = 8, packed: bool = True) -> None:
     """Replay the sampled records of ``rows`` (:class:`_Row`) in batches.
 
     Sets each row's ``replays`` to its :class:`agentrl.checks.RecordReplay` results (one per
@@ -503,7 +506,8 @@ def _replay(rows: list, scorer, tol: float, batch_size: int = 8) -> None:
     for start in range(0, len(todo), batch_size):
         chunk = todo[start:start + batch_size]
         try:
-            report = checks.replay_records([r.record for r in chunk], scorer, tol=tol, batch_size=batch_size)
+            report = checks.replay_records([r.record for r in chunk], scorer, tol=tol, batch_size=batch_size,
+                                           packed=packed)
         except (ValueError, IndexError, RuntimeError, TypeError):
             report = None
         if report is not None and len(report.records) == len(chunk) and all(r.record.turn_contexts is None
@@ -513,7 +517,8 @@ def _replay(rows: list, scorer, tol: float, batch_size: int = 8) -> None:
             continue
         for r in chunk:                      # per record: turns of one record stay together
             try:
-                r.replays.extend(checks.replay_records([r.record], scorer, tol=tol, batch_size=1).records)
+                r.replays.extend(checks.replay_records([r.record], scorer, tol=tol, batch_size=1,
+                                                       packed=packed).records)
             except (ValueError, IndexError, RuntimeError, TypeError) as err:
                 r.problems.append(_not_replayable(err))
 
@@ -672,7 +677,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
                                            else 'no sampling log-probs (their source stored none)'] += 1
                     else:
                         sampled.append(r)
-            _replay(sampled, scorer, opts.tol)
+            _replay(sampled, scorer, opts.tol, packed=not opts.no_packed)
         for r in rows:
             rep.replays.extend(r.replays)
             if r.problems:
