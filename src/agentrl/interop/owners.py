@@ -32,9 +32,9 @@ __all__ = ['finish_import', 'UNCHECKED_NOTE', 'unchecked_template_owners']
 _POLICY, _TEMPLATE = OWNER['policy'], OWNER['template']
 
 #: The one line ``agentrl import`` prints (and ``info['import']['unchecked']`` holds) without ``--tokenizer``.
-UNCHECKED_NOTE = ('template ownership: without --tokenizer the owners come from the mask, so the chat '
-                  "template's control tokens count as prompt/tool content and a control token forged by a "
-                  'message cannot be told from one the template wrote')
+UNCHECKED_NOTE = ('template ownership (imported without --tokenizer: owners come from the mask, so the '
+                  "template's control tokens count as prompt/tool content, and one forged by a message's text "
+                  'cannot be told apart)')
 
 
 def _note(rec, **fields) -> None:
