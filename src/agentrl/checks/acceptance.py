@@ -200,7 +200,7 @@ class Facts:
 
     @cached_property
     def eot_ids(self) -> tuple:
-        """``exp.eot_ids``, else the end-of-turn of the record's own template (``info['template']['chat_tokens']``)."""
+        """``exp.eot_ids``, else the record's own template end-of-turn (``info['template']['chat_tokens']``)."""
         if self.exp.eot_ids:
             return tuple(self.exp.eot_ids)
         ct = chat_tokens(self.record)
