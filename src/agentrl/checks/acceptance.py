@@ -40,7 +40,7 @@ from .errors import (EndOfTurnNotTrainedError, InfiniteLogProbError, LengthMisma
                      PolicyFirstTokenError, PositiveLogProbError, RecordError, TemplateMismatchError,
                      TokenIdError, TokenizerMismatchError, UnknownOwnerError)
 
-from .template_rules import control_ids_not_in_content, turn_closed
+from .template_rules import chat_tokens, control_ids_not_in_content, turn_closed
 
 __all__ = ['Expected', 'Facts', 'Rule', 'RULES', 'validate', 'find_problems', 'POSITIVE_LOGP_TOL']
 
@@ -159,6 +159,8 @@ class Facts:
         policy: ``[T-1]`` bool, ``ids[j+1]`` is policy-owned.
         binary: ``[T-1]`` bool, ``action_mask[j]`` is 0 or 1.
         padding: ``[T-1]`` bool, ``ids[j+1]`` is trailing padding (``exp.pad_id``).
+        eot_ids: the end-of-turn ids: ``exp.eot_ids``, else the record's template end-of-turn
+            (``info['template']['chat_tokens']['end_of_turn']``), so the shifted-mask rule needs no flag.
         eot_untrained: ``[T-1]`` bool, a sampled end-of-turn token with mask 0.
     """
 
@@ -197,10 +199,18 @@ class Facts:
         return is_pad.flip(0).long().cumprod(0).flip(0).bool()[1:]
 
     @cached_property
+    def eot_ids(self) -> tuple:
+        """``exp.eot_ids``, else the record's own template end-of-turn (``info['template']['chat_tokens']``)."""
+        if self.exp.eot_ids:
+            return tuple(self.exp.eot_ids)
+        ct = chat_tokens(self.record)
+        return tuple(ct['end_of_turn']) if ct is not None else ()
+
+    @cached_property
     def eot_untrained(self) -> torch.Tensor:
-        if not self.exp.eot_ids or self.T < 2:
+        if not self.eot_ids or self.T < 2:
             return torch.zeros(max(self.T - 1, 0), dtype=torch.bool)
-        is_eot = torch.isin(self.ids[1:], torch.tensor(self.exp.eot_ids, dtype=torch.long))
+        is_eot = torch.isin(self.ids[1:], torch.tensor(self.eot_ids, dtype=torch.long))
         bad = is_eot & (self.owner[:-1] == _POLICY) & (self.mask == 0) & self.binary & ~self.padding
         cut = _unterminated_turns(self.record)
         if cut and self.record.turn is not None:

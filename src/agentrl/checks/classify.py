@@ -16,6 +16,10 @@ A mismatch is classified per token, in this order:
   presence or frequency penalty) reproduces every mismatched token of the scored sequence (at
   least :data:`MIN_FIT_TOKENS` of them): the records were sampled under another sampler than
   they declare, the model did not change;
+* ``mask_shift``: the only mismatches are the first (or the last) trained token of policy turns,
+  each with a stored log-prob of exactly 0.0 (a token never sampled): the mask was moved one
+  token against the ids (a ``[T]`` mask read as ``[T-1]`` or the reverse), not the model
+  (:func:`agentrl.checks.replay.mask_shift`);
 * ``policy_change``: none of the above; the model that replays is not the one that sampled;
 * ``non_finite``: the replayed or stored log-prob is NaN or infinite (a broken model or record):
   always a failure, never a pass.
@@ -38,7 +42,8 @@ __all__ = ['TOKEN_KINDS', 'MIN_FIT_TOKENS', 'FIT_BUDGET', 'support_mask', 'repla
            'classify_tokens', 'fit_sampler']
 
 #: Token classifications, from benign to severe.
-TOKEN_KINDS = ('match', 'logp_mode_mismatch', 'support_mismatch', 'sampler_mismatch', 'policy_change', 'non_finite')
+TOKEN_KINDS = ('match', 'logp_mode_mismatch', 'support_mismatch', 'sampler_mismatch', 'mask_shift', 'policy_change',
+               'non_finite')
 #: Fewest mismatched tokens for a ``sampler_mismatch`` verdict: one parameter fits any single
 #: token, so a fit is evidence only when it explains several.
 MIN_FIT_TOKENS = 3

@@ -39,7 +39,7 @@ from .identity import record_key
 
 __all__ = ['TOKEN_KINDS', 'MIN_FIT_TOKENS', 'FIT_BUDGET', 'support_mask', 'replay_logp', 'convert_logp', 'require_sampled',
            'require_trainable', 'classify_tokens', 'fit_sampler', 'RatioStats', 'RecordReplay', 'ReplayReport',
-           'replay_record', 'Scorer', 'score_sequences', 'replay_records', 'replay_check']
+           'replay_record', 'Scorer', 'score_sequences', 'replay_records', 'replay_check', 'mask_shift']
 
 
 @dataclass
@@ -81,7 +81,8 @@ class RecordReplay:
         rows: ``[N]`` int64 prediction rows replayed (positions of ``action_mask`` == 1).
         log_ratio: ``[N]`` float64 ``replayed - stored``.
         kinds: ``[N]`` int64 index into :data:`TOKEN_KINDS`.
-        detail: for ``sampler_mismatch``, the fitted parameter (``'temperature=0.7'``); else ''.
+        detail: for ``sampler_mismatch``, the fitted parameter (``'temperature=0.7'``); for
+            ``mask_shift``, what :func:`mask_shift` found; else ''.
     """
     key: str
     kind: str
@@ -137,6 +138,9 @@ class ReplayReport:
         for name, s in rows:
             lines.append(f'{name:<20} {s.n:>8} {s.mean:>12.6f} {s.min:>10.6f} {s.max:>10.6f} {s.max_abs_dev:>10.2e}')
         lines.append('records: ' + ', '.join(f'{k} {v}' for k, v in self.record_kinds.items()))
+        shifted = [r for r in self.records if r.kind == 'mask_shift']
+        if shifted:
+            lines.append(f'mask_shift: {len(shifted)} records, e.g. {shifted[0].key}: {shifted[0].detail}')
         return '\n'.join(lines)
 
 
@@ -155,10 +159,13 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None,
         kinds = torch.zeros(len(rows), dtype=torch.long)
     else:
         log_ratio, kinds = classify_tokens(x, targets, stored, spec, tol, context)
+        detail = mask_shift(rows, kinds != _KIND['match'], stored)
+        if detail:
+            kinds[kinds != _KIND['match']] = _KIND['mask_shift']
         # one sampler parameter that explains every unexplained token outranks per-token support guesses
         # (with a large vocabulary almost any shift of the normaliser matches *some* sorted prefix)
         pc = ((kinds == _KIND['policy_change']) | (kinds == _KIND['support_mismatch'])).nonzero().flatten()
-        if len(pc) >= MIN_FIT_TOKENS and (budget is None or budget['fits'] > 0):
+        if not detail and len(pc) >= MIN_FIT_TOKENS and (budget is None or budget['fits'] > 0):
             if context is None and history is not None:
                 context = history()
             # fit on the unexplained tokens; the fitted sampler must also keep every matched token matched
@@ -173,6 +180,33 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None,
     worst = TOKEN_KINDS[int(kinds.max())] if len(kinds) else 'match'
     return RecordReplay(key=key, kind=worst, stats=RatioStats.of(log_ratio), token_kinds=counts, rows=rows.cpu(),
                         log_ratio=log_ratio.cpu(), kinds=kinds.cpu(), detail=detail)
+
+
+def mask_shift(rows: torch.Tensor, bad: torch.Tensor, stored: torch.Tensor) -> str:
+    """Name a one-token shift of the mask against the ids, or ''.
+
+    Args:
+        rows: ``[N]`` int64 trained prediction rows (ascending). bad: ``[N]`` bool, the rows whose
+            replay mismatched. stored: ``[N]`` stored log-probs of those rows.
+
+    Returns:
+        ``'mask shifted one token early: ...'`` (or ``late``) when the mismatched rows are all the
+        first (or all the last) row of a run of trained rows and each stores exactly 0.0, the
+        log-prob of a token that was never sampled; else ''. Such a record was not sampled by
+        another model: its mask was moved one token (a ``[T]`` own-index mask taken as ``[T-1]``).
+    """
+    if not bool(bad.any()) or not bool((stored[bad] == 0).all()):
+        return ''
+    r = rows.tolist()
+    starts = {i for i in range(len(r)) if i == 0 or r[i] != r[i - 1] + 1}
+    ends = {i for i in range(len(r)) if i == len(r) - 1 or r[i + 1] != r[i] + 1}
+    hit = set(bad.nonzero().flatten().tolist())
+    for where, side, fix in ((starts, 'early', 'starts one token before'), (ends, 'late', 'ends one token after')):
+        if hit <= where:
+            return (f'mask shifted one token {side}: {len(hit)} trained rows (first ids[{r[min(hit)] + 1}]) store '
+                    f'log-prob 0.0, a token never sampled; the mask {fix} each turn (a [T] mask read as [T-1] or '
+                    'the reverse), not a policy change')
+    return ''
 
 
 def _turn_starts(record: Trajectory, positions: torch.Tensor) -> torch.Tensor:

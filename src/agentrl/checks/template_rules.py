@@ -12,6 +12,8 @@ word-level toy stack, hand-made records) are not checked by these rules.
   id must be closed by the template (its end-of-turn follows, template-owned).
 - :func:`control_ids_not_in_content`: no control id is owned by a tool, user or system message (the
   message's text would have forged a turn boundary or a role header inside the policy's context).
+  Records imported without a tokenizer (:func:`unchecked_template_owners`) are skipped: their owners
+  come from a trainer's mask, which does not keep template tokens apart from content.
 
 Source: the chat template's own rendering (Hugging Face ``apply_chat_template``): the end-of-turn
 closes every assistant message, and message content is text, never control tokens.
@@ -23,7 +25,7 @@ import torch
 from ..record import OWNER, owner_runs
 from .errors import ControlTokenInContentError, RecordError, UnclosedTurnError
 
-__all__ = ['chat_tokens', 'turn_closed', 'control_ids_not_in_content']
+__all__ = ['chat_tokens', 'turn_closed', 'control_ids_not_in_content', 'unchecked_template_owners']
 
 _POLICY = OWNER['policy']
 
@@ -41,6 +43,16 @@ def chat_tokens(record) -> dict | None:
                 'control': [(int(a), int(b)) for a, b in ct.get('control') or ()]}
     except (TypeError, ValueError):
         return None
+
+
+def unchecked_template_owners(record) -> bool:
+    """True for a record imported without a tokenizer (``info['import']['template_owners'] == 'mask'``):
+    its template tokens are labelled prompt/tool by the mask, so :func:`control_ids_not_in_content`
+    cannot tell them from forged ones and skips it (``agentrl check`` counts it as not checked;
+    :func:`agentrl.interop.owners.finish_import`)."""
+    info = getattr(record, 'info', None)
+    imp = info.get('import') if isinstance(info, dict) else None
+    return isinstance(imp, dict) and imp.get('template_owners') == 'mask'
 
 
 def turn_closed(r) -> list[RecordError]:
@@ -78,7 +90,7 @@ def control_ids_not_in_content(r) -> list[RecordError]:
         ``[ControlTokenInContentError]`` at the first such id with the count, or ``[]``.
     """
     ct = chat_tokens(r.record)
-    if ct is None or not ct['control']:
+    if ct is None or not ct['control'] or unchecked_template_owners(r.record):
         return []
     content = (r.owner == OWNER['tool']) | (r.owner == OWNER['prompt'])
     is_ctl = torch.zeros_like(content)

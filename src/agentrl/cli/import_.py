@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 
 from ..fields import option
@@ -22,7 +23,9 @@ class ImportOptions:
         path: the framework's file or an ``agentrl export`` folder; for vllm/sglang a JSON/JSONL file of episodes.
         source: the framework (:data:`SOURCES`), flag ``--from``.
         out: run folder to write.
-        tokenizer: Hugging Face tokenizer folder (fingerprint; needed for chat exchanges).
+        tokenizer: Hugging Face tokenizer folder: fingerprint (refused when the records name another),
+            template ownership of trainer batches rebuilt from its chat tokens
+            (:func:`agentrl.interop.owners.finish_import`), needed for chat exchanges.
         temperature, top_k, top_p, min_p, logp_mode: the sampler, when the source does not carry it
             (``temperature`` None: not declared; ``logp_mode`` None: processed, or raw for vllm/sglang).
         model: model id for the provenance.
@@ -38,7 +41,9 @@ class ImportOptions:
     path: str = option(None, 'the file or export folder to import', positional=True, metavar='PATH')
     source: str = option(None, 'source framework or server (required)', choices=SOURCES, flag='--from')
     out: str = option(None, 'run folder to write (required)', metavar='RUN')
-    tokenizer: str | None = option(None, 'Hugging Face tokenizer folder the rollouts used', metavar='DIR')
+    tokenizer: str | None = option(None, 'Hugging Face tokenizer folder the rollouts used (rebuilds which tokens '
+                                         "the chat template wrote; without it, chat records' template ownership "
+                                         'is not checked)', metavar='DIR')
     temperature: float | None = option(None, 'sampling temperature, when the source does not carry the sampler',
                                      min=0.0)
     top_k: int = option(0, 'sampler top_k (0 = off; with --temperature)', min=0)
@@ -182,4 +187,10 @@ def run(args) -> int:
                            **({'chat_template_kwargs': opts.template_kwargs()} if opts.chat_template_kwargs else {})}}
     atomic_write(os.path.join(opts.out, 'summary.json'), json.dumps(summary, indent=2, sort_keys=True) + '\n')
     print(f'imported {len(records)} records from {opts.source} into {path}')
+    from ..checks.consistency import unchecked_notes
+    unchecked = sum(1 for r in records if unchecked_notes(r))
+    if unchecked:
+        from ..interop.owners import UNCHECKED_NOTE
+        print(f'agentrl: note: {unchecked} of {len(records)} records: not checked: {UNCHECKED_NOTE}. Fix: pass '
+              '--tokenizer DIR (the tokenizer the rollouts used)', file=sys.stderr)
     return 0

@@ -14,6 +14,7 @@ slime (``Sample``), OpenRLHF (``Experience``), SkyRL (``GeneratorOutput``), prim
 """
 from __future__ import annotations
 
+import numbers
 import warnings
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ from ..record import OWNER, Provenance, SamplingSpec, Trajectory
 
 __all__ = ['Split', 'split', 'split_turns', 'check_exportable', 'check_support', 'SupportMismatchWarning',
            'expected_step0_ratio', 'check_groups', 'group_key', 'sort_by_group', 'record_from_response',
-           'provenance_for_import', 'as_list', 'guess_source', 'source_fix']
+           'provenance_for_import', 'as_list', 'guess_source', 'source_fix', 'check_ids', 'check_mask', 'check_same']
 
 _POLICY = OWNER['policy']
 
@@ -95,9 +96,19 @@ def check_exportable(records, *, need_logp: bool = True) -> None:
     Raises:
         agentrl.checks.errors.RecordError: the first refusal of :func:`agentrl.checks.find_problems`
             (prefixed with the row), ``ScriptedRecordError`` for placeholder log-probs, or
-            ``TurnContextError`` for a record with ``turn_contexts`` (one sequence cannot hold them).
+            ``TurnContextError`` for a record with ``turn_contexts`` (one sequence cannot hold them),
+            ``TokenizerMismatchError`` for records of two tokenizer fingerprints (one batch, one vocabulary).
     """
+    first = None                                    # (row, fingerprint) of the first record that names one
     for i, rec in enumerate(records):
+        fp = rec.provenance.tokenizer if rec.provenance is not None else ''
+        if fp and first is None:
+            first = (i, fp)
+        elif fp and fp != first[1]:
+            raise E.TokenizerMismatchError(
+                f'record {i} was tokenized by {fp!r} but record {first[0]} by {first[1]!r}; one batch holds one '
+                "tokenizer's ids (the same id is another token in the other vocabulary)",
+                field='provenance.tokenizer', fix='export the records of each tokenizer separately')
         if rec.turn_contexts is not None:
             raise E.TurnContextError(
                 f'record {i} has per-turn contexts (its template rewrites history, so turn k was sampled after '
@@ -307,6 +318,62 @@ def provenance_for_import(source: str, *, spec: SamplingSpec | None, group_id: s
                       logp_placeholder=placeholder, group_id=str(group_id), rollout_id=str(rollout_id))
 
 
+def check_ids(values, name: str, where: str) -> list:
+    """``values`` as a list of Python ints, or a refusal: every importer reads token ids through this.
+
+    Args:
+        values: ``[N]`` ids (list, tensor or numpy array).
+        name: the source field (``'responses'``), named in the error.
+        where: who and which row (``'from_verl row 3'``).
+
+    Raises:
+        agentrl.checks.errors.TokenIdError: an entry that is not an integer (``141.5``, ``True``,
+            ``'7'``, None); a float dtype tensor counts as all its entries. Position: the first one.
+    """
+    vals = as_list(values)
+    bad = [j for j, v in enumerate(vals) if isinstance(v, bool) or not isinstance(v, numbers.Integral)]
+    if bad:
+        v = vals[bad[0]]
+        raise E.TokenIdError(f'{where}: is {v!r} ({type(v).__name__}), not an integer token id', field=name,
+                             position=bad[0], count=len(bad),
+                             fix='store token ids as integers (int64); a float or boolean id is not the token '
+                                 'that was sampled')
+    return [int(v) for v in vals]
+
+
+def check_mask(values, name: str, where: str) -> list:
+    """``values`` as a list of 0/1 ints, or a refusal: every importer reads masks through this.
+
+    ``True``/``False`` and ``0.0``/``1.0`` are 1/0; anything else (2, 0.5, -1, None, text) is refused.
+
+    Raises:
+        agentrl.checks.errors.MaskValueError: an entry outside {0, 1}, naming the field, the first
+            position and the count.
+    """
+    vals = as_list(values)
+    bad = [j for j, v in enumerate(vals) if not isinstance(v, numbers.Real) or v not in (0, 1)]
+    if bad:
+        raise E.MaskValueError(f'{where}: is {vals[bad[0]]!r}, not 0 or 1', field=name, position=bad[0],
+                               count=len(bad), fix='masks are 0/1 (1: sampled by the policy)')
+    return [int(v) for v in vals]
+
+
+def check_same(name: str, got, want, where: str, of: str) -> None:
+    """Refuse a field whose shape (or row count) is not ``want``: a slip of one column is never absorbed.
+
+    Raises:
+        agentrl.checks.errors.LengthMismatchError (MaskAlignmentError for a mask one entry short):
+            ``got != want``, naming both fields and both shapes.
+    """
+    if tuple(got) == tuple(want):
+        return
+    cls = E.MaskAlignmentError if 'mask' in name and len(got) == len(want) and got[-1] == want[-1] - 1 \
+        else E.LengthMismatchError
+    raise cls(f'{where}: has shape {list(got)} but {of} has {list(want)}; every row and column must line up '
+              'with it (a column short or extra would move or drop tokens)', field=name,
+              fix=f'pass {name} exactly as the framework wrote it, one entry per {of} entry')
+
+
 def _check_len(name: str, got: int, want: int, row, what: str) -> None:
     if got == want:
         return
@@ -327,7 +394,8 @@ def _check_len(name: str, got: int, want: int, row, what: str) -> None:
 def record_from_response(prompt_ids, response_ids, response_mask, response_logp, *, reward: float, info: dict,
                          provenance: Provenance | None, row=0, what: str = 'import',
                          mask_name: str = 'response_mask', logp_name: str = 'response_logprobs',
-                         turn_contexts=None) -> Trajectory:
+                         turn_contexts=None, prompt_name: str = 'prompt_ids',
+                         response_name: str = 'response_ids') -> Trajectory:
     """Build one record from a prompt and a response with own-index mask and log-probs.
 
     Owners: ``prompt`` on ``prompt_ids``; on the response, ``policy`` where the mask is 1 and
@@ -341,23 +409,23 @@ def record_from_response(prompt_ids, response_ids, response_mask, response_logp,
         response_logp: ``[R]`` float sampling log-probs at own index, or None (zeros; the caller
             marks the provenance ``logp_placeholder``).
         reward, info, provenance: as in :meth:`Trajectory.from_tokens`.
-        row, what, mask_name, logp_name: named in errors.
+        row, what, mask_name, logp_name, prompt_name, response_name: named in errors.
         turn_contexts: passed through.
 
     Raises:
         agentrl.checks.errors.MaskAlignmentError: the mask has ``R-1`` entries (a ``[T-1]`` mask).
         agentrl.checks.errors.LogProbLengthError: log-probs of another length than the response.
-        agentrl.checks.errors.MaskValueError: a mask entry other than 0 or 1.
+        agentrl.checks.errors.MaskValueError: a mask entry other than 0 or 1 (:func:`check_mask`).
+        agentrl.checks.errors.TokenIdError: an id that is not an integer (:func:`check_ids`).
         ValueError: an empty prompt (the first token cannot be policy-owned).
     """
-    prompt_ids, response_ids, mask = as_list(prompt_ids), as_list(response_ids), as_list(response_mask)
+    where = f'{what} row {row}'
+    prompt_ids, response_ids = check_ids(prompt_ids, prompt_name, where), check_ids(response_ids, response_name, where)
+    mask = as_list(response_mask)
     _check_len(mask_name, len(mask), len(response_ids), row, what)
+    mask = check_mask(mask, mask_name, where)
     logp = [0.0] * len(response_ids) if response_logp is None else as_list(response_logp)
     _check_len(logp_name, len(logp), len(response_ids), row, what)
-    bad = [j for j, m in enumerate(mask) if m not in (0, 1, True, False, 0.0, 1.0)]
-    if bad:
-        raise E.MaskValueError(f'{what} row {row}: is {mask[bad[0]]!r}, not 0 or 1', field=mask_name,
-                               position=bad[0], fix='masks are 0/1 (1: sampled by the policy)', count=len(bad))
     if not prompt_ids:
         raise ValueError(f'{what} row {row}: the prompt is empty; the first token has no preceding position. '
                          'Fix: include the prompt ids the response was sampled after')

@@ -250,7 +250,8 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, **kwargs)
         path: a file or export folder; for ``vllm``/``sglang`` a JSON/JSONL file of episodes
             (see :func:`agentrl.interop.from_openai`).
         framework: one of :data:`IMPORTS`.
-        tokenizer: Hugging Face tokenizer (fingerprint; needed for chat exchanges).
+        tokenizer: Hugging Face tokenizer: fingerprint, template ownership of trainer batches
+            (:func:`agentrl.interop.owners.finish_import`); needed for chat exchanges.
         spec: the sampler, when the source does not carry it.
         **kwargs: passed to the ``from_*`` function (``logp_mode``, ``model`` ...).
 

@@ -29,7 +29,7 @@ import torch
 from ..checks import errors as E
 from ..gym.calls import StopReason
 from ..record import OWNER, SamplingSpec, Trajectory
-from .common import provenance_for_import
+from .common import check_ids, provenance_for_import
 
 __all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes', 'check_episodes']
 
@@ -44,6 +44,7 @@ def parse_response(response: dict, request: dict | None = None, where: str = 're
     Raises:
         agentrl.checks.errors.MissingTokenIdsError: no output token ids in the response.
         agentrl.checks.errors.LogProbLengthError: log-probs of another length than the ids.
+        agentrl.checks.errors.TokenIdError: an id that is not an integer (:func:`~agentrl.interop.common.check_ids`).
     """
     request = request or {}
     if 'meta_info' in response or 'output_ids' in response:            # SGLang /generate
@@ -76,11 +77,12 @@ def parse_response(response: dict, request: dict | None = None, where: str = 're
             f'{where} has no output token ids; re-encoding its text could give other tokens than were sampled',
             field='token_ids', fix='ask the server for them (vLLM: "return_token_ids": true; SGLang /generate '
                                    'returns output_ids) and log the raw response')
-    ids = [int(i) for i in ids]
+    ids = check_ids(ids, 'token_ids', where)
     if logp is not None and len(logp) != len(ids):
         raise E.LogProbLengthError(f'{where} has {len(logp)} log-probs for {len(ids)} token ids', field='logprobs',
                                    fix='request one log-prob per generated token ("logprobs": true / 0)')
-    return {'prompt_ids': None if prompt is None else [int(i) for i in prompt], 'ids': ids, 'logp': logp,
+    return {'prompt_ids': None if prompt is None else check_ids(prompt, 'prompt_token_ids', where), 'ids': ids,
+            'logp': logp,
             'finish': finish, 'kind': kind}
 
 

@@ -16,7 +16,8 @@ import torch
 from ..batching import pad_rows
 from ..gym.calls import StopReason
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import prepare_export, provenance_for_import, split
+from .common import check_ids, check_mask, check_same, prepare_export, provenance_for_import, split
+from .owners import finish_import
 __all__ = ['to_openrlhf', 'from_openrlhf']
 
 
@@ -66,6 +67,12 @@ def from_openrlhf(data, *, spec: SamplingSpec | None = None, tokenizer=None, mod
     Raises:
         agentrl.checks.errors.MaskAlignmentError: ``action_mask`` as wide as ``sequences`` (a
             full-length mask where OpenRLHF stores ``[T-1]``).
+        agentrl.checks.errors.LengthMismatchError: a field that does not line up with ``sequences``
+            (rows, columns), or an ``attention_mask`` with a hole in its padding.
+        agentrl.checks.errors.TokenIdError, MaskValueError: non-integer ids, mask entries outside {0, 1}
+            or 1 on padding.
+        agentrl.checks.errors.TokenizerMismatchError: ``tokenizer`` is not the records' own
+            (:func:`agentrl.interop.owners.finish_import`, which also rebuilds template ownership).
     """
     from ..checks import errors as E
     seqs, attn, amask = data['sequences'], data['attention_mask'], data['action_mask']
@@ -73,14 +80,34 @@ def from_openrlhf(data, *, spec: SamplingSpec | None = None, tokenizer=None, mod
         raise E.MaskAlignmentError(
             f'from_openrlhf: action_mask has width {amask.shape[1]} but sequences {seqs.shape[1]}; OpenRLHF aligns '
             'it to sequences[:, 1:] (width T-1)', field='action_mask', fix='pass Experience.action_mask unchanged')
+    B, T = seqs.shape[0], seqs.shape[1]
+    check_same('attention_mask', tuple(attn.shape), (B, T), 'from_openrlhf', 'sequences')
+    check_same('action_mask', tuple(amask.shape), (B, T - 1), 'from_openrlhf', 'sequences[:, 1:]')
     lps = data.get('rollout_log_probs')
-    provs = data.get('agentrl_provenance') or [None] * len(seqs)
-    infos = data.get('agentrl_info') or [None] * len(seqs)
+    if lps is not None:
+        check_same('rollout_log_probs', tuple(lps.shape), (B, T - 1), 'from_openrlhf', 'sequences[:, 1:]')
+    provs = data.get('agentrl_provenance') or [None] * B
+    infos = data.get('agentrl_info') or [None] * B
+    for k, v in (('rewards', data['rewards']), ('agentrl_provenance', provs), ('agentrl_info', infos)):
+        if len(v) != B:
+            check_same(k, (len(v),), (B,), 'from_openrlhf', 'sequences (rows)')
     out = []
-    for b in range(seqs.shape[0]):
-        n = int(attn[b].sum())
-        ids = seqs[b, :n]
-        m = amask[b, :n - 1].long().tolist()
+    for b in range(B):
+        where = f'from_openrlhf row {b}'
+        a = check_mask(attn[b], 'attention_mask', where)
+        n = sum(a)
+        if any(a[n:]):
+            raise E.LengthMismatchError(f'{where}: is not right padding (1...1 0...0): 1 at column '
+                                        f'{n + a[n:].index(1)}', field='attention_mask', position=n + a[n:].index(1),
+                                        fix='pass Experience.attention_mask unchanged')
+        ids = check_ids(seqs[b, :n], 'sequences', where)
+        full = check_mask(amask[b], 'action_mask', where)
+        if any(full[n - 1:]):
+            j = n - 1 + full[n - 1:].index(1)
+            raise E.MaskValueError(f'{where}: is 1 at column {j}, on padding past the {n} real tokens '
+                                   '(attention_mask)', field='action_mask', position=j,
+                                   fix='action_mask is 0 on padding')
+        m = full[:n - 1]
         seen, owner, turn, k = False, [1], [-1], -1
         for j, x in enumerate(m):
             if x and (j == 0 or not m[j - 1]):
@@ -94,4 +121,4 @@ def from_openrlhf(data, *, spec: SamplingSpec | None = None, tokenizer=None, mod
                                       placeholder=lps is None))
         info = json.loads(infos[b]) if infos[b] else {'source': 'openrlhf', 'row': b}
         out.append(Trajectory.from_tokens(ids, owner, turn, lp, float(data['rewards'][b]), info, provenance=prov))
-    return out
+    return finish_import(out, tokenizer, 'from_openrlhf')

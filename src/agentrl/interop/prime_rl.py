@@ -48,16 +48,22 @@ def from_prime_rl(samples, *, spec: SamplingSpec | None = None, tokenizer=None, 
     Raises:
         agentrl.checks.errors.MaskAlignmentError: ``mask`` of length ``T-1``.
         agentrl.checks.errors.LogProbLengthError: ``logprobs`` not of length ``T``.
+        agentrl.checks.errors.TokenIdError, MaskValueError: non-integer ids, mask entries outside {0, 1}.
+        agentrl.checks.errors.TokenizerMismatchError: ``tokenizer`` is not the records' own
+            (:func:`agentrl.interop.owners.finish_import`, which also rebuilds template ownership).
     """
-    from .common import _check_len
+    from .common import _check_len, check_ids, check_mask
+    from .owners import finish_import
     out = []
     for b, s in enumerate(samples):
-        ids = list(s['token_ids'])
+        where = f'from_prime_rl row {b}'
+        ids = check_ids(s['token_ids'], 'token_ids', where)
         _check_len('mask', len(s['mask']), len(ids), b, 'from_prime_rl')
         _check_len('logprobs', len(s['logprobs']), len(ids), b, 'from_prime_rl')
+        mask = check_mask(s['mask'], 'mask', where)
         owner, turn, seen, k = [], [], False, -1
-        for j, m in enumerate(s['mask']):
-            if m and (j == 0 or not s['mask'][j - 1]):
+        for j, m in enumerate(mask):
+            if m and (j == 0 or not mask[j - 1]):
                 k += 1
             seen = seen or bool(m)
             owner.append(OWNER['policy'] if m else (OWNER['tool'] if seen else OWNER['prompt']))
@@ -71,4 +77,4 @@ def from_prime_rl(samples, *, spec: SamplingSpec | None = None, tokenizer=None, 
         info = json.loads(s['agentrl_info']) if s.get('agentrl_info') else {'source': 'prime-rl', 'row': b}
         out.append(Trajectory.from_tokens(ids, owner, turn, list(s['logprobs']), float(s.get('reward', 0.0)), info,
                                           provenance=prov))
-    return out
+    return finish_import(out, tokenizer, 'from_prime_rl')

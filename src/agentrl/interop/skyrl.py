@@ -14,7 +14,9 @@ import json
 
 from ..gym.calls import StopReason
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import group_key, prepare_export, provenance_for_import, record_from_response, split
+from .common import as_list, check_mask, check_same, group_key, prepare_export, provenance_for_import, \
+    record_from_response, split
+from .owners import finish_import
 __all__ = ['to_skyrl', 'from_skyrl']
 
 
@@ -53,15 +55,25 @@ def from_skyrl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model:
     non-policy token, since the policy did not sample it.
 
     Raises:
-        agentrl.checks.errors.MaskAlignmentError / LogProbLengthError: per-row lengths disagree.
+        agentrl.checks.errors.MaskAlignmentError / LogProbLengthError / LengthMismatchError: per-row
+            lengths disagree, or the lists have different numbers of rows.
+        agentrl.checks.errors.TokenIdError, MaskValueError: non-integer ids, mask entries outside {0, 1}.
+        agentrl.checks.errors.TokenizerMismatchError: ``tokenizer`` is not the records' own
+            (:func:`agentrl.interop.owners.finish_import`, which also rebuilds template ownership).
     """
     out = []
     n = len(data['response_ids'])
+    for k in ('prompt_token_ids', 'loss_masks', 'rewards', 'stop_reasons', 'rollout_logprobs', 'trajectory_ids',
+              'agentrl_provenance', 'agentrl_info'):
+        if data.get(k) is not None and len(data[k]) != n:
+            check_same(k, (len(data[k]),), (n,), 'from_skyrl', 'response_ids (rows)')
     provs = data.get('agentrl_provenance') or [None] * n
     infos = data.get('agentrl_info') or [None] * n
     lps = data.get('rollout_logprobs')
     for b in range(n):
-        mask = list(data['loss_masks'][b])
+        mask = as_list(data['loss_masks'][b])
+        if len(mask) == len(data['response_ids'][b]):
+            mask = check_mask(mask, 'loss_masks', f'from_skyrl row {b}')
         lp = None if lps is None else list(lps[b])
         if provs[b]:
             prov = Provenance.from_dict(json.loads(provs[b]))
@@ -78,5 +90,5 @@ def from_skyrl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model:
         out.append(record_from_response(data['prompt_token_ids'][b], data['response_ids'][b], mask, lp,
                                         reward=float(sum(r) if isinstance(r, (list, tuple)) else r), info=info,
                                         provenance=prov, row=b, what='from_skyrl', mask_name='loss_masks',
-                                        logp_name='rollout_logprobs'))
-    return out
+                                        logp_name='rollout_logprobs', prompt_name='prompt_token_ids'))
+    return finish_import(out, tokenizer, 'from_skyrl')

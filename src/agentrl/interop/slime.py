@@ -15,10 +15,13 @@ mismatch there; top-k and min-p are.
 from __future__ import annotations
 
 import json
+import numbers
 
+from ..checks import errors as E
 from ..gym.calls import StopReason
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import group_key, prepare_export, provenance_for_import, record_from_response, split
+from .common import check_ids, group_key, prepare_export, provenance_for_import, record_from_response, split
+from .owners import finish_import
 
 __all__ = ['to_slime', 'from_slime']
 
@@ -77,13 +80,24 @@ def from_slime(samples, *, spec: SamplingSpec | None = None, tokenizer=None, mod
     Raises:
         agentrl.checks.errors.MaskAlignmentError / LogProbLengthError: ``loss_mask`` or
             ``rollout_log_probs`` not of length ``response_length``.
+        agentrl.checks.errors.LengthMismatchError: ``response_length`` not an int in ``(0, len(tokens))``.
+        agentrl.checks.errors.TokenIdError, MaskValueError: non-integer ids, mask entries outside {0, 1}.
+        agentrl.checks.errors.TokenizerMismatchError: ``tokenizer`` is not the records' own
+            (:func:`agentrl.interop.owners.finish_import`, which also rebuilds template ownership).
     """
     out = []
     for b, s in enumerate(samples):
         d = s if isinstance(s, dict) else dict(vars(s))
         status = d.get('status')
         status = getattr(status, 'value', status)
-        tokens, R = list(d['tokens']), int(d['response_length'])
+        where = f'from_slime row {b}'
+        tokens, R = check_ids(d['tokens'], 'tokens', where), d['response_length']
+        if isinstance(R, bool) or not isinstance(R, numbers.Integral) or not 0 < R < len(tokens):
+            raise E.LengthMismatchError(
+                f'{where}: is {R!r}, but tokens has {len(tokens)} entries; the response is the last '
+                'response_length tokens after a non-empty prompt (0 < response_length < len(tokens))',
+                field='response_length', fix='pass Sample.to_dict() as slime wrote it')
+        R = int(R)
         mask = d.get('loss_mask')
         mask = [1] * R if mask is None else mask
         meta = d.get('metadata') or {}
@@ -100,5 +114,6 @@ def from_slime(samples, *, spec: SamplingSpec | None = None, tokenizer=None, mod
         reward = float(reward if not isinstance(reward, dict) else next(iter(reward.values()), 0.0) or 0.0)
         out.append(record_from_response(tokens[:len(tokens) - R], tokens[len(tokens) - R:], mask, lp, reward=reward,
                                         info=info, provenance=prov, row=b, what='from_slime',
-                                        mask_name='loss_mask', logp_name='rollout_log_probs'))
-    return out
+                                        mask_name='loss_mask', logp_name='rollout_log_probs', prompt_name='tokens',
+                                        response_name='tokens'))
+    return finish_import(out, tokenizer, 'from_slime')

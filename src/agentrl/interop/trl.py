@@ -25,7 +25,10 @@ import torch
 
 from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import as_list, prepare_export, provenance_for_import, record_from_response, split
+from ..checks import errors as E
+from .common import (as_list, check_ids, check_mask, check_same, prepare_export, provenance_for_import,
+                     record_from_response, split)
+from .owners import finish_import
 
 __all__ = ['to_trl', 'to_trl_rollout', 'from_trl', 'trl_rollout_func', 'trl_reward']
 
@@ -115,7 +118,8 @@ def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: s
     Args:
         data: the dict of :func:`to_trl_rollout` or :func:`to_trl` (or TRL's own).
         spec: the sampler when the rows do not carry an agentrl provenance.
-        tokenizer: a Hugging Face tokenizer to fingerprint into the provenance.
+        tokenizer: a Hugging Face tokenizer: fingerprint and template ownership
+            (:func:`agentrl.interop.owners.finish_import`).
         model: model id.
         rewards: ``[B]`` rewards when the rows carry none (TRL computes rewards outside the batch).
         pad_id: the pad id, to measure rows whose ``completion_mask`` TRL zeroed.
@@ -127,29 +131,28 @@ def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: s
         KeyError: ``prompt_ids`` or ``completion_ids`` missing.
         agentrl.checks.errors.MaskAlignmentError / LogProbLengthError: a row's mask or log-probs do
             not have one entry per completion token.
+        agentrl.checks.errors.LengthMismatchError: a field whose rows or columns do not line up with
+            ``completion_ids`` / ``prompt_ids`` (``completion_mask`` one column short), or a padding
+            mask with holes.
+        agentrl.checks.errors.TokenIdError, MaskValueError: non-integer ids, mask entries outside {0, 1}.
+        agentrl.checks.errors.TokenizerMismatchError: see :func:`~agentrl.interop.owners.finish_import`.
     """
     for k in ('prompt_ids', 'completion_ids'):
         if k not in data:
             raise KeyError(f'from_trl: no {k!r}; pass a rollout_func output or a GRPO batch, keys are {sorted(data)}')
     tensors = torch.is_tensor(data['completion_ids'])
     B = len(data['prompt_ids'])
+    logp_key = 'sampling_per_token_logps' if 'sampling_per_token_logps' in data else 'logprobs'
+    mask_key = 'tool_mask' if 'tool_mask' in data else 'env_mask'
+    _check_rows(data, B, tensors, mask_key, logp_key)
     provs = data.get('agentrl_provenance') or [None] * B
     infos = data.get('agentrl_info') or [None] * B
     rw = data.get('agentrl_reward', data.get('rewards', rewards))
-    logp_key = 'sampling_per_token_logps' if 'sampling_per_token_logps' in data else 'logprobs'
-    mask_key = 'tool_mask' if 'tool_mask' in data else 'env_mask'
     out = []
     for b in range(B):
+        where = f'from_trl row {b}'
         if tensors:
-            p = data['prompt_ids'][b][data['prompt_mask'][b] == 1] if 'prompt_mask' in data else data['prompt_ids'][b]
-            cm = data.get('completion_mask')
-            n = int(cm[b].sum()) if cm is not None and int(cm[b].sum()) > 0 else None
-            if n is None:
-                row = data['completion_ids'][b]
-                n = int((row != pad_id).sum()) if pad_id is not None else row.shape[0]
-            c = data['completion_ids'][b][:n]
-            m = data[mask_key][b][:n] if mask_key in data else torch.ones(n, dtype=torch.long)
-            lp = data[logp_key][b][:n] if logp_key in data else None
+            p, c, m, lp = _tensor_row(data, b, where, mask_key, logp_key, pad_id)
         else:
             p, c = as_list(data['prompt_ids'][b]), as_list(data['completion_ids'][b])
             m = data[mask_key][b] if mask_key in data else [1] * len(c)
@@ -162,8 +165,52 @@ def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: s
         info = json.loads(infos[b]) if infos[b] else {'source': 'trl', 'row': b}
         reward = float(rw[b]) if rw is not None else 0.0
         out.append(record_from_response(p, c, m, lp, reward=reward, info=info, provenance=prov, row=b,
-                                        what='from_trl', mask_name=mask_key, logp_name=logp_key))
-    return out
+                                        what='from_trl', mask_name=mask_key, logp_name=logp_key,
+                                        response_name='completion_ids'))
+    return finish_import(out, tokenizer, 'from_trl')
+
+
+def _check_rows(data: dict, B: int, tensors: bool, mask_key: str, logp_key: str) -> None:
+    """Every field of a TRL batch has B rows; in the padded form every ``[B, C]`` field is as wide as
+    ``completion_ids`` and ``prompt_mask`` is ``prompt_ids``' shape (named refusals, never absorbed)."""
+    for k in ('completion_ids', mask_key, logp_key, 'completion_mask', 'prompt_mask', 'agentrl_provenance',
+              'agentrl_info', 'agentrl_reward', 'rewards'):
+        v = data.get(k)
+        if v is not None and len(v) != B:
+            check_same(k, (len(v),), (B,), 'from_trl', 'prompt_ids (rows)')
+    if not tensors:
+        return
+    C = tuple(data['completion_ids'].shape)
+    for k in ('completion_mask', mask_key, logp_key):
+        if data.get(k) is not None:
+            check_same(k, tuple(data[k].shape), C, 'from_trl', 'completion_ids')
+    if data.get('prompt_mask') is not None:
+        check_same('prompt_mask', tuple(data['prompt_mask'].shape), tuple(data['prompt_ids'].shape), 'from_trl',
+                   'prompt_ids')
+
+
+def _tensor_row(data: dict, b: int, where: str, mask_key: str, logp_key: str, pad_id):
+    """(prompt ids, completion ids, tool mask, log-probs or None) of row ``b`` of the padded form."""
+    p = check_ids(data['prompt_ids'][b], 'prompt_ids', where)
+    if 'prompt_mask' in data:
+        pm = check_mask(data['prompt_mask'][b], 'prompt_mask', where)
+        if any(pm[j - 1] > pm[j] for j in range(1, len(pm))):
+            raise E.LengthMismatchError(f'{where}: is not left padding (0...0 1...1): {pm}', field='prompt_mask',
+                                        fix='pass prompt_mask as TRL built it')
+        p = [x for x, keep in zip(p, pm) if keep]
+    row = check_ids(data['completion_ids'][b], 'completion_ids', where)
+    cm = data.get('completion_mask')
+    cm = None if cm is None else check_mask(cm[b], 'completion_mask', where)
+    n = sum(cm) if cm is not None else 0
+    if cm is not None and any(cm[n:]):
+        raise E.LengthMismatchError(f'{where}: is not right padding (1...1 0...0): 1 at column '
+                                    f'{n + cm[n:].index(1)}', field='completion_mask', position=n + cm[n:].index(1),
+                                    fix='pass completion_mask as TRL built it')
+    if n == 0:       # a row TRL masked as truncated (mask_truncated_completions)
+        n = sum(x != pad_id for x in row) if pad_id is not None else len(row)
+    m = check_mask(data[mask_key][b][:n], mask_key, where) if mask_key in data else [1] * n
+    lp = data[logp_key][b][:n] if logp_key in data else None
+    return p, row[:n], m, lp
 
 
 def trl_rollout_func(records, *, trim: bool = True, allow_support_mismatch: bool = False):

@@ -37,7 +37,10 @@ import torch
 
 from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import _load_pt, as_list, prepare_export, provenance_for_import, record_from_response, source_fix, split
+from ..checks import errors as E
+from .common import (_check_len, _load_pt, as_list, check_ids, check_mask, check_same, prepare_export,
+                     provenance_for_import, record_from_response, source_fix, split)
+from .owners import finish_import
 __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl', 'MAX_WIDTH', 'MAX_EXPORT_BYTES']
 
 #: The widest ``prompt_length`` / ``response_length`` accepted, in tokens (docs/design.md#bounds).
@@ -175,7 +178,9 @@ def from_verl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: 
     Args:
         data: a ``verl.DataProto`` or the dict of :func:`to_verl`.
         spec: the sampler, when the batch does not say (default: temperature from ``meta_info``).
-        tokenizer: a Hugging Face tokenizer to fingerprint into the provenance.
+        tokenizer: a Hugging Face tokenizer: fingerprinted into the provenance, and the template's
+            control ids become template-owned (:func:`agentrl.interop.owners.finish_import`; None:
+            owners from the mask, marked unchecked).
         model: model id for the provenance.
 
     Returns:
@@ -184,6 +189,11 @@ def from_verl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: 
     Raises:
         KeyError: a required key (``prompts``, ``responses``, ``attention_mask``, ``response_mask``) is missing.
         agentrl.checks.errors.MaskAlignmentError: ``response_mask`` narrower than ``responses`` by one.
+        agentrl.checks.errors.LengthMismatchError: any tensor that does not line up with ``prompts``/``responses``
+            (rows, columns), or an ``attention_mask`` with a hole in its padding.
+        agentrl.checks.errors.TokenIdError, MaskValueError: a non-integer id; a mask entry outside {0, 1},
+            or ``response_mask`` 1 on padding (:func:`~agentrl.interop.common.check_ids`, ``check_mask``).
+        agentrl.checks.errors.TokenizerMismatchError: see :func:`~agentrl.interop.owners.finish_import`.
     """
     t, nt, meta = _parts(data)
     for k in ('prompts', 'responses', 'attention_mask', 'response_mask'):
@@ -191,21 +201,22 @@ def from_verl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: 
             raise KeyError(f'from_verl: the batch has no {k!r}; pass the output of the agent loop (with '
                            f'response_mask), keys are {sorted(t)}')
     prompts, responses, attn, rmask = t['prompts'], t['responses'], t['attention_mask'], t['response_mask']
+    logps, scores = t.get('rollout_log_probs'), t.get('rm_scores', t.get('token_level_scores'))
+    _check_shapes(prompts, responses, attn, rmask, logps, scores, nt)
     Lp = prompts.shape[1]
-    if rmask.shape[1] != responses.shape[1]:
-        from .common import _check_len
-        _check_len('response_mask', rmask.shape[1], responses.shape[1], 'all', 'from_verl')
-    logps = t.get('rollout_log_probs')
-    if logps is not None and logps.shape[1] != responses.shape[1]:
-        from .common import _check_len
-        _check_len('rollout_log_probs', logps.shape[1], responses.shape[1], 'all', 'from_verl')
-    scores = t.get('rm_scores', t.get('token_level_scores'))
     if spec is None and 'temperature' in meta:
         spec = SamplingSpec(temperature=float(meta['temperature']))
     out = []
     for b in range(prompts.shape[0]):
-        p = prompts[b][attn[b, :Lp] == 1]
-        n = int(attn[b, Lp:].sum())
+        where = f'from_verl row {b}'
+        a = check_mask(attn[b], 'attention_mask', where)
+        n = _padding_runs(a, Lp, where)
+        pmask = torch.as_tensor(a[:Lp], dtype=torch.bool)
+        rm = check_mask(rmask[b], 'response_mask', where)
+        if any(rm[n:]):
+            raise E.MaskValueError(f'{where}: is 1 at response position {n + rm[n:].index(1)}, on padding past '
+                                   f'the {n} real response tokens (attention_mask)', field='response_mask',
+                                   position=n + rm[n:].index(1), fix='response_mask is 0 on padding')
         prov_json = nt.get('agentrl_provenance', [None] * (b + 1))[b]
         info_json = nt.get('agentrl_info', [None] * (b + 1))[b]
         if prov_json:
@@ -216,10 +227,50 @@ def from_verl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: 
                                          model=model, placeholder=logps is None)
         info = json.loads(info_json) if info_json else {'source': 'verl', 'row': b}
         reward = float(scores[b].sum()) if scores is not None else 0.0
+        prompt = [x for x, keep in zip(check_ids(prompts[b], 'prompts', where), pmask.tolist()) if keep]
         out.append(record_from_response(
-            p, responses[b, :n], rmask[b, :n], None if logps is None else logps[b, :n], reward=reward, info=info,
-            provenance=prov, row=b, what='from_verl', logp_name='rollout_log_probs'))
-    return out
+            prompt, responses[b, :n], rm[:n], None if logps is None else logps[b, :n], reward=reward, info=info,
+            provenance=prov, row=b, what='from_verl', logp_name='rollout_log_probs', prompt_name='prompts',
+            response_name='responses'))
+    return finish_import(out, tokenizer, 'from_verl')
+
+
+def _check_shapes(prompts, responses, attn, rmask, logps, scores, nt) -> None:
+    """Every tensor of a verl batch lines up with ``prompts [B, Lp]`` and ``responses [B, Lr]``; named refusals."""
+    B, Lp, Lr = prompts.shape[0], prompts.shape[1], responses.shape[1]
+    check_same('responses', (responses.shape[0],), (B,), 'from_verl', 'prompts (rows)')
+    if rmask.shape[1] != Lr:
+        _check_len('response_mask', rmask.shape[1], Lr, 'all', 'from_verl')
+    check_same('response_mask', tuple(rmask.shape), (B, Lr), 'from_verl', 'responses')
+    if logps is not None:
+        if logps.shape[1] != Lr:
+            _check_len('rollout_log_probs', logps.shape[1], Lr, 'all', 'from_verl')
+        check_same('rollout_log_probs', tuple(logps.shape), (B, Lr), 'from_verl', 'responses')
+    check_same('attention_mask', tuple(attn.shape), (B, Lp + Lr), 'from_verl', 'prompts ++ responses')
+    if scores is not None:
+        check_same('rm_scores', tuple(scores.shape), (B, Lr), 'from_verl', 'responses')
+    for k, v in nt.items():
+        if k in ('uid', 'agentrl_provenance', 'agentrl_info') and len(v) != B:
+            check_same(k, (len(v),), (B,), 'from_verl', 'prompts (rows)')
+
+
+def _padding_runs(a: list, Lp: int, where: str) -> int:
+    """The number of real response tokens of one ``attention_mask`` row, refusing holes in the padding.
+
+    verl left-pads prompts and right-pads responses, so ``a[:Lp]`` is 0...0 1...1 and ``a[Lp:]``
+    1...1 0...0; anything else would take tokens from the wrong places.
+    """
+    p, r = a[:Lp], a[Lp:]
+    n = sum(r)
+    bad = next((j for j in range(1, Lp) if p[j - 1] > p[j]), None)
+    if bad is None and any(r[n:]):
+        bad = Lp + next(j for j in range(n, len(r)) if r[j])
+    if bad is not None:
+        raise E.LengthMismatchError(f'{where}: has a 0/1 hole at column {bad}: verl left-pads the prompt and '
+                                    'right-pads the response, so the real tokens would be taken from the wrong '
+                                    'columns', field='attention_mask', position=bad,
+                                    fix='pass attention_mask as verl built it (0 only on padding)')
+    return n
 
 
 def load_verl(path) -> dict:

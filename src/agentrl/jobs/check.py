@@ -49,7 +49,7 @@ class CheckOptions:
         expect_tokenizer: refuse records whose tokenizer fingerprint differs (None: any).
         expect_template: refuse records whose template fingerprint differs (None: any).
         pad_id: padding id (None: agentrl's word-level tokenizer's when the records use it).
-        eot_ids: end-of-turn ids (empty: the word-level ``</call>`` when the records use it).
+        eot_ids: end-of-turn ids (empty: the records' template end-of-turn, else the word-level ``</call>``).
         vocab_size: number of token ids; ids outside ``[0, vocab_size)`` are refused (None: the
             word-level tokenizer's when the records use it, else only ids < 0; with a model, an id
             it cannot score fails its replay).
@@ -81,7 +81,8 @@ class CheckOptions:
     pad_id: int | None = field(default=None, metadata={'min': 0, 'help': 'padding id (default: from the word-level '
                                                                          'tokenizer when the records use it)'})
     eot_ids: list = field(default_factory=list, metadata={
-        'flag': '--eot-id', 'metavar': 'ID', 'help': 'end-of-turn id, repeatable (default: the word-level </call>)'})
+        'flag': '--eot-id', 'metavar': 'ID',
+        'help': "end-of-turn id, repeatable (default: the records' template end-of-turn, or the word-level </call>)"})
     vocab_size: int | None = field(default=None, metadata={
         'min': 1, 'metavar': 'V', 'help': "refuse ids outside [0, V) (default: the word-level tokenizer's when "
                                           "the records use it; without it only negative ids are refused and the "
@@ -259,6 +260,7 @@ class CheckReport:
     versions: Counter = field(default_factory=Counter)
     spanning: int = 0
     staleness: Counter = field(default_factory=Counter)
+    unchecked: Counter = field(default_factory=Counter)     # importer's note -> records (checks.consistency)
 
     def refuse(self, key: str, problems: list) -> None:
         """Count one refused row with its problems (RecordError list)."""
@@ -367,6 +369,7 @@ class CheckReport:
             lines.append(f'context drift    {len(self.drift)} records ({turns} turns): the server re-rendered the '
                          "history from text, so a turn's prompt differs from the record's ids")
             lines += [f'  e.g. {p(k)} {d[0]}' for k, d in self.drift[:self.examples_max]]
+        lines += [f'not checked      {c} records: {p(note)}' for note, c in self.unchecked.most_common()]
         if self.kinds:
             lines.append('refusals by kind:')
             lines += [f'  {kind:<28} {c}' for kind, c in self.kinds.most_common()]
@@ -553,6 +556,8 @@ def _tally(rep: CheckReport, rec) -> None:
             rep.scripted += 1
         else:
             rep.no_logp += 1
+    from ..checks.consistency import unchecked_notes
+    rep.unchecked.update(unchecked_notes(rec))
 
 
 def _ours(prov) -> bool:
@@ -646,6 +651,8 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples,
                       correction=opts.correction, dtype=opts.dtype, tol=opts.tol)
     seen = checks.Deduper(compact=True)     # identity (or digest) -> (file, row) where first seen
+    from ..checks.consistency import OneTokenizerPerFile
+    one_tokenizer = OneTokenizerPerFile()
     for batch in store.scan(opts.path, opts.batch_size):
         rows = []
         for row in batch:
@@ -662,6 +669,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             verdict, first = seen.see(rec, where=(row.file, row.row), digest=row.digest)   # hashed once, at verify
             if verdict != checks.Deduper.NEW:
                 problems.append(_repeat_problem(verdict, first, key))
+            problems += one_tokenizer.see(rec, row.file, row.row, problems)
             _tally(rep, rec)
             problems += _versions(rep, rec, opts, key)
             drift = context_drift(rec)

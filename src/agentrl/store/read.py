@@ -225,8 +225,8 @@ def read_trajectories(path: str | os.PathLike, *, verify: bool = True) -> list[T
 
     Raises:
         FileNotFoundError: nothing at ``path``.
-        ValueError: a file without ``agentrl.schema_version`` metadata, or with a newer version
-            (fix: upgrade agentrl), or damaged.
+        ValueError: a file without ``agentrl.schema_version`` metadata, with a version below 1 or newer
+            than this agentrl (fix: upgrade agentrl), or damaged.
         MalformedRowError, DigestMismatchError: a row that cannot be trusted (see :func:`from_table`);
             the message names the file, the row and the field.
     """

@@ -226,6 +226,9 @@ def _check_schema(schema: pa.Schema, where: str) -> None:
     except ValueError:
         raise ValueError(f'{where} has an unreadable schema version {meta[_META_VERSION][:20]!r}; it is not a '
                          'trajectory file written by agentrl') from None
+    if version < 1:
+        raise ValueError(f'{where} has schema version {version}; versions start at 1, so it was not written by '
+                         'agentrl (rewrite it with agentrl.store.write_trajectories)')
     if version > SCHEMA_VERSION:
         raise ValueError(f'{where} has schema version {version}, newer than this agentrl reads '
                          f'({SCHEMA_VERSION}); upgrade agentrl')
