@@ -574,7 +574,10 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     rep = CheckReport(path=opts.path, model=opts.model, max_ratio_dev=opts.max_ratio_dev, examples_max=opts.examples,
                       correction=opts.correction, dtype=opts.dtype, tol=opts.tol)
     seen = checks.Deduper(compact=True)     # identity (or digest) -> (file, row) where first seen
-    for batch in store.scan(opts.path, opts.batch_size):
+    from .check_columnar import columnar_enabled, rows_to_check   # model-free: clean rows counted by columns
+    source = (rows_to_check(opts, rep, seen, lambda prov: _expected(opts, base, prov, None)) if columnar_enabled(opts)
+              else store.scan(opts.path, opts.batch_size))
+    for batch in source:
         rows = []
         for row in batch:
             rep.n += 1

@@ -118,6 +118,17 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
         FileNotFoundError: nothing at ``path``.
         ValueError: ``batch_size`` < 1; a file that is not a trajectory file, or is damaged.
     """
+    for f, row, rb in _record_batches(path, batch_size):
+        out = []
+        for n, rec, digest in _rows(rb, repr(f), row, verify):
+            bad = isinstance(rec, RecordError)
+            out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
+        yield out
+
+
+def _record_batches(path, batch_size: int) -> Iterator[tuple[str, int, pa.RecordBatch]]:
+    """``(file, first row, record batch)`` of every trajectory file of ``path``: the one read loop of
+    :func:`scan` and of the columnar check (:mod:`agentrl.jobs.check_columnar`); raises as :func:`scan`."""
     if batch_size < 1:
         raise ValueError(f'batch_size must be >= 1, got {batch_size}')
     for f in data_files(path):
@@ -125,12 +136,8 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
         _check_schema(pf.schema_arrow, repr(f))
         row = 0
         for rb in _batches(pf, f, batch_size):
-            out = []
-            for n, rec, digest in _rows(rb, repr(f), row, verify):
-                bad = isinstance(rec, RecordError)
-                out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
+            yield f, row, rb
             row += rb.num_rows
-            yield out
 
 
 def read_trajectories(path: str | os.PathLike, *, verify: bool = True) -> list[Trajectory]:
