@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import json
 import os
+from hashlib import sha256
+from json.encoder import encode_basestring_ascii
 from types import SimpleNamespace
 from typing import Iterator
 
@@ -26,11 +28,11 @@ import pyarrow as pa
 
 from ..checks.columnar import TokenColumns, covers, screen
 from ..checks.errors import RecordError
-from ..checks.identity import DIGEST_FIELDS, Deduper, digest_arrays
+from ..checks.identity import DIGEST_FIELDS, Deduper
 from ..stats import is_truncated
 from ..store.read import StoredRow, _record_batches
 from ..store.rows import _json_cell, _rows, _sampling
-from ..store.schema import _DIGEST_V2, _DIGESTED, _row_digest
+from ..store.schema import _DIGEST_V2, _DIGESTED, _OPTIONAL_DIGEST_COLUMNS
 
 __all__ = ['PER_RECORD_ENV', 'columnar_enabled', 'rows_to_check']
 
@@ -77,147 +79,212 @@ def _lists(rb: pa.RecordBatch):
     return out
 
 
-class _Cells:
-    """The non-token cells of a batch, decoded once per distinct value (sampling, versions)."""
-
-    def __init__(self, rb: pa.RecordBatch):
-        names = set(rb.schema.names)
-        self.py = {n: rb.column(n).to_pylist() for n in names if n not in _LISTS}
-        self.n = rb.num_rows
-        self._cache: dict = {}
-
-    def get(self, name: str, i: int):
-        col = self.py.get(name)
-        return None if col is None else col[i]
-
-    def parsed(self, name: str, raw, parse):
-        """``parse(raw)`` cached; None when it raises a RecordError (the reference words it)."""
-        key = (name, raw)
-        if key not in self._cache:
-            try:
-                self._cache[key] = (parse(raw),)
-            except RecordError:
-                self._cache[key] = None
-        return self._cache[key]
+def _json_cells(values: list, typ: pa.DataType) -> list:
+    """``json.dumps`` of each cell, as the row digest's payload writes it (strings by the C encoder)."""
+    if pa.types.is_string(typ) or pa.types.is_large_string(typ):
+        return ['null' if v is None else encode_basestring_ascii(v) for v in values]
+    if pa.types.is_integer(typ):
+        return ['null' if v is None else str(v) for v in values]
+    if pa.types.is_boolean(typ):
+        return ['null' if v is None else 'true' if v else 'false' for v in values]
+    return [json.dumps(v) for v in values]
 
 
-def _versions(raw_pv, raw_tpv, cells: _Cells):
-    """``(policy_version, turn_policy_versions)`` as the reference's Provenance holds them, or None when
-    the reference would refuse or reject them."""
-    pv = cells.parsed('policy_version', raw_pv, lambda r: _json_cell(lambda n, i: r, 'policy_version', 0))
-    tpv = cells.parsed('turn_policy_versions', raw_tpv,
-                       lambda r: _json_cell(lambda n, i: r, 'turn_policy_versions', 0))
-    if pv is None or tpv is None:
-        return None
-    pv, tpv = pv[0], tpv[0]
+def _payloads(py: dict, types: dict, B: int) -> list:
+    """Each row's row-digest payload: the sorted-key JSON of its :data:`_DIGESTED` cells, the optional
+    columns only where not null (:func:`agentrl.store.schema._row_digest`, built column by column)."""
+    parts = []
+    for n, k in enumerate(sorted(_DIGESTED)):
+        vals = py.get(k) or [None] * B
+        pre = (',' if n else '{') + json.dumps(k) + ':'
+        frags = _json_cells(vals, types.get(k, pa.null()))
+        if k in _OPTIONAL_DIGEST_COLUMNS:
+            parts.append(['' if v is None else pre + f for v, f in zip(vals, frags)])
+        else:
+            parts.append([pre + f for f in frags])
+    parts.append(['}'] * B)
+    return [''.join(t) for t in zip(*parts)]
+
+
+def _content_digests(toks: dict, hashed: dict, rewards: np.ndarray, rows) -> dict:
+    """``{row: content digest}`` of ``rows``: :func:`agentrl.checks.identity.digest_arrays` over buffer slices."""
+    fields = []
+    for hname, name, dtype in DIGEST_FIELDS:
+        if name not in toks:
+            fields.append((hname.encode(), None, None, None, 0))
+            continue
+        offs, _, valid = toks[name]
+        size = np.dtype(dtype).itemsize
+        fields.append((hname.encode(), memoryview(hashed[name].tobytes()), offs.tolist(),
+                       None if valid is None else valid.tolist(), size))
+    rew = memoryview(rewards.astype(np.float64).tobytes())
+    out = {}
+    for i in rows:
+        h = sha256()
+        for hname, mv, offs, valid, size in fields:
+            h.update(hname)
+            if mv is None or (valid is not None and not valid[i]):
+                h.update(b'<none>')
+            else:
+                h.update(mv[offs[i] * size:offs[i + 1] * size])
+        h.update(b'reward')
+        h.update(rew[i * 8:i * 8 + 8])
+        out[i] = h.hexdigest()[:32]
+    return out
+
+
+def _parsed(cache: dict, raw, parse):
+    """``(parse(raw),)`` cached by ``raw``; None when it raises (the reference words the refusal)."""
+    if raw not in cache:
+        try:
+            cache[raw] = (parse(raw),)
+        except (RecordError, ValueError, TypeError):
+            cache[raw] = None
+    return cache[raw]
+
+
+def _versions(raw):
+    """``(label, spans)`` of a row's ``(policy_version, turn_policy_versions)`` cells as the report counts
+    them (:func:`agentrl.jobs.check._versions`); raises when the reference would refuse or reject them."""
+    pv = _json_cell(lambda n, i: raw[0], 'policy_version', 0)
+    tpv = _json_cell(lambda n, i: raw[1], 'turn_policy_versions', 0)
     ok = lambda v: v is None or (not isinstance(v, bool) and isinstance(v, (int, str)))  # noqa: E731
     if not ok(pv) or not (tpv is None or (isinstance(tpv, list) and all(ok(v) for v in tpv))):
-        return None
-    return pv, tpv
+        raise ValueError('not a policy version')
+    vs = tuple(dict.fromkeys(v for v in (tpv if tpv is not None else [pv]) if v is not None))
+    return ('..'.join(str(v) for v in (vs[0], vs[-1])) if len(vs) > 1 else str(vs[0])) if vs else '(none)', len(vs) > 1
 
 
-def _decode(cells: _Cells, i: int, toks: dict, hashed: dict):
-    """Row ``i``'s facts for the columns (a SimpleNamespace), or None when the reference must see it."""
-    get = cells.get
-    reward = get('reward', i)
-    attempt = get('attempt', i)
-    if reward is None or isinstance(reward, bool) or not isinstance(reward, (int, float)) or attempt is None:
-        return None
-    if get('turn_contexts', i) is not None:
-        return None
-    sampling = cells.parsed('sampling', get('sampling', i), _sampling)
-    versions = _versions(get('policy_version', i), get('turn_policy_versions', i), cells)
-    stored = get('digest', i)
-    if sampling is None or versions is None or not isinstance(stored, str):
-        return None
-    try:
-        info = json.loads(get('info', i)) if get('info', i) is not None else {}
-    except (TypeError, ValueError):
-        return None
-    if not isinstance(info, dict) or 'template' in info or 'import' in info:
-        return None
-    arrays = {name: None if valid is not None and not valid[i] else hashed[name][offs[i]:offs[i + 1]]
-              for name, (offs, _, valid) in toks.items()}
-    content = digest_arrays(arrays, float(reward))
-    want = _row_digest(content, {c: get(c, i) for c in _DIGESTED}) if stored.startswith(_DIGEST_V2) else content
-    if want != stored:
-        return None
-    placeholder = bool(get('logp_placeholder', i))
-    return SimpleNamespace(info=info, content=content, reward=float(reward), versions=versions, placeholder=placeholder,
-                           declared=sampling[0] is not None or placeholder,
-                           provenance=SimpleNamespace(group_id=get('group_id', i) or '', attempt=int(attempt),
-                                                      rollout_id=get('rollout_id', i) or '',
-                                                      tokenizer=get('tokenizer', i) or '',
-                                                      template=get('template', i) or '',
-                                                      policy=get('policy', i) or ''))
+class _Rec:
+    """What :class:`~agentrl.checks.Deduper` and the report read of an accepted row."""
+    __slots__ = ('provenance', 'info')
+
+    def __init__(self, provenance, info):
+        self.provenance, self.info = provenance, info
 
 
-def _accepted(toks: dict, facts: list, expected_for) -> np.ndarray:
-    """``[B]`` bool: decoded rows every acceptance rule accepts (one :func:`screen` per distinct expectation)."""
+def _decode(py: dict, B: int) -> list:
+    """Per row: ``(info, sampling declared, versions)`` when every cell reads as the reference reads it, else None."""
+    col = lambda n: py.get(n) or [None] * B  # noqa: E731
+    samp, vers, out = {}, {}, []
+    placeholder = col('logp_placeholder')
+    for reward, attempt, tc, digest, sampling, pv, tpv, info, ph in zip(
+            col('reward'), col('attempt'), col('turn_contexts'), col('digest'), col('sampling'),
+            col('policy_version'), col('turn_policy_versions'), col('info'), placeholder):
+        s = _parsed(samp, sampling, _sampling)
+        v = _parsed(vers, (pv, tpv), _versions)
+        if reward is None or attempt is None or tc is not None or not isinstance(digest, str) or s is None or v is None:
+            out.append(None)
+            continue
+        try:
+            d = json.loads(info) if info is not None else {}
+        except (TypeError, ValueError):
+            d = None
+        ok = isinstance(d, dict) and 'template' not in d and 'import' not in d
+        out.append((d, s[0] is not None or bool(ph), v[0]) if ok else None)
+    return out
+
+
+def _verified(py: dict, types: dict, toks: dict, hashed: dict, facts: list, B: int) -> dict:
+    """``{row: content digest}`` of the decoded rows whose stored digest matches their content."""
+    rows = [i for i, f in enumerate(facts) if f is not None]
+    rewards = np.array([0.0 if r is None else float(r) for r in py['reward']], dtype=np.float64)
+    content = _content_digests(toks, hashed, rewards, rows)
+    payloads = _payloads(py, types, B)
+    stored = py['digest']
+    out = {}
+    for i in rows:
+        c = content[i]
+        if stored[i].startswith(_DIGEST_V2):
+            row = sha256(f'agentrl-row-v2\0{c}\0{payloads[i]}'.encode()).hexdigest()[:32]
+            ok = stored[i] == f'{_DIGEST_V2}{c}:{row}'
+        else:
+            ok = stored[i] == c
+        if ok:
+            out[i] = c
+    return out
+
+
+def _accepted(toks: dict, py: dict, rows: list, facts: list, expected_for) -> np.ndarray:
+    """``[B]`` bool: rows of ``rows`` every acceptance rule accepts (one :func:`screen` per distinct tokenizer)."""
     B = len(facts)
     ends = toks['ids'][0][1:]
-    T = np.diff(toks['ids'][0])
-    prov = np.array([f is not None for f in facts])
-    f0 = SimpleNamespace(declared=False, reward=0.0, provenance=SimpleNamespace(tokenizer='', template=''))
-    fs = [f if f is not None else f0 for f in facts]
+    tok = [t or '' for t in (py.get('tokenizer') or [None] * B)]
     cols = TokenColumns(
-        starts=ends - T, ends=ends, ids=toks['ids'][1].astype(np.int64), owner=toks['owner'][1].astype(np.int64),
+        starts=toks['ids'][0][:-1], ends=ends, ids=toks['ids'][1].astype(np.int64),
+        owner=toks['owner'][1].astype(np.int64),
         mask=toks['action_mask'][1].astype(np.float32).astype(np.float64),     # the reference's dtypes
         logp=toks['sample_logp'][1].astype(np.float32).astype(np.float64),
-        reward=np.array([f.reward for f in fs], dtype=np.float64), prov=prov, declared=np.array([f.declared for f in fs]),
-        tokenizer=np.array([f.provenance.tokenizer for f in fs], dtype=object),
-        template=np.array([f.provenance.template for f in fs], dtype=object))
+        reward=np.array([np.nan if r is None else float(r) for r in py['reward']], dtype=np.float64),
+        prov=np.array([a is not None for a in (py.get('attempt') or [None] * B)]),
+        declared=np.array([f is not None and f[1] for f in facts]),
+        tokenizer=np.array(tok, dtype=object),
+        template=np.array([t or '' for t in (py.get('template') or [None] * B)], dtype=object))
     ok = np.zeros(B, dtype=bool)
     groups: dict = {}
-    for i, f in enumerate(facts):
-        if f is not None:
-            groups.setdefault(f.provenance.tokenizer, []).append(i)
-    for tokenizer, rows in groups.items():
-        verdict = screen(cols, expected_for(facts[rows[0]].provenance))
-        ok[rows] = verdict[rows]
+    for i in rows:
+        groups.setdefault(tok[i], []).append(i)
+    for tokenizer, members in groups.items():
+        verdict = screen(cols, expected_for(SimpleNamespace(tokenizer=tokenizer)))
+        ok[members] = verdict[members]
     return ok
 
 
-def _tally(rep, T: int, trained: int, f) -> None:
-    """What :func:`agentrl.jobs.check._tally` and ``_versions`` count for an accepted record."""
-    rep.n += 1
-    rep.lengths.append(T)
-    rep.trained.append(trained)
-    rep.stops[str(f.info.get('stop'))] += 1
-    rep.truncated += is_truncated(f)
-    rep.policies[f.provenance.policy] += 1
-    rep.scripted += f.placeholder
-    pv, tpv = f.versions
-    vs = tuple(dict.fromkeys(v for v in (tpv if tpv is not None else [pv]) if v is not None))
-    rep.versions[('..'.join(str(v) for v in (vs[0], vs[-1])) if len(vs) > 1 else str(vs[0])) if vs
-                 else '(none)'] += 1
-    rep.spanning += len(vs) > 1
+def _flush(rep, idx: list, T: np.ndarray, trained: np.ndarray, facts: list, py: dict) -> None:
+    """Count accepted rows ``idx`` as :func:`agentrl.jobs.check._tally` and ``_versions`` do, in row order."""
+    if not idx:
+        return
+    rep.n += len(idx)
+    rep.lengths.extend(T[idx].tolist())
+    rep.trained.extend(trained[idx].astype(np.int64).tolist())
+    rep.stops.update(str(facts[i][0].get('stop')) for i in idx)
+    rep.truncated += sum(is_truncated(SimpleNamespace(info=facts[i][0])) for i in idx)
+    policy = py.get('policy') or [None] * len(T)
+    rep.policies.update(policy[i] or '' for i in idx)
+    ph = py.get('logp_placeholder') or [None] * len(T)
+    rep.scripted += sum(bool(ph[i]) for i in idx)
+    rep.versions.update(facts[i][2][0] for i in idx)
+    rep.spanning += sum(facts[i][2][1] for i in idx)
+    idx.clear()
 
 
 def _reference(rb: pa.RecordBatch, f: str, first: int, i: int) -> list:
-    """Row ``i`` of ``rb`` as :func:`agentrl.store.scan` gives it (decoded by the per-record reader)."""
-    ((n, rec, digest),) = _rows(rb.slice(i, 1), repr(f), first + i, True)
-    bad = isinstance(rec, RecordError)
-    return [StoredRow(f, n, None if bad else rec, rec if bad else None, digest)]
+    """Rows ``i:`` of ``rb`` as :func:`agentrl.store.scan` gives them (decoded by the per-record reader)."""
+    out = []
+    for n, rec, digest in _rows(rb.slice(i), repr(f), first + i, True):
+        bad = isinstance(rec, RecordError)
+        out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
+    return out
 
 
 def _batch(rb, f: str, first: int, rep, seen: Deduper, expected_for) -> Iterator[list]:
     toks = _lists(rb)
+    B = rb.num_rows
     if toks is None:                              # a batch the columns cannot align: all by the reference
-        for i in range(rb.num_rows):
-            yield _reference(rb, f, first, i)
+        yield _reference(rb, f, first, 0)
         return
     T = np.diff(toks['ids'][0])
     hashed = {name: np.ascontiguousarray(vals.astype(_HASH_DTYPE[name])) for name, (_, vals, _) in toks.items()}
-    cells = _Cells(rb)
-    facts = [_decode(cells, i, toks, hashed) for i in range(rb.num_rows)]
-    ok = _accepted(toks, facts, expected_for)
-    trained = np.bincount(np.repeat(np.arange(len(T)), T - 1), weights=hashed['action_mask'], minlength=len(T))
-    for i, fa in enumerate(facts):
-        if ok[i] and seen.see(fa, where=(f, first + i), digest=fa.content)[0] == Deduper.NEW:
-            _tally(rep, int(T[i]), int(trained[i]), fa)
-        else:
-            yield _reference(rb, f, first, i)
+    py = {n: rb.column(n).to_pylist() for n in rb.schema.names if n not in _LISTS}
+    py.setdefault('reward', [None] * B)
+    py.setdefault('digest', [None] * B)
+    facts = _decode(py, B)
+    content = _verified(py, {n: rb.schema.field(n).type for n in py if n in rb.schema.names}, toks, hashed,
+                        facts, B)
+    ok = _accepted(toks, py, sorted(content), facts, expected_for)
+    trained = np.bincount(np.repeat(np.arange(B), T - 1), weights=hashed['action_mask'], minlength=B)
+    gid, rid, att = (py.get(n) or [None] * B for n in ('group_id', 'rollout_id', 'attempt'))
+    pending: list = []
+    for i in range(B):
+        if ok[i]:
+            prov = SimpleNamespace(group_id=gid[i] or '', rollout_id=rid[i] or '', attempt=int(att[i]))
+            if seen.see(_Rec(prov, None), where=(f, first + i), digest=content[i])[0] == Deduper.NEW:
+                pending.append(i)
+                continue
+        _flush(rep, pending, T, trained, facts, py)
+        yield _reference(rb, f, first, i)         # this row and the rest of the batch, as scan lists them
+        return
+    _flush(rep, pending, T, trained, facts, py)
 
 
 def rows_to_check(opts, rep, seen: Deduper, expected_for) -> Iterator[list]:
@@ -225,8 +292,9 @@ def rows_to_check(opts, rep, seen: Deduper, expected_for) -> Iterator[list]:
 
     Accepted new rows are counted into ``rep`` (:class:`~agentrl.jobs.check.CheckReport`: ``n``,
     lengths, trained tokens, stops, truncation, policies, scripted, versions) and registered in
-    ``seen``; every other row is yielded, in file and row order, as a one-row list of
-    :class:`agentrl.store.StoredRow`; an empty list follows each record batch (for the progress).
+    ``seen``; from the first row of a record batch that is not, the rest of the batch is yielded as one
+    list of :class:`agentrl.store.StoredRow` (what :func:`agentrl.store.scan` lists for those rows, so the
+    check orders their refusals as it does per record); an empty list follows each record batch.
 
     Args:
         opts: :class:`~agentrl.jobs.check.CheckOptions` (``path``, ``batch_size``).
