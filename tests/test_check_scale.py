@@ -174,3 +174,33 @@ def test_a_clean_run_is_checked_by_columns_without_torch(run_dir):
 def test_the_per_record_path_stays_selectable(run_dir, monkeypatch):
     (ref, code, _), (col, code2, _) = both(run_dir / 'trajectories')
     assert ref == col and code == code2 == 0
+
+
+def _shards(t: pa.Table, d: Path, n: int) -> Path:
+    d.mkdir()
+    bounds = np.linspace(0, t.num_rows, n + 1).astype(int)
+    for s in range(n):
+        pq.write_table(t.slice(bounds[s], bounds[s + 1] - bounds[s]), d / f'part-{s:06d}.parquet')
+    return d
+
+
+def test_check_on_ray_workers_gives_the_in_process_report(base, tmp_path, capsys):
+    """`check --workers 2` on 4 shards: the same report as in process, for a clean folder, a folder with
+    refusals inside shards, and one with a resend across shards (checked again in process)."""
+    copies = []
+    for c in range(4):                               # 24 records, distinct identities
+        t = base
+        for i in range(t.num_rows):
+            t = resign(set_cell(t, 'rollout_id', i, f'{t.column("rollout_id")[i].as_py()}/c{c}'), i)
+        copies.append(t)
+    clean = pa.concat_tables(copies)
+    dirty = MUTATIONS['logp_nan'](MUTATIONS['digest'](clean, 3, 0), 20, 7)
+    resend = pa.concat_tables([clean, clean.slice(2, 1)])
+    for name, t in (('clean', clean), ('dirty', dirty), ('resend', resend)):
+        d = _shards(t, tmp_path / name, 4)
+        outs = []
+        for workers in ('0', '2'):
+            code = main(['check', str(d), '--workers', workers])
+            outs.append((code, capsys.readouterr().out))
+        assert outs[0] == outs[1], name
+        assert outs[0][0] == (0 if name == 'clean' else 1), outs[0][1]
