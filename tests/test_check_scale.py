@@ -204,3 +204,33 @@ def test_check_on_ray_workers_gives_the_in_process_report(base, tmp_path, capsys
             outs.append((code, capsys.readouterr().out))
         assert outs[0] == outs[1], name
         assert outs[0][0] == (0 if name == 'clean' else 1), outs[0][1]
+
+
+_GUARD = ('import sys\nfrom agentrl.cli.main import main\n'
+          'try:\n    code = main(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n'
+          'print("TORCH", "torch" in sys.modules)\nsys.exit(code)\n')
+
+
+def _torch_after(*argv) -> tuple[int, bool, str]:
+    res = subprocess.run([sys.executable, '-c', _GUARD, *map(str, argv)], capture_output=True, text=True, timeout=300)
+    return res.returncode, 'TORCH True' in res.stdout, res.stdout + res.stderr
+
+
+@pytest.mark.parametrize('command', ['check', 'export', 'import', 'show', 'report'])
+def test_model_free_commands_start_without_torch(command, run_dir):
+    """Parsing and validating a command's flags (its start) never imports torch (`--help`, a refused flag)."""
+    code, torch_loaded, out = _torch_after(command, '--help')
+    assert code == 0 and not torch_loaded, out
+    code, torch_loaded, out = _torch_after(command, '--no-such-flag')
+    assert code == 2 and not torch_loaded, out
+
+
+def test_which_model_free_runs_import_torch(run_dir, tmp_path):
+    """Whole runs: `check` without a model never imports torch. `export`, `show` and `report` do, when they
+    decode the records into :class:`agentrl.Trajectory` (torch tensors), and every `export` target writes
+    ``.pt`` tensors (verl_batch.pt, trl_batch.pt, slime 0.pt ...): the state this test pins."""
+    traj = run_dir / 'trajectories'
+    assert _torch_after('check', traj)[:2] == (0, False)
+    assert _torch_after('export', run_dir, '--to', 'trl', '--out', tmp_path / 'trl')[:2] == (0, True)
+    assert _torch_after('report', run_dir)[:2] == (0, True)
+    assert _torch_after('show', traj)[:2] == (0, True)
