@@ -93,6 +93,41 @@ def measured(path: Path, per_record: bool) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def _in_process(path: Path, per_record: bool) -> float:
+    """CPU seconds of one model-free ``run_check`` of ``path`` in this process."""
+    from agentrl.jobs.check import CheckOptions, run_check
+    env = os.environ.pop('AGENTRL_CHECK_PER_RECORD', None)
+    try:
+        if per_record:
+            os.environ['AGENTRL_CHECK_PER_RECORD'] = '1'
+        t = time.process_time()
+        rep = run_check(CheckOptions(path=str(path)))
+        assert rep.code == 0, rep.format()
+        return time.process_time() - t
+    finally:
+        os.environ.pop('AGENTRL_CHECK_PER_RECORD', None)
+        if env is not None:
+            os.environ['AGENTRL_CHECK_PER_RECORD'] = env
+
+
+def run(quick: bool) -> list[dict]:
+    """Rows for bench/run.py: records/s (process CPU) of the model-free check, per record and by columns."""
+    n = 2000 if quick else 20000
+    tmp = Path(tempfile.mkdtemp(prefix='bench_check_'))
+    try:
+        data = tmp / 'data.parquet'
+        grow(rollout(tmp / 'run'), n, data)
+        _in_process(data, False)                   # warm: imports, the word-level tokenizer
+        per_record = n / _in_process(data, True)
+        columns = max(n / _in_process(data, False) for _ in range(2))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    note = f'{n} TinyAgent records, process CPU time, in this process'
+    return [{'name': 'check_per_record_rps', 'value': round(per_record), 'unit': 'records/s', 'notes': note},
+            {'name': 'check_columnar_rps', 'value': round(columns), 'unit': 'records/s', 'notes': note,
+             'target': '>= 20000', 'ok': columns >= 20000}]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--rows', type=int, default=100_000)

@@ -196,14 +196,25 @@ def test_check_on_ray_workers_gives_the_in_process_report(base, tmp_path, capsys
     clean = pa.concat_tables(copies)
     dirty = MUTATIONS['logp_nan'](MUTATIONS['digest'](clean, 3, 0), 20, 7)
     resend = pa.concat_tables([clean, clean.slice(2, 1)])
-    for name, t in (('clean', clean), ('dirty', dirty), ('resend', resend)):
-        d = _shards(t, tmp_path / name, 4)
-        outs = []
-        for workers in ('0', '2'):
-            code = main(['check', str(d), '--workers', workers])
-            outs.append((code, capsys.readouterr().out))
-        assert outs[0] == outs[1], name
-        assert outs[0][0] == (0 if name == 'clean' else 1), outs[0][1]
+    from agentrl.engines.ray import _connect, require_ray
+    ray = require_ray()
+    started = _connect(ray, None, 2, None)         # one local instance (127.0.0.1) for the three checks
+    in_process = {}
+    try:
+        for name, t in (('clean', clean), ('dirty', dirty), ('resend', resend)):
+            d = _shards(t, tmp_path / name, 4)
+            outs = []
+            for workers in ('0', '2'):
+                code = main(['check', str(d), '--workers', workers])
+                outs.append((code, capsys.readouterr().out))
+            assert outs[0] == outs[1], name
+            assert outs[0][0] == (0 if name == 'clean' else 1), outs[0][1]
+            in_process[name] = outs[0]
+    finally:
+        if started:
+            ray.shutdown()
+    code = main(['check', str(tmp_path / 'clean'), '--workers', '2'])      # Ray started and stopped by the check
+    assert (code, capsys.readouterr().out) == in_process['clean']
 
 
 _GUARD = ('import sys\nfrom agentrl.cli.main import main\n'

@@ -6,10 +6,12 @@ lists as flat numpy arrays, verifies every stored digest (the one rule of
 :func:`agentrl.checks.identity.digest_arrays` and :func:`agentrl.store.schema._row_digest`), and runs
 the acceptance rules over the columns (:func:`agentrl.checks.columnar.screen`). A row that is
 accepted and new to the :class:`~agentrl.checks.Deduper` is tallied into the report here, without
-building a record (so without torch); every other row (malformed, edited, refused, repeated, or of a
-kind the columns do not cover: chat-template info, ``turn_contexts``, imported context drift) is
-yielded as the :class:`agentrl.store.StoredRow` that :func:`agentrl.store.scan` gives, and
-``run_check`` checks it with the per-record rules. Same verdicts and messages, same order.
+building a record (so without torch). From the first row that is not (malformed, edited, refused,
+repeated, or of a kind the columns do not cover: chat-template info, ``turn_contexts``, imported
+context drift), the rest of its record batch is yielded as the :class:`agentrl.store.StoredRow` list
+that :func:`agentrl.store.scan` gives, and ``run_check`` checks those rows with the per-record rules.
+Same verdicts and messages, in the same order (tests/test_check_scale.py). The row-digest payload is
+rebuilt column by column; a row it fails to verify goes to the reference, which words the verdict.
 
 ``AGENTRL_CHECK_PER_RECORD=1`` in the environment selects the per-record path (the benchmark's
 "before"). Source: docs/design.md#integrity.
