@@ -118,8 +118,8 @@ def run(quick: bool) -> list[dict]:
         data = tmp / 'data.parquet'
         grow(rollout(tmp / 'run'), n, data)
         _in_process(data, False)                   # warm: imports, the word-level tokenizer
-        per_record = n / _in_process(data, True)
         columns = max(n / _in_process(data, False) for _ in range(2))
+        per_record = n / _in_process(data, True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     note = f'{n} TinyAgent records, process CPU time, in this process'
