@@ -42,3 +42,33 @@ def lazy_exports(module: str, exports: dict[str, str], *, base: str | None = Non
     def __dir__():
         return getattr(sys.modules[module], '__all__', sorted(exports))
     return __getattr__, __dir__
+
+
+class _LazyModule:
+    """A stand-in for a module that imports it on first attribute use (the module is not put in
+    ``sys.modules`` before then, so ``'torch' in sys.modules`` stays a true statement)."""
+    __slots__ = ('_name',)
+
+    def __init__(self, name: str):
+        object.__setattr__(self, '_name', name)
+
+    def __getattr__(self, attr):
+        return getattr(import_module(self._name), attr)
+
+    def __repr__(self) -> str:
+        return f'<lazy module {self._name!r}>'
+
+
+def lazy_module(name: str):
+    """``name`` imported on first attribute use: ``torch = lazy_module('torch')`` at a module's top keeps
+    ``import agentrl.record`` free of the torch import (1-2 s) until a tensor is built.
+
+    Returns:
+        a proxy whose attributes are the module's (``torch.long``, ``torch.is_tensor``); annotations
+        stay strings (``from __future__ import annotations``). Raises ImportError on first use when the
+        module is not installed.
+    """
+    return _LazyModule(name)
+
+
+__all__.append('lazy_module')

@@ -1,8 +1,10 @@
 """L2: pad trajectories into one :class:`~agentrl.record.Batch` (book chapter 5.7)."""
 from __future__ import annotations
 
-import torch
-import torch.nn.functional as F
+from ._lazy import lazy_module
+
+torch = lazy_module('torch')   # imported on first use (agentrl check runs without torch)
+F = lazy_module('torch.nn.functional')
 
 from .record import Batch, Trajectory
 

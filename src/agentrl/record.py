@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, fields, replace
 from itertools import groupby
 from typing import Any, Iterator
 
-import torch
+from ._lazy import lazy_module
+
+torch = lazy_module('torch')   # imported on first tensor use: `agentrl check` runs without torch
 
 __all__ = ['OWNER', 'OWNER_NAMES', 'SamplingSpec', 'Provenance', 'Trajectory', 'Batch', 'LOGP_MODES',
            'PENALTY_SEMANTICS', 'TokenLog', 'owner_runs', 'turn_spans', 'turn_records']
@@ -207,15 +209,15 @@ def _fresh(values, dtype: torch.dtype) -> torch.Tensor:
     ``torch.tensor``) or a tensor."""
     if torch.is_tensor(values):
         return values.detach().to(dtype).clone()
-    if len(values) and dtype in _ARRAY_CODE:
+    if len(values) and str(dtype) in _ARRAY_CODE:
         try:
-            return torch.frombuffer(array(_ARRAY_CODE[dtype], values), dtype=dtype).clone()
+            return torch.frombuffer(array(_ARRAY_CODE[str(dtype)], values), dtype=dtype).clone()
         except (TypeError, OverflowError):             # e.g. floats in an id list: let torch convert
             pass
     return torch.tensor(values, dtype=dtype)
 
 
-_ARRAY_CODE = {torch.long: 'q', torch.float32: 'f'}
+_ARRAY_CODE = {'torch.int64': 'q', 'torch.float32': 'f'}   # by name: no torch import at load
 
 
 @dataclass

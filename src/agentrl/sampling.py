@@ -12,7 +12,9 @@ import hashlib
 import math
 from dataclasses import dataclass
 
-import torch
+from ._lazy import lazy_module
+
+torch = lazy_module('torch')   # imported on first use (agentrl check runs without torch)
 
 from .record import SamplingSpec
 
@@ -371,7 +373,7 @@ def _fast32(spec: SamplingSpec) -> bool:
 
 
 def choose(logits: torch.Tensor, spec: SamplingSpec, uniforms, *, context: PenaltyContext | None = None,
-           buffers: Scratch | None = None, forced=None, dtype: torch.dtype = torch.float64, caller: str = 'draw'):
+           buffers: Scratch | None = None, forced=None, dtype: torch.dtype | None = None, caller: str = 'draw'):
     """The one per-step token chooser: one token per row and the log-prob the record stores.
 
     Greedy (temperature 0) takes the argmax of the processed log-probs (no uniform used); every
@@ -387,7 +389,7 @@ def choose(logits: torch.Tensor, spec: SamplingSpec, uniforms, *, context: Penal
         buffers: a :class:`Scratch` to compute temperature-only specs in (the HF engine's hot path;
             bit-identical to the allocating path).
         forced: optional ``[n]`` ids to score instead of drawing.
-        dtype: ``torch.float64`` (default): every value in float64, equal to :func:`processed_logp`
+        dtype: ``torch.float64`` (or None, the default): every value in float64, equal to :func:`processed_logp`
             / :func:`stored_logp`. ``torch.float32``: greedy and temperature-only ``processed``
             specs without penalties take the float32 path of :func:`sample` (``softmax(logits / T)``,
             ``log(probs[id])``: the TinyAgent records); other specs are computed in float64.

@@ -31,7 +31,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Callable
 
-import torch
+from .._lazy import lazy_module
+
+torch = lazy_module('torch')
 
 from ..record import OWNER, OWNER_NAMES, Trajectory
 from .errors import (EndOfTurnNotTrainedError, InfiniteLogProbError, LengthMismatchError, MaskMissingOnPolicyError,

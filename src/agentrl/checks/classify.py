@@ -32,7 +32,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import torch
+from .._lazy import lazy_module
+
+torch = lazy_module('torch')
 
 from ..record import LOGP_MODES, SamplingSpec
 from ..sampling import PenaltyContext, apply_penalties, processed_logp, stored_logp, support_mask

@@ -14,7 +14,9 @@ import hashlib
 from dataclasses import replace
 
 import numpy as np
-import torch
+from .._lazy import lazy_module
+
+torch = lazy_module('torch')
 
 from ..record import Provenance, Trajectory
 from .errors import IdentityConflictError, MissingProvenanceError
@@ -75,7 +77,7 @@ def episode_key(group_id: str, rollout_id: str) -> str:
 #: The digested fields, in hashing order: (name hashed, record field, dtype of the hashed bytes).
 DIGEST_FIELDS = (('ids', 'ids', np.int64), ('owner', 'owner', np.int64), ('turn', 'turn', np.int64),
                  ('mask', 'action_mask', np.float32), ('logp', 'sample_logp', np.float32))
-_TORCH_DTYPES = {np.int64: torch.int64, np.float32: torch.float32}
+_TORCH_DTYPES = {np.int64: 'int64', np.float32: 'float32'}   # torch dtype names
 
 
 def _field_bytes(a, dtype) -> bytes:
@@ -84,7 +86,7 @@ def _field_bytes(a, dtype) -> bytes:
         return b'<none>'
     if isinstance(a, np.ndarray):
         return (a if a.dtype == dtype else a.astype(dtype)).tobytes()
-    return torch.as_tensor(a).detach().to('cpu', _TORCH_DTYPES[dtype]).contiguous().numpy().tobytes()
+    return torch.as_tensor(a).detach().to('cpu', getattr(torch, _TORCH_DTYPES[dtype])).contiguous().numpy().tobytes()
 
 
 def digest_arrays(fields: dict, reward: float) -> str:

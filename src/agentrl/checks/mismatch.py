@@ -13,7 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
+from .._lazy import lazy_module
+
+torch = lazy_module('torch')
 
 __all__ = ['LogpMismatch', 'THRESHOLDS', 'TurnDrift', 'context_drift']
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-import torch
+from .._lazy import lazy_module
+
+torch = lazy_module('torch')
 
 from ..batching import pad_rows
 from ..model import TinyAgent

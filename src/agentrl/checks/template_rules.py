@@ -20,7 +20,9 @@ closes every assistant message, and message content is text, never control token
 """
 from __future__ import annotations
 
-import torch
+from .._lazy import lazy_module
+
+torch = lazy_module('torch')
 
 from ..record import OWNER, owner_runs
 from .errors import ControlTokenInContentError, RecordError, UnclosedTurnError

@@ -68,6 +68,7 @@ class CheckOptions:
         current_version, max_staleness: report staleness against the trainer's step, and refuse records
             more than ``max_staleness`` steps old (:mod:`agentrl.checks.staleness`; docs/design.md#training).
         no_packed: replay right-padded batches instead of packed rows (:func:`agentrl.checks.score_sequences`).
+        workers: Ray workers the shards are split across (0: this process; :mod:`agentrl.jobs.check_workers`).
     """
     path: str = field(metadata={'positional': True, 'help': 'trajectory .parquet file or folder of shards'})
     model: str | None = field(default=None, metadata={
@@ -110,6 +111,9 @@ class CheckOptions:
         'min': 0, 'metavar': 'K', 'help': 'with --current-version: refuse records sampled more than K steps earlier'})
     no_packed: bool = field(default=False, metadata={
         'help': 'with --model: score right-padded batches instead of packed rows (the reference path; same numbers)'})
+    workers: int = field(default=0, metadata={
+        'min': 0, 'metavar': 'N', 'help': 'check the shards of a folder on N local Ray workers (0: in this process); '
+                                          'the same report (agentrl.jobs.check_workers)'})
 
     def validate(self) -> None:
         """Raise ValueError naming the flag when an option is out of range (nothing has run yet).
@@ -132,6 +136,8 @@ class CheckOptions:
             raise ValueError(f'--batch-size must be >= 1, got {self.batch_size}')
         if self.examples < 0:
             raise ValueError(f'--examples must be >= 0, got {self.examples}')
+        if self.workers < 0:
+            raise ValueError(f'--workers must be >= 0 (0: in this process), got {self.workers}')
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f'--vocab-size must be >= 1, got {self.vocab_size}')
         if self.pad_id is not None and self.pad_id < 0:
@@ -644,6 +650,9 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     from .. import checks, store
     from ..checks.mismatch import context_drift
     opts.validate()
+    if opts.workers:                        # the shards on Ray workers, the same report
+        from .check_workers import check_on_workers
+        return check_on_workers(opts, progress)
     scorer = load_model(opts.model, opts.dtype, opts.device) if opts.model else None
     model_tok = _model_tokenizer(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
@@ -653,7 +662,10 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     seen = checks.Deduper(compact=True)     # identity (or digest) -> (file, row) where first seen
     from ..checks.consistency import OneTokenizerPerFile
     one_tokenizer = OneTokenizerPerFile()
-    for batch in store.scan(opts.path, opts.batch_size):
+    from .check_columnar import columnar_enabled, rows_to_check   # model-free: clean rows counted by columns
+    source = (rows_to_check(opts, rep, seen, lambda prov: _expected(opts, base, prov, None), one_tokenizer)
+              if columnar_enabled(opts) else store.scan(opts.path, opts.batch_size))
+    for batch in source:
         rows = []
         for row in batch:
             rep.n += 1

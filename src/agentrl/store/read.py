@@ -196,6 +196,17 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
             number, refused before it is read.
         MemoryError: a row group within the bound that does not fit in this process's memory (names it).
     """
+    for f, row, rb in _record_batches(path, batch_size):
+        out = []
+        for n, rec, digest in _rows(rb, repr(f), row, verify):
+            bad = isinstance(rec, RecordError)
+            out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
+        yield out
+
+
+def _record_batches(path, batch_size: int) -> Iterator[tuple[str, int, pa.RecordBatch]]:
+    """``(file, first row, record batch)`` of every trajectory file of ``path``: the one read loop of
+    :func:`scan` and of the columnar check (:mod:`agentrl.jobs.check_columnar`); raises as :func:`scan`."""
     if batch_size < 1:
         raise ValueError(f'batch_size must be >= 1, got {batch_size}')
     bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES)
@@ -205,12 +216,8 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
         pf = _open_bounded(f, bound, pf)
         row = 0
         for rb in _batches(pf, f, batch_size, bound):
-            out = []
-            for n, rec, digest in _rows(rb, repr(f), row, verify):
-                bad = isinstance(rec, RecordError)
-                out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
+            yield f, row, rb
             row += rb.num_rows
-            yield out
 
 
 def read_trajectories(path: str | os.PathLike, *, verify: bool = True) -> list[Trajectory]:

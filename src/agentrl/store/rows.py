@@ -14,7 +14,9 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import torch
+from .._lazy import lazy_module
+
+torch = lazy_module('torch')
 
 from ..checks.errors import DigestMismatchError, MalformedRowError, RecordError
 from ..checks.identity import digest_arrays
@@ -249,5 +251,5 @@ def from_table(table: pa.Table | pa.RecordBatch, *, source: str = 'table', first
     return out
 
 
-def _tdt_np(tdt: torch.dtype):
-    return np.int64 if tdt == torch.long else np.float32
+def _tdt_np(tdt):
+    return tdt   # schema._TOKEN_COLUMNS names the record's numpy dtype (torch.from_numpy keeps it)

@@ -45,7 +45,9 @@ from typing import Iterable
 
 import numpy as np
 import pyarrow as pa
-import torch
+from .._lazy import lazy_module
+
+torch = lazy_module('torch')
 
 from .._version import __version__
 from ..checks.identity import record_digest
@@ -57,12 +59,12 @@ __all__ = ['SCHEMA_VERSION', 'SCHEMA', 'to_table', 'content_digest']
 SCHEMA_VERSION = 1
 _META_VERSION = b'agentrl.schema_version'
 
-_TOKEN_COLUMNS = [  # name, arrow value type, numpy dtype on disk, torch dtype in the record
-    ('ids', pa.int32(), np.int32, torch.long),
-    ('owner', pa.int8(), np.int8, torch.long),
-    ('turn', pa.int32(), np.int32, torch.long),
-    ('action_mask', pa.int8(), np.int8, torch.float32),
-    ('sample_logp', pa.float32(), np.float32, torch.float32),
+_TOKEN_COLUMNS = [  # name, arrow value type, numpy dtype on disk, numpy dtype of the record's tensor
+    ('ids', pa.int32(), np.int32, np.int64),
+    ('owner', pa.int8(), np.int8, np.int64),
+    ('turn', pa.int32(), np.int32, np.int64),
+    ('action_mask', pa.int8(), np.int8, np.float32),
+    ('sample_logp', pa.float32(), np.float32, np.float32),
 ]
 _STRING_PROV = ('tokenizer', 'template', 'model', 'group_id', 'rollout_id', 'agentrl_version')
 #: Stored columns covered by the row part of a version-2 digest (everything but tokens, reward, digest).
