@@ -29,8 +29,6 @@ from .._lazy import lazy_module
 torch = lazy_module('torch')
 
 from ..batching import pad_rows
-from ..model import TinyAgent
-from ..packing import pack_order
 from ..record import SamplingSpec, Trajectory, turn_records, turn_spans
 from ..sampling import PenaltyContext
 from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, _KIND, _fit, classify_tokens,  # noqa: F401
@@ -315,6 +313,7 @@ class Scorer:
             return [out[b, r.to(out.device)].float().cpu() for b, r in enumerate(rows)]
 
         packed = None
+        from ..model import TinyAgent                    # imports torch: not at CLI start-up
         if isinstance(model, TinyAgent):                 # masks attention by record from position_ids
 
             @torch.no_grad()
@@ -394,6 +393,7 @@ def _score_packed(seqs: list, rows: list, scorer, batch_size: int, pad: int) -> 
     """Logits at ``rows[i]`` of each sequence: sequences laid end to end by first-fit decreasing into rows as
     wide as the longest (:func:`agentrl.packing.pack_order`), ``batch_size`` rows per ``scorer.packed`` call."""
     lens = [len(x) for x in seqs]
+    from ..packing import pack_order                     # imports torch: not at CLI start-up
     bins = pack_order(lens, max(lens))
     out: list = [None] * len(seqs)
     for start in range(0, len(bins), batch_size):
