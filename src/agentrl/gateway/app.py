@@ -242,7 +242,9 @@ class _Routes:
         s.in_flight += 1
         try:
             raw = await self.body_of(request, lim.max_body_bytes)
-            req, body = parse_request(raw, lim.max_body_bytes)
+            req, body = parse_request(raw, lim.max_body_bytes, s.checked)
+            if isinstance(body.get('messages'), list):
+                s.checked = (body['messages'], req.messages)      # the next call checks only its new messages
             retry = request.headers.get('x-stainless-retry-count', '0')
             args = (s, req, body_digest(raw, body), int(retry) if retry.isdigit() else 0)
             if req.stream:
