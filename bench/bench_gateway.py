@@ -2,27 +2,30 @@
 
 Run by hand (results go to bench/RESULTS.md)::
 
-    PYTHONPATH=src .venv/bin/python bench/bench_gateway.py [--sessions 32] [--turns 4] [--long 200] [--json OUT]
-        [--variants h11/asyncio,httptools/asyncio,httptools/uvloop]
+    PYTHONPATH=src .venv/bin/python bench/bench_gateway.py [--engines inproc,process] [--sessions 32] [--turns 4]
+        [--long 200] [--repeats 3] [--json OUT] [--variants httptools/asyncio,h11/asyncio,httptools/uvloop]
 
-One process serves the gateway (uvicorn in a thread, ``Gateway`` over ``HFUpstream`` of
-``make_test_model``'s tiny Qwen3 with the real tokenizer, ``--no-conformance``); the clients are a
-second process (aiohttp, one task per session), so client work does not count as gateway work.
-The engine is timed inside the gateway (a subclass of ``HFUpstream`` that notes when each
-``sample`` starts and ends, keyed by the call's seed).
+One process serves the gateway (uvicorn in a thread, ``Gateway`` over ``make_test_model``'s tiny Qwen3
+with the real tokenizer, ``--no-conformance``), once per engine: ``inproc`` (``HFUpstream`` in the
+gateway's process) and ``process`` (``HFProcessUpstream``: the same sampler in a child process over a
+pipe). The clients are another process (aiohttp), so client work does not count as gateway work. The
+engine's own span is ``Sample.span`` (measured where it samples: in the gateway's process, or in the
+child), keyed by the call's seed.
 
 Per call: ``gateway cost = client latency - (engine end - dispatch)``, where dispatch is the
 journal's ``t0`` (the end of planning on the state thread): everything the gateway adds (HTTP,
-JSON, planning, state-thread queueing, the fsync'd journal line, the response) and nothing the
-engine spends or queues for (the HF engine samples one call at a time).
+JSON, planning, state-thread queueing, the pipe to a child engine, the fsync'd journal line, the
+response) and nothing the engine spends or queues for (the HF engine samples one call at a time).
 
 1. ``--sessions`` sessions at once, ``--turns`` turns each (8 new tokens a turn): p50/p99 of the
    gateway cost, next to the same calls made directly on the engine (same prompts, budgets, seeds);
    once per ``--variants`` uvicorn ``HTTP/LOOP`` pair, each on a fresh gateway over the same engine.
-2. One session of ``--long`` turns (0: skipped) (4 new tokens a turn, a short tool result after each): the
-   gateway cost at 10, 50 and 200 turns (median of the 5 calls ending there), the log-log slope,
-   and the same for a full re-render of the conversation (``template.render`` + ``encode``), the
-   cost a gateway that re-tokenizes the history every call would pay.
+2. ``--repeats`` turn sweeps (``--long`` 0: skipped), each on a fresh gateway: one session per length
+   10, 50 and ``--long``, advanced untimed to 5 turns short of it, then 5 timed calls of each session
+   round-robin (4 new tokens a turn, a short tool result after each), so a drift of the machine's load
+   hits every length alike: the median gateway cost per length, the log-log slope, and the same for a
+   full re-render of the conversation (``template.render`` + ``encode``), the cost a gateway that
+   re-tokenizes the history every call would pay.
 3. The floor: p50/p99 of one fsync'd 2 KB line in the run folder (every call waits for one).
 """
 from __future__ import annotations
