@@ -36,8 +36,9 @@ from agentrl.templates.chat import function_tools  # noqa: E402
 TOOLS = function_tools(TOOL_SCHEMAS)
 USER = [{'role': 'user', 'content': 'Fix clamp.'}]
 CALL = '<tool_call>\n{"name": "read", "arguments": {"path": "clamp.py"}}\n</tool_call>'
-PIECES = ['<think>', '</think>', '\n', '\n\n', 'a', 'hm ', ' ', '<', '</', '<tool_', CALL, '<tool_call>{bad}</tool_call>',
-          '<tool_call>\n{"name": "edit", "arguments": {"x": [1, 2]}}\n</tool_call>', 'STOP', 'ST', 'é', '</tool_call>']
+PIECES = ['<think>', '</think>', '\n', '\n\n', 'a', 'hm ', ' ', '<', '</', '<tool_', CALL,
+          '<tool_call>{bad}</tool_call>', '<tool_call>\n{"name": "edit", "arguments": {"x": [1, 2]}}\n</tool_call>',
+          'STOP', 'ST', 'é', '</tool_call>']
 
 
 @settings(max_examples=300, deadline=None)
