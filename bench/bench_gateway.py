@@ -2,27 +2,30 @@
 
 Run by hand (results go to bench/RESULTS.md)::
 
-    PYTHONPATH=src .venv/bin/python bench/bench_gateway.py [--sessions 32] [--turns 4] [--long 200] [--json OUT]
-        [--variants h11/asyncio,httptools/asyncio,httptools/uvloop]
+    PYTHONPATH=src .venv/bin/python bench/bench_gateway.py [--engines inproc,process] [--sessions 32] [--turns 4]
+        [--long 200] [--repeats 3] [--json OUT] [--variants httptools/asyncio,h11/asyncio,httptools/uvloop]
 
-One process serves the gateway (uvicorn in a thread, ``Gateway`` over ``HFUpstream`` of
-``make_test_model``'s tiny Qwen3 with the real tokenizer, ``--no-conformance``); the clients are a
-second process (aiohttp, one task per session), so client work does not count as gateway work.
-The engine is timed inside the gateway (a subclass of ``HFUpstream`` that notes when each
-``sample`` starts and ends, keyed by the call's seed).
+One process serves the gateway (uvicorn in a thread, ``Gateway`` over ``make_test_model``'s tiny Qwen3
+with the real tokenizer, ``--no-conformance``), once per engine: ``inproc`` (``HFUpstream`` in the
+gateway's process) and ``process`` (``HFProcessUpstream``: the same sampler in a child process over a
+pipe). The clients are another process (aiohttp), so client work does not count as gateway work. The
+engine's own span is ``Sample.span`` (measured where it samples: in the gateway's process, or in the
+child), keyed by the call's seed.
 
 Per call: ``gateway cost = client latency - (engine end - dispatch)``, where dispatch is the
 journal's ``t0`` (the end of planning on the state thread): everything the gateway adds (HTTP,
-JSON, planning, state-thread queueing, the fsync'd journal line, the response) and nothing the
-engine spends or queues for (the HF engine samples one call at a time).
+JSON, planning, state-thread queueing, the pipe to a child engine, the fsync'd journal line, the
+response) and nothing the engine spends or queues for (the HF engine samples one call at a time).
 
 1. ``--sessions`` sessions at once, ``--turns`` turns each (8 new tokens a turn): p50/p99 of the
    gateway cost, next to the same calls made directly on the engine (same prompts, budgets, seeds);
    once per ``--variants`` uvicorn ``HTTP/LOOP`` pair, each on a fresh gateway over the same engine.
-2. One session of ``--long`` turns (0: skipped) (4 new tokens a turn, a short tool result after each): the
-   gateway cost at 10, 50 and 200 turns (median of the 5 calls ending there), the log-log slope,
-   and the same for a full re-render of the conversation (``template.render`` + ``encode``), the
-   cost a gateway that re-tokenizes the history every call would pay.
+2. ``--repeats`` turn sweeps (``--long`` 0: skipped), each on a fresh gateway: one session per length
+   10, 50 and ``--long``, advanced untimed to 5 turns short of it, then 5 timed calls of each session
+   round-robin (4 new tokens a turn, a short tool result after each), so a drift of the machine's load
+   hits every length alike: the median gateway cost per length, the log-log slope, and the same for a
+   full re-render of the conversation (``template.render`` + ``encode``), the cost a gateway that
+   re-tokenizes the history every call would pay.
 3. The floor: p50/p99 of one fsync'd 2 KB line in the run folder (every call waits for one).
 """
 from __future__ import annotations
@@ -73,6 +76,44 @@ def client_main(url: str, sessions: int, turns: int, max_tokens: int, prefix: st
     print(json.dumps(out))
 
 
+def client_sweep(url: str, lengths: list, timed: int, prefix: str) -> None:
+    """The turn sweep's load: one session per length n, each advanced to ``n - timed`` turns untimed, then
+    ``timed`` calls of every session round-robin (so load drift hits every length alike); prints
+    ``[{seed, latency, n, turn}]``."""
+    import aiohttp
+
+    async def go():
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
+            sess, msgs = {}, {}
+            for n in lengths:
+                async with http.post(f'{url}/sessions', json={'rollout_id': f'{prefix}-{n}'}) as r:
+                    sess[n] = await r.json()
+                msgs[n] = [{'role': 'user', 'content': f'Fix clamp, {n} turns.'}]
+
+            async def call(n, t, timed_call):
+                seed = hash((prefix, n, t)) & ((1 << 62) - 1)
+                data = json.dumps({'messages': msgs[n], 'seed': seed, 'max_tokens': 4})
+                t0 = time.perf_counter()
+                async with http.post(sess[n]['base_url'] + '/chat/completions', data=data,
+                                     headers={'Content-Type': 'application/json'}) as r:
+                    raw = await r.read()
+                lat = time.perf_counter() - t0
+                resp = json.loads(raw)
+                assert r.status == 200, resp
+                msgs[n] = msgs[n] + [resp['choices'][0]['message'], {'role': 'tool', 'content': f'ok {t}'}]
+                return {'seed': seed, 'latency': lat, 'n': n, 'turn': t} if timed_call else None
+            for n in lengths:
+                for t in range(n - timed):
+                    await call(n, t, False)
+            out = []
+            for k in range(timed):
+                for n in lengths:
+                    out.append(await call(n, n - timed + k, True))
+            print(json.dumps(out))
+    asyncio.run(go())
+
+
 def _pct(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, max(0, math.ceil(q * len(xs)) - 1))]
@@ -85,6 +126,13 @@ def _slope(points):
     return sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx)
 
 
+def _sweep(url, lengths, timed, prefix):
+    env = dict(os.environ, PYTHONPATH=str(ROOT / 'src'))
+    out = subprocess.run([sys.executable, __file__, '--sweep', url, ','.join(map(str, lengths)), str(timed), prefix],
+                         capture_output=True, text=True, env=env, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def _load(url, sessions, turns, max_tokens, prefix, ids=False):
     env = dict(os.environ, PYTHONPATH=str(ROOT / 'src'))
     out = subprocess.run([sys.executable, __file__, '--client', url, str(sessions), str(turns), str(max_tokens),
@@ -92,84 +140,109 @@ def _load(url, sessions, turns, max_tokens, prefix, ids=False):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _timed(up):
+    """Note each ``sample``'s engine span (``Sample.span``: the engine's own start and end) by seed."""
+    up.spans, orig = {}, up.sample
+
+    def sample(*a, **k):
+        s = orig(*a, **k)
+        up.spans[int(s.seed)] = s.span
+        return s
+    up.sample = sample
+    return up
+
+
+def _engine(kind: str, model):
+    from agentrl.gateway import HFProcessUpstream, HFUpstream
+    if kind == 'process':
+        return _timed(HFProcessUpstream(model, device='cpu', max_new_tokens=8, threads=1))
+    return _timed(HFUpstream(model, device='cpu', max_new_tokens=8))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--sessions', type=int, default=32)
     ap.add_argument('--turns', type=int, default=4)
     ap.add_argument('--long', type=int, default=200)
+    ap.add_argument('--repeats', type=int, default=3, help='turn sweeps per engine (each on fresh sessions)')
     ap.add_argument('--json', default=None)
-    ap.add_argument('--variants', default='h11/asyncio,httptools/asyncio,httptools/uvloop',
+    ap.add_argument('--engines', default='inproc,process',
+                    help='inproc (HFUpstream in the gateway process) and/or process (HFProcessUpstream, a child)')
+    ap.add_argument('--variants', default='httptools/asyncio',
                     help='uvicorn HTTP/LOOP pairs for phase 1, run one after the other on the same engine')
     ap.add_argument('--switch-interval', type=float, default=None,
-                    help='sys.setswitchinterval in the gateway process (agentrl serve sets 0.0005)')
+                    help='sys.setswitchinterval in the gateway process')
     a = ap.parse_args(argv)
     if a.switch_interval:
         sys.setswitchinterval(a.switch_interval)
     import torch
     torch.set_num_threads(1)
     from agentrl.engines import hf
-    from agentrl.gateway import Gateway, HFUpstream, read_journal
-    from agentrl.gateway.server import Server
-
-    class Timed(HFUpstream):
-        spans: dict = {}
-
-        def sample(self, prompt_ids, spec, max_new_tokens, seed, stop_ids):
-            t0 = time.time()
-            s = super().sample(prompt_ids, spec, max_new_tokens, seed, stop_ids)
-            self.spans[int(seed)] = (t0, time.time())
-            return s
-
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         from agentrl.templates.loading import find_tokenizer_dir     # $AGENTRL_TOKENIZERS, ../shared, the hub
         model = hf.make_test_model(Path(tmp) / 'm', find_tokenizer_dir('qwen3'), max_positions=1 << 15)
-        up = Timed(model, device='cpu', max_new_tokens=8)
-        for k, variant in enumerate(a.variants.split(',')):                  # uvicorn parser/loop, same engine
-            row = _concurrent(up, Path(tmp) / f'run-{k}', variant, a.sessions, a.turns)
-            rows.setdefault('concurrent', []).append(row)
-            print(json.dumps(row), flush=True)
-        gw = Gateway(up, Path(tmp) / 'run', conformance=False)
-        srv = Server(gw).start()
-        try:
-            if a.long <= 0:
-                return _finish(rows, a.json)
-            long = _load(srv.url, 1, a.long, 4, 'long')
-            journal, last = {}, {}
-            for e in read_journal(Path(tmp) / 'run' / 'journal.jsonl'):
-                if e['ev'] == 'call':                          # the journal keeps each call's new messages only
-                    last[e['sid']] = e['msgs'] = last.get(e['sid'], [])[:e['req']['prefix']] + e['req']['messages']
-                    journal[e['seed']] = e
-            tmpl = gw.template(None)
-            pts, rer = [], []
-            for n in (10, 50, a.long):
-                sel = [c for c in long if n - 5 <= c['turn'] + 1 <= n]
-                pts.append((n, statistics.median(c['latency'] - (up.spans[c['seed']][1] - journal[c['seed']]['t0'])
-                                                 for c in sel)))
-                msgs = journal[sel[-1]['seed']]['msgs']
-                ts = []
-                for _ in range(5):
-                    t0 = time.perf_counter()
-                    tmpl.encode(tmpl.render(msgs, True))
-                    ts.append(time.perf_counter() - t0)
-                rer.append((n, statistics.median(ts)))
-            rows['length'] = {'turns': [n for n, _ in pts], 'gateway_cost_ms': [round(1e3 * y, 3) for _, y in pts],
-                              'slope': round(_slope(pts), 3), 'full_rerender_ms': [round(1e3 * y, 3) for _, y in rer],
-                              'full_rerender_slope': round(_slope(rer), 3)}
-            print(json.dumps(rows['length']), flush=True)
-            ts = []
-            with open(Path(tmp) / 'run' / 'fsync-probe', 'ab') as f:     # the floor: one fsync'd line per call
-                for _ in range(50):
-                    t0 = time.perf_counter()
-                    f.write(b'x' * 2048 + b'\n')
-                    f.flush()
-                    os.fsync(f.fileno())
-                    ts.append(time.perf_counter() - t0)
-            rows['fsync_ms'] = {'p50': round(1e3 * _pct(ts, 0.5), 3), 'p99': round(1e3 * _pct(ts, 0.99), 3)}
-            print(json.dumps(rows['fsync_ms']), flush=True)
-        finally:
-            srv.stop()
+        for kind in a.engines.split(','):
+            up = _engine(kind, model)
+            try:
+                for k, variant in enumerate(a.variants.split(',')):          # uvicorn parser/loop, same engine
+                    row = dict(_concurrent(up, Path(tmp) / f'run-{kind}-{k}', variant, a.sessions, a.turns),
+                               engine=kind)
+                    rows.setdefault('concurrent', []).append(row)
+                    print(json.dumps(row), flush=True)
+                if a.long > 0:
+                    for r in range(a.repeats):
+                        row = dict(_length(up, Path(tmp) / f'run-{kind}-long-{r}', a.long), engine=kind, repeat=r)
+                        rows.setdefault('length', []).append(row)
+                        print(json.dumps(row), flush=True)
+            finally:
+                if hasattr(up, 'close'):
+                    up.close()
+        ts = []
+        with open(Path(tmp) / 'fsync-probe', 'ab') as f:     # the floor: one fsync'd line per call
+            for _ in range(50):
+                t0 = time.perf_counter()
+                f.write(b'x' * 2048 + b'\n')
+                f.flush()
+                os.fsync(f.fileno())
+                ts.append(time.perf_counter() - t0)
+        rows['fsync_ms'] = {'p50': round(1e3 * _pct(ts, 0.5), 3), 'p99': round(1e3 * _pct(ts, 0.99), 3)}
+        print(json.dumps(rows['fsync_ms']), flush=True)
     return _finish(rows, a.json)
+
+
+def _length(up, run: Path, long: int, timed: int = 5) -> dict:
+    """Phase 2 on a fresh gateway: the gateway cost at 10, 50 and ``long`` turns (median of ``timed`` calls each,
+    interleaved), the log-log slope, and a full re-render of the same histories."""
+    from agentrl.gateway import Gateway, read_journal
+    from agentrl.gateway.server import Server
+    lengths = [10, 50, long]
+    gw = Gateway(up, run, conformance=False)
+    srv = Server(gw).start()
+    try:
+        calls = _sweep(srv.url, lengths, timed, run.name)
+    finally:
+        srv.stop()
+    journal, last = {}, {}
+    for e in read_journal(run / 'journal.jsonl'):
+        if e['ev'] == 'call':                          # the journal keeps each call's new messages only
+            last[e['sid']] = e['msgs'] = last.get(e['sid'], [])[:e['req']['prefix']] + e['req']['messages']
+            journal[e['seed']] = e
+    tmpl = gw.template(None)
+    pts, rer = [], []
+    for n in lengths:
+        sel = [c for c in calls if c['n'] == n]
+        pts.append((n, statistics.median(c['latency'] - (up.spans[c['seed']][1] - journal[c['seed']]['t0'])
+                                         for c in sel)))
+        msgs = journal[sel[-1]['seed']]['msgs']
+        rs = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            tmpl.encode(tmpl.render(msgs, True))
+            rs.append(time.perf_counter() - t0)
+        rer.append((n, statistics.median(rs)))
+    return {'turns': lengths, 'gateway_cost_ms': [round(1e3 * y, 3) for _, y in pts], 'slope': round(_slope(pts), 3),
+            'full_rerender_ms': [round(1e3 * y, 3) for _, y in rer], 'full_rerender_slope': round(_slope(rer), 3)}
 
 
 def _finish(rows, path):
@@ -185,7 +258,7 @@ def _concurrent(up, run: Path, variant: str, sessions: int, turns: int) -> dict:
     gateway's. ``engine_in_gateway`` - ``engine_direct`` is the engine's slowdown inside the gateway (the
     CPU and GIL time the gateway's threads take from it); ``gateway_cost_plus_engine_slowdown`` adds it.
     """
-    from agentrl.gateway import Gateway, HFUpstream, read_journal
+    from agentrl.gateway import Gateway, read_journal
     from agentrl.gateway.server import Server
     from agentrl.record import SamplingSpec
     http, loop = variant.split('/')
@@ -207,8 +280,8 @@ def _concurrent(up, run: Path, variant: str, sessions: int, turns: int) -> dict:
     for c in calls:                                                             # the same calls, straight to the engine
         e = journal[c['seed']]
         t0 = time.perf_counter()
-        HFUpstream.sample(up, e['response']['prompt_token_ids'], SamplingSpec.from_dict(e['req']['spec']),
-                          e['max_tokens'], e['seed'], stop)
+        up.sample(e['response']['prompt_token_ids'], SamplingSpec.from_dict(e['req']['spec']), e['max_tokens'],
+                  e['seed'], stop)
         direct.append(time.perf_counter() - t0)
     slow = _pct(engine_in, 0.5) - _pct(direct, 0.5)
     return {'variant': variant, 'sessions': sessions, 'calls': len(calls), 'http': srv.server.config.http_protocol_class.__name__,
@@ -221,7 +294,9 @@ def _concurrent(up, run: Path, variant: str, sessions: int, turns: int) -> dict:
 
 
 if __name__ == '__main__':
-    if len(sys.argv) > 1 and sys.argv[1] == '--client':
+    if len(sys.argv) > 1 and sys.argv[1] == '--sweep':
+        client_sweep(sys.argv[2], [int(x) for x in sys.argv[3].split(',')], int(sys.argv[4]), sys.argv[5])
+    elif len(sys.argv) > 1 and sys.argv[1] == '--client':
         client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], bool(sys.argv[7]))
     else:
         sys.exit(main())

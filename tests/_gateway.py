@@ -15,13 +15,14 @@ class ForcingHF(HFUpstream):
         super().__init__(*a, **k)
         self.force = []
 
-    def sample(self, prompt_ids, spec, max_new_tokens, seed, stop_ids):
+    def sample(self, prompt_ids, spec, max_new_tokens, seed, stop_ids, on_token=None):
         if not self.force:
-            return super().sample(prompt_ids, spec, max_new_tokens, seed, stop_ids)
+            return super().sample(prompt_ids, spec, max_new_tokens, seed, stop_ids, on_token=on_token)
         import torch
 
-        from agentrl.engines.hf import HFSampler
+        from agentrl.gateway.engine import _sampler_class
         ids = self.tokenizer(self.force.pop(0), add_special_tokens=False)['input_ids']
-        s = HFSampler(self.model, stop_ids, spec, max_new_tokens=len(ids))
+        s = _sampler_class()(self.model, stop_ids, spec, max_new_tokens=len(ids))
+        s.on_token = on_token                     # streamed token by token, as a sampled turn is
         t = s.sample([list(prompt_ids)], [torch.Generator().manual_seed(seed)], teacher=[ids])[0]
         return Sample(ids=t.ids, logp=t.logp, truncated=t.truncated, seed=seed)

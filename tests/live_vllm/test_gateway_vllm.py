@@ -172,3 +172,39 @@ def test_cli_serve_with_server_url(server, model_dir, tmp_path):
     [t] = store.read_trajectories(out / 'trajectories')
     assert t.provenance.policy == 'vllm' and json.loads((out / 'serve.json').read_text())['engine']['logp_mode'] == \
         'processed'
+
+
+def test_cli_serve_engine_vllm_starts_and_stops_its_own_server(model_dir, vllm_py, tmp_path):
+    """``agentrl serve --engine vllm --model DIR``: its own vLLM server, one streamed SDK call, SIGTERM stops both."""
+    out = tmp_path / 'run'
+    env = dict(os.environ, PYTHONPATH=str(ROOT / 'src'), HF_HUB_OFFLINE='1', AGENTRL_VLLM_PYTHON=str(vllm_py))
+    p = subprocess.Popen([sys.executable, '-m', 'agentrl', 'serve', '--out', str(out), '--engine', 'vllm',
+                          '--model', str(model_dir), '--max-new-tokens', '8',
+                          '--vllm-cpus', os.environ.get('AGENTRL_VLLM_CPUS', '1')],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    vllm_pid = None
+    try:
+        err = p.stderr.readline()                    # agentrl serve: vllm server URL (pid N) started
+        assert ' started' in err and '(pid ' in err, err
+        vllm_pid = int(err.split('(pid ')[1].split(')')[0])
+        line = p.stdout.readline()
+        assert line.startswith('serving on http://127.0.0.1:') and line.rstrip().endswith('vllm log-probs processed)')
+        url = line.split()[2]
+        sess = H.post(url + '/sessions', json={'rollout_id': 'own'}).json()
+        c = openai.OpenAI(api_key='unused', base_url=sess['base_url'])
+        kw = dict(model='policy', messages=USER, tools=TOOLS, seed=4, max_tokens=8, extra_body={'return_token_ids': True})
+        whole = c.chat.completions.create(**kw).choices[0]
+        sess2 = H.post(url + '/sessions', json={'rollout_id': 'own2'}).json()
+        parts = list(openai.OpenAI(api_key='unused', base_url=sess2['base_url']).chat.completions.create(
+            stream=True, **kw))
+        assert ''.join(x.choices[0].delta.content or '' for x in parts if x.choices) == (whole.message.content or '')
+        assert parts[-1].choices[0].model_extra['token_ids'] == whole.model_extra['token_ids']
+        for s in (sess, sess2):
+            assert H.post(f'{url}/sessions/{s["token"]}/finish', json={'reward': 1.0}).json()['records'] == 1
+    finally:
+        p.send_signal(signal.SIGTERM)
+        assert p.wait(timeout=120) == 0
+    assert vllm_pid is not None and not Path(f'/proc/{vllm_pid}').exists()     # stopped with the gateway
+    recs = store.read_trajectories(out / 'trajectories')
+    assert len(recs) == 2 and {t.provenance.policy for t in recs} == {'vllm'}
+    assert (out / 'vllm-server.log').is_file()

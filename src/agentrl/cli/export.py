@@ -152,9 +152,10 @@ def run(args) -> int:
     opts = from_args(ExportOptions, args)
     opts.validate()
     from .. import interop, store
+    from ..gateway.records import train_shared_once
     from ..jobs.check import require_accepted
     require_accepted(opts.source())             # what `agentrl check` refuses is never exported; nothing written yet
-    records = store.read_trajectories(opts.source())
+    records = train_shared_once(store.read_trajectories(opts.source()))   # gateway forks: each sampled token once
     _check_pad_id(opts.pad_id, records)
     corr = None
     if opts.correction is not None:

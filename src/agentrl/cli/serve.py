@@ -28,6 +28,9 @@ def register(sub) -> None:
     p.add_argument('--engine', choices=['hf', 'vllm'], default=None,
                    help='engine: hf (a Hugging Face model in this process, the default) or vllm (starts a local vLLM '
                         'server from --vllm-python; stopped on exit). With --server: vllm')
+    p.add_argument('--engine-process', action='store_true',
+                   help='--engine hf: sample in a child process over a pipe, so the engine\'s Python loop does not '
+                        'hold the gateway\'s GIL (bench/RESULTS.md, "Recording gateway")')
     p.add_argument('--model', metavar='DIR', help='model folder (e.g. from `agentrl make-test-model`): the model of '
                                                   '--engine hf/vllm, or the tokenizer of the --server model')
     p.add_argument('--server', metavar='URL[,URL...]',
@@ -108,8 +111,15 @@ class _Stopped(BaseException):
 def _upstream(args, engine: str, stack):
     """The engine: HF in process, running vLLM servers, or a local vLLM server (stopped by ``stack``)."""
     from ..gateway import HFUpstream
+    if engine == 'hf' and args.engine_process:
+        from ..gateway.engine_proc import HFProcessUpstream
+        up = HFProcessUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
+        stack.callback(up.close)
+        return up
     if engine == 'hf':
         return HFUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
+    if args.engine_process:
+        raise UserError('--engine-process is for --engine hf (a vLLM server is already another process)')
     from ..engines.vllm import VLLMError, VLLMServer
     from ..gateway.vllm import VLLMUpstream
     urls = [u.strip() for u in (args.server or '').split(',') if u.strip()]

@@ -9,18 +9,20 @@ Source: docs/gateway.md.
 """
 from .conformance import ConformanceError, conformance
 from .engine import HFUpstream, Sample, Upstream
+from .engine_proc import HFProcessUpstream
 from .journal import Journal, read_journal
 from .limits import Limits
 from .parse import message_deltas, normalize_assistant, parse_reply
+from .stream import ReplyStream
 from .protocol import ChatRequest, GatewayError, parse_request
 from .service import Gateway, session_id
 from .sessions import FORK_CATEGORIES, Branch, Session, Turn
 from .vllm import VLLMUpstream
 
-__all__ = ['Gateway', 'HFUpstream', 'VLLMUpstream', 'Upstream', 'Sample', 'Limits', 'Journal', 'read_journal',
-           'ChatRequest',
-           'GatewayError', 'parse_request', 'parse_reply', 'message_deltas', 'normalize_assistant', 'Session',
-           'Branch', 'Turn', 'FORK_CATEGORIES', 'session_id', 'conformance', 'ConformanceError', 'create_app', 'Server']
+__all__ = ['Gateway', 'HFUpstream', 'HFProcessUpstream', 'VLLMUpstream', 'Upstream', 'Sample', 'Limits',
+           'Journal', 'read_journal', 'ChatRequest', 'GatewayError', 'parse_request', 'parse_reply', 'message_deltas',
+           'ReplyStream', 'normalize_assistant', 'Session', 'Branch', 'Turn', 'FORK_CATEGORIES', 'session_id',
+           'conformance', 'ConformanceError', 'create_app', 'Server']
 
 
 def __getattr__(name):          # the HTTP parts import starlette/uvicorn (the `serve` extra) only when used

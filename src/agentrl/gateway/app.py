@@ -26,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import time
 
 from .parse import message_deltas
 from .protocol import GatewayError, body_digest, error_body, parse_request
+from .stream import ReplyStream
 
 __all__ = ['create_app']
 
@@ -62,12 +64,13 @@ class _Tracked:
 
         task = asyncio.ensure_future(listen())
         ok = False
+        chunks = self.chunks if hasattr(self.chunks, '__aiter__') else _aiter(self.chunks)
         try:
             await asyncio.sleep(0)
             if not gone.is_set():
                 await send({'type': 'http.response.start', 'status': 200,
                             'headers': [(b'content-type', self.media_type.encode()), (b'cache-control', b'no-cache')]})
-                for c in self.chunks:
+                async for c in chunks:
                     if gone.is_set():
                         break
                     await send({'type': 'http.response.body', 'body': c, 'more_body': True})
@@ -77,25 +80,44 @@ class _Tracked:
                     ok = not gone.is_set()
         finally:
             task.cancel()
+            if hasattr(chunks, 'aclose'):
+                await chunks.aclose()
             await self.on_done(ok)
+
+
+async def _aiter(items):
+    for x in items:
+        yield x
+
+
+def _event(obj) -> bytes:
+    return f'data: {json.dumps(obj, ensure_ascii=False)}\n\n'.encode()
+
+
+def _tail(base: dict, response: dict, include_usage: bool) -> list:
+    """The finish chunk (``finish_reason``, ``logprobs``, ``token_ids``), the usage chunk and ``[DONE]``."""
+    choice = response['choices'][0]
+    last = {'index': 0, 'delta': {}, 'logprobs': choice['logprobs'], 'finish_reason': choice['finish_reason']}
+    if 'token_ids' in choice:
+        last['token_ids'] = choice['token_ids']
+    out = [dict(base, choices=[last], **({'prompt_token_ids': response['prompt_token_ids']}
+                                         if 'prompt_token_ids' in response else {}))]
+    if include_usage:
+        out.append(dict(base, choices=[], usage=response['usage']))
+    return [_event(c) for c in out] + [b'data: [DONE]\n\n']
+
+
+def _delta_events(base: dict, deltas: list) -> list:
+    return [_event(dict(base, choices=[{'index': 0, 'delta': d, 'logprobs': None, 'finish_reason': None}]))
+            for d in deltas]
 
 
 def _sse(response: dict, include_usage: bool) -> list:
     """The SSE events of a completed response: deltas of its message, a finish chunk, usage, ``[DONE]``."""
-    choice = response['choices'][0]
     base = {'id': response['id'], 'object': 'chat.completion.chunk', 'created': response['created'],
             'model': response['model']}
-    out = []
-    for d in message_deltas(choice['message']):
-        out.append(dict(base, choices=[{'index': 0, 'delta': d, 'logprobs': None, 'finish_reason': None}]))
-    last = {'index': 0, 'delta': {}, 'logprobs': choice['logprobs'], 'finish_reason': choice['finish_reason']}
-    if 'token_ids' in choice:
-        last['token_ids'] = choice['token_ids']
-    out.append(dict(base, choices=[last], **({'prompt_token_ids': response['prompt_token_ids']}
-                                             if 'prompt_token_ids' in response else {})))
-    if include_usage:
-        out.append(dict(base, choices=[], usage=response['usage']))
-    return [f'data: {json.dumps(c, ensure_ascii=False)}\n\n'.encode() for c in out] + [b'data: [DONE]\n\n']
+    return _delta_events(base, message_deltas(response['choices'][0]['message'])) + \
+        _tail(base, response, include_usage)
 
 
 class _Routes:
@@ -113,8 +135,12 @@ class _Routes:
     async def work(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.gw.pool, fn, *args)
 
-    async def serve_call(self, s, req, digest: str, retry: int) -> tuple:
-        """Prepare (state thread), sample (engine thread), complete (state thread): ``(response, index, replayed)``."""
+    async def serve_call(self, s, req, digest: str, retry: int, hook=None) -> tuple:
+        """Prepare (state thread), sample (engine thread), complete (state thread): ``(response, index, replayed)``.
+
+        ``hook(pending) -> on_token``: called once the call is planned to sample; its ``on_token``
+        goes to the engine (streaming).
+        """
         async with self.locks.setdefault(s.sid, asyncio.Lock()):
             await self.wait_running()            # no await between this check and the dispatch count below
             self.dispatched += 1
@@ -124,7 +150,9 @@ class _Routes:
                 if p.replay is not None:
                     return p.replay
                 try:
-                    sample = await asyncio.get_running_loop().run_in_executor(self.gw.engine_pool, self.gw.sample, p)
+                    on_token = hook(p) if hook is not None else None
+                    sample = await asyncio.get_running_loop().run_in_executor(self.gw.engine_pool, self.gw.sample, p,
+                                                                              on_token)
                 except BaseException:
                     await self.work(self.gw.drop, p)
                     raise
@@ -214,10 +242,14 @@ class _Routes:
         s.in_flight += 1
         try:
             raw = await self.body_of(request, lim.max_body_bytes)
-            req, body = parse_request(raw, lim.max_body_bytes)
+            req, body = parse_request(raw, lim.max_body_bytes, s.checked)
+            if isinstance(body.get('messages'), list):
+                s.checked = (body['messages'], req.messages)      # the next call checks only its new messages
             retry = request.headers.get('x-stainless-retry-count', '0')
-            response, index, replayed = await self.serve_call(s, req, body_digest(raw, body),
-                                                              int(retry) if retry.isdigit() else 0)
+            args = (s, req, body_digest(raw, body), int(retry) if retry.isdigit() else 0)
+            if req.stream:
+                return await self.stream(*args)
+            response, index, replayed = await self.serve_call(*args)
         except GatewayError as e:
             s.in_flight -= 1
             return _error(e, {'Retry-After': '1'} if e.code == 'paused' else None)
@@ -229,10 +261,72 @@ class _Routes:
             s.in_flight -= 1
             if not ok and not replayed:
                 await self.work(self.gw.undelivered, s, index)
-
-        if req.stream:
-            return _Tracked(_sse(response, req.include_usage), 'text/event-stream', done, self.stream_interval)
         return _Tracked([json.dumps(response, ensure_ascii=False).encode()], 'application/json', done)
+
+    async def stream(self, s, req, digest: str, retry: int):
+        """A ``stream: true`` call: SSE deltas as the engine samples (an engine that ``streams``), the finish chunk
+        once the call is journalled; a call refused before its first token is an error JSON, a replay the whole
+        message at once."""
+        loop, queue, hold = asyncio.get_running_loop(), asyncio.Queue(), {}
+
+        def hook(p):
+            hold['stream'] = st = ReplyStream(p.template, p.think, req.tool_choice != 'none',
+                                              f'{s.sid}/{len(s.calls)}', req.stop)
+            hold['base'] = {'id': f'chatcmpl-{s.sid[:12]}-{len(s.calls)}', 'object': 'chat.completion.chunk',
+                            'created': int(time.time()), 'model': self.gw.upstream.model_name}
+
+            def on_token(ids):
+                d = st.feed(ids)
+                if d:
+                    loop.call_soon_threadsafe(queue.put_nowait, d)
+            return on_token
+
+        task = asyncio.ensure_future(self.serve_call(s, req, digest, retry, hook))
+        first = asyncio.ensure_future(queue.get())
+        await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
+        if task.done():                          # refused, replayed, or sampled before a first delta: whole
+            first.cancel()
+            response, index, replayed = task.result()     # a GatewayError goes to chat's handler
+
+            async def done(ok: bool):
+                s.in_flight -= 1
+                if not ok and not replayed:
+                    await self.work(self.gw.undelivered, s, index)
+            return _Tracked(_sse(response, req.include_usage), 'text/event-stream', done, self.stream_interval)
+
+        async def events():
+            base = hold['base']
+            yield b''.join(_delta_events(base, [{'role': 'assistant', 'content': ''}] + first.result()))
+            while True:
+                nxt = asyncio.ensure_future(queue.get())
+                await asyncio.wait({task, nxt}, return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    nxt.cancel()
+                    break
+                yield b''.join(_delta_events(base, nxt.result()))
+            while not queue.empty():
+                yield b''.join(_delta_events(base, queue.get_nowait()))
+            try:
+                response, _, _ = task.result()
+            except GatewayError as e:
+                yield _event(e.body()) + b'data: [DONE]\n\n'
+                return
+            for c in _delta_events(base, hold['stream'].finish(response['choices'][0]['message'])):
+                yield c
+            for c in _tail(base, response, req.include_usage):
+                yield c
+
+        async def done(ok: bool):
+            try:
+                try:
+                    _, index, replayed = await task          # a dropped client: the call still completes
+                except GatewayError:
+                    return
+                if not ok and not replayed:
+                    await self.work(self.gw.undelivered, s, index)
+            finally:
+                s.in_flight -= 1
+        return _Tracked(events(), 'text/event-stream', done, self.stream_interval)
 
     async def health(self, request):
         return _json({'ok': True, 'sessions': len(self.gw.sessions), 'paused': not self.running.is_set()})

@@ -15,7 +15,8 @@ import hashlib
 import json
 import re
 
-__all__ = ['parse_reply', 'message_deltas', 'tool_call_id', 'finish_reason', 'normalize_assistant']
+__all__ = ['parse_reply', 'split_reasoning', 'message_deltas', 'call_deltas', 'tool_call_id', 'finish_reason',
+           'normalize_assistant']
 
 _TOOL_CALL = re.compile(r'<tool_call>(.*?)</tool_call>', re.S)
 _THINK_OPEN, _THINK_CLOSE = '<think>', '</think>'
@@ -62,13 +63,39 @@ def _calls(body: str, id_seed: str) -> tuple:
     return calls, ''.join(kept)
 
 
-def parse_reply(text: str, *, id_seed: str = '', tools: bool = True) -> dict:
+def split_reasoning(text: str, think_open: bool) -> tuple:
+    """``(reasoning or None, body)`` in the streamable form (:func:`parse_reply` with ``think_open``).
+
+    ``think_open``: the prompt ended inside an open think block (the template wrote ``<think>``), so
+    the text is reasoning up to the first ``</think>``; else only a leading ``<think>`` block is
+    reasoning and a lone ``</think>`` is content. A block never closed (the turn was cut in its
+    reasoning) is all reasoning. Reasoning is stripped of newlines; the body of leading newlines.
+    """
+    if think_open:
+        inner = text
+    else:
+        head = text.lstrip()
+        if not head.startswith(_THINK_OPEN):
+            return None, text
+        inner = head[len(_THINK_OPEN):]
+    if _THINK_CLOSE in inner:
+        r, rest = inner.split(_THINK_CLOSE, 1)
+        return r.strip('\n'), rest.lstrip('\n')
+    return inner.strip('\n'), ''
+
+
+def parse_reply(text: str, *, id_seed: str = '', tools: bool = True, think_open: bool | None = None) -> dict:
     """The assistant message of a decoded sampled turn (its stop token already removed).
 
     Args:
         text: the turn's decoded text without its end-of-turn text (and cut before a stop string).
         id_seed: makes the tool-call ids (:func:`tool_call_id`), e.g. the session and call index.
         tools: parse ``<tool_call>`` blocks (False, for ``tool_choice='none'``: they stay content).
+        think_open: None (default): a leading ``<think>...</think>`` block, or the text before a lone
+            ``</think>``, is reasoning, and an unclosed block is content. True / False (what the
+            gateway passes: whether the prompt opened a think block): :func:`split_reasoning`, and
+            the content loses its leading newlines; the form whose every field grows as a prefix
+            while tokens arrive, so :class:`agentrl.gateway.stream.ReplyStream` streams it exactly.
 
     Returns:
         ``{'role': 'assistant', 'content': str | None, 'reasoning_content'?: str, 'tool_calls'?:
@@ -79,8 +106,10 @@ def parse_reply(text: str, *, id_seed: str = '', tools: bool = True) -> dict:
         >>> parse_reply('<think>\\nhm\\n</think>\\n\\n<tool_call>\\n{"name": "read", "arguments": {}}\\n</tool_call>')
         ... # {'role': 'assistant', 'content': None, 'reasoning_content': 'hm', 'tool_calls': [...]}
     """
-    reasoning, body = _split_reasoning(text)
+    reasoning, body = _split_reasoning(text) if think_open is None else split_reasoning(text, think_open)
     calls, rest = _calls(body, id_seed) if tools else ([], body)
+    if think_open is not None:
+        rest = rest.lstrip('\n')
     if calls:
         rest = rest.strip('\n')
     msg = {'role': 'assistant', 'content': rest if (rest or not calls) else None}
@@ -115,11 +144,17 @@ def message_deltas(message: dict) -> list:
     for piece in _chunks(message.get('content') or ''):
         out.append({'content': piece})
     for k, call in enumerate(message.get('tool_calls') or ()):
-        fn = call['function']
-        out.append({'tool_calls': [{'index': k, 'id': call['id'], 'type': 'function',
-                                    'function': {'name': fn['name'], 'arguments': ''}}]})
-        for piece in _chunks(fn['arguments']):
-            out.append({'tool_calls': [{'index': k, 'function': {'arguments': piece}}]})
+        out += call_deltas(k, call)
+    return out
+
+
+def call_deltas(k: int, call: dict) -> list:
+    """The deltas of tool call ``k``: its id, type and name, then its arguments in pieces."""
+    fn = call['function']
+    out = [{'tool_calls': [{'index': k, 'id': call['id'], 'type': 'function',
+                            'function': {'name': fn['name'], 'arguments': ''}}]}]
+    for piece in _chunks(fn['arguments']):
+        out.append({'tool_calls': [{'index': k, 'function': {'arguments': piece}}]})
     return out
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..record import Provenance
 from ..templates import ChatRecorder
 
-__all__ = ['session_records', 'run_metrics']
+__all__ = ['session_records', 'run_metrics', 'train_shared_once']
 
 
 def _recorder(branch):
@@ -107,3 +107,69 @@ def run_metrics(sessions, records_by_session: dict) -> dict:
             'sampled_tokens': sampled,
             'trainable_fraction_of_sampled': round(trained_once / sampled_committed, 6) if sampled_committed else None,
             'forks': forks}
+
+
+def train_shared_once(records) -> list:
+    """Train each sampled token of a gateway session once: a fork's replayed parent turns become context.
+
+    A fork that replays its parent's first turns (``info.gateway.fork.shared_sampled_tokens`` = n > 0)
+    holds those n sampled tokens too. When the parent branch's record is among ``records`` (same
+    ``info.gateway.session``), the fork row's first n policy-owned tokens are relabelled as context
+    (``template`` for control ids, per the record's ``info.template.chat_tokens``, else ``prompt``), so
+    ``action_mask`` (``owner[1:] == policy``) is 0 there and the acceptance rules still hold;
+    ``info.gateway.shared_untrained`` = n. By induction over a chain of forks every sampled token is
+    in the loss of exactly one row. Records of other runs, roots, and forks whose parent row is
+    absent are returned as they are. ``agentrl export`` applies it to every target (each takes a
+    per-token mask).
+
+    Args:
+        records: :class:`~agentrl.record.Trajectory` records (any order).
+
+    Returns:
+        A list in the same order; changed records are new objects (the inputs are not modified).
+
+    Raises:
+        ValueError: a fork row whose first n policy tokens are not its parent row's first n (names
+            the rollout and the fix).
+
+    Source: docs/gateway.md#records (issue 23: shared prefixes scored once).
+    """
+    import copy
+    import dataclasses
+
+    import torch
+
+    from ..checks.template_rules import chat_tokens
+    from ..record import OWNER
+    records = list(records)
+    rows = {}
+    for i, r in enumerate(records):
+        g = (r.info or {}).get('gateway') if isinstance(r.info, dict) else None
+        if isinstance(g, dict) and g.get('session') is not None:
+            rows[(g['session'], g.get('branch'))] = i
+    out = list(records)
+    for i, r in enumerate(records):
+        g = (r.info or {}).get('gateway') if isinstance(r.info, dict) else None
+        fork = g.get('fork') if isinstance(g, dict) else None
+        n = int((fork or {}).get('shared_sampled_tokens') or 0)
+        parent = rows.get((g.get('session'), (fork or {}).get('parent'))) if n else None
+        if parent is None:
+            continue
+        owner, ids = torch.as_tensor(r.owner).long().clone(), torch.as_tensor(r.ids).long()
+        pos = (owner == OWNER['policy']).nonzero().flatten()[:n]
+        p = records[parent]
+        ppos = (torch.as_tensor(p.owner).long() == OWNER['policy']).nonzero().flatten()[:n]
+        if len(pos) < n or len(ppos) < n or not torch.equal(ids[pos], torch.as_tensor(p.ids).long()[ppos]):
+            pv = r.provenance
+            raise ValueError(f'record {i} (rollout {getattr(pv, "rollout_id", None)!r}): its first {n} sampled '
+                             f'tokens are not those of its parent branch {fork["parent"]}; the records were edited '
+                             'after the gateway stored them: export the run as stored')
+        ct = chat_tokens(r) or {'control': []}
+        ctl = torch.zeros(len(pos), dtype=torch.bool)
+        for lo, hi in ct['control']:
+            ctl |= (ids[pos] >= lo) & (ids[pos] < hi)
+        owner[pos] = torch.where(ctl, OWNER['template'], OWNER['prompt'])
+        info = copy.deepcopy(r.info)
+        info['gateway']['shared_untrained'] = n
+        out[i] = dataclasses.replace(r, owner=owner, action_mask=(owner[1:] == OWNER['policy']).float(), info=info)
+    return out

@@ -36,6 +36,7 @@ from .parse import finish_reason, parse_reply
 from .protocol import ChatRequest, GatewayError
 from .records import run_metrics, session_records
 from .sessions import Session
+from .stream import think_open
 
 __all__ = ['Gateway', 'Pending', 'session_id']
 
@@ -59,6 +60,7 @@ class Pending:
     server: str | None = None
     t0: float = 0.0
     replay: tuple | None = None
+    think: bool = False
 
 
 def session_id(token: str) -> str:
@@ -236,7 +238,7 @@ class Gateway:
         except ValueError as e:
             raise GatewayError(400, f'messages: {e}', param='messages') from None
         p = Pending(session, req, digest, retry, plan=plan, template=template, version=self.policy_version,
-                    t0=time.time())
+                    t0=time.time(), think=think_open(template, plan.prompt_ids))
         try:
             self.limits.check_prompt(len(plan.prompt_ids))
             room = self.upstream.max_context - len(plan.prompt_ids)
@@ -254,8 +256,10 @@ class Gateway:
         p.server = route(session.sid) if route is not None else None
         return p
 
-    def sample(self, p: 'Pending'):
+    def sample(self, p: 'Pending', on_token=None):
         """Sample a prepared call (an engine thread; touches no state).
+
+        ``on_token(ids so far)`` is passed to an upstream that ``streams`` (else never called).
 
         Raises:
             GatewayError: 502 when the engine refuses the request or fails (names the engine's
@@ -264,6 +268,8 @@ class Gateway:
         from ..engines.vllm.client import ServerDied
         from ..engines.vllm.server import VLLMError
         kw = {} if p.server is None else {'server': p.server}
+        if on_token is not None and getattr(self.upstream, 'streams', False):
+            kw['on_token'] = on_token
         try:
             return self.upstream.sample(p.plan.prompt_ids, p.req.spec, p.budget, p.seed, p.template.stop_ids, **kw)
         except ServerDied as e:
@@ -296,7 +302,8 @@ class Gateway:
             text = stopped
         elif ids and ids[-1] in template.stop_ids and text.endswith(template.stop_text(ids[-1])):
             text = text[:len(text) - len(template.stop_text(ids[-1]))]
-        message = parse_reply(text, id_seed=f'{session.sid}/{index}', tools=req.tool_choice != 'none')
+        message = parse_reply(text, id_seed=f'{session.sid}/{index}', tools=req.tool_choice != 'none',
+                              think_open=p.think)
         sample.ids, sample.logp = ids, logp
         truncated = sample.truncated and stopped is None
         response = self._response(session, index, req, p.plan.prompt_ids, sample, message,

@@ -225,6 +225,7 @@ class Session:
         self.in_flight = 0
         self.spec = None
         self.last_messages: list = []      # the messages of the latest call (the journal stores calls as deltas)
+        self.checked: tuple | None = None  # (raw, checked) messages of the latest parsed request (parse_request)
 
     # ------------------------------------------------------------------ planning
     def plan(self, messages: list, tools_key: str, template) -> Plan:
