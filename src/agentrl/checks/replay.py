@@ -31,6 +31,7 @@ from ..record import SamplingSpec, Trajectory, turn_records, turn_spans
 from ..sampling import PenaltyContext
 from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, _KIND, _fit, classify_tokens,  # noqa: F401
                        convert_logp, fit_sampler, replay_logp, support_mask)
+from .constrained import constrained_logits, forced_positions, undeclared_constraint
 from .errors import ReplayUnsupportedError
 from .gate import require_sampled, require_trainable  # noqa: F401 - re-exported
 from .identity import record_key
@@ -79,7 +80,9 @@ class RecordReplay:
         rows: ``[N]`` int64 prediction rows replayed (positions of ``action_mask`` == 1).
         log_ratio: ``[N]`` float64 ``replayed - stored``.
         kinds: ``[N]`` int64 index into :data:`TOKEN_KINDS`.
-        detail: for ``sampler_mismatch``, the fitted parameter (``'temperature=0.7'``); else ''.
+        detail: for ``sampler_mismatch``, the fitted parameter (``'temperature=0.7'``); for a
+            ``support_mismatch`` an undeclared grammar explains, that cause; else ''.
+        forced: trained tokens whose declared grammar allowed only them (log-prob 0, no policy gradient).
     """
     key: str
     kind: str
@@ -89,6 +92,7 @@ class RecordReplay:
     log_ratio: torch.Tensor = field(repr=False)
     kinds: torch.Tensor = field(repr=False)
     detail: str = ''
+    forced: int = 0
 
     @property
     def ok(self) -> bool:
@@ -135,7 +139,14 @@ class ReplayReport:
         for name, s in rows:
             lines.append(f'{name:<20} {s.n:>8} {s.mean:>12.6f} {s.min:>10.6f} {s.max:>10.6f} {s.max_abs_dev:>10.2e}')
         lines.append('records: ' + ', '.join(f'{k} {v}' for k, v in self.record_kinds.items()))
+        if self.forced:
+            lines.append(f'forced tokens (grammar support of one token, no policy gradient): {self.forced}')
         return '\n'.join(lines)
+
+    @property
+    def forced(self) -> int:
+        """Trained tokens whose declared grammar allowed only them, over every record."""
+        return sum(r.forced for r in self.records)
 
 
 def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None, budget=None) -> RecordReplay:
@@ -155,8 +166,13 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None,
         log_ratio, kinds = classify_tokens(x, targets, stored, spec, tol, context)
         # one sampler parameter that explains every unexplained token outranks per-token support guesses
         # (with a large vocabulary almost any shift of the normaliser matches *some* sorted prefix)
-        pc = ((kinds == _KIND['policy_change']) | (kinds == _KIND['support_mismatch'])).nonzero().flatten()
-        if len(pc) >= MIN_FIT_TOKENS and (budget is None or budget['fits'] > 0):
+        unexplained = (kinds == _KIND['policy_change']) | (kinds == _KIND['support_mismatch'])
+        pc = unexplained.nonzero().flatten()
+        cause = undeclared_constraint(spec, log_ratio, unexplained, stored.double(), MIN_FIT_TOKENS)
+        if cause:                                     # a grammar mask left out of the declaration
+            detail = cause
+            kinds[pc] = _KIND['support_mismatch']
+        elif len(pc) >= MIN_FIT_TOKENS and (budget is None or budget['fits'] > 0):
             if context is None and history is not None:
                 context = history()
             # fit on the unexplained tokens; the fitted sampler must also keep every matched token matched
@@ -188,7 +204,8 @@ def _penalty_context(ids: torch.Tensor, positions: torch.Tensor, starts: torch.T
     return PenaltyContext.of(ctxs, outs)
 
 
-def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4, key: str | None = None) -> RecordReplay:
+def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4, key: str | None = None,
+                  tokenizer=None) -> RecordReplay:
     """Replay one record from precomputed logits over its own ids.
 
     Args:
@@ -198,6 +215,7 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
         logits: ``[T-1, V]`` (or ``[T, V]``; the last row is ignored): row j predicts ``ids[j+1]``.
         tol: see :func:`classify_tokens`.
         key: label for the report (default: the record's identity).
+        tokenizer: the ids' tokenizer, for a record whose spec declares a grammar constraint.
 
     Returns:
         :class:`RecordReplay` over the positions with ``action_mask`` 1.
@@ -205,6 +223,7 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
     Raises:
         ScriptedRecordError, MissingProvenanceError: see :func:`require_sampled`.
         ValueError: fewer than ``T-1`` logits rows.
+        ConstrainedSupportError: see :func:`agentrl.checks.constrained.constrained_logits`.
     """
     spec = require_sampled(record)
     T = len(record.ids)
@@ -217,9 +236,14 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
     history = lambda: _penalty_context(ids, rows + 1, _turn_starts(record, rows + 1))  # noqa: E731
     if spec.penalized:
         context = history()
-    return _judge(record_key(record) if key is None else key, rows, logits[rows], ids[rows + 1],
-                  torch.as_tensor(record.sample_logp)[rows], spec, tol, context,
-                  history if record.owner is not None and record.turn is not None else None)
+    key = record_key(record) if key is None else key
+    lg, allowed = logits[rows], None
+    if spec.constraint is not None:
+        lg, allowed = constrained_logits(spec, ids, rows, _turn_starts(record, rows + 1), lg, tokenizer, key)
+    rep = _judge(key, rows, lg, ids[rows + 1], torch.as_tensor(record.sample_logp)[rows], spec, tol, context,
+                 history if record.owner is not None and record.turn is not None else None)
+    rep.forced = int(forced_positions(allowed).sum())
+    return rep
 
 
 class Scorer:
@@ -283,6 +307,7 @@ class _Unit:
     stored: torch.Tensor       # [n]
     spec: SamplingSpec
     history: object            # () -> PenaltyContext of the rows (None when owner/turn are missing)
+    starts: object = None      # () -> [n] each row's turn start (the grammar's; None when owner/turn are missing)
 
     def context(self):
         return self.history() if self.spec.penalized else None
@@ -303,7 +328,8 @@ def _units(n: int, rec: Trajectory) -> list:
         return [_Unit(key, ids, rows, rows, torch.as_tensor(rec.sample_logp)[rows], spec, None)]
     if rec.turn_contexts is None:
         history = lambda: _penalty_context(ids, rows + 1, _turn_starts(rec, rows + 1))  # noqa: E731
-        return [_Unit(key, ids, rows, rows, torch.as_tensor(rec.sample_logp)[rows], spec, history)]
+        return [_Unit(key, ids, rows, rows, torch.as_tensor(rec.sample_logp)[rows], spec, history,
+                      lambda: _turn_starts(rec, rows + 1))]
     try:
         parts = turn_records(rec)
     except ValueError as e:
@@ -317,11 +343,11 @@ def _units(n: int, rec: Trajectory) -> list:
         history = (lambda part=part, prows=prows, c=ctx_len:
                    _penalty_context(part.ids, prows + 1, torch.full_like(prows, c)))
         out.append(_Unit(f'{key} turn {k}', part.ids, prows, prows + s - ctx_len, part.sample_logp[prows], spec,
-                         history))
+                         history, lambda prows=prows, c=ctx_len: torch.full_like(prows, c)))
     return out
 
 
-def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -> ReplayReport:
+def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, tokenizer=None) -> ReplayReport:
     """Replay every record's trained tokens with a scorer under each record's declared sampler.
 
     Records are right-padded in batches of ``batch_size`` and scored in one call per batch; the
@@ -336,6 +362,9 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -
         scorer: a :class:`Scorer` (or any callable with its signature).
         tol: agreement tolerance in nats (default 1e-4).
         batch_size: sequences per scorer call.
+        tokenizer: the ids' tokenizer, for records that declare a grammar constraint (default the scorer's
+            ``tokenizer`` attribute; :func:`agentrl.engines.scorer.load_scorer` sets it for a model folder).
+            Their logits are masked by :func:`agentrl.checks.constrained.constrained_logits` first.
 
     Returns:
         :class:`ReplayReport`; ``report.ok`` when every token matched, a non-finite ratio is
@@ -347,8 +376,10 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -
         ReplayUnsupportedError: inconsistent ``turn_contexts``; a record the scorer cannot take
             (longer than its context, ids outside its vocabulary). Fix: replay with the model (and
             tokenizer) that sampled the records.
+        ConstrainedSupportError: a declared constraint that cannot be rebuilt or rejects a record's own id.
     """
     units = [u for n, rec in enumerate(records) for u in _units(n, rec)]
+    tokenizer = tokenizer if tokenizer is not None else getattr(scorer, 'tokenizer', None)
     max_len = getattr(scorer, 'max_len', None)
     pad = getattr(scorer, 'pad_id', 0)
     reps, budget = [], {'fits': FIT_BUDGET}
@@ -367,8 +398,12 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8) -
             raise ReplayUnsupportedError(f'cannot be scored by the model ({type(e).__name__}: {e})', field='ids',
                                          fix='replay with the model (and tokenizer) that sampled the record') from e
         for u, lg in zip(chunk, logits):
+            allowed = None
+            if u.spec.constraint is not None:         # the grammar hook: mask the logits first
+                lg, allowed = constrained_logits(u.spec, u.ids, u.rows, u.starts and u.starts(), lg, tokenizer, u.key)
             reps.append(_judge(u.key, u.out_rows, lg, u.ids[u.rows + 1], u.stored, u.spec, tol, u.context(),
                                u.history, budget))
+            reps[-1].forced = int(forced_positions(allowed).sum())
     return ReplayReport.of(reps)
 
 

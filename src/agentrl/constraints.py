@@ -1,0 +1,331 @@
+"""L0: the grammar constraint a sampler runs under, and its allowed-token masks (xgrammar).
+
+A :class:`Constraint` is a field of :class:`~agentrl.record.SamplingSpec` (``spec.constraint``):
+its kind, its exact grammar text, the backend and version that compiled it and the stop ids the
+grammar ends on. It is stored, digested and exported with the spec (``SamplingSpec.to_dict``);
+a spec without one is unconstrained and keeps its bytes.
+
+The mask is applied to the logits before every other sampler step (``-inf`` outside the
+grammar's allowed tokens, then penalties, temperature, truncation), as vLLM's structured-output
+path applies xgrammar's bitmask to the logits before its sampler; the stored log-prob (raw or
+processed) is then over the allowed tokens. :class:`Grammar` compiles a constraint for one
+tokenizer and vocabulary; :meth:`Grammar.next_allowed` gives the masks of rows being sampled,
+:meth:`Grammar.turn_allowed` the masks of a recorded turn (the replay).
+
+Source: docs/grammar.md; vLLM 0.32 ``v1/structured_output/backend_xgrammar.py`` (JSON schemas
+compiled with ``any_whitespace=True``, the request's stop ids as the matcher's stop tokens) and
+``tool_parsers/structural_tag_registry.py`` (the hermes tool-call tags).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import torch
+
+__all__ = ['CONSTRAINT_KINDS', 'GRAMMAR_BACKENDS', 'Constraint', 'ConstraintError', 'GrammarRejection',
+           'tool_call_constraint', 'json_schema_constraint', 'response_format_constraint', 'backend_version',
+           'Grammar', 'unpack_bitmask', 'apply_allowed']
+
+#: ``json_schema``: a JSON schema (text = the schema); ``regex``; ``grammar``: GBNF/EBNF (xgrammar's);
+#: ``tool_call``: hermes ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks (text = the
+#: xgrammar structural tag built from ``tools`` and ``tool_choice``).
+CONSTRAINT_KINDS = ('json_schema', 'regex', 'grammar', 'tool_call')
+#: Backends whose masks agentrl can rebuild.
+GRAMMAR_BACKENDS = ('xgrammar',)
+
+
+class ConstraintError(ValueError):
+    """A constraint that cannot be built or rebuilt here (bad kind, unknown backend or version, a text
+    the backend does not compile, xgrammar not installed)."""
+
+
+class GrammarRejection(ValueError):
+    """The grammar rejects a recorded token. Attributes: ``position`` (index into the sequence),
+    ``token`` (the id)."""
+
+    def __init__(self, position: int, token: int):
+        self.position, self.token = int(position), int(token)
+        super().__init__(f'the grammar rejects token {self.token} at position {self.position}')
+
+
+def backend_version(backend: str = 'xgrammar') -> str:
+    """The installed version of ``backend`` ('' when it is not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(backend)
+    except PackageNotFoundError:
+        return ''
+
+
+@dataclass(frozen=True)
+class Constraint:
+    """The grammar in force over every policy turn (each turn starts the grammar afresh).
+
+    Attributes:
+        kind: one of :data:`CONSTRAINT_KINDS`.
+        text: the exact grammar text compiled (JSON schema, regex, grammar, or structural-tag JSON).
+        backend: one of :data:`GRAMMAR_BACKENDS`. version: the backend version that sampled.
+        stop_ids: the end-of-turn ids the grammar may end on (sorted ints).
+        tool_choice: ``tool_call`` only: ``'required'`` or the forced tool's name.
+        tools: ``tool_call`` only: the tool schemas as JSON text.
+
+    Raises:
+        ValueError: a kind or backend outside the lists, an empty text, ``tool_choice`` on another kind.
+    """
+    kind: str
+    text: str
+    backend: str = 'xgrammar'
+    version: str = ''
+    stop_ids: tuple = field(default=())
+    tool_choice: str = ''
+    tools: str = ''
+
+    def __post_init__(self):
+        if self.kind not in CONSTRAINT_KINDS:
+            raise ValueError(f'Constraint.kind must be one of {CONSTRAINT_KINDS}, got {self.kind!r}')
+        if not isinstance(self.text, str) or not self.text:
+            raise ValueError('Constraint.text must be the non-empty grammar text')
+        if not self.backend:
+            raise ValueError(f'Constraint.backend must name the grammar library (one of {GRAMMAR_BACKENDS})')
+        if (self.tool_choice or self.tools) and self.kind != 'tool_call':
+            raise ValueError(f'Constraint.tool_choice / tools belong to kind tool_call, not {self.kind!r}')
+        object.__setattr__(self, 'stop_ids', tuple(sorted({int(i) for i in self.stop_ids})))
+
+    def to_dict(self) -> dict:
+        """JSON-serialisable form (``tool_choice`` / ``tools`` only for ``tool_call``)."""
+        d = {'kind': self.kind, 'text': self.text, 'backend': self.backend, 'version': self.version,
+             'stop_ids': list(self.stop_ids)}
+        if self.kind == 'tool_call':
+            d.update(tool_choice=self.tool_choice, tools=self.tools)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> 'Constraint':
+        """Inverse of :meth:`to_dict`. Raises ValueError on an unknown key (naming it)."""
+        known = ('kind', 'text', 'backend', 'version', 'stop_ids', 'tool_choice', 'tools')
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise ValueError(f'Constraint: unknown key(s) {unknown}; known: {list(known)}')
+        return cls(**d)
+
+
+def _tool(t: dict) -> tuple:
+    """``(name, parameters schema)`` of an OpenAI (``{'type': 'function', 'function': ...}``), plain or
+    MCP (``inputSchema``) tool schema."""
+    f = t.get('function', t)
+    name = f.get('name')
+    if not name:
+        raise ConstraintError(f'tool schema without a name: {json.dumps(t)[:80]}; pass OpenAI or MCP tool schemas')
+    params = f.get('parameters', f.get('inputSchema'))
+    return name, (params if params is not None else True)
+
+
+def tool_call_constraint(tools, tool_choice: str = 'required', stop_ids=()) -> Constraint:
+    """The ``tool_call`` constraint of ``tool_choice`` over ``tools``: one or more hermes tool calls.
+
+    ``'required'``: one or more ``<tool_call>\\n{"name": NAME, "arguments": ARGS}\\n</tool_call>`` blocks
+    (or the same without the newlines), ARGS valid under the tool's parameter schema; a tool name:
+    exactly one call of that tool. The same structural tag vLLM 0.32 builds for ``tool_choice`` with
+    ``--tool-call-parser hermes``.
+
+    Args:
+        tools: OpenAI, plain or MCP tool schemas (non-empty). tool_choice: ``'required'`` or a name.
+        stop_ids: the end-of-turn ids.
+
+    Returns:
+        :class:`Constraint` of kind ``tool_call``, version the installed xgrammar's.
+
+    Raises:
+        ConstraintError: no tools, an unnamed tool, or ``tool_choice`` naming no tool
+            (``'auto'`` / ``'none'`` constrain nothing: pass no constraint).
+    """
+    tools = list(tools or [])
+    named = [_tool(t) for t in tools]
+    if not named:
+        raise ConstraintError(f'tool_choice {tool_choice!r} needs at least one tool schema')
+    if tool_choice != 'required':
+        named = [(n, p) for n, p in named if n == tool_choice]
+        if not named:
+            raise ConstraintError(f'tool_choice {tool_choice!r} names no tool of {[_tool(t)[0] for t in tools]}; '
+                                  "pass 'required' or one of those names")
+    tags = [{'type': 'tag', 'begin': begin + name + '", "arguments": ',
+             'content': {'type': 'json_schema', 'json_schema': params}, 'end': end}
+            for name, params in named
+            for begin, end in (('<tool_call>\n{"name": "', '}\n</tool_call>'), ('<tool_call>{"name": "', '}</tool_call>'))]
+    fmt = {'type': 'tags_with_separator', 'tags': tags, 'separator': '', 'at_least_one': True,
+           'stop_after_first': tool_choice != 'required'}
+    return Constraint('tool_call', json.dumps({'type': 'structural_tag', 'format': fmt}), 'xgrammar',
+                      backend_version(), tuple(stop_ids), tool_choice, json.dumps(tools))
+
+
+def json_schema_constraint(schema, stop_ids=()) -> Constraint:
+    """A ``json_schema`` constraint (``schema``: a dict, or its JSON text kept as given; key order is the
+    order the grammar writes properties in)."""
+    text = schema if isinstance(schema, str) else json.dumps(schema)
+    return Constraint('json_schema', text, 'xgrammar', backend_version(), tuple(stop_ids))
+
+
+def response_format_constraint(response_format: dict, stop_ids=()) -> Constraint | None:
+    """The constraint of an OpenAI ``response_format``: ``json_schema`` (its ``json_schema.schema``),
+    ``json_object`` (any object); ``text`` gives None.
+
+    Raises:
+        ConstraintError: another type, or a ``json_schema`` without its schema.
+    """
+    kind = response_format.get('type')
+    if kind in (None, 'text'):
+        return None
+    if kind == 'json_object':
+        return json_schema_constraint({'type': 'object'}, stop_ids)
+    if kind == 'json_schema':
+        js = response_format.get('json_schema') or {}
+        schema = js.get('schema', js.get('json_schema'))
+        if schema is None:
+            raise ConstraintError("response_format json_schema has no 'schema'; pass {'type': 'json_schema', "
+                                  "'json_schema': {'name': ..., 'schema': {...}}}")
+        return json_schema_constraint(schema, stop_ids)
+    raise ConstraintError(f"response_format type {kind!r} is not supported; use 'json_schema', 'json_object' or 'text'")
+
+
+# ---------------------------------------------------------------------------------------------
+# compiled grammars and masks
+
+_INFO: dict = {}          # (id(tokenizer), vocab_size) -> (tokenizer, TokenizerInfo, GrammarCompiler)
+_BITS = None
+
+
+def _xgrammar(c: Constraint):
+    if c.backend not in GRAMMAR_BACKENDS:
+        raise ConstraintError(f'backend {c.backend!r} is not one agentrl can rebuild (known: {GRAMMAR_BACKENDS})')
+    have = backend_version(c.backend)
+    if not have:
+        raise ConstraintError('xgrammar is not installed; pip install "agentrl[grammar]" (xgrammar==0.2.8)')
+    if c.version and c.version != have:
+        raise ConstraintError(f'the constraint was compiled by xgrammar {c.version} but {have} is installed; '
+                              f'install xgrammar=={c.version} to rebuild its masks exactly')
+    import xgrammar
+    return xgrammar
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """``[n, W]`` int32 xgrammar bitmask -> ``[n, vocab_size]`` bool (True: allowed; bit ``i % 32`` of word ``i // 32``)."""
+    global _BITS
+    if _BITS is None:
+        _BITS = torch.arange(32, dtype=torch.int32)
+    return ((bitmask.unsqueeze(-1) >> _BITS) & 1).bool().flatten(-2)[..., :vocab_size]
+
+
+def apply_allowed(logits: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """``logits`` ``[n, V]`` with ``-inf`` where ``allowed`` ``[n, V]`` bool is False (a new tensor)."""
+    return logits.masked_fill(~allowed.to(logits.device), float('-inf'))
+
+
+class Grammar:
+    """A :class:`Constraint` compiled by its backend for one tokenizer and vocabulary size.
+
+    Args:
+        constraint: the constraint. tokenizer: the Hugging Face tokenizer the ids belong to.
+        vocab_size: the model's logits width ``V`` (may exceed the tokenizer's size; the extra ids are
+            never allowed).
+
+    Attributes:
+        constraint, vocab_size; ``forced``: single-token supports seen by :meth:`next_allowed`.
+
+    Raises:
+        ConstraintError: unknown backend, another backend version installed, or a text that does not
+            compile (the backend's message).
+    """
+
+    def __init__(self, constraint: Constraint, tokenizer, vocab_size: int):
+        xgr = self._xgr = _xgrammar(constraint)
+        self.constraint, self.vocab_size = constraint, int(vocab_size)
+        key = (id(tokenizer), self.vocab_size)
+        if key not in _INFO:
+            info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size)
+            _INFO[key] = (tokenizer, info, xgr.GrammarCompiler(info, max_threads=1))
+        compiler = _INFO[key][2]
+        c = constraint
+        try:
+            if c.kind == 'json_schema':
+                self.compiled = compiler.compile_json_schema(c.text, any_whitespace=True)
+            elif c.kind == 'regex':
+                self.compiled = compiler.compile_regex(c.text)
+            elif c.kind == 'grammar':
+                self.compiled = compiler.compile_grammar(c.text)
+            else:
+                self.compiled = compiler.compile_structural_tag(c.text)
+        except Exception as e:       # the backend's own error types (RuntimeError, ValueError, InvalidJSONError)
+            raise ConstraintError(f'{c.backend} does not compile the {c.kind} constraint: '
+                                  f'{" ".join(str(e).split())[:300]}') from None
+        self._live: dict = {}
+        self.forced = 0
+
+    def matcher(self):
+        """A fresh matcher at the start of a turn."""
+        stops = list(self.constraint.stop_ids) or None
+        return self._xgr.GrammarMatcher(self.compiled, override_stop_tokens=stops)
+
+    def _bitmask(self, n: int) -> torch.Tensor:
+        return self._xgr.allocate_token_bitmask(n, self.vocab_size)
+
+    def next_allowed(self, turns) -> torch.Tensor:
+        """The allowed next tokens of rows being sampled.
+
+        Args:
+            turns: n id lists, each the turn's ids sampled so far (``[]`` at the turn's start).
+
+        Returns:
+            ``[n, V]`` bool. Matchers are kept between calls (keyed by the turn's ids), so a step
+            advances each row by its newest token.
+
+        Raises:
+            GrammarRejection: a row's ids include a token the grammar rejects (``position``: index in its turn).
+        """
+        bm = self._bitmask(len(turns))
+        live, keep = self._live, {}
+        for r, ids in enumerate(turns):
+            key = tuple(ids)
+            m = live.pop(key[:-1], None) if key else None
+            if m is not None:
+                _accept(m, key[-1], len(key) - 1)
+            else:
+                m = self.matcher()
+                for p, t in enumerate(key):
+                    _accept(m, t, p)
+            m.fill_next_token_bitmask(bm, r)
+            keep[key] = m
+        self._live = keep               # rows that ended this step leave with their matchers
+        allowed = unpack_bitmask(bm, self.vocab_size)
+        self.forced += int((allowed.sum(-1) == 1).sum())
+        return allowed
+
+    def turn_allowed(self, ids, start: int, rows) -> torch.Tensor:
+        """Allowed tokens at prediction rows of one recorded turn that starts at ``ids[start]``.
+
+        Args:
+            ids: ``[L]`` the sequence. start: the position of the turn's first sampled token.
+            rows: ``[n]`` increasing prediction rows ``>= start - 1`` (row j predicts ``ids[j+1]``).
+
+        Returns:
+            ``[n, V]`` bool.
+
+        Raises:
+            GrammarRejection: the grammar rejects ``ids[p]`` for some ``start <= p <= rows[-1]``
+                (``position``: p in the sequence).
+        """
+        rows = [int(r) for r in rows]
+        bm = self._bitmask(len(rows))
+        m = self.matcher()
+        p = start
+        for i, r in enumerate(rows):
+            while p <= r:                          # feed the turn's ids up to the predicted one
+                _accept(m, int(ids[p]), p)
+                p += 1
+            m.fill_next_token_bitmask(bm, i)
+        return unpack_bitmask(bm, self.vocab_size)
+
+
+def _accept(m, token: int, position: int) -> None:
+    if m.is_terminated() or not m.accept_token(int(token)):
+        raise GrammarRejection(position, token)
