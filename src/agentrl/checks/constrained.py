@@ -89,18 +89,18 @@ def forced_positions(allowed: torch.Tensor | None) -> torch.Tensor:
 
 
 def undeclared_constraint(spec: SamplingSpec, log_ratio: torch.Tensor, unexplained: torch.Tensor,
-                          stored: torch.Tensor, min_tokens: int) -> str:
+                          stored: torch.Tensor) -> str:
     """Name an undeclared grammar when it is the likely cause of unexplained tokens, else ''.
 
-    The sign test: a grammar mask only removes tokens, so a record sampled under one and replayed without it
-    stores a log-prob at least its replay at every token (ratio ``exp(replayed - stored) <= 1``), and exactly 0.0
-    where the grammar forced the token.
+    A grammar mask only removes tokens, so a record sampled under one and replayed without it stores a
+    log-prob at least its replay at every token (ratio ``exp(replayed - stored) <= 1``), and exactly 0.0 where
+    the grammar forced the token. Both must hold (at least one forced token): a peaked policy replayed by
+    another model also stores more than it replays, but practically never exactly 0.0 in float32.
 
     Args:
         spec: the declared sampler (a declared constraint gives '').
         log_ratio: ``[N]`` float64 ``replayed - stored``. unexplained: ``[N]`` bool tokens no other kind explains.
-        stored: ``[N]`` float64 stored log-probs. min_tokens: the fewest unexplained tokens for a verdict without
-            a forced (0.0) one.
+        stored: ``[N]`` float64 stored log-probs.
 
     Returns:
         A one-line cause for the report's detail, or ''.
@@ -109,7 +109,7 @@ def undeclared_constraint(spec: SamplingSpec, log_ratio: torch.Tensor, unexplain
     if spec.constraint is not None or n == 0 or bool((log_ratio[unexplained] >= 0).any()):
         return ''
     forced = int((stored[unexplained] == 0).sum())
-    if n < min_tokens and not forced:
+    if not forced:
         return ''
     return (f'likely an undeclared grammar constraint (tool_choice, response_format, structured output): '
             f'{n} tokens stored above their replay, {forced} of them forced (log-prob 0.0); declare it in '

@@ -168,11 +168,7 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None,
         # (with a large vocabulary almost any shift of the normaliser matches *some* sorted prefix)
         unexplained = (kinds == _KIND['policy_change']) | (kinds == _KIND['support_mismatch'])
         pc = unexplained.nonzero().flatten()
-        cause = undeclared_constraint(spec, log_ratio, unexplained, stored.double(), MIN_FIT_TOKENS)
-        if cause:                                     # a grammar mask left out of the declaration
-            detail = cause
-            kinds[pc] = _KIND['support_mismatch']
-        elif len(pc) >= MIN_FIT_TOKENS and (budget is None or budget['fits'] > 0):
+        if len(pc) >= MIN_FIT_TOKENS and (budget is None or budget['fits'] > 0):
             if context is None and history is not None:
                 context = history()
             # fit on the unexplained tokens; the fitted sampler must also keep every matched token matched
@@ -183,6 +179,10 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None,
                 kinds[pc] = _KIND['sampler_mismatch']
             elif budget is not None:
                 budget['fits'] -= 1
+        cause = '' if detail else undeclared_constraint(spec, log_ratio, unexplained, stored.double())
+        if cause:                                     # no sampler fits: a grammar mask left out of the declaration
+            detail = cause
+            kinds[pc] = _KIND['support_mismatch']
     counts = {TOKEN_KINDS[k]: int((kinds == k).sum()) for k in range(len(TOKEN_KINDS)) if bool((kinds == k).any())}
     worst = TOKEN_KINDS[int(kinds.max())] if len(kinds) else 'match'
     return RecordReplay(key=key, kind=worst, stats=RatioStats.of(log_ratio), token_kinds=counts, rows=rows.cpu(),
