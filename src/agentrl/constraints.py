@@ -25,7 +25,7 @@ import torch
 
 __all__ = ['CONSTRAINT_KINDS', 'GRAMMAR_BACKENDS', 'Constraint', 'ConstraintError', 'GrammarRejection',
            'tool_call_constraint', 'json_schema_constraint', 'response_format_constraint', 'backend_version',
-           'Grammar', 'unpack_bitmask', 'apply_allowed']
+           'Grammar', 'unpack_bitmask', 'apply_allowed', 'forced_rows', 'mask_forced']
 
 #: ``json_schema``: a JSON schema (text = the schema); ``regex``; ``grammar``: GBNF/EBNF (xgrammar's);
 #: ``tool_call``: hermes ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks (text = the
@@ -329,3 +329,37 @@ class Grammar:
 def _accept(m, token: int, position: int) -> None:
     if m.is_terminated() or not m.accept_token(int(token)):
         raise GrammarRejection(position, token)
+
+
+# ---------------------------------------------------------------------------------------------
+# forced tokens of a record
+
+
+def forced_rows(record) -> torch.Tensor:
+    """``[T-1]`` bool: the trained rows a record's declared grammar forced (its support held one token).
+
+    A forced token's stored log-prob is exactly 0.0 under the mask (either log-prob mode: the mask comes
+    first), and it carries no policy gradient. A record without a declared constraint has none.
+
+    Args:
+        record: a :class:`~agentrl.record.Trajectory` (``action_mask``, ``sample_logp``, ``provenance``).
+
+    Returns:
+        ``[T-1]`` bool tensor (all False without a constraint or log-probs).
+    """
+    mask = torch.as_tensor(record.action_mask) > 0
+    prov = record.provenance
+    spec = None if prov is None else prov.sampling
+    if spec is None or spec.constraint is None or record.sample_logp is None or prov.logp_placeholder:
+        return torch.zeros_like(mask)
+    return mask & (torch.as_tensor(record.sample_logp) == 0)
+
+
+def mask_forced(record):
+    """A copy of ``record`` whose ``action_mask`` leaves out its :func:`forced_rows` (``--mask-forced``);
+    the record itself when it has none."""
+    from dataclasses import replace
+    rows = forced_rows(record)
+    if not bool(rows.any()):
+        return record
+    return replace(record, action_mask=torch.as_tensor(record.action_mask).masked_fill(rows, 0))

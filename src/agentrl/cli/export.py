@@ -33,6 +33,7 @@ class ExportOptions:
         sort_groups: reorder records so each group's rows are contiguous.
         split_turns: one row per turn for records with per-turn contexts (not verl, TRL).
         prompt_length, response_length: verl's fixed widths (None: the longest).
+        mask_forced: zero the action mask at grammar-forced tokens (:func:`agentrl.constraints.mask_forced`).
     """
     run: str = option(None, 'run folder, trajectories .parquet file or shard folder', positional=True, metavar='RUN')
     to: str = option(None, 'target framework (required)', choices=FRAMEWORKS)
@@ -47,6 +48,8 @@ class ExportOptions:
                                     'prime-rl, OpenRLHF, SFT)')
     prompt_length: int | None = option(None, 'verl rollout.prompt_length (default: the longest prompt)', min=1)
     response_length: int | None = option(None, 'verl rollout.response_length (default: the longest response)', min=1)
+    mask_forced: bool = option(False, 'leave the tokens a declared grammar forced (support of one token, no policy '
+                                      'gradient) out of the loss mask (docs/grammar.md)')
 
     def source(self) -> str:
         """The trajectory file or shard folder inside ``run``."""
@@ -102,6 +105,9 @@ def run(args) -> int:
     from ..jobs.check import require_accepted
     require_accepted(opts.source())             # what `agentrl check` refuses is never exported; nothing written yet
     records = store.read_trajectories(opts.source())
+    if opts.mask_forced:
+        from ..constraints import mask_forced
+        records = [mask_forced(r) for r in records]
     _check_pad_id(opts.pad_id, records)
     m = interop.export(records, opts.to, opts.out, pad_id=opts.pad_id, trim=False if opts.no_trim else None,
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,

@@ -243,6 +243,7 @@ class CheckReport:
     correction: str | None = None
     drift: list = field(default_factory=list)
     versions: Counter = field(default_factory=Counter)
+    forced: list = field(default_factory=list)          # per grammar-constrained record: its forced trained tokens
     spanning: int = 0
     staleness: Counter = field(default_factory=Counter)
 
@@ -333,6 +334,9 @@ class CheckReport:
                  f'trained tokens   {_stats(self.trained)}',
                  'stops            ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.stops.items())) or 'none'),
                  f'truncation rate  {self.truncated / n:.3f}  (episodes stopped truncated or with a turn cut at its budget)' if n else 'truncation rate  n/a']
+        if self.forced:
+            lines.append(f'forced tokens    {sum(self.forced)} in {len(self.forced)} grammar-constrained records '
+                         '(support of one token, no policy gradient; --mask-forced leaves them out of the loss)')
         if self.versions and set(self.versions) != {'(none)'}:
             lines.append('policy versions  ' + '  '.join(f'{p(k)} {v}' for k, v in self.versions.most_common(8))
                          + (f'  ({len(self.versions)} versions)' if len(self.versions) > 8 else '')
@@ -521,6 +525,9 @@ def _tally(rep: CheckReport, rec) -> None:
     rep.lengths.append(len(rec.ids))
     if rec.action_mask is not None:
         rep.trained.append(int(rec.action_mask.float().sum()))
+        if prov is not None and prov.sampling is not None and prov.sampling.constraint is not None:
+            from ..constraints import forced_rows
+            rep.forced.append(int(forced_rows(rec).sum()))
     rep.stops[str((rec.info or {}).get('stop'))] += 1
     rep.truncated += is_truncated(rec)
     rep.policies[prov.policy if prov is not None else '(none)'] += 1
