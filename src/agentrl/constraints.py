@@ -25,7 +25,7 @@ import torch
 
 __all__ = ['CONSTRAINT_KINDS', 'GRAMMAR_BACKENDS', 'Constraint', 'ConstraintError', 'GrammarRejection',
            'tool_call_constraint', 'json_schema_constraint', 'response_format_constraint', 'backend_version',
-           'Grammar', 'unpack_bitmask', 'apply_allowed', 'forced_rows', 'mask_forced']
+           'request_constraint', 'Grammar', 'unpack_bitmask', 'apply_allowed', 'forced_rows', 'mask_forced']
 
 #: ``json_schema``: a JSON schema (text = the schema); ``regex``; ``grammar``: GBNF/EBNF (xgrammar's);
 #: ``tool_call``: hermes ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks (text = the
@@ -363,3 +363,49 @@ def mask_forced(record):
     if not bool(rows.any()):
         return record
     return replace(record, action_mask=torch.as_tensor(record.action_mask).masked_fill(rows, 0))
+
+
+def request_constraint(request: dict, stop_ids=()) -> Constraint | None:
+    """The constraint an OpenAI-compatible request asked the server for, or None (unconstrained).
+
+    Read in vLLM 0.32's order of precedence: ``structured_outputs`` (``json``, ``regex``, ``grammar``,
+    ``json_object``, ``structural_tag``; older servers' ``guided_json`` / ``guided_regex`` / ``guided_grammar``),
+    then ``tool_choice`` (``'required'`` or ``{'type': 'function', 'function': {'name': ...}}``, with ``tools``: the
+    hermes structural tag, :func:`tool_call_constraint`), then ``response_format``. ``'auto'`` / ``'none'`` constrain
+    nothing. The version recorded is the installed xgrammar's (the server's must be the same, docs/grammar.md).
+
+    Args:
+        request: the request body. stop_ids: the ids the server's matcher stops on (vLLM: the request's
+            ``stop_token_ids`` and, unless ``ignore_eos``, the EOS id).
+
+    Returns:
+        :class:`Constraint` or None.
+
+    Raises:
+        ConstraintError: a ``choice`` list (not replayable here), a bad ``response_format``, a tool name not in ``tools``.
+    """
+    so = dict(request.get('structured_outputs') or {})
+    for old, new in (('guided_json', 'json'), ('guided_regex', 'regex'), ('guided_grammar', 'grammar')):
+        if request.get(old) is not None:
+            so.setdefault(new, request[old])
+    so = {k: v for k, v in so.items() if v is not None and v is not False and k in
+          ('json', 'regex', 'grammar', 'json_object', 'structural_tag', 'choice')}
+    stop_ids = tuple(stop_ids)
+    if 'choice' in so:
+        raise ConstraintError("structured_outputs 'choice' is not supported; send the choices as a regex")
+    if 'json' in so:
+        return json_schema_constraint(so['json'], stop_ids)
+    if 'json_object' in so:
+        return json_schema_constraint({'type': 'object'}, stop_ids)
+    for key, kind in (('regex', 'regex'), ('grammar', 'grammar'), ('structural_tag', 'tool_call')):
+        if key in so:
+            text = so[key] if isinstance(so[key], str) else json.dumps(so[key])
+            return Constraint(kind, text, 'xgrammar', backend_version(), stop_ids)
+    choice = request.get('tool_choice')
+    if isinstance(choice, dict):
+        choice = (choice.get('function') or {}).get('name') or choice.get('name')
+    if choice not in (None, 'auto', 'none') and request.get('tools'):
+        return tool_call_constraint(request['tools'], choice, stop_ids)
+    if request.get('response_format'):
+        return response_format_constraint(request['response_format'], stop_ids)
+    return None
