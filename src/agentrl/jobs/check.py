@@ -450,7 +450,7 @@ def _expected(opts: CheckOptions, base, prov, model_vocab):
 
 def _not_replayable(e: Exception):
     from .. import checks
-    if isinstance(e, checks.NotReplayableError):
+    if isinstance(e, (checks.NotReplayableError, checks.ConstrainedSupportError)):   # the grammar's refusal by name
         return e
     what = e.what if isinstance(e, checks.RecordError) else f'{type(e).__name__}: {" ".join(str(e).split())[:160]}'
     return checks.NotReplayableError(f'cannot be replayed under the model ({what})',
