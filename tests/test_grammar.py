@@ -180,3 +180,56 @@ def test_forced_count_equals_brute_force(lm, regex_records):
     assert rep.forced == brute > 0
     assert [r.forced for r in rep.records] == [
         int((torch.as_tensor(r.sample_logp)[torch.as_tensor(r.action_mask) > 0] == 0).sum()) for r in regex_records]
+
+
+def test_vllm_request_sends_the_exact_text_and_import_reads_requests():
+    from agentrl.constraints import request_constraint
+    from agentrl.engines.vllm.client import request_body
+    c = tool_call_constraint(arl.TOOL_SCHEMAS, 'required', [151645])
+    body = request_body('m', [1, 2], SamplingSpec(constraint=c), max_tokens=4, stop_ids=[151645], seed=0)
+    assert body['structured_outputs'] == {'structural_tag': c.text}
+    j = json_schema_constraint({'type': 'integer'})
+    assert request_body('m', [1], SamplingSpec(constraint=j), max_tokens=1, stop_ids=[], seed=None)[
+        'structured_outputs'] == {'json': '{"type": "integer"}'}
+    assert 'structured_outputs' not in request_body('m', [1], SamplingSpec(), max_tokens=1, stop_ids=[], seed=None)
+    assert request_constraint({'tool_choice': 'required', 'tools': arl.TOOL_SCHEMAS}, [151645]) == c
+    named = request_constraint({'tool_choice': {'type': 'function', 'function': {'name': 'read'}},
+                                'tools': arl.TOOL_SCHEMAS})
+    tags = json.loads(named.text)['format']['tags']
+    assert named.tool_choice == 'read' and [t['begin'] for t in tags] == [
+        '<tool_call>\n{"name": "read", "arguments": ', '<tool_call>{"name": "read", "arguments": ']
+    assert request_constraint({'structured_outputs': {'regex': 'a+'}}, [7]) == Constraint(
+        'regex', 'a+', 'xgrammar', xgr_version(), (7,))
+    assert request_constraint({'guided_json': {'type': 'integer'}}).text == '{"type": "integer"}'
+    assert request_constraint({'response_format': {'type': 'json_object'}}).text == '{"type": "object"}'
+    assert request_constraint({'tool_choice': 'auto', 'tools': arl.TOOL_SCHEMAS}) is None
+    assert request_constraint({'temperature': 1.0}) is None
+
+
+def test_mask_forced_leaves_forced_tokens_out_and_is_accepted(tool_records):
+    from agentrl.constraints import forced_rows, mask_forced
+    rec = tool_records[0]
+    n = int(forced_rows(rec).sum())
+    masked = mask_forced(rec)
+    assert n > 0 and int(masked.action_mask.sum()) == int(rec.action_mask.sum()) - n
+    checks.validate(masked)                           # forced rows with mask 0 are not a missing mask
+    assert not bool(forced_rows(masked).any())
+    bare = dataclasses.replace(rec, provenance=dataclasses.replace(
+        rec.provenance, sampling=dataclasses.replace(rec.provenance.sampling, constraint=None)))
+    assert mask_forced(bare) is bare and not bool(forced_rows(bare).any())
+
+
+def test_rollout_flags_build_the_constraint(tmp_path):
+    from agentrl.jobs.plan import RolloutOptions
+    opts = RolloutOptions(engine='hf', tool_choice='required')
+    assert opts.constraint([151645]) == tool_call_constraint(arl.TOOL_SCHEMAS, 'required', [151645])
+    with pytest.raises(ConstraintError, match=r"tool_choice 'write' names no tool of \['read', 'edit', 'test'"):
+        RolloutOptions(engine='hf', tool_choice='write').constraint(())
+    rf = tmp_path / 'rf.json'
+    rf.write_text(json.dumps({'type': 'json_schema', 'json_schema': {'name': 'n', 'schema': {'type': 'object'}}}))
+    assert RolloutOptions(engine='hf', response_format=str(rf)).constraint(()).text == '{"type": "object"}'
+    with pytest.raises(ValueError, match='--tool-choice and --response-format are two grammars; pass one'):
+        RolloutOptions(engine='hf', tool_choice='required', response_format=str(rf)).constraint(())
+    rf.write_text('{')
+    with pytest.raises(ValueError, match=r"--response-format '.*rf.json': Expecting"):
+        RolloutOptions(engine='hf', response_format=str(rf)).constraint(())
