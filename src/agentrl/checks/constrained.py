@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..constraints import ConstraintError, Grammar, GrammarRejection, apply_allowed
+from ..constraints import ConstraintError, Grammar, GrammarRejection, mask_logits, support_sizes
 from ..record import SamplingSpec
 from .errors import ConstrainedSupportError
 
@@ -46,10 +46,12 @@ def constrained_logits(spec: SamplingSpec, ids: torch.Tensor, rows: torch.Tensor
         ids: ``[L]`` int64 the scored sequence. rows: ``[n]`` int64 its action rows (row j predicts ``ids[j+1]``).
         starts: ``[n]`` int64 the first policy position of each row's turn (the grammar starts afresh there),
             or None (a record without owner / turn).
-        logits: ``[n, V]`` float the rows' logits. tokenizer: the ids' Hugging Face tokenizer. key: the record's label.
+        logits: ``[n, V]`` float the rows' logits (masked in place when float32 / 16-bit).
+        tokenizer: the ids' Hugging Face tokenizer. key: the record's label.
 
     Returns:
-        ``(logits [n, V], allowed [n, V] bool or None)``: ``-inf`` outside the allowed tokens.
+        ``(logits [n, V], support [n] int64 or None)``: ``-inf`` outside the allowed tokens; each row's number of
+        allowed tokens (None without a constraint).
 
     Raises:
         ConstrainedSupportError: no tokenizer, a backend or version that is not installed, a text that does not
@@ -62,15 +64,14 @@ def constrained_logits(spec: SamplingSpec, ids: torch.Tensor, rows: torch.Tensor
                                       'turns (where the grammar starts) are unknown', field='turn',
                                       fix='build records with Trajectory.from_tokens or TokenLog')
     g = _grammar(spec, tokenizer, logits.shape[-1], key)
-    allowed = torch.empty((len(rows), logits.shape[-1]), dtype=torch.bool)
-    starts_l, rows_l = starts.tolist(), rows.tolist()
+    parts, starts_l, rows_l = [], starts.tolist(), rows.tolist()
     i = 0
     while i < len(rows_l):                     # one grammar run per turn (rows of a turn share its start)
         j = i
         while j < len(rows_l) and starts_l[j] == starts_l[i]:
             j += 1
         try:
-            allowed[i:j] = g.turn_allowed(ids, starts_l[i], rows_l[i:j])
+            parts.append(g.turn_bitmask(ids, starts_l[i], rows_l[i:j]))
         except GrammarRejection as e:
             raise ConstrainedSupportError(
                 f'record {key}: the declared {spec.constraint.kind} constraint rejects token {e.token}, so its '
@@ -78,14 +79,15 @@ def constrained_logits(spec: SamplingSpec, ids: torch.Tensor, rows: torch.Tensor
                 fix='the record was not sampled under this constraint (or was edited): declare the constraint it was '
                     'sampled under, or drop it from RL') from None
         i = j
-    return apply_allowed(logits, allowed), allowed
+    bm = torch.cat(parts)
+    return mask_logits(logits, bm), support_sizes(bm, logits.shape[-1])
 
 
-def forced_positions(allowed: torch.Tensor | None) -> torch.Tensor:
+def forced_positions(support: torch.Tensor | None) -> torch.Tensor:
     """``[n]`` bool: rows whose allowed support holds exactly one token (they carry no policy gradient)."""
-    if allowed is None:
+    if support is None:
         return torch.zeros(0, dtype=torch.bool)
-    return allowed.sum(-1) == 1
+    return support == 1
 
 
 def undeclared_constraint(spec: SamplingSpec, log_ratio: torch.Tensor, unexplained: torch.Tensor,

@@ -237,12 +237,12 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
     if spec.penalized:
         context = history()
     key = record_key(record) if key is None else key
-    lg, allowed = logits[rows], None
+    lg, support = logits[rows], None
     if spec.constraint is not None:
-        lg, allowed = constrained_logits(spec, ids, rows, _turn_starts(record, rows + 1), lg, tokenizer, key)
+        lg, support = constrained_logits(spec, ids, rows, _turn_starts(record, rows + 1), lg, tokenizer, key)
     rep = _judge(key, rows, lg, ids[rows + 1], torch.as_tensor(record.sample_logp)[rows], spec, tol, context,
                  history if record.owner is not None and record.turn is not None else None)
-    rep.forced = int(forced_positions(allowed).sum())
+    rep.forced = int(forced_positions(support).sum())
     return rep
 
 
@@ -398,12 +398,12 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, t
             raise ReplayUnsupportedError(f'cannot be scored by the model ({type(e).__name__}: {e})', field='ids',
                                          fix='replay with the model (and tokenizer) that sampled the record') from e
         for u, lg in zip(chunk, logits):
-            allowed = None
+            support = None
             if u.spec.constraint is not None:         # the grammar hook: mask the logits first
-                lg, allowed = constrained_logits(u.spec, u.ids, u.rows, u.starts and u.starts(), lg, tokenizer, u.key)
+                lg, support = constrained_logits(u.spec, u.ids, u.rows, u.starts and u.starts(), lg, tokenizer, u.key)
             reps.append(_judge(u.key, u.out_rows, lg, u.ids[u.rows + 1], u.stored, u.spec, tol, u.context(),
                                u.history, budget))
-            reps[-1].forced = int(forced_positions(allowed).sum())
+            reps[-1].forced = int(forced_positions(support).sum())
     return ReplayReport.of(reps)
 
 

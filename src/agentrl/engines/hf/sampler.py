@@ -29,7 +29,7 @@ import time
 import torch
 
 from ...batching import pad_rows
-from ...constraints import apply_allowed
+from ...constraints import mask_logits
 from ...record import SamplingSpec
 from ...sampling import PenaltyContext, Scratch, choose
 from ...templates.chat import require_hf
@@ -169,7 +169,7 @@ class HFSampler:
             context: the rows' :class:`~agentrl.sampling.PenaltyContext` (the turn's prompt and
                 its ids so far) when the spec has penalties.
             turns: n id lists, each row's turn so far; required with ``spec.constraint``, whose allowed
-                tokens (:meth:`agentrl.constraints.Grammar.next_allowed`) mask the logits first.
+                tokens (:meth:`agentrl.constraints.Grammar.next_bitmask`) mask the logits first (in place).
 
         Returns:
             ``(ids [n] int64, logp [n] float64)``: :func:`agentrl.sampling.choose` in float64, in
@@ -186,7 +186,7 @@ class HFSampler:
             if self.grammar is None or self.grammar.vocab_size != logits.shape[-1]:
                 from ...constraints import Grammar
                 self.grammar = Grammar(self.spec.constraint, self.tokenizer, logits.shape[-1])
-            logits = apply_allowed(logits, self.grammar.next_allowed(turns))
+            logits = mask_logits(logits, self.grammar.next_bitmask(turns))     # in place: the step's own logits
         u = None
         if forced is None and self.spec.temperature > 0:
             u = torch.stack([torch.rand((), dtype=torch.float64, generator=g) if g is not None
