@@ -29,9 +29,13 @@ REGEX = r'(read|test)\(\)'
 
 
 @pytest.fixture(scope='module')
-def lm(tmp_path_factory):
-    d = hf.make_test_model(tmp_path_factory.mktemp('tiny-qwen3'), tokenizer_path('qwen3'))
-    return hf.load_model(d)
+def model_dir(tmp_path_factory):
+    return hf.make_test_model(tmp_path_factory.mktemp('tiny-qwen3'), tokenizer_path('qwen3'))
+
+
+@pytest.fixture(scope='module')
+def lm(model_dir):
+    return hf.load_model(model_dir)
 
 
 @pytest.fixture(scope='module')
@@ -233,3 +237,17 @@ def test_rollout_flags_build_the_constraint(tmp_path):
     rf.write_text('{')
     with pytest.raises(ValueError, match=r"--response-format '.*rf.json': Expecting"):
         RolloutOptions(engine='hf', response_format=str(rf)).constraint(())
+
+
+def test_check_refuses_a_grammar_that_rejects_the_ids_by_name(lm, model_dir, tool_records, tmp_path):
+    from agentrl.jobs.check import CheckOptions, run_check
+    tok = lm[1]
+    rec = tool_records[1]
+    first = int((rec.owner == OWNER['policy']).nonzero()[0])
+    ids = rec.ids.clone()
+    ids[first] = tok.encode('hello', add_special_tokens=False)[0]
+    write_trajectories(tmp_path / 'bad.parquet', [tool_records[0], dataclasses.replace(rec, ids=ids)])
+    rep = run_check(CheckOptions(path=str(tmp_path / 'bad.parquet'), model=str(model_dir)))
+    assert not rep.ok and rep.kinds == {'ConstrainedSupportError': 1}
+    assert 'the declared tool_call constraint rejects token' in rep.format()
+    assert rep.replay.forced == int((tool_records[0].sample_logp[tool_records[0].action_mask > 0] == 0).sum())
