@@ -58,16 +58,16 @@ def test_json_schema_response_format_replays_at_ratio_1(server, model_dir, lm, t
     rep = run_check(CheckOptions(path=str(tmp_path / 'run'), model=str(model_dir)))
     assert rep.ok, rep.format()
     assert rep.replay.overall.max_abs_dev < 1e-4
-    # the same records declared without the grammar: a support mismatch that names it (the detector needs a forced
-    # token, log-prob exactly 0.0: docs/grammar.md)
-    recs = [r for r in recs if bool((r.sample_logp[r.action_mask > 0] == 0).any())][:2]
-    assert recs
+    # the same records declared without the grammar: every ratio below 1 (a mask only removes tokens). A JSON schema
+    # compiled with any_whitespace forces no token (whitespace is always allowed), so the undeclared-grammar verdict,
+    # which needs a forced token, is not given here: the records read as a policy change (docs/grammar.md).
     from agentrl import checks
     from agentrl.engines.scorer import load_scorer
     import dataclasses
+    assert rep.replay.forced == 0
     bare = [dataclasses.replace(r, provenance=dataclasses.replace(
-        r.provenance, sampling=dataclasses.replace(r.provenance.sampling, constraint=None))) for r in recs]
+        r.provenance, sampling=dataclasses.replace(r.provenance.sampling, constraint=None))) for r in recs[:2]]
     rep2 = checks.replay_records(bare, load_scorer(model_dir))
-    assert set(rep2.record_kinds) == {'support_mismatch'}
-    assert all('likely an undeclared grammar constraint' in r.detail for r in rep2.records)
+    assert not rep2.ok and rep2.overall.max <= 1.0 + 1e-6
+    assert set(rep2.record_kinds) == {'policy_change'}
     assert torch.isfinite(torch.tensor(rep2.overall.max))
