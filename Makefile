@@ -4,7 +4,7 @@
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.agentrl-installed
-EXTRAS ?= hf,ray,dev,vllm,serve
+EXTRAS ?= hf,ray,dev,vllm,serve,grammar
 
 # the interop tests run the real TRL, verl and OpenRLHF in their own venv (verl pins transformers < 5.11)
 IVENV  ?= .venv-interop

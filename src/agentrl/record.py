@@ -20,6 +20,8 @@ from ._lazy import lazy_module
 
 torch = lazy_module('torch')   # imported on first tensor use: `agentrl check` runs without torch
 
+from .constraints import Constraint
+
 __all__ = ['OWNER', 'OWNER_NAMES', 'SamplingSpec', 'Provenance', 'Trajectory', 'Batch', 'LOGP_MODES',
            'PENALTY_SEMANTICS', 'TokenLog', 'owner_runs', 'turn_spans', 'turn_records']
 
@@ -52,6 +54,7 @@ class SamplingSpec:
             (vLLM ``apply_penalties``, the OpenAI API definitions). Need ``penalty_semantics='vllm'``.
         penalty_semantics: ``'transformers'`` (repetition penalty only) or ``'vllm'`` (all three). The order
             (penalties on raw logits, then temperature, then truncation) is docs/design.md#sampling.
+        constraint: the grammar over every policy turn (:class:`~agentrl.constraints.Constraint`) or None: docs/grammar.md.
 
     Raises:
         ValueError: a field out of range, naming the field and its allowed range.
@@ -65,8 +68,11 @@ class SamplingSpec:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     penalty_semantics: str = 'transformers'
+    constraint: Constraint | None = None
 
     def __post_init__(self):
+        if isinstance(self.constraint, dict):        # a stored row's form (Constraint.to_dict)
+            object.__setattr__(self, 'constraint', Constraint.from_dict(self.constraint))
         if not self.temperature >= 0:
             raise ValueError(f'SamplingSpec.temperature must be >= 0, got {self.temperature}')
         if not (isinstance(self.top_k, int) and self.top_k >= 0):
@@ -102,23 +108,18 @@ class SamplingSpec:
         return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
 
     def to_dict(self) -> dict:
-        """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`. The penalty fields are left out
-        at their defaults, so a record sampled without penalties keeps its bytes and digest."""
-        d = {f.name: getattr(self, f.name) for f in fields(self)}    # every field is a scalar
+        """Plain-dict form (JSON-serialisable), the inverse of :meth:`from_dict`. The penalty fields and the constraint
+        are left out at their defaults, so a record sampled without them keeps its bytes and digest."""
+        d = {f.name: getattr(self, f.name) for f in fields(self)}    # every field but constraint is a scalar
         for name in _PENALTY_FIELDS:
             if d[name] == _PENALTY_DEFAULTS[name]:
                 del d[name]
-        return d
+        return d if d.pop('constraint') is None else {**d, 'constraint': self.constraint.to_dict()}
 
     @classmethod
     def from_dict(cls, d: dict | None) -> 'SamplingSpec | None':
-        """Rebuild from :meth:`to_dict` output; None gives None.
-
-        Keys absent from ``d`` (records written before a field existed) take their defaults.
-
-        Raises:
-            ValueError: an unknown key (naming it) or a value out of range.
-        """
+        """Rebuild from :meth:`to_dict` output; None gives None. Keys absent from ``d`` (records written before
+        a field existed) take their defaults. Raises ValueError: an unknown key (naming it) or a value out of range."""
         if d is None:
             return None
         unknown = sorted(set(d) - {f.name for f in fields(cls)})

@@ -26,7 +26,7 @@ from .errors import (DigestMismatchError, DuplicateRecordError, EndOfTurnNotTrai
                      NonFiniteRewardError, NotReplayableError, PaddingMaskedError, PolicyFirstTokenError,
                      PositiveLogProbError, RecordError, ReplayUnsupportedError, ScriptedRecordError,
                      TemplateMismatchError, TokenIdError, TokenizerMismatchError, UnknownOwnerError,
-                     SamplerMismatchError, MissingGroupError, GroupSizeError,
+                     SamplerMismatchError, MissingGroupError, GroupSizeError, ConstrainedSupportError,
                      UnclosedTurnError, ControlTokenInContentError)
 from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, classify_tokens, convert_logp, fit_sampler, replay_logp,
                        support_mask)
@@ -48,6 +48,7 @@ __all__ = [
     'TemplateMismatchError', 'ScriptedRecordError', 'LogpConversionError', 'ReplayUnsupportedError',
     'IdentityConflictError', 'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError',
     'MalformedRowError', 'NotReplayableError', 'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError',
+    'ConstrainedSupportError',
     'UnclosedTurnError', 'ControlTokenInContentError',
     # identity
     'identity', 'has_identity', 'record_key', 'episode_key', 'record_digest', 'digest_arrays', 'new_attempt', 'is_resend',

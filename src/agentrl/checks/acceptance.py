@@ -164,6 +164,8 @@ class Facts:
         eot_ids: the end-of-turn ids: ``exp.eot_ids``, else the record's template end-of-turn
             (``info['template']['chat_tokens']['end_of_turn']``), so the shifted-mask rule needs no flag.
         eot_untrained: ``[T-1]`` bool, a sampled end-of-turn token with mask 0.
+        forced_untrained: ``[T-1]`` bool, a token the declared grammar forced (stored log-prob 0.0) with mask 0:
+            left out of the loss on purpose (``--mask-forced``, docs/grammar.md).
     """
 
     def __init__(self, record: Trajectory, exp: Expected, require_provenance: bool):
@@ -209,6 +211,14 @@ class Facts:
         return tuple(ct['end_of_turn']) if ct is not None else ()
 
     @cached_property
+    def forced_untrained(self) -> torch.Tensor:
+        r, zeros = self.record, torch.zeros(max(self.T - 1, 0), dtype=torch.bool)
+        spec = r.provenance.sampling if r.provenance is not None else None
+        if spec is None or spec.constraint is None or r.sample_logp is None or len(r.sample_logp) != len(zeros):
+            return zeros
+        return self.policy & (self.mask == 0) & (torch.as_tensor(r.sample_logp) == 0)
+
+    @cached_property
     def eot_untrained(self) -> torch.Tensor:
         if not self.eot_ids or self.T < 2:
             return torch.zeros(max(self.T - 1, 0), dtype=torch.bool)
@@ -218,7 +228,7 @@ class Facts:
         if cut and self.record.turn is not None:
             # a turn cut at max_new_tokens was closed by the template, not sampled
             bad &= ~torch.isin(torch.as_tensor(self.record.turn)[:-1], torch.tensor(cut, dtype=torch.long))
-        return bad
+        return bad & ~self.forced_untrained
 
     def owner_name(self, j: int) -> str:
         """Owner name of the token that row ``j`` predicts (``ids[j+1]``)."""
@@ -358,7 +368,7 @@ def mask_off_context(r: Facts) -> list:
 def mask_on_actions(r: Facts) -> list:
     """``action_mask`` is 1 where ``ids[j+1]`` was sampled by the policy."""
     want = r.policy.float()
-    return r.at(MaskMissingOnPolicyError, (r.mask == 0) & r.policy & ~r.eot_untrained,
+    return r.at(MaskMissingOnPolicyError, (r.mask == 0) & r.policy & ~r.eot_untrained & ~r.forced_untrained,
                 lambda j: f'is 0 but ids[{j + 1}] was sampled by the policy; the action would get no gradient.'
                           + _shift_hint(r.mask, want), 'action_mask', _FIX_MASK)
 

@@ -19,7 +19,7 @@ __all__ = [
     'UnclosedTurnError', 'ControlTokenInContentError',
     'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError', 'MalformedRowError',
     'NotReplayableError',
-    'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError',
+    'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError', 'ConstrainedSupportError',
 ]
 
 
@@ -232,3 +232,9 @@ class MissingTokenIdsError(RecordError):
 class TurnContextError(RecordError):
     """A record with per-turn contexts (a template that is not prefix-stable) exported as one sequence: the
     trainer would score each turn in a context it was not sampled in."""
+
+
+class ConstrainedSupportError(RecordError):
+    """The record's declared grammar constraint cannot be rebuilt (unknown backend or version, a text that does not
+    compile, no tokenizer) or rejects the record's own ids: its allowed-token support is unknown, so it never enters
+    an importance ratio (docs/grammar.md)."""

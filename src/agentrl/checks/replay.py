@@ -33,6 +33,7 @@ from ..record import SamplingSpec, Trajectory, turn_records, turn_spans
 from ..sampling import PenaltyContext
 from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, _KIND, _fit, classify_tokens,  # noqa: F401
                        convert_logp, fit_sampler, replay_logp, support_mask)
+from .constrained import constrained_logits, forced_positions, undeclared_constraint
 from .errors import ReplayUnsupportedError
 from .gate import require_sampled, require_trainable  # noqa: F401 - re-exported
 from .identity import record_key
@@ -82,7 +83,9 @@ class RecordReplay:
         log_ratio: ``[N]`` float64 ``replayed - stored``.
         kinds: ``[N]`` int64 index into :data:`TOKEN_KINDS`.
         detail: for ``sampler_mismatch``, the fitted parameter (``'temperature=0.7'``); for
-            ``mask_shift``, what :func:`mask_shift` found; else ''.
+            ``mask_shift``, what :func:`mask_shift` found; for a ``support_mismatch`` an undeclared
+            grammar explains, that cause; else ''.
+        forced: trained tokens whose declared grammar allowed only them (log-prob 0, no policy gradient).
     """
     key: str
     kind: str
@@ -92,6 +95,7 @@ class RecordReplay:
     log_ratio: torch.Tensor = field(repr=False)
     kinds: torch.Tensor = field(repr=False)
     detail: str = ''
+    forced: int = 0
 
     @property
     def ok(self) -> bool:
@@ -141,7 +145,14 @@ class ReplayReport:
         shifted = [r for r in self.records if r.kind == 'mask_shift']
         if shifted:
             lines.append(f'mask_shift: {len(shifted)} records, e.g. {shifted[0].key}: {shifted[0].detail}')
+        if self.forced:
+            lines.append(f'forced tokens (grammar support of one token, no policy gradient): {self.forced}')
         return '\n'.join(lines)
+
+    @property
+    def forced(self) -> int:
+        """Trained tokens whose declared grammar allowed only them, over every record."""
+        return sum(r.forced for r in self.records)
 
 
 def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None, budget=None) -> RecordReplay:
@@ -164,7 +175,8 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None,
             kinds[kinds != _KIND['match']] = _KIND['mask_shift']
         # one sampler parameter that explains every unexplained token outranks per-token support guesses
         # (with a large vocabulary almost any shift of the normaliser matches *some* sorted prefix)
-        pc = ((kinds == _KIND['policy_change']) | (kinds == _KIND['support_mismatch'])).nonzero().flatten()
+        unexplained = (kinds == _KIND['policy_change']) | (kinds == _KIND['support_mismatch'])
+        pc = unexplained.nonzero().flatten()
         if not detail and len(pc) >= MIN_FIT_TOKENS and (budget is None or budget['fits'] > 0):
             if context is None and history is not None:
                 context = history()
@@ -176,6 +188,10 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None,
                 kinds[pc] = _KIND['sampler_mismatch']
             elif budget is not None:
                 budget['fits'] -= 1
+        cause = '' if detail else undeclared_constraint(spec, log_ratio, unexplained, stored.double())
+        if cause:                                     # no sampler fits: a grammar mask left out of the declaration
+            detail = cause
+            kinds[pc] = _KIND['support_mismatch']
     counts = {TOKEN_KINDS[k]: int((kinds == k).sum()) for k in range(len(TOKEN_KINDS)) if bool((kinds == k).any())}
     worst = TOKEN_KINDS[int(kinds.max())] if len(kinds) else 'match'
     return RecordReplay(key=key, kind=worst, stats=RatioStats.of(log_ratio), token_kinds=counts, rows=rows.cpu(),
@@ -224,7 +240,8 @@ def _penalty_context(ids: torch.Tensor, positions: torch.Tensor, starts: torch.T
     return PenaltyContext.of(ctxs, outs)
 
 
-def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4, key: str | None = None) -> RecordReplay:
+def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4, key: str | None = None,
+                  tokenizer=None) -> RecordReplay:
     """Replay one record from precomputed logits over its own ids.
 
     Args:
@@ -234,6 +251,7 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
         logits: ``[T-1, V]`` (or ``[T, V]``; the last row is ignored): row j predicts ``ids[j+1]``.
         tol: see :func:`classify_tokens`.
         key: label for the report (default: the record's identity).
+        tokenizer: the ids' tokenizer, for a record whose spec declares a grammar constraint.
 
     Returns:
         :class:`RecordReplay` over the positions with ``action_mask`` 1.
@@ -241,6 +259,7 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
     Raises:
         ScriptedRecordError, MissingProvenanceError: see :func:`require_sampled`.
         ValueError: fewer than ``T-1`` logits rows.
+        ConstrainedSupportError: see :func:`agentrl.checks.constrained.constrained_logits`.
     """
     spec = require_sampled(record)
     T = len(record.ids)
@@ -253,9 +272,14 @@ def replay_record(record: Trajectory, logits: torch.Tensor, *, tol: float = 1e-4
     history = lambda: _penalty_context(ids, rows + 1, _turn_starts(record, rows + 1))  # noqa: E731
     if spec.penalized:
         context = history()
-    return _judge(record_key(record) if key is None else key, rows, logits[rows], ids[rows + 1],
-                  torch.as_tensor(record.sample_logp)[rows], spec, tol, context,
-                  history if record.owner is not None and record.turn is not None else None)
+    key = record_key(record) if key is None else key
+    lg, support = logits[rows], None
+    if spec.constraint is not None:
+        lg, support = constrained_logits(spec, ids, rows, _turn_starts(record, rows + 1), lg, tokenizer, key)
+    rep = _judge(key, rows, lg, ids[rows + 1], torch.as_tensor(record.sample_logp)[rows], spec, tol, context,
+                 history if record.owner is not None and record.turn is not None else None)
+    rep.forced = int(forced_positions(support).sum())
+    return rep
 
 
 class Scorer:
@@ -339,6 +363,7 @@ class _Unit:
     stored: torch.Tensor       # [n]
     spec: SamplingSpec
     history: object            # () -> PenaltyContext of the rows (None when owner/turn are missing)
+    starts: object = None      # () -> [n] each row's turn start (the grammar's; None when owner/turn are missing)
 
     def context(self):
         return self.history() if self.spec.penalized else None
@@ -359,7 +384,8 @@ def _units(n: int, rec: Trajectory) -> list:
         return [_Unit(key, ids, rows, rows, torch.as_tensor(rec.sample_logp)[rows], spec, None)]
     if rec.turn_contexts is None:
         history = lambda: _penalty_context(ids, rows + 1, _turn_starts(rec, rows + 1))  # noqa: E731
-        return [_Unit(key, ids, rows, rows, torch.as_tensor(rec.sample_logp)[rows], spec, history)]
+        return [_Unit(key, ids, rows, rows, torch.as_tensor(rec.sample_logp)[rows], spec, history,
+                      lambda: _turn_starts(rec, rows + 1))]
     try:
         parts = turn_records(rec)
     except ValueError as e:
@@ -373,7 +399,7 @@ def _units(n: int, rec: Trajectory) -> list:
         history = (lambda part=part, prows=prows, c=ctx_len:
                    _penalty_context(part.ids, prows + 1, torch.full_like(prows, c)))
         out.append(_Unit(f'{key} turn {k}', part.ids, prows, prows + s - ctx_len, part.sample_logp[prows], spec,
-                         history))
+                         history, lambda prows=prows, c=ctx_len: torch.full_like(prows, c)))
     return out
 
 
@@ -447,11 +473,13 @@ def score_sequences(seqs: list, rows: list, scorer, *, batch_size: int = 8, pack
                                      fix='replay with the model (and tokenizer) that sampled the record') from e
 
 
-def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, packed: bool = True) -> ReplayReport:
+def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, packed: bool = True,
+                   tokenizer=None) -> ReplayReport:
     """Replay every record's trained tokens with a scorer under each record's declared sampler.
 
     Records are scored by :func:`score_sequences`: packed end to end (default, when the scorer has a
-    packed path) or right-padded, ``batch_size`` rows per call; the logits at each action row are replayed under the record's own
+    packed path) or right-padded, ``batch_size`` rows per call; the logits at each action row are
+    replayed under the record's own
     :class:`~agentrl.record.SamplingSpec` (penalties against each turn's context and the turn's
     ids so far). A record with ``turn_contexts`` is scored turn by turn, each turn after the
     context it was sampled in (one report entry per turn, key ``'... turn k'``). For the model
@@ -464,6 +492,9 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, p
         batch_size: rows per scorer call.
         packed: score packed rows (default); False: right-padded batches (the same numbers within fp32
             rounding; the reference path).
+        tokenizer: the ids' tokenizer, for records that declare a grammar constraint (default the scorer's
+            ``tokenizer`` attribute; :func:`agentrl.engines.scorer.load_scorer` sets it for a model folder).
+            Their logits are masked by :func:`agentrl.checks.constrained.constrained_logits` first.
 
     Returns:
         :class:`ReplayReport`; ``report.ok`` when every token matched, a non-finite ratio is
@@ -475,8 +506,10 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, p
         ReplayUnsupportedError: inconsistent ``turn_contexts``; a record the scorer cannot take
             (longer than its context, ids outside its vocabulary). Fix: replay with the model (and
             tokenizer) that sampled the records.
+        ConstrainedSupportError: a declared constraint that cannot be rebuilt or rejects a record's own id.
     """
     units = [u for n, rec in enumerate(records) for u in _units(n, rec)]
+    tokenizer = tokenizer if tokenizer is not None else getattr(scorer, 'tokenizer', None)
     max_len = getattr(scorer, 'max_len', None)
     for u in units:
         if max_len is not None and len(u.ids) > max_len:
@@ -486,8 +519,13 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, p
                              packed=packed)
     reps, budget = [], {'fits': FIT_BUDGET}
     for u, lg in zip(units, logits):
+        support = None
+        if u.spec.constraint is not None:         # the grammar hook: mask the logits first
+            lg, support = constrained_logits(u.spec, u.ids, u.rows, u.starts and u.starts(), lg, tokenizer,
+                                             u.key)
         reps.append(_judge(u.key, u.out_rows, lg, u.ids[u.rows + 1], u.stored, u.spec, tol, u.context(),
                            u.history, budget))
+        reps[-1].forced = int(forced_positions(support).sum())
     return ReplayReport.of(reps)
 
 

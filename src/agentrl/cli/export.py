@@ -45,6 +45,7 @@ class ExportOptions:
             fields (:mod:`agentrl.interop.correction`); needs ``model``.
         rollout_is_threshold, is_correction_threshold: the correction's thresholds (verl's C; OpenRLHF's
             ``LOW,HIGH`` band). device: where ``model`` runs. no_packed: score right-padded batches.
+        mask_forced: zero the action mask at grammar-forced tokens (:func:`agentrl.constraints.mask_forced`).
     """
     run: str = option(None, 'run folder, trajectories .parquet file or shard folder', positional=True, metavar='RUN')
     to: str = option(None, 'target framework (required)', choices=FRAMEWORKS)
@@ -71,6 +72,8 @@ class ExportOptions:
                                                         '0.5,5.0)', parse='list', metavar='LOW,HIGH')
     device: str = option('cpu', 'where --model runs (cpu, cuda ...)', metavar='DEV')
     no_packed: bool = option(False, 'score the --model right-padded instead of packed (same numbers)')
+    mask_forced: bool = option(False, 'leave the tokens a declared grammar forced (support of one token, no policy '
+                                      'gradient) out of the loss mask (docs/grammar.md)')
 
     def source(self) -> str:
         """The trajectory file or shard folder inside ``run``."""
@@ -156,6 +159,9 @@ def run(args) -> int:
     from ..jobs.check import require_accepted
     require_accepted(opts.source())             # what `agentrl check` refuses is never exported; nothing written yet
     records = train_shared_once(store.read_trajectories(opts.source()))   # gateway forks: each sampled token once
+    if opts.mask_forced:
+        from ..constraints import mask_forced
+        records = [mask_forced(r) for r in records]
     _check_pad_id(opts.pad_id, records)
     corr = None
     if opts.correction is not None:

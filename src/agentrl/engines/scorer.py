@@ -122,8 +122,10 @@ def load_scorer(path, *, device: str | torch.device | None = None, dtype: torch.
         if not (p / 'config.json').is_file():
             raise FileNotFoundError(f'--model {str(p)!r} is a folder without config.json; pass a TinyAgent '
                                     'model.pt file or a Hugging Face folder written by save_pretrained')
-        model, _ = load_model(p, device=device, dtype=dtype)
-        return hf_scorer(model, name=p.resolve().name)
+        model, tok = load_model(p, device=device, dtype=dtype)
+        scorer = hf_scorer(model, name=p.resolve().name)
+        scorer.tokenizer = tok             # grammar-constrained records compile their constraint against it
+        return scorer
     if not p.exists():
         raise FileNotFoundError(f'--model {str(p)!r} not found; pass a TinyAgent model.pt file or a Hugging Face '
                                 'model folder')

@@ -24,9 +24,12 @@ re-encoding its text is the drift agentrl exists to catch.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from ..checks import errors as E
+from ..constraints import request_constraint
 from ..gym.calls import StopReason
 from ..record import OWNER, SamplingSpec, Trajectory
 from .common import check_ids, provenance_for_import
@@ -257,6 +260,8 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             raise ValueError(f'episode {n} has no exchanges; give [{{"request": ..., "response": ...}}, ...]')
         req0 = ex[0]['request']
         sp, sources = _episode_spec(n, req0, spec, _generation_config(generation_config), logp_mode, strict_sampling)
+        if sp is not None and sp.constraint is None:      # tool_choice / response_format / structured outputs
+            sp = _with_constraint(sp, req0, tokenizer)
         meta = {'source': source, 'exchanges': len(ex), 'sampling_sources': sources}
         if 'messages' in req0:
             if tokenizer is None:
@@ -293,6 +298,17 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             traj = Trajectory.from_tokens(ids, owner, turn, logp, float(ep.get('reward', 0.0)), info, provenance=prov)
         out.append(traj)
     return out
+
+
+def _with_constraint(spec: SamplingSpec, request: dict, tokenizer) -> SamplingSpec:
+    """``spec`` with the grammar the request asked for (:func:`agentrl.constraints.request_constraint`), ending on
+    the request's ``stop_token_ids`` and, unless ``ignore_eos``, the tokenizer's EOS (vLLM's stop ids)."""
+    stops = [int(i) for i in request.get('stop_token_ids') or []]
+    eos = getattr(tokenizer, 'eos_token_id', None)
+    if eos is not None and not request.get('ignore_eos'):
+        stops.append(int(eos))
+    c = request_constraint(request, stops)
+    return spec if c is None else dataclasses.replace(spec, constraint=c)
 
 
 def _episode_spec(n: int, req0: dict, spec, gen, logp_mode: str, strict: bool):

@@ -264,6 +264,7 @@ class CheckReport:
     correction: str | None = None
     drift: list = field(default_factory=list)
     versions: Counter = field(default_factory=Counter)
+    forced: list = field(default_factory=list)          # per grammar-constrained record: its forced trained tokens
     spanning: int = 0
     staleness: Counter = field(default_factory=Counter)
     unchecked: Counter = field(default_factory=Counter)     # importer's note -> records (checks.consistency)
@@ -362,6 +363,9 @@ class CheckReport:
             lines.append(f'sampling logps   none in {self.no_logp} records: their source stored none (a server called '
                          'without logprobs); fine for SFT, but RL trainers and the replay need them: sample again '
                          'with log-probs (vLLM chat: "logprobs": true; SGLang: "return_logprob": true)')
+        if self.forced:
+            lines.append(f'forced tokens    {sum(self.forced)} in {len(self.forced)} grammar-constrained records '
+                         '(support of one token, no policy gradient; --mask-forced leaves them out of the loss)')
         if self.versions and set(self.versions) != {'(none)'}:
             lines.append('policy versions  ' + '  '.join(f'{p(k)} {v}' for k, v in self.versions.most_common(8))
                          + (f'  ({len(self.versions)} versions)' if len(self.versions) > 8 else '')
@@ -476,7 +480,7 @@ def _expected(opts: CheckOptions, base, prov, model_vocab):
 
 def _not_replayable(e: Exception):
     from .. import checks
-    if isinstance(e, checks.NotReplayableError):
+    if isinstance(e, (checks.NotReplayableError, checks.ConstrainedSupportError)):   # the grammar's refusal by name
         return e
     what = e.what if isinstance(e, checks.RecordError) else f'{type(e).__name__}: {" ".join(str(e).split())[:160]}'
     return checks.NotReplayableError(f'cannot be replayed under the model ({what})',
@@ -553,6 +557,9 @@ def _tally(rep: CheckReport, rec) -> None:
     rep.lengths.append(len(rec.ids))
     if rec.action_mask is not None:
         rep.trained.append(int(rec.action_mask.float().sum()))
+        if prov is not None and prov.sampling is not None and prov.sampling.constraint is not None:
+            from ..constraints import forced_rows
+            rep.forced.append(int(forced_rows(rec).sum()))
     rep.stops[_stop_reason(rec)] += 1
     template = (rec.info or {}).get('template')           # a turn cut at max_tokens: unterminated_turns
     rep.truncated += is_truncated(rec) or (isinstance(template, dict) and bool(template.get('unterminated_turns')))

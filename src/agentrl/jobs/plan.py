@@ -14,6 +14,7 @@ stay importable from here); the option-field machinery (``check_fields``, ``flag
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict, dataclass, fields  # noqa: F401 - fields: tests read jobs.plan.fields
 from pathlib import Path
@@ -129,6 +130,13 @@ class RolloutOptions:
                                max=1 << 20, engines=('hf', 'vllm'),
                                wrong_engine='--max-new-tokens applies to --engine hf, not --engine tinyagent; drop '
                                             '--max-new-tokens or choose --engine hf (or vllm)')
+    tool_choice: str | None = option(None, "constrain every policy turn to tool calls with xgrammar: 'required' (one "
+                                           'or more) or a tool name (one call of it); docs/grammar.md',
+                                     metavar='CHOICE', engines=('hf', 'vllm'))
+    response_format: str | None = option(None, 'JSON file of an OpenAI response_format ({"type": "json_schema", '
+                                               '"json_schema": {"name": ..., "schema": {...}}}) constraining every '
+                                               'policy turn with xgrammar; docs/grammar.md', metavar='FILE',
+                                         engines=('hf', 'vllm'))
     profile: bool = option(False, "print the hf engine's per-turn time split (prefill, decode, sampling, template, "
                                 'gym) and store it in summary.json (in this process: --workers 0)', engines=('hf',))
 
@@ -179,6 +187,7 @@ class RolloutOptions:
                 raise ValueError(f'--engine vllm without --server starts a local server with {py!r}, which does not '
                                  'exist; build .venv-vllm (docs/vllm.md#install), pass --vllm-python PATH, or '
                                  '--server URL of a running server')
+        self.constraint(())                   # --tool-choice / --response-format: the file, the names, the backend
         if self.profile and self.workers:
             raise ValueError('--profile times the hf engine in this process; drop --workers')
 
@@ -191,6 +200,36 @@ class RolloutOptions:
         from ..record import SamplingSpec
         return SamplingSpec(temperature=max(self.temperature, 0.0), top_k=self.top_k, top_p=self.top_p,
                             min_p=self.min_p)
+
+    def constraint(self, stop_ids):
+        """The :class:`~agentrl.constraints.Constraint` of ``--tool-choice`` / ``--response-format`` (None: neither),
+        ending on the template's ``stop_ids``.
+
+        Raises:
+            ValueError: both flags, an unreadable file, a tool name the gym does not have, xgrammar missing.
+        """
+        if not self.tool_choice and not self.response_format:
+            return None
+        from ..constraints import backend_version, response_format_constraint, tool_call_constraint
+        if self.tool_choice and self.response_format:
+            raise ValueError('--tool-choice and --response-format are two grammars; pass one')
+        if not backend_version():
+            raise ValueError('--tool-choice / --response-format sample with xgrammar, which is not installed; '
+                             'pip install "agentrl[grammar]"')
+        if self.tool_choice:
+            from ..gym import TOOL_SCHEMAS
+            return tool_call_constraint(TOOL_SCHEMAS, self.tool_choice, stop_ids)
+        try:
+            with open(self.response_format) as f:
+                rf = json.load(f)
+        except (OSError, ValueError) as e:
+            raise ValueError(f'--response-format {self.response_format!r}: {e}; pass a JSON file holding '
+                             '{"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}') from None
+        c = response_format_constraint(rf, stop_ids)
+        if c is None:
+            raise ValueError(f'--response-format {self.response_format!r} is type text, which constrains nothing; '
+                             'drop the flag')
+        return c
 
 
 # ----------------------------------------------------------------------------- the plan

@@ -56,7 +56,7 @@ def resume_command(out: str, checkpoint: str | None = None, model: str | None = 
 
 #: RolloutOptions fields that define the plan and its records; a resumed run keeps them.
 PLAN_FIELDS = ('policy', 'split', 'repeats', 'seed', 'checkpoint', 'temperature', 'max_turns', 'reward_tests',
-               'batch', 'engine', 'model', 'top_k', 'top_p', 'min_p', 'max_new_tokens')
+               'batch', 'engine', 'model', 'top_k', 'top_p', 'min_p', 'max_new_tokens', 'tool_choice')
 
 
 #: PLAN_FIELDS that name a model by a local path on the command line; the manifest stores the model's
@@ -248,15 +248,20 @@ def _expected_provenance(spec: RunSpec, tok) -> Callable[[EpisodeJob], dict]:
             from ..templates.chat import load_tokenizer, tokenizer_fingerprint
             template = ChatTemplate(load_tokenizer(str(opts.model)), tools=TOOL_SCHEMAS)
             hf.update(tokenizer=tokenizer_fingerprint(template.tokenizer), template=template.fingerprint)
+            stops.append(template.stop_ids)
         return hf
+    stops: list = []
 
     def expected(job: EpisodeJob) -> dict:
         if job.policy != 'model':
             return dict(policy=job.policy, model='', sampling=None, logp_placeholder=True, **word, seed=job.seed)
         fps = hf_fingerprints() if opts.engine in ('hf', 'vllm') else word
         policy = opts.engine if opts.engine in ('hf', 'vllm') else 'model'
-        return dict(policy=policy, model=spec.model_id, sampling=vllm_sampling if policy == 'vllm' else sampling,
-                    logp_placeholder=False, **fps, seed=job.seed)
+        declared = vllm_sampling if policy == 'vllm' else sampling
+        if opts.engine in ('hf', 'vllm') and (opts.tool_choice or opts.response_format):   # docs/grammar.md
+            declared = dict(declared, constraint=opts.constraint(stops[0]).to_dict())
+        return dict(policy=policy, model=spec.model_id, sampling=declared, logp_placeholder=False, **fps,
+                    seed=job.seed)
     return expected
 
 

@@ -9,6 +9,7 @@ plan's chunks (in this process or on the actor pool) and writes each as one shar
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import time
 from dataclasses import dataclass, field
@@ -170,6 +171,11 @@ class EpisodeRunner:
             if p.policy_version is None and '@' in self.spec.model_id:   # the weights that sampled every turn
                 p.policy_version = self.spec.model_id.rsplit('@', 1)[1]
 
+    def _sampling(self, template):
+        """The model policy's spec with the grammar of ``--tool-choice`` / ``--response-format`` (docs/grammar.md)."""
+        c = self.spec.options.constraint(template.stop_ids)
+        return self.spec.sampling if c is None else dataclasses.replace(self.spec.sampling, constraint=c)
+
     def _run(self, policy: str, jobs: list) -> list:
         import torch
 
@@ -184,7 +190,7 @@ class EpisodeRunner:
             from ..engines.hf import bugfix_rollouts
             model, template = self._hf_model()
             prof = {} if opts.profile else None
-            recs = bugfix_rollouts(model, template.tokenizer, tasks, spec=self.spec.sampling,
+            recs = bugfix_rollouts(model, template.tokenizer, tasks, spec=self._sampling(template),
                                    max_new_tokens=opts.max_new_tokens, reward_tests=opts.reward_tests,
                                    seeds=[j.seed for j in jobs], batch_size=len(jobs), template=template,
                                    model_name=self.spec.model_id, profile=prof, **kw)
@@ -195,7 +201,7 @@ class EpisodeRunner:
             from ..engines.vllm import bugfix_vllm_rollouts
             endpoints, template = self._vllm_servers()
             return bugfix_vllm_rollouts(endpoints, template, tasks, seeds=[j.seed for j in jobs],
-                                        spec=self.spec.sampling, max_new_tokens=opts.max_new_tokens,
+                                        spec=self._sampling(template), max_new_tokens=opts.max_new_tokens,
                                         reward_tests=opts.reward_tests, model_name=self.spec.model_id,
                                         logp_mode=self.spec.logp_mode or None, **kw)
         if self.model is None:

@@ -59,6 +59,7 @@ class TrainConfig:
         rollout_is_threshold: C, the upper truncation of the IS weight (``token_tis``, ``seq_tis``).
         is_correction_threshold: ``LOW,HIGH`` bounds of the masking modes.
         mask_truncated: overlong filtering: no gradient on truncated episodes' tokens.
+        mask_forced: no loss on grammar-forced tokens (records that declare a constraint).
         max_staleness: refuse records sampled more than K policy versions (GRPO steps) ago; -1 disables.
     """
     sft_steps: int = option(150, 'SFT steps on the oracle demonstrations of the 24 train tasks', min=0, max=10 ** 7)
@@ -98,6 +99,8 @@ class TrainConfig:
     is_correction_threshold: str = option('0.5,5.0', 'LOW,HIGH bounds of the masking correction modes',
                                           metavar='LOW,HIGH')
     mask_truncated: bool = option(False, 'overlong filtering: no gradient on truncated episodes\' tokens')
+    mask_forced: bool = option(False, 'no loss on tokens a declared grammar forced (support of one token; '
+                                      'docs/grammar.md)')
     max_staleness: int = option(-1, 'refuse records sampled more than K GRPO steps ago (-1 = off)', min=-1,
                                 max=10 ** 7)
 

@@ -411,7 +411,7 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
               correction: str | None = None, rollout_is_threshold: float = 2.0,
               is_correction_threshold: tuple[float, float] = (0.5, 5.0), mask_truncated: bool = False,
               packed: bool = False, max_tokens: int = 2048, max_staleness: int | None = None,
-              current_version: int | str | None = None) -> dict:
+              current_version: int | str | None = None, mask_forced: bool = False) -> dict:
     """One GRPO step on sampled groups: check, collate, advantages, ``updates`` clipped updates.
 
     Groups come from the records' identity (``provenance.group_id``, :func:`group_index`), never
@@ -443,6 +443,8 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
             mode's weights and mask enter the surrogate (:func:`grpo_loss`).
         rollout_is_threshold, is_correction_threshold: the mode's thresholds (verl's and OpenRLHF's names).
         mask_truncated: overlong filtering (:func:`mask_overlong`) after the group advantages.
+        mask_forced: leave tokens a declared grammar forced out of the loss (:func:`agentrl.constraints.mask_forced`;
+            their support is one token, so they carry no policy gradient).
         packed: score with one packed forward per pass (:func:`agentrl.train.packed.pack_for` rows of
             ``max_tokens``, raised to the longest record) instead of the padded batch; same values to fp32
             rounding. max_tokens: the packed row length.
@@ -472,6 +474,9 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         ValueError: ``max_staleness`` without ``current_version``; ``kl_coef > 0`` without ``ref_model``, or ``ratio_tol`` exceeded (the records
             are not exact: a shifted ``sample_logp`` or ``action_mask``, or another sampler).
     """
+    if mask_forced:
+        from ..constraints import mask_forced as _mask_forced
+        trajs = [_mask_forced(t) for t in trajs]
     spec = require_trainable(trajs, temperature)
     if max_staleness is not None:
         if current_version is None:

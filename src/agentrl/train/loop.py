@@ -294,7 +294,8 @@ def grpo_kwargs(cfg: TrainConfig) -> dict:
                 max_grad_norm=cfg.max_grad_norm, ratio_tol=cfg.ratio_tol, packed=cfg.packed, max_tokens=cfg.max_tokens,
                 correction=None if cfg.correction == 'none' else cfg.correction,
                 rollout_is_threshold=cfg.rollout_is_threshold, is_correction_threshold=cfg.is_bounds,
-                mask_truncated=cfg.mask_truncated, max_staleness=None if cfg.max_staleness < 0 else cfg.max_staleness)
+                mask_truncated=cfg.mask_truncated, max_staleness=None if cfg.max_staleness < 0 else cfg.max_staleness,
+                mask_forced=cfg.mask_forced)
 
 
 def grpo_phase(run: _Run) -> float:

@@ -13,6 +13,7 @@ from html import escape
 import torch
 
 from .._version import __version__
+from ..constraints import forced_rows
 from ..record import OWNER, Trajectory
 from ..stats import context_lengths, policy_summary
 from . import plots
@@ -42,6 +43,11 @@ def _mask_ok(t: Trajectory) -> bool:
 def _table(groups: dict, stats: dict) -> str:
     cols = ['policy', 'episodes', 'mean reward', 'solved', 'stops', 'truncation', 'length mean', 'length max',
             'action tokens', 'mask = policy', 'context after each turn (1st ep.)']
+    forced = {n: sum(int(forced_rows(t).sum()) for t in ts) for n, ts in groups.items()}
+    grammar = any(t.provenance is not None and t.provenance.sampling is not None
+                  and t.provenance.sampling.constraint is not None for ts in groups.values() for t in ts)
+    if grammar:                    # grammar-constrained records: the tokens their grammar forced (docs/grammar.md)
+        cols.insert(9, 'forced tokens')
     rows = ['<table class="stats"><tr>' + ''.join(f'<th>{c}</th>' for c in cols) + '</tr>']
     for name, trajs in groups.items():
         s = stats[name]
@@ -51,6 +57,8 @@ def _table(groups: dict, stats: dict) -> str:
         cells = [name, s['episodes'], f"{s['mean_reward']:.3f}", f'{solved:.0%}', stops, f"{s['truncation_rate']:.0%}",
                  f"{s['length_mean']:.1f}", s['length_max'], f"{s['action_tokens_mean']:.1f}",
                  f'{ok}/{len(trajs)}', f"{s['prompt_length']} \u2192 {s['first_context_lengths']}"]
+        if grammar:
+            cells.insert(9, forced[name])
         rows.append('<tr>' + ''.join(f'<td>{escape(str(c))}</td>' for c in cells) + '</tr>')
     return ''.join(rows) + '</table>'
 

@@ -81,7 +81,7 @@ def bugfix_rollouts(model, tokenizer, tasks, *, spec: SamplingSpec | None = None
         template = ChatTemplate(tokenizer, tools=adapter.tools, **opts)
     if sampler is None:
         sampler = HFSampler(model, template.stop_ids, spec, max_new_tokens=max_new_tokens, cache=cache,
-                            pad_id=pad_token_id(template.tokenizer, model))
+                            pad_id=pad_token_id(template.tokenizer, model), tokenizer=template.tokenizer)
     spec = sampler.spec
     recorders = [ChatRecorder(template, messages) for messages in adapter.openings()]
     if seeds is None:     # the one seed rule, over this call's identities (group = task, rollout = index)

@@ -276,7 +276,8 @@ class _RowDriver:
         logits = sampler.decode_rows(self.cache, self.feed)
         t1 = clock()
         ctx = PenaltyContext.of(self.prompt_of, [t.ids for t in self.current]) if self.penalized else None
-        ids, logp = sampler.choose(logits, [self.gens[i] for i in self.episode], context=ctx)
+        ids, logp = sampler.choose(logits, [self.gens[i] for i in self.episode], context=ctx,
+                                   turns=[t.ids for t in self.current])
         ids, logp = ids.tolist(), logp.tolist()
         t2 = clock()
         prof.decode_steps += 1

@@ -29,6 +29,7 @@ import time
 import torch
 
 from ...batching import pad_rows
+from ...constraints import mask_logits
 from ...record import SamplingSpec
 from ...sampling import PenaltyContext, Scratch, choose
 from ...templates.chat import require_hf
@@ -57,6 +58,8 @@ class HFSampler:
         pad_id: id written into padding (masked; default the model config's ``pad_token_id``, else 0).
         cache: True (default): one prefill and one token per step with a KV cache; False: the
             reference path that recomputes the whole left-padded batch every step.
+        tokenizer: the Hugging Face tokenizer of the ids; required when ``spec.constraint`` is set (the
+            grammar's allowed tokens mask the logits of every step of a turn, docs/grammar.md).
 
     Attributes:
         model, stop_ids, spec, max_new_tokens, pad_id, cache.
@@ -65,9 +68,11 @@ class HFSampler:
             passes and their seconds, tokens fed in decode steps (one per row and step), decode
             steps and their seconds, seconds spent choosing tokens.
         scratch: the :class:`~agentrl.sampling.Scratch` buffers :meth:`choose` reuses across steps.
+        grammar: the compiled :class:`~agentrl.constraints.Grammar` (None until a constrained step;
+            ``grammar.forced`` counts single-token supports).
 
     Raises:
-        ValueError: ``max_new_tokens < 1``.
+        ValueError: ``max_new_tokens < 1``; a constraint without ``tokenizer``.
 
     Example:
         >>> sampler = HFSampler(model, template.stop_ids, SamplingSpec(temperature=0.7, top_p=0.9))
@@ -80,9 +85,13 @@ class HFSampler:
     """
 
     def __init__(self, model, stop_ids=(), spec: SamplingSpec | None = None, *, max_new_tokens: int = 256,
-                 pad_id: int | None = None, cache: bool = True):
+                 pad_id: int | None = None, cache: bool = True, tokenizer=None):
         if max_new_tokens < 1:
             raise ValueError(f'HFSampler: max_new_tokens must be >= 1, got {max_new_tokens}')
+        if spec is not None and spec.constraint is not None and tokenizer is None:
+            raise ValueError('HFSampler: the spec has a grammar constraint; pass tokenizer= (the tokenizer of the '
+                             'ids, which the grammar compiles against)')
+        self.tokenizer, self.grammar = tokenizer, None
         self.model = model
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self.spec = spec if spec is not None else SamplingSpec()
@@ -134,7 +143,8 @@ class HFSampler:
         """
         ctx = PenaltyContext.of([prompts[r] for r in rows], [out[r].ids for r in rows]) if self.spec.penalized else None
         forced = None if teacher is None else [teacher[r][step] for r in rows]
-        return self.choose(logits, None if generators is None else [generators[r] for r in rows], forced, ctx)
+        return self.choose(logits, None if generators is None else [generators[r] for r in rows], forced, ctx,
+                           turns=[out[r].ids for r in rows])
 
     @property
     def _buffers(self):
@@ -147,7 +157,8 @@ class HFSampler:
         self.scratch.tensor = value
 
     @torch.no_grad()
-    def choose(self, logits: torch.Tensor, generators=None, forced=None, context: PenaltyContext | None = None):
+    def choose(self, logits: torch.Tensor, generators=None, forced=None, context: PenaltyContext | None = None,
+               turns=None):
         """Pick one token per row from next-token logits, with its log-prob under the spec.
 
         Args:
@@ -157,11 +168,25 @@ class HFSampler:
             forced: optional n ids to score instead of drawing (teacher forcing).
             context: the rows' :class:`~agentrl.sampling.PenaltyContext` (the turn's prompt and
                 its ids so far) when the spec has penalties.
+            turns: n id lists, each row's turn so far; required with ``spec.constraint``, whose allowed
+                tokens (:meth:`agentrl.constraints.Grammar.next_bitmask`) mask the logits first (in place).
 
         Returns:
             ``(ids [n] int64, logp [n] float64)``: :func:`agentrl.sampling.choose` in float64, in
             the sampler's reused :attr:`scratch` buffers.
+
+        Raises:
+            ValueError: a constraint without ``turns``; ``GrammarRejection`` (a ValueError) when a
+                teacher-forced id leaves the grammar.
         """
+        if self.spec.constraint is not None:
+            if turns is None:
+                raise ValueError('HFSampler.choose: the spec has a grammar constraint; pass turns= (each row\'s ids '
+                                 'sampled so far in its turn)')
+            if self.grammar is None or self.grammar.vocab_size != logits.shape[-1]:
+                from ...constraints import Grammar
+                self.grammar = Grammar(self.spec.constraint, self.tokenizer, logits.shape[-1])
+            logits = mask_logits(logits, self.grammar.next_bitmask(turns))     # in place: the step's own logits
         u = None
         if forced is None and self.spec.temperature > 0:
             u = torch.stack([torch.rand((), dtype=torch.float64, generator=g) if g is not None

