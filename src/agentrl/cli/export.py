@@ -199,7 +199,8 @@ def _incomplete_note(run: str, records) -> str:
 
     ``run`` is a run folder, its ``trajectories/`` folder or one of its shards; any other input
     (a plain ``.parquet`` file, an import) has no plan to compare with and gives ''. A run whose
-    ``OUT/.lock`` is still there may be being written (or its job was killed).
+    ``OUT/.lock`` is still there may be being written (or its job was killed). A gateway run
+    (``run.json`` kind ``gateway``) is incomplete while it has no ``summary.json``.
     """
     from pathlib import Path
 
@@ -211,10 +212,26 @@ def _incomplete_note(run: str, records) -> str:
         folder = folder.parent
     if not (folder / 'run.json').is_file():
         return ''
-    note = incompleteness(str(folder), records, (folder / 'summary.json').is_file())
+    done = (folder / 'summary.json').is_file()
+    if _run_kind(folder) == 'gateway':                      # agentrl serve: summary.json is written at shutdown
+        note = '' if done else ('incomplete: no summary.json (the gateway is still serving, or was killed: '
+                                f'`agentrl serve --out {folder}` resumes its open sessions)')
+    else:
+        note = incompleteness(str(folder), records, done)
     if note and (folder / '.lock').exists():
         note = note.replace('; resume with', ', OUT/.lock held (a job may still be writing it); resume with', 1)
     return note
+
+
+def _run_kind(folder) -> str | None:
+    """``run.json``'s ``kind`` (``'gateway'`` for ``agentrl serve``; None for a rollout run or unreadable JSON)."""
+    import json
+    try:
+        with open(folder / 'run.json') as f:
+            kind = json.load(f).get('kind')
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
 
 
 def _add_to_manifest(out: str, **fields) -> None:
