@@ -259,6 +259,30 @@ def test_template_with_nested_loops_is_stopped_in_time(monkeypatch):
     assert ok.render(HI) == tok.apply_chat_template(HI, tokenize=False)
 
 
+def test_a_timed_out_render_leaves_the_thread_as_it_was(tmp_path):
+    """After a RenderTimeout, the rendering thread runs traced code normally (no eval breaker left set: a
+    ``PyThreadState_SetAsyncExc(tid, NULL)`` clear made every later traced call spin for ever on 3.11)."""
+    from _tokenizers import tokenizer_path
+    path = tokenizer_path('tiny')
+    code = (
+        'import os, sys\n'
+        "os.environ['AGENTRL_TEMPLATE_SECONDS'] = '0.3'\n"
+        'import transformers\nimport agentrl.templates as tt\n'
+        f'tok = transformers.AutoTokenizer.from_pretrained({str(path)!r})\n'
+        'try:\n'
+        f'    tt.ChatTemplate(tok, chat_template={NESTED_LOOPS!r}).render([{{"role": "user", "content": "Hi"}}])\n'
+        'except ValueError as e:\n    print("refused", "took more than 0.3 s" in str(e))\n'
+        'def f(x):\n    return x + 1\n'
+        'sys.settrace(lambda *a: None)\n'
+        'total = sum(f(i) for i in range(1000))\n'
+        'sys.settrace(None)\n'
+        'print("traced", total)\n')
+    res = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, 'HF_HUB_OFFLINE': '1', 'TRANSFORMERS_OFFLINE': '1'})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split('\n')[-3:] == ['refused True', 'traced 500500', '']
+
+
 def test_template_writing_too_much_is_stopped_at_the_character_bound(monkeypatch):
     import agentrl.templates as tt
     tok = tiny()

@@ -74,7 +74,7 @@ class _Watchdog:
         try:                            # the watchdog claimed it: its exception is being sent
             while token not in self.sent:
                 time.sleep(0)
-            _clear_pending()
+            _drain_pending()
         except RenderTimeout:           # raised here rather than in the render: consumed
             pass
         self.sent.discard(token)
@@ -97,9 +97,17 @@ class _Watchdog:
 _WATCHDOG = _Watchdog()
 
 
-def _clear_pending() -> None:
-    """Drop a :class:`RenderTimeout` sent to this thread but not yet raised."""
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
+def _drain_pending() -> None:
+    """Let a :class:`RenderTimeout` sent to this thread but not yet raised be raised here (the caller catches it).
+
+    A pending asynchronous exception is raised at the next backward jump of the eval loop, so a short loop
+    delivers it. It is not cleared with ``PyThreadState_SetAsyncExc(tid, NULL)``: on CPython 3.11 that
+    signals the eval breaker with no exception to deliver, and the flag is never reset (only a thread that
+    raises an async exception resets it), so every later call of the thread takes the slow path and a
+    thread with a trace function set (``sys.settrace``) spins in it for ever.
+    """
+    for _ in range(10_000):
+        pass
 
 
 def _counting_concat(limit: int):
