@@ -8,6 +8,9 @@ sampling field explicit, ``seed`` = the call's seed, ``stop_token_ids`` = the te
 ``token_ids`` and ``logprobs.token_logprobs`` are the turn as they are (docs/vllm.md#token-api).
 A session is sticky: all its calls go to one server (:meth:`VLLMUpstream.route`).
 
+A ``stream: true`` call is the same body streamed (:func:`stream_ids`): ``on_token`` gets the ids
+so far after each SSE chunk, and the turn is the unstreamed one bit for bit (docs/gateway.md#streaming).
+
 Requests are blocking (``urllib``) so that the gateway runs many of them at once from its engine
 threads (:attr:`VLLMUpstream.concurrency`); the log-prob mode is probed once per server at start
 (:func:`agentrl.engines.vllm.probe_logp_mode`) and declared on every record.
@@ -18,17 +21,37 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import http.client
 import json
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from ..engines.vllm.client import ServerDied, parse_completion, request_body
+from ..engines.vllm.client import ServerDied, parse_completion, parse_stream, request_body, stream_body
 from ..engines.vllm.server import VLLMError
 from ..record import SamplingSpec
 from .engine import Sample
 
-__all__ = ['VLLMUpstream', 'complete_ids']
+__all__ = ['VLLMUpstream', 'complete_ids', 'stream_ids']
+
+
+def _open(url: str, body: dict, timeout: float):
+    """POST ``body`` to ``url``'s ``/v1/completions``: the open response (HTTP 200), or the one-line error."""
+    req = urllib.request.Request(f'{url}/v1/completions', data=json.dumps(body).encode(),
+                                 headers={'Content-Type': 'application/json'})
+    try:
+        return urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as e:
+        text = e.read()[:400].decode(errors='replace')
+        if e.code >= 500:
+            raise ServerDied(url, f'HTTP {e.code}: {text}') from None
+        raise VLLMError(f'vllm server {url}: /v1/completions answered HTTP {e.code}: {text}') from None
+    except (OSError, http.client.HTTPException) as e:
+        raise ServerDied(url, f'{type(e).__name__}: {e}') from None
+
+
+def _answer(c) -> dict:
+    return {'ids': c.ids, 'logp': c.logp, 'finish_reason': c.finish_reason, 'stop_reason': c.stop_reason}
 
 
 def complete_ids(url: str, body: dict, timeout: float = 600.0) -> dict:
@@ -47,20 +70,36 @@ def complete_ids(url: str, body: dict, timeout: float = 600.0) -> dict:
             or an answer without ``token_ids`` / one log-prob per token, or whose
             ``prompt_token_ids`` differ from the prompt sent.
     """
-    req = urllib.request.Request(f'{url}/v1/completions', data=json.dumps(body).encode(),
-                                 headers={'Content-Type': 'application/json'})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with _open(url, body, timeout) as r:
             raw = r.read()
-    except urllib.error.HTTPError as e:
-        text = e.read()[:400].decode(errors='replace')
-        if e.code >= 500:
-            raise ServerDied(url, f'HTTP {e.code}: {text}') from None
-        raise VLLMError(f'vllm server {url}: /v1/completions answered HTTP {e.code}: {text}') from None
-    except OSError as e:
+    except (OSError, http.client.HTTPException) as e:
         raise ServerDied(url, f'{type(e).__name__}: {e}') from None
-    c = parse_completion(url, raw, body['prompt'])
-    return {'ids': c.ids, 'logp': c.logp, 'finish_reason': c.finish_reason, 'stop_reason': c.stop_reason}
+    return _answer(parse_completion(url, raw, body['prompt']))
+
+
+def stream_ids(url: str, body: dict, on_token, timeout: float = 600.0) -> dict:
+    """POST ``body`` streamed (:func:`~agentrl.engines.vllm.client.stream_body`), calling ``on_token`` as chunks arrive.
+
+    Blocking: the SSE lines are read from the socket as the server sends them (one chunk per engine
+    step), and ``on_token(ids so far)`` (``[k]`` ints) is called after each chunk that added tokens.
+
+    Returns:
+        as :func:`complete_ids`: the same ids and log-probs (floats bit for bit) as the unstreamed
+        request with the same seed (docs/gateway.md#streaming).
+
+    Raises:
+        ServerDied: as :func:`complete_ids`, and a connection lost mid-stream, an error event of code
+            >= 500, a body that ends without ``[DONE]`` or a ``finish_reason``.
+        VLLMError: HTTP 4xx (the server's message kept); as
+            :func:`~agentrl.engines.vllm.client.parse_stream` (a bad chunk, ``[DONE]`` before a finish_reason).
+    """
+    try:
+        with _open(url, stream_body(body), timeout) as r:
+            c = parse_stream(url, r, body['prompt'], on_token)
+    except (OSError, http.client.HTTPException) as e:
+        raise ServerDied(url, f'{type(e).__name__} mid-stream: {e}') from None
+    return _answer(c)
 
 
 class VLLMUpstream:
@@ -82,6 +121,7 @@ class VLLMUpstream:
             VLLMError: servers in different log-prob modes, or in a logits mode.
     """
     policy = 'vllm'
+    streams = True
 
     def __init__(self, urls, model_dir, *, max_new_tokens: int = 256, concurrency: int = 64, timeout: float = 600.0):
         from transformers import AutoTokenizer
@@ -132,15 +172,19 @@ class VLLMUpstream:
         return request_body(model, prompt_ids, spec, max_tokens=max_new_tokens, stop_ids=stop_ids, seed=seed)
 
     def sample(self, prompt_ids, spec: SamplingSpec, max_new_tokens: int, seed: int, stop_ids,
-               server: str | None = None) -> Sample:
+               server: str | None = None, on_token=None) -> Sample:
         """One turn from ``server`` (default the first); thread-safe.
 
+        ``on_token(ids)``: when given, the request is streamed (:func:`stream_ids`) and it is called
+        with the turn's ids so far (``[k]`` ints) as each chunk arrives; the Sample is the same.
+
         Raises:
-            ServerDied, VLLMError: as :func:`complete_ids`; VLLMError also for an empty turn or
-                ``finish_reason`` ``stop`` without a stop id last.
+            ServerDied, VLLMError: as :func:`complete_ids` / :func:`stream_ids`; VLLMError also for an
+                empty turn or ``finish_reason`` ``stop`` without a stop id last.
         """
         url = server or self.urls[0]
-        c = complete_ids(url, self.body(prompt_ids, spec, max_new_tokens, seed, stop_ids, url), self.timeout)
+        body = self.body(prompt_ids, spec, max_new_tokens, seed, stop_ids, url)
+        c = complete_ids(url, body, self.timeout) if on_token is None else stream_ids(url, body, on_token, self.timeout)
         ids = c['ids']
         if not ids:
             raise VLLMError(f'vllm server {url}: a turn of no tokens (finish_reason {c["finish_reason"]!r})')

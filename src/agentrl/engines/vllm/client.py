@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from .server import VLLMError
 
 __all__ = ['turn_seed', 'request_body', 'structured_outputs', 'Completion', 'complete', 'session', 'probe_logp_mode', 'ServerDied',
-           'probe_body']
+           'probe_body', 'stream_body', 'parse_stream']
 
 
 class ServerDied(VLLMError):
@@ -180,6 +180,99 @@ def parse_completion(url: str, raw: bytes | str, prompt: list) -> Completion:
         raise VLLMError(f'vllm server {url}: prompt_token_ids differ from the prompt sent; fix: send token ids')
     return Completion([int(i) for i in ids], [float(x) for x in logp], ch.get('finish_reason'), ch.get('stop_reason'),
                       url, raw)
+
+
+def stream_body(body: dict) -> dict:
+    """``body`` (from :func:`request_body`) as a streamed request: ``stream`` true and a final usage chunk.
+
+    vLLM 0.32 then sends one SSE chunk per engine step with that step's ``token_ids`` and
+    ``logprobs.token_logprobs`` (the first chunk also ``prompt_token_ids``), ``finish_reason`` on the
+    last one, a ``usage`` chunk and ``[DONE]`` (docs/vllm.md#streaming).
+    """
+    return dict(body, stream=True, stream_options={'include_usage': True})
+
+
+def _stream_error(url: str, err) -> VLLMError:
+    """The error of an SSE ``{"error": ...}`` event: code >= 500 (the engine failed) is :class:`ServerDied`."""
+    err = err if isinstance(err, dict) else {'message': str(err)}
+    code, msg = err.get('code'), str(err.get('message', err))[:300].replace('\n', ' ')
+    if not isinstance(code, int) or code >= 500:
+        return ServerDied(url, f'stream error {code}: {msg}')
+    return VLLMError(f'vllm server {url}: /v1/completions stream error {code}: {msg}; fix: see the message')
+
+
+def parse_stream(url: str, lines, prompt: list, on_chunk=None) -> Completion:
+    """Read a streamed ``/v1/completions`` answer (:func:`stream_body`) chunk by chunk: the same
+    :class:`Completion` as :func:`parse_completion` gives for the same request unstreamed.
+
+    Args:
+        url: the server (named in errors). lines: the response body as an iterable of ``bytes``
+            lines (an ``http.client.HTTPResponse`` read as it arrives, or captured bytes'
+            ``splitlines(keepends=True)``). prompt: the token ids sent.
+        on_chunk: called with the turn's ids so far (``[k]`` ints) after each chunk that added tokens.
+
+    Returns:
+        :class:`Completion`; ``raw`` is the stream's bytes as read.
+
+    Raises:
+        ServerDied: an error event of code >= 500, or the body ending without ``[DONE]`` and without
+            a ``finish_reason`` (the connection closed mid-turn).
+        VLLMError: an error event of code < 500 (the server's message kept), a chunk that is not JSON
+            or lacks ``token_ids`` / one log-prob per token, ``prompt_token_ids`` that differ from
+            ``prompt``, a ``usage.completion_tokens`` other than the ids read, or ``[DONE]`` before a
+            ``finish_reason``.
+    """
+    ids, logp, raw, finish, stop_reason, done = [], [], [], None, None, False
+    for line in lines:
+        raw.append(line)
+        if not line.startswith(b'data:'):
+            continue                                  # blank separators, SSE comments
+        data = line[5:].strip()
+        if data == b'[DONE]':
+            done = True
+            break
+        try:
+            ev = json.loads(data)
+        except ValueError:
+            raise VLLMError(f'vllm server {url}: a stream chunk that is not JSON ({data[:200]!r}); fix: a server '
+                            'that streams /v1/completions as SSE') from None
+        if 'error' in ev:
+            raise _stream_error(url, ev['error'])
+        if not ev.get('choices'):
+            done_tokens = (ev.get('usage') or {}).get('completion_tokens')
+            if done_tokens is not None and done_tokens != len(ids):
+                raise VLLMError(f'vllm server {url}: the stream usage has {done_tokens} completion tokens but its '
+                                f'chunks {len(ids)} token_ids; fix: a server that returns every token id')
+            continue
+        new = _chunk(url, ev['choices'][0], prompt, data)
+        ids += new[0]
+        logp += new[1]
+        if new[2] is not None:
+            finish, stop_reason = new[2], new[3]
+        if new[0] and on_chunk is not None:
+            on_chunk(list(ids))
+    if finish is None:
+        if not done:
+            raise ServerDied(url, f'the stream ended after {len(ids)} tokens without a finish_reason or [DONE]')
+        raise VLLMError(f'vllm server {url}: the stream ended ([DONE]) without a finish_reason after {len(ids)} '
+                        'tokens; fix: a server that ends each streamed turn with its finish_reason')
+    return Completion(ids, logp, finish, stop_reason, url, b''.join(raw))
+
+
+def _chunk(url: str, ch: dict, prompt: list, data: bytes) -> tuple:
+    """``(ids, logp, finish_reason, stop_reason)`` of one streamed choice, checked as :func:`parse_completion`."""
+    try:
+        ids = ch['token_ids']
+        logp = (ch['logprobs'] or {}).get('token_logprobs') if ids else []
+    except (KeyError, TypeError, AttributeError):
+        raise VLLMError(f'vllm server {url}: a stream chunk without choices[0].token_ids / logprobs.token_logprobs '
+                        f'({data[:200]!r}); fix: use vLLM >= 0.10 (return_token_ids)') from None
+    if ids is None or logp is None or len(ids) != len(logp) or any(x is None for x in logp):
+        raise VLLMError(f'vllm server {url}: a stream chunk of {len(ids or [])} token_ids but log-probs '
+                        f'{str(logp)[:80]}; fix: a server that returns one log-prob per token')
+    if ch.get('prompt_token_ids') is not None and ch['prompt_token_ids'] != prompt:
+        raise VLLMError(f'vllm server {url}: prompt_token_ids differ from the prompt sent; fix: send token ids')
+    return [int(i) for i in ids], [float(x) for x in logp], ch.get('finish_reason'), ch.get('stop_reason')
 
 
 def probe_body(model: str, prompt_ids, *, seed: int = 0) -> dict:
