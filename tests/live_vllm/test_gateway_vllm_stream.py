@@ -193,7 +193,8 @@ def test_dropped_stream_still_completes_and_is_undelivered(gateway, run_dir, lon
         assert r.status_code == 200
         next(r.iter_raw())
     for _ in range(600):
-        if any(e['ev'] == 'undelivered' and e['sid'] == sess['session'] for e in read_journal(run_dir / 'journal.jsonl')):
+        journal = read_journal(run_dir / 'journal.jsonl')
+        if any(e['ev'] == 'undelivered' and e['sid'] == sess['session'] for e in journal):
             break
         time.sleep(0.05)
     calls = [e for e in read_journal(run_dir / 'journal.jsonl') if e['ev'] == 'call' and e['sid'] == sess['session']]
