@@ -33,7 +33,7 @@ from ..checks.columnar import TokenColumns, covers, screen
 from ..checks.errors import RecordError
 from ..checks.identity import DIGEST_FIELDS, Deduper, digest64, key64
 from ..stats import is_truncated
-from ..store.read import StoredRow, _record_batches
+from ..store.read import StoredRow, _out_of_memory, _record_batches
 from ..store.rows import _json_cell, _rows, _sampling
 from ..store.schema import _DIGEST_V2, _DIGESTED, _OPTIONAL_DIGEST_COLUMNS
 from .plan import POLICIES
@@ -327,8 +327,12 @@ def rows_to_check(opts, rep, seen: Deduper, expected_for, one_tokenizer=None) ->
             own policies (:data:`agentrl.jobs.plan.POLICIES`) are counted here.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`agentrl.store.scan`.
+        FileNotFoundError, ValueError, MemoryError: as :func:`agentrl.store.scan` (a row group this process has no
+            memory for, to decode or to convert, is named by file and number).
     """
     for f, first, rb in _record_batches(opts.path, opts.batch_size):
-        yield from _batch(rb, f, first, rep, seen, expected_for, one_tokenizer)
+        try:
+            yield from _batch(rb, f, first, rep, seen, expected_for, one_tokenizer)
+        except MemoryError:        # a batch's cells to Python (a huge info string): named as the reader names it
+            raise _out_of_memory(f, row=first) from None
         yield []
