@@ -424,8 +424,9 @@ class Deduper:
         if where is None:
             return _NO_WHERE
         if (isinstance(where, tuple) and len(where) == 2 and isinstance(where[0], str)
-                and type(where[1]) is int and 0 <= where[1] < 1 << _ROW_BITS):
-            return self._file_index(where[0]) << _ROW_BITS | where[1]
+                and isinstance(where[1], (int, np.integer)) and not isinstance(where[1], bool)
+                and 0 <= where[1] < 1 << _ROW_BITS):
+            return self._file_index(where[0]) << _ROW_BITS | int(where[1])
         return _ODD_WHERE
 
     def _unpack(self, key: int, packed: int):

@@ -4,9 +4,11 @@
 :func:`agentrl.jobs.check.run_check` when no model is given. Per record batch it decodes the token
 lists as flat numpy arrays, verifies every stored digest (the one rule of
 :func:`agentrl.checks.identity.digest_arrays` and :func:`agentrl.store.schema._row_digest`), and runs
-the acceptance rules over the columns (:func:`agentrl.checks.columnar.screen`). A row that is
-accepted and new to the :class:`~agentrl.checks.Deduper` is tallied into the report here, without
-building a record (so without torch). From the first row that is not (malformed, edited, refused,
+the acceptance rules over the columns (:func:`agentrl.checks.columnar.screen`). The rows before the
+first that is not accepted or repeats a key (:meth:`agentrl.checks.Deduper.first_repeat`, numpy over
+the batch's 64-bit keys) are registered at once (:meth:`~agentrl.checks.Deduper.add_new`: 24 bytes a
+record) and tallied into the report here (``array('i')`` lengths), without building a record (so
+without torch). From the first row that is not (malformed, edited, refused,
 repeated, or of a kind the columns do not cover: chat-template info, ``turn_contexts``, imported
 context drift), the rest of its record batch is yielded as the :class:`agentrl.store.StoredRow` list
 that :func:`agentrl.store.scan` gives, and ``run_check`` checks those rows with the per-record rules.
