@@ -83,9 +83,9 @@ def test_the_compact_deduper_keeps_its_api():
 
 
 def test_the_per_record_state_is_a_few_tens_of_bytes():
-    """200k records through the columnar check's calls: the Deduper holds 24 bytes a record (at most 40 while
+    """100k records through the columnar check's calls: the Deduper holds 24 bytes a record (at most 40 while
     merging), the report's lengths and trained tokens 4 bytes each."""
-    n = 200_000
+    n = 100_000
     tracemalloc.start()
     try:
         base = tracemalloc.get_traced_memory()[0]

@@ -305,21 +305,22 @@ class _Runs:
         order = np.argsort(keys, kind='stable')
         self.runs.append((keys[order], digests[order], wheres[order]))
         while len(self.runs) > 1 and len(self.runs[-2][0]) <= 2 * len(self.runs[-1][0]):
-            small, big = self.runs.pop(), self.runs.pop()
-            self.runs.append(self._merge(big, small))
+            self._merge_last()
 
-    @staticmethod
-    def _merge(big, small):
+    def _merge_last(self) -> None:
+        """Merge the two smallest runs, one array at a time (each old array freed once copied: ~34 bytes an entry)."""
+        small, big = list(self.runs.pop()), list(self.runs.pop())
         n = len(big[0]) + len(small[0])
         to_small = np.zeros(n, dtype=bool)
         to_small[np.searchsorted(big[0], small[0]) + np.arange(len(small[0]))] = True
         to_big = ~to_small
         out = []
-        for a, b in zip(big, small):
-            m = np.empty(n, dtype=a.dtype)
-            m[to_big], m[to_small] = a, b
+        for j in range(3):
+            m = np.empty(n, dtype=big[j].dtype)
+            m[to_big], m[to_small] = big[j], small[j]
+            big[j] = small[j] = None
             out.append(m)
-        return tuple(out)
+        self.runs.append(tuple(out))
 
 
 class _CompactSeen(Mapping):
