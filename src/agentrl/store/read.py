@@ -157,18 +157,16 @@ def _out_of_memory(f: str, *, group: int | None = None, row: int = 0) -> MemoryE
     bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES)
     try:
         md = pq.ParquetFile(f).metadata                  # the footer only: small
-        if group is None:
-            group, start = 0, 0
-            while group < md.num_row_groups - 1 and start + md.row_group(group).num_rows <= row:
-                start += md.row_group(group).num_rows
-                group += 1
-        rg = md.row_group(group)
-        what = f' ({rg.num_rows} rows, {_footer_bytes(rg, bound)[0]} bytes decoded by its footer)'
+        g, start = (group, 0) if group is not None else (0, 0)
+        while group is None and g < md.num_row_groups - 1 and start + md.row_group(g).num_rows <= row:
+            start += md.row_group(g).num_rows
+            g += 1
+        rg = md.row_group(g)
+        where = f'row group {g} ({rg.num_rows} rows, {_footer_bytes(rg, bound)[0]} bytes decoded by its footer)'
     except Exception:              # noqa: BLE001 - the footer read itself failed: name the row group alone
-        what = ''
-    return MemoryError(f'out of memory: {f!r} row group {group}{what} does not fit in the memory this process may use; '
-                       f'raise its memory limit, or lower AGENTRL_MAX_ROW_GROUP_BYTES (now {bound}) to refuse such '
-                       'files')
+        where = f'row group {group}' if group is not None else f'the row group holding row {row}'
+    return MemoryError(f'out of memory: {f!r} {where} does not fit in the memory this process may use; raise its '
+                       f'memory limit, or lower AGENTRL_MAX_ROW_GROUP_BYTES (now {bound}) to refuse such files')
 
 
 class StoredRow:
