@@ -59,8 +59,9 @@ def _exit_code(e: BaseException) -> int:
 def _error_line(e: BaseException) -> str:
     """The error as one printable line; an unexpected error type adds how to see the traceback."""
     from ..io import printable
-    if isinstance(e, MemoryError):
-        line = f'out of memory ({_one_line(e)}); use smaller inputs or batches'
+    if isinstance(e, MemoryError):           # the store's names its row group and the fix already
+        msg = _one_line(e)
+        line = msg if msg.startswith('out of memory') else f'out of memory ({msg}); use smaller inputs or batches'
     elif isinstance(e, _INPUT_ERRORS):
         line = _one_line(e)
     else:

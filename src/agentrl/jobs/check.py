@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 import os
+from array import array
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -225,7 +226,7 @@ class CheckReport:
         policies. no_logp: placeholder records of any other source (imported without sampling log-probs,
         e.g. a server called without ``logprobs``); with a model they fail the check (RL needs them).
         kinds: ``Counter`` of refusal kinds (error class names). examples: first messages.
-        lengths, trained: tokens per record and trained tokens per record (accepted rows).
+        lengths, trained: tokens per record and trained tokens per record (``array('i')``, one per decoded record).
         policies, stops: ``Counter`` of ``provenance.policy`` and the stop reason (:func:`_stop_reason`:
             ``info['stop']``; an imported record's finish reason as its server or trainer named it).
         truncated: records truncated (as :func:`agentrl.train.grpo.is_overlong`: ``stop == 'truncated'``, a
@@ -253,8 +254,8 @@ class CheckReport:
     truncated: int = 0
     kinds: Counter = field(default_factory=Counter)
     examples: list = field(default_factory=list)
-    lengths: list = field(default_factory=list)
-    trained: list = field(default_factory=list)
+    lengths: array = field(default_factory=lambda: array('i'))       # compact: 4 bytes a record
+    trained: array = field(default_factory=lambda: array('i'))
     policies: Counter = field(default_factory=Counter)
     stops: Counter = field(default_factory=Counter)
     replays: list = field(default_factory=list)

@@ -4,9 +4,11 @@
 :func:`agentrl.jobs.check.run_check` when no model is given. Per record batch it decodes the token
 lists as flat numpy arrays, verifies every stored digest (the one rule of
 :func:`agentrl.checks.identity.digest_arrays` and :func:`agentrl.store.schema._row_digest`), and runs
-the acceptance rules over the columns (:func:`agentrl.checks.columnar.screen`). A row that is
-accepted and new to the :class:`~agentrl.checks.Deduper` is tallied into the report here, without
-building a record (so without torch). From the first row that is not (malformed, edited, refused,
+the acceptance rules over the columns (:func:`agentrl.checks.columnar.screen`). The rows before the
+first that is not accepted or repeats a key (:meth:`agentrl.checks.Deduper.first_repeat`, numpy over
+the batch's 64-bit keys) are registered at once (:meth:`~agentrl.checks.Deduper.add_new`: 24 bytes a
+record) and tallied into the report here (``array('i')`` lengths), without building a record (so
+without torch). From the first row that is not (malformed, edited, refused,
 repeated, or of a kind the columns do not cover: chat-template info, ``turn_contexts``, imported
 context drift), the rest of its record batch is yielded as the :class:`agentrl.store.StoredRow` list
 that :func:`agentrl.store.scan` gives, and ``run_check`` checks those rows with the per-record rules.
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+from array import array
 from hashlib import sha256
 from json.encoder import encode_basestring_ascii
 from types import SimpleNamespace
@@ -30,9 +33,9 @@ import pyarrow as pa
 
 from ..checks.columnar import TokenColumns, covers, screen
 from ..checks.errors import RecordError
-from ..checks.identity import DIGEST_FIELDS, Deduper
+from ..checks.identity import DIGEST_FIELDS, Deduper, digest64, key64
 from ..stats import is_truncated
-from ..store.read import StoredRow, _record_batches
+from ..store.read import StoredRow, _out_of_memory, _record_batches
 from ..store.rows import _json_cell, _rows, _sampling
 from ..store.schema import _DIGEST_V2, _DIGESTED, _OPTIONAL_DIGEST_COLUMNS
 from .plan import POLICIES
@@ -158,14 +161,6 @@ def _versions(raw):
     return ('..'.join(str(v) for v in (vs[0], vs[-1])) if len(vs) > 1 else str(vs[0])) if vs else '(none)', len(vs) > 1
 
 
-class _Rec:
-    """What :class:`~agentrl.checks.Deduper` and the report read of an accepted row."""
-    __slots__ = ('provenance', 'info')
-
-    def __init__(self, provenance, info):
-        self.provenance, self.info = provenance, info
-
-
 def _decode(py: dict, B: int) -> list:
     """Per row: ``(info, sampling declared, versions)`` when every cell reads as the reference reads it, else None."""
     col = lambda n: py.get(n) or [None] * B  # noqa: E731
@@ -233,22 +228,27 @@ def _accepted(toks: dict, py: dict, rows: list, facts: list, expected_for) -> np
     return ok
 
 
-def _flush(rep, idx: list, T: np.ndarray, trained: np.ndarray, facts: list, py: dict) -> None:
-    """Count accepted rows ``idx`` as :func:`agentrl.jobs.check._tally` and ``_versions`` do, in row order."""
-    if not idx:
+def _extend(values, new: np.ndarray) -> None:
+    """Append ``new`` (int array) to a report list: an ``array('i')`` by its bytes, a list by its items."""
+    if isinstance(values, array):
+        values.frombytes(np.ascontiguousarray(new, dtype=np.dtype(values.typecode)).tobytes())
+    else:
+        values.extend(new.tolist())
+
+
+def _flush(rep, n: int, T: np.ndarray, trained: np.ndarray, facts: list, py: dict) -> None:
+    """Count accepted rows ``0..n-1`` as :func:`agentrl.jobs.check._tally` and ``_versions`` do, in row order."""
+    if not n:
         return
-    rep.n += len(idx)
-    rep.lengths.extend(T[idx].tolist())
-    rep.trained.extend(trained[idx].astype(np.int64).tolist())
-    rep.stops.update(str(facts[i][0].get('stop')) for i in idx)
-    rep.truncated += sum(is_truncated(SimpleNamespace(info=facts[i][0])) for i in idx)
-    policy = py.get('policy') or [None] * len(T)
-    rep.policies.update(policy[i] or '' for i in idx)
-    ph = py.get('logp_placeholder') or [None] * len(T)
-    rep.scripted += sum(bool(ph[i]) for i in idx)
-    rep.versions.update(facts[i][2][0] for i in idx)
-    rep.spanning += sum(facts[i][2][1] for i in idx)
-    idx.clear()
+    rep.n += n
+    _extend(rep.lengths, T[:n])
+    _extend(rep.trained, trained[:n].astype(np.int64))
+    rep.stops.update(str(f[0].get('stop')) for f in facts[:n])
+    rep.truncated += sum(is_truncated(SimpleNamespace(info=f[0])) for f in facts[:n])
+    rep.policies.update(p or '' for p in (py.get('policy') or [None] * n)[:n])
+    rep.scripted += sum(bool(p) for p in (py.get('logp_placeholder') or [None] * n)[:n])
+    rep.versions.update(f[2][0] for f in facts[:n])
+    rep.spanning += sum(f[2][1] for f in facts[:n])
 
 
 def _reference(rb: pa.RecordBatch, f: str, first: int, i: int) -> list:
@@ -258,6 +258,29 @@ def _reference(rb: pa.RecordBatch, f: str, first: int, i: int) -> list:
         bad = isinstance(rec, RecordError)
         out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
     return out
+
+
+def _keys(py: dict, content: dict, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``([n] uint64 key64, [n] uint64 digest64)`` of rows ``0..n-1`` (accepted rows: ``content`` has them), keyed
+    as :func:`agentrl.checks.dedupe_key` keys the record the reference builds (identity, else the digest)."""
+    gid, rid, att = ((py.get(c) or [None] * n)[:n] for c in ('group_id', 'rollout_id', 'attempt'))
+    keys = np.fromiter((key64(('id', g or '', r or '', int(a)) if g or r else ('digest', content[i]))
+                        for i, (g, r, a) in enumerate(zip(gid, rid, att))), dtype=np.uint64, count=n)
+    return keys, np.fromiter((digest64(content[i]) for i in range(n)), dtype=np.uint64, count=n)
+
+
+def _one_tokenizer(one_tokenizer, tok: list, f: str, first: int, n: int) -> int:
+    """The first of rows ``0..n-1`` whose tokenizer is not its file's first (``n``: none), as the reference's
+    :class:`~agentrl.checks.consistency.OneTokenizerPerFile` sees them in row order (a row with the tokenizer of
+    the row before it passes as that one did)."""
+    last = None
+    for i in range(n):
+        t = tok[i] or ''
+        if t != last:
+            if one_tokenizer.see(SimpleNamespace(provenance=SimpleNamespace(tokenizer=t)), f, first + i):
+                return i
+            last = t
+    return n
 
 
 def _batch(rb, f: str, first: int, rep, seen: Deduper, expected_for, one_tokenizer=None) -> Iterator[list]:
@@ -276,21 +299,16 @@ def _batch(rb, f: str, first: int, rep, seen: Deduper, expected_for, one_tokeniz
                         facts, B)
     ok = _accepted(toks, py, sorted(content), facts, expected_for)
     trained = np.bincount(np.repeat(np.arange(B), T - 1), weights=hashed['action_mask'], minlength=B)
-    gid, rid, att = (py.get(n) or [None] * B for n in ('group_id', 'rollout_id', 'attempt'))
-    pending: list = []
-    policy = py.get('policy') or [None] * B
-    tok = py.get('tokenizer') or [None] * B
-    for i in range(B):
-        if ok[i] and policy[i] in POLICIES and not (one_tokenizer is not None and one_tokenizer.see(
-                SimpleNamespace(provenance=SimpleNamespace(tokenizer=tok[i] or '')), f, first + i)):
-            prov = SimpleNamespace(group_id=gid[i] or '', rollout_id=rid[i] or '', attempt=int(att[i]))
-            if seen.see(_Rec(prov, None), where=(f, first + i), digest=content[i])[0] == Deduper.NEW:
-                pending.append(i)
-                continue
-        _flush(rep, pending, T, trained, facts, py)
-        yield _reference(rb, f, first, i)         # this row and the rest of the batch, as scan lists them
-        return
-    _flush(rep, pending, T, trained, facts, py)
+    ok &= np.array([p in POLICIES for p in (py.get('policy') or [None] * B)], dtype=bool)
+    n = int(np.argmin(ok)) if not ok.all() else B       # rows 0..n-1 pass every rule
+    keys, digests = _keys(py, content, n)
+    n = seen.first_repeat(keys)                          # ... and are new (rare hits: the reference words them)
+    if one_tokenizer is not None:
+        n = _one_tokenizer(one_tokenizer, py.get('tokenizer') or [None] * B, f, first, n)
+    seen.add_new(keys[:n], digests[:n], f, np.arange(first, first + n))
+    _flush(rep, n, T, trained, facts, py)
+    if n < B:
+        yield _reference(rb, f, first, n)         # this row and the rest of the batch, as scan lists them
 
 
 def rows_to_check(opts, rep, seen: Deduper, expected_for, one_tokenizer=None) -> Iterator[list]:
@@ -311,8 +329,12 @@ def rows_to_check(opts, rep, seen: Deduper, expected_for, one_tokenizer=None) ->
             own policies (:data:`agentrl.jobs.plan.POLICIES`) are counted here.
 
     Raises:
-        FileNotFoundError, ValueError: as :func:`agentrl.store.scan`.
+        FileNotFoundError, ValueError, MemoryError: as :func:`agentrl.store.scan` (a row group this process has no
+            memory for, to decode or to convert, is named by file and number).
     """
     for f, first, rb in _record_batches(opts.path, opts.batch_size):
-        yield from _batch(rb, f, first, rep, seen, expected_for, one_tokenizer)
+        try:
+            yield from _batch(rb, f, first, rep, seen, expected_for, one_tokenizer)
+        except MemoryError:        # a batch's cells to Python (a huge info string): named as the reader names it
+            raise _out_of_memory(f, row=first) from None
         yield []

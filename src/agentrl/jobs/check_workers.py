@@ -14,6 +14,7 @@ Source: docs/design.md#integrity (identity and resends).
 from __future__ import annotations
 
 import dataclasses
+from array import array
 from collections import Counter
 from hashlib import blake2b
 
@@ -70,7 +71,7 @@ def merge_reports(reports: list, into) -> None:
             mine, theirs = getattr(into, f.name), getattr(rep, f.name)
             if isinstance(mine, Counter):
                 mine.update(theirs)
-            elif isinstance(mine, list):
+            elif isinstance(mine, (list, array)):
                 mine.extend(theirs)
             elif isinstance(mine, (int, float)) and not isinstance(mine, bool):
                 setattr(into, f.name, mine + theirs)

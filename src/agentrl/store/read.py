@@ -145,12 +145,28 @@ def _batches(pf: pq.ParquetFile, f: str, batch_size: int, bound: int | None = No
         raise ValueError(f'{f!r} is damaged: its Parquet metadata is not UTF-8 (byte 0x{e.object[e.start]:02x} '
                          'in a column name or key); re-run the rollout that wrote it, or remove the file') from None
     except MemoryError:         # ArrowMemoryError too: within the bound, but not within this process's memory
-        raise MemoryError(f'{f!r} row group {i} does not fit in the memory this process may use (its footer says '
-                          f'{_footer_bytes(md.row_group(i), bound)[0]} decoded bytes); raise the memory limit, or lower '
-                          'AGENTRL_MAX_ROW_GROUP_BYTES to refuse such files') from None
+        raise _out_of_memory(f, group=i) from None
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f'{f!r} is damaged and cannot be read ({" ".join(str(e).split())[:120]}); re-run the '
                          'rollout that wrote it, or remove the file') from None
+
+
+def _out_of_memory(f: str, *, group: int | None = None, row: int = 0) -> MemoryError:
+    """The one-line MemoryError of a row group (``group``, or the one holding ``row``) of ``f`` that is within
+    ``AGENTRL_MAX_ROW_GROUP_BYTES`` but does not fit in this process's memory, decoded or converted."""
+    bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES)
+    try:
+        md = pq.ParquetFile(f).metadata                  # the footer only: small
+        g, start = (group, 0) if group is not None else (0, 0)
+        while group is None and g < md.num_row_groups - 1 and start + md.row_group(g).num_rows <= row:
+            start += md.row_group(g).num_rows
+            g += 1
+        rg = md.row_group(g)
+        where = f'row group {g} ({rg.num_rows} rows, {_footer_bytes(rg, bound)[0]} bytes decoded by its footer)'
+    except Exception:              # noqa: BLE001 - the footer read itself failed: name the row group alone
+        where = f'row group {group}' if group is not None else f'the row group holding row {row}'
+    return MemoryError(f'out of memory: {f!r} {where} does not fit in the memory this process may use; raise its '
+                       f'memory limit, or lower AGENTRL_MAX_ROW_GROUP_BYTES (now {bound}) to refuse such files')
 
 
 class StoredRow:
@@ -198,9 +214,12 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
     """
     for f, row, rb in _record_batches(path, batch_size):
         out = []
-        for n, rec, digest in _rows(rb, repr(f), row, verify):
-            bad = isinstance(rec, RecordError)
-            out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
+        try:
+            for n, rec, digest in _rows(rb, repr(f), row, verify):
+                bad = isinstance(rec, RecordError)
+                out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
+        except MemoryError:        # converting the batch's cells to records: named as the reader names it
+            raise _out_of_memory(f, row=row) from None
         yield out
 
 
