@@ -165,7 +165,8 @@ def run(args) -> int:
         raise UserError(f'--out {opts.out!r} exists and is not an empty folder; import into a new folder '
                         '(a run folder is never overwritten)')
     try:
-        records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(), **kwargs)
+        records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(),
+                                         trust_pickle=opts.trust_pickle, **kwargs)
     except (TypeError, KeyError, AttributeError, IndexError) as e:     # a value of the wrong shape deep in the file
         what = ' '.join(str(e).split())[:160] or type(e).__name__
         server = opts.source in ('vllm', 'sglang')

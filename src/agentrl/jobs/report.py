@@ -161,6 +161,9 @@ def _read_summary(run_dir: str) -> dict | None:
 def write_report(opts: ReportOptions, progress=None) -> ReportResult:
     """Read the run, render the page (:func:`agentrl.viz.report_html`), write it atomically.
 
+    Records of ``agentrl rollout``'s policies (:data:`agentrl.jobs.plan.POLICIES`) keep the BugFix gym's
+    words; imported and gateway records are described by their stop reasons, as ``agentrl check`` does.
+
     Args:
         opts: the :class:`ReportOptions` (validated by the caller). progress: a rich ``Progress``
             to show the reading on (None: none).
@@ -180,7 +183,8 @@ def write_report(opts: ReportOptions, progress=None) -> ReportResult:
     trajs, n_dup = unique_records(trajs)
     incomplete = incompleteness(opts.run_dir, trajs, summary is not None)
     notes = '; '.join(n for n in (duplicates_note(n_dup, opts.run_dir), incomplete) if n)
-    html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold, notice=notes)
+    from .plan import POLICIES          # the gym's policies keep its words; imports and gateway runs their source's
+    html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold, notice=notes, gym_policies=POLICIES)
     out = opts.out or os.path.join(opts.run_dir, 'report.html')
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     atomic_write(out, html)
