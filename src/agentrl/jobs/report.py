@@ -220,7 +220,8 @@ def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:
 
     A run folder with ``run.json`` planning ``N`` episodes is incomplete when fewer distinct episodes
     ``(group_id, rollout_id)`` than ``N`` are stored, or when ``summary.json`` is missing (the job
-    was interrupted before its last write).
+    was interrupted before its last write). A gateway run (``agentrl serve``: ``run.json`` of kind
+    ``gateway``, no plan) is incomplete only while it has no ``summary.json`` (written at shutdown).
 
     Returns:
         ``'incomplete: K of N episodes stored; resume with `agentrl rollout --resume RUN_DIR`'`` (with
@@ -230,6 +231,9 @@ def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:
         ValueError: ``run.json`` is not a run manifest.
     """
     from .resume import read_manifest
+    if _run_kind(run_dir) == 'gateway':
+        return '' if has_summary else ('incomplete: no summary.json (the gateway is still serving, or was killed: '
+                                       f'`agentrl serve --out {run_dir}` resumes its open sessions)')
     manifest = read_manifest(run_dir)
     if manifest is None:
         return ''
@@ -239,3 +243,14 @@ def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:
         return ''
     return (f'incomplete: {stored} of {planned} episodes stored{"" if has_summary else ", no summary.json"}; '
             f'resume with `agentrl rollout --resume {run_dir}`')
+
+
+def _run_kind(run_dir: str) -> str | None:
+    """``run.json``'s ``kind`` (``'gateway'`` for ``agentrl serve``; None for a rollout run, none or unreadable)."""
+    import json
+    try:
+        with open(os.path.join(run_dir, 'run.json')) as f:
+            kind = json.load(f).get('kind')
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None
