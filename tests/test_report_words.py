@@ -95,6 +95,12 @@ def test_report_of_a_gateway_run_has_no_gym_words(tmp_path, capsys):
     for word in GYM_WORDS:
         assert word not in page, word
     assert len(rec.info['template']['unterminated_turns']) == 1
+    (tmp_path / 'run' / 'summary.json').unlink()              # a gateway still serving (or killed): no summary yet
+    capsys.readouterr()
+    assert main(['report', str(tmp_path / 'run')]) == 0
+    note = ('incomplete: no summary.json (the gateway is still serving, or was killed: `agentrl serve --out '
+            f"{tmp_path / 'run'}` resumes its open sessions)")
+    assert capsys.readouterr().out.endswith(f'; {note}\n')
 
 
 def test_a_page_mixing_gym_and_imported_records_keeps_each_ones_words(tmp_path, capsys):

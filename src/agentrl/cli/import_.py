@@ -167,7 +167,8 @@ def run(args) -> int:
     try:
         records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(),
                                          trust_pickle=opts.trust_pickle, **kwargs)
-    except (TypeError, KeyError, AttributeError, IndexError) as e:     # a value of the wrong shape deep in the file
+    except (TypeError, KeyError, AttributeError, IndexError, RuntimeError) as e:   # a value of the wrong shape deep
+        # in the file (RuntimeError: a torch op on a tensor where a list or a dict belongs)
         what = ' '.join(str(e).split())[:160] or type(e).__name__
         server = opts.source in ('vllm', 'sglang')
         fix = ('log each exchange as the request and response bodies the server sent and received' if server else
