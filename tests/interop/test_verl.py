@@ -67,6 +67,9 @@ def test_export_writes_the_skip_rollout_cache_file(records, lm, tmp_path):
     assert m['files'] == ['verl_batch.pt', 'gen_batch.dp']
     dp = DataProto.load_from_disk(str(tmp_path / 'gen_batch.dp'))         # what verl's skip.rollout loads
     dp.check_consistency()
-    for a, b in zip(records, interop.import_records(tmp_path / 'gen_batch.dp', 'verl')):
+    with pytest.raises(ValueError, match=r"is a pickle \(verl's DataProto.save_to_disk\): unpickling runs any code "
+                                         r'the file holds, so it is not read; pass trust_pickle=True'):
+        interop.import_records(tmp_path / 'gen_batch.dp', 'verl')           # the library refuses it too
+    for a, b in zip(records, interop.import_records(tmp_path / 'gen_batch.dp', 'verl', trust_pickle=True)):
         assert torch.equal(a.ids, b.ids) and torch.equal(a.action_mask, b.action_mask)
         assert torch.equal(a.sample_logp.view(torch.int32), b.sample_logp.view(torch.int32))

@@ -165,8 +165,10 @@ def run(args) -> int:
         raise UserError(f'--out {opts.out!r} exists and is not an empty folder; import into a new folder '
                         '(a run folder is never overwritten)')
     try:
-        records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(), **kwargs)
-    except (TypeError, KeyError, AttributeError, IndexError) as e:     # a value of the wrong shape deep in the file
+        records = interop.import_records(opts.path, opts.source, tokenizer=tok, spec=opts.spec(),
+                                         trust_pickle=opts.trust_pickle, **kwargs)
+    except (TypeError, KeyError, AttributeError, IndexError, RuntimeError) as e:   # a value of the wrong shape deep
+        # in the file (RuntimeError: a torch op on a tensor where a list or a dict belongs)
         what = ' '.join(str(e).split())[:160] or type(e).__name__
         server = opts.source in ('vllm', 'sglang')
         fix = ('log each exchange as the request and response bodies the server sent and received' if server else

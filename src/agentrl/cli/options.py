@@ -159,11 +159,14 @@ def refuse_empty(parser: argparse.ArgumentParser, args: argparse.Namespace) -> N
     Raises:
         UserError: ``--FLAG is empty; pass a path (`.` for the current folder)`` for a path
             argument (``pass a value or drop the flag`` for another text flag);
-            ``--FLAG must be a finite number, got nan``.
+            ``--FLAG must be a finite number, got nan``; ``--FLAG must be a 64-bit integer ...`` for an
+            integer no C long holds (it would overflow in pyarrow or torch).
     """
     for name, v in vars(args).items():
         if isinstance(v, float) and v != v:
             raise UserError(f'--{name.replace("_", "-")} must be a finite number, got nan')
+        if isinstance(v, int) and not isinstance(v, bool) and not -2 ** 63 <= v < 2 ** 63:   # no C long holds it
+            raise UserError(f'--{name.replace("_", "-")} must be a 64-bit integer (below 2**63 in size), got {v}')
     for a in parser._actions:
         v = getattr(args, a.dest, None) if a.dest != argparse.SUPPRESS else None
         if not isinstance(v, str) or v.strip():

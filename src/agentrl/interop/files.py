@@ -189,14 +189,16 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
         raise
 
 
-def load_export(path, framework: str):
+def load_export(path, framework: str, *, trust_pickle: bool = False):
     """The object an export wrote (the input of the matching ``from_*``) from a folder or file.
 
     ``.pt`` files are read with ``torch.load(weights_only=True)``; a verl ``.dp`` file is a pickle
-    (``DataProto.load_from_disk``): import only ``.dp`` files you trust.
+    (``DataProto.load_from_disk``), read only with ``trust_pickle=True`` (unpickling runs any code the
+    file holds): pass it only for ``.dp`` files you trust.
 
     Raises:
-        ValueError: no such file in the folder, an unknown framework, a ``.pt`` file holding
+        ValueError: a verl ``.dp`` file without ``trust_pickle=True`` (nothing is unpickled; the message says
+            why and how) or, with it, without verl installed (the fix: ``pip install verl``); no such file in the folder, an unknown framework, a ``.pt`` file holding
             objects beyond tensors and plain containers, a slime file without ``samples``, a
             JSON/JSONL file that is not UTF-8 JSON or is over ``AGENTRL_MAX_INPUT_BYTES``, or a path
             that is not a regular file (a FIFO, a device; each names the file).
@@ -212,8 +214,7 @@ def load_export(path, framework: str):
     regular_file(path, 'imports')         # a FIFO would block, /dev/zero never ends (docs/design.md#bounds)
     if framework == 'verl':
         if path.suffix == '.dp':
-            from verl.protocol import DataProto
-            return DataProto.load_from_disk(str(path))
+            return _load_dataproto(path, trust_pickle)
         from .verl import load_verl
         return load_verl(path)
     if framework in ('skyrl', 'prime-rl'):
@@ -243,7 +244,24 @@ def load_export(path, framework: str):
     raise ValueError(f'unknown framework {framework!r}; import from one of {", ".join(IMPORTS)}')
 
 
-def import_records(path, framework: str, *, tokenizer=None, spec=None, **kwargs) -> list:
+def _load_dataproto(path: Path, trust_pickle: bool):
+    """verl's ``DataProto.load_from_disk(path)``, only when ``trust_pickle`` (else nothing is unpickled)."""
+    if not trust_pickle:
+        raise ValueError(
+            f"{str(path)!r} is a pickle (verl's DataProto.save_to_disk): unpickling runs any code the file holds, "
+            'so it is not read; pass trust_pickle=True (CLI: --trust-pickle) if you trust the file, or import the '
+            'verl_batch.pt `agentrl export --to verl` writes (tensors only)')
+    try:
+        from verl.protocol import DataProto
+    except ImportError:
+        raise ValueError(f"{str(path)!r} is a verl DataProto pickle, read only by verl's DataProto.load_from_disk, "
+                         'and verl is not installed; pip install verl, or import the verl_batch.pt `agentrl export '
+                         '--to verl` writes (no verl needed)') from None
+    return DataProto.load_from_disk(str(path))
+
+
+def import_records(path, framework: str, *, tokenizer=None, spec=None, trust_pickle: bool = False,
+                   **kwargs) -> list:
     """Read ``path`` written by ``framework`` (or by :func:`export`) and return agentrl records.
 
     Args:
@@ -253,9 +271,12 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, **kwargs)
         tokenizer: Hugging Face tokenizer: fingerprint, template ownership of trainer batches
             (:func:`agentrl.interop.owners.finish_import`); needed for chat exchanges.
         spec: the sampler, when the source does not carry it.
+        trust_pickle: read a verl ``.dp`` file (a pickle) with verl's ``DataProto.load_from_disk``
+            (:func:`load_export`); default False: refused, nothing unpickled.
         **kwargs: passed to the ``from_*`` function (``logp_mode``, ``model`` ...).
 
     Raises:
+        ValueError: a verl ``.dp`` file without ``trust_pickle=True`` (nothing is unpickled).
         ValueError: an unknown framework or a missing file; a file without a field its framework
             writes (``'PATH': response_length: is missing; ...``) or not of its shape, each naming
             the file; the importer's refusals (RecordError).
@@ -272,7 +293,7 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, **kwargs)
         return openai.from_openai(episodes, tokenizer, spec=spec, source=framework, **kwargs)
     if framework not in IMPORTS:
         raise ValueError(f'unknown framework {framework!r}; import from one of {", ".join(IMPORTS)}')
-    data = load_export(path, framework)
+    data = load_export(path, framework, trust_pickle=trust_pickle)
     fn = {'verl': verl.from_verl, 'trl': trl.from_trl, 'slime': slime.from_slime, 'openrlhf': openrlhf.from_openrlhf,
           'skyrl': skyrl.from_skyrl, 'prime-rl': prime_rl.from_prime_rl}[framework]
     try:

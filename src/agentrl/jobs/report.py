@@ -161,6 +161,9 @@ def _read_summary(run_dir: str) -> dict | None:
 def write_report(opts: ReportOptions, progress=None) -> ReportResult:
     """Read the run, render the page (:func:`agentrl.viz.report_html`), write it atomically.
 
+    Records of ``agentrl rollout``'s policies (:data:`agentrl.jobs.plan.POLICIES`) keep the BugFix gym's
+    words; imported and gateway records are described by their stop reasons, as ``agentrl check`` does.
+
     Args:
         opts: the :class:`ReportOptions` (validated by the caller). progress: a rich ``Progress``
             to show the reading on (None: none).
@@ -180,7 +183,8 @@ def write_report(opts: ReportOptions, progress=None) -> ReportResult:
     trajs, n_dup = unique_records(trajs)
     incomplete = incompleteness(opts.run_dir, trajs, summary is not None)
     notes = '; '.join(n for n in (duplicates_note(n_dup, opts.run_dir), incomplete) if n)
-    html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold, notice=notes)
+    from .plan import POLICIES          # the gym's policies keep its words; imports and gateway runs their source's
+    html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold, notice=notes, gym_policies=POLICIES)
     out = opts.out or os.path.join(opts.run_dir, 'report.html')
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     atomic_write(out, html)
@@ -216,7 +220,8 @@ def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:
 
     A run folder with ``run.json`` planning ``N`` episodes is incomplete when fewer distinct episodes
     ``(group_id, rollout_id)`` than ``N`` are stored, or when ``summary.json`` is missing (the job
-    was interrupted before its last write).
+    was interrupted before its last write). A gateway run (``agentrl serve``: ``run.json`` of kind
+    ``gateway``, no plan) is incomplete only while it has no ``summary.json`` (written at shutdown).
 
     Returns:
         ``'incomplete: K of N episodes stored; resume with `agentrl rollout --resume RUN_DIR`'`` (with
@@ -226,6 +231,9 @@ def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:
         ValueError: ``run.json`` is not a run manifest.
     """
     from .resume import read_manifest
+    if _run_kind(run_dir) == 'gateway':
+        return '' if has_summary else ('incomplete: no summary.json (the gateway is still serving, or was killed: '
+                                       f'`agentrl serve --out {run_dir}` resumes its open sessions)')
     manifest = read_manifest(run_dir)
     if manifest is None:
         return ''
@@ -235,3 +243,14 @@ def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:
         return ''
     return (f'incomplete: {stored} of {planned} episodes stored{"" if has_summary else ", no summary.json"}; '
             f'resume with `agentrl rollout --resume {run_dir}`')
+
+
+def _run_kind(run_dir: str) -> str | None:
+    """``run.json``'s ``kind`` (``'gateway'`` for ``agentrl serve``; None for a rollout run, none or unreadable)."""
+    import json
+    try:
+        with open(os.path.join(run_dir, 'run.json')) as f:
+            kind = json.load(f).get('kind')
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if isinstance(kind, str) else None

@@ -139,9 +139,12 @@ def _provenance(get, i: int) -> Provenance | None:
 
 
 def _json_cell(get, name: str, i: int):
-    """Row ``i``'s JSON cell ``name`` decoded (None when null or absent); MalformedRowError when it is not JSON."""
+    """Row ``i``'s JSON cell ``name`` decoded (None when null or absent); MalformedRowError when it is not JSON
+    (or, for ``turn_policy_versions``, not a list)."""
     cell, fix = get(name, i), 'rewrite the file from its records with agentrl.store.write_trajectories'
     v = None if cell is None else _json_field(cell, name, fix)
+    if name == 'turn_policy_versions' and v is not None and not isinstance(v, list):
+        raise _bad(name, f'is a JSON {type(v).__name__}, not a list of policy versions (one per turn)', fix)
     for x in (v if isinstance(v, list) else [v]):
         if x is not None and (isinstance(x, bool) or not isinstance(x, (int, str))):
             raise _bad(name, f'holds {x!r}; a policy version is an int step or a str fingerprint', fix)

@@ -244,7 +244,8 @@ class ChatTemplate:
                 list(messages), tools=self.tools if tools == 'default' else tools,
                 chat_template=self.chat_template, tokenize=False,
                 add_generation_prompt=add_generation_prompt, **kwargs), self._rendered_source(tools), self.name)
-        except (jinja2.TemplateError, TypeError, KeyError, IndexError) as e:
+        except (jinja2.TemplateError, TypeError, KeyError, IndexError, OverflowError, RecursionError) as e:
+            # OverflowError: the sandbox's range() bound; RecursionError: a macro that calls itself for ever
             raise ValueError(f'the chat template could not render these messages ({type(e).__name__}: {e}); '
                              'check the message fields this template expects (roles, content, tool_calls '
                              'arguments)') from e
