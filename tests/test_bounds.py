@@ -364,3 +364,22 @@ def test_sigterm_stops_a_rollout_in_the_middle_of_a_long_chunk(tmp_path):
     assert proc.returncode == 130 and err == 'agentrl: interrupted\n', err
     assert took < 10
     assert not out.exists()                          # nothing finished: OUT is left as it was (it did not exist)
+
+
+def test_an_interrupt_right_after_model_pt_is_renamed_still_leaves_out_as_it_was(tmp_path, monkeypatch):
+    """The race behind a once-failed SIGTERM test: the signal landed in ``atomic_write``'s folder fsync, after the
+    rename of ``model.pt`` but before the job had noted the file, so the undo missed it and OUT was left behind."""
+    import agentrl.jobs.rollout as jr
+    from agentrl.jobs.plan import RolloutOptions
+    real = jr.atomic_write
+
+    def late(final, data, **kw):
+        path = real(final, data, **kw)
+        if path.name == 'model.pt':
+            raise KeyboardInterrupt             # as a signal handler raising between the rename and the return
+        return path
+    monkeypatch.setattr(jr, 'atomic_write', late)
+    out = tmp_path / 'run'
+    with pytest.raises(KeyboardInterrupt):
+        jr.rollout_job(RolloutOptions(policy=['model'], split='heldout', repeats=1, out=str(out)), progress=False)
+    assert not out.exists()

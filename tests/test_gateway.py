@@ -588,3 +588,12 @@ def test_output_budget_caps_the_turn(upstream, tmp_path):
     assert r['usage']['completion_tokens'] <= 3
     gw.pool.shutdown()
     gw.journal.close()
+
+
+def test_out_holding_a_rollout_run_is_refused_by_name(upstream, tmp_path):
+    out = tmp_path / 'r'
+    out.mkdir()
+    (out / 'run.json').write_text('{"plan": {"policies": ["oracle"]}}')
+    with pytest.raises(ValueError, match=r"holds an agentrl rollout run \(run.json has no kind\), not a gateway run; "
+                                         r"choose a new --out$"):
+        Gateway(upstream, out)

@@ -103,16 +103,14 @@ def test_every_numeric_flag_is_range_checked_before_anything_runs(argv, message,
     assert not (tmp_path / 'out').exists() and not (tmp_path / 'm').exists()
 
 
-def test_help_starts_in_under_a_second():
-    for args in (['--help'], ['rollout', '--help'], ['train', '--help']):
-        best = min(_timed(args) for _ in range(2))
-        assert best < 1.0, f'agentrl {" ".join(args)} took {best:.2f} s'
-
-
-def _timed(args):
-    t = time.perf_counter()
-    agentrl(*args)
-    return time.perf_counter() - t
+def test_help_imports_no_heavy_library():
+    """``--help`` starts fast because it imports none of torch, ray, transformers, pyarrow (their import is the cost;
+    the time itself is measured in bench/, never asserted here: a timed test fails on a loaded machine)."""
+    for args in (['--help'], ['rollout', '--help'], ['train', '--help'], ['check', '--help'], ['serve', '--help']):
+        r = subprocess.run([sys.executable, '-X', 'importtime', '-m', 'agentrl', *args], capture_output=True, text=True)
+        assert r.returncode == 0 and r.stdout.startswith('usage: agentrl'), r.stderr[-400:]
+        top = {line.split('|')[-1].strip().split('.')[0] for line in r.stderr.splitlines() if line.startswith('import time:')}
+        assert not top & {'torch', 'ray', 'transformers', 'pyarrow', 'numpy'}, (args, sorted(top & {'torch', 'ray', 'transformers', 'pyarrow', 'numpy'}))
 
 
 def test_cli_modules_import_no_heavy_library():

@@ -300,7 +300,8 @@ def run(p: Prepared, tally: _Tally, written: list, *, on_chunk: Callable | None 
     out, opts = p.out, p.opts
     if p.manifest is None:
         _refuse_a_run_in(out, opts, p.model_bytes is not None)             # again, under the lock
-        written.append(atomic_write(out / MANIFEST, _json(manifest_of(opts, len(p.jobs), p.model))))
+        written.append(out / MANIFEST)      # named before it is written: an exception after the rename still undoes it
+        atomic_write(out / MANIFEST, _json(manifest_of(opts, len(p.jobs), p.model)))
     shard_dir = out / TRAJECTORY_DIR
     command = resume_command(opts.out, opts.checkpoint, opts.model, opts.server)
     # a local vllm server starts before the signal handlers (Ctrl-C while it starts stops it) and stops after them
@@ -309,7 +310,8 @@ def run(p: Prepared, tally: _Tally, written: list, *, on_chunk: Callable | None 
             for batch in stored_records(shard_dir, p.jobs, spec, p.tok):   # what a resume finds, provenance checked
                 tally.add(batch)
         if p.model_bytes is not None and not (out / 'model.pt').exists():
-            written.append(atomic_write(out / 'model.pt', p.model_bytes))
+            written.append(out / 'model.pt')    # before the write: SIGTERM in its folder fsync, after the rename, undoes it
+            atomic_write(out / 'model.pt', p.model_bytes)
         p.logp_mode = spec.logp_mode
         try:
             report = run_chunks(p.jobs, shard_dir, spec, p.weights, workers=opts.workers, address=opts.address,
