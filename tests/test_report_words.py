@@ -90,7 +90,8 @@ def test_report_of_a_gateway_run_has_no_gym_words(tmp_path, capsys):
     rec, = store.read_trajectories(tmp_path / 'run' / 'trajectories')
     page = _report(capsys, tmp_path / 'run')
     cells = re.search(r'<tr><td>hf</td>(.*?)</tr>', page).group(1)
-    assert HEAD in page and cells.startswith('<td>1</td><td>1.000</td><td>(not recorded) 1</td><td>100%</td>')
+    assert rec.info['gateway']['finish_reasons'] == ['length'] and rec.info['gateway']['truncated_turns'] == [0]
+    assert HEAD in page and cells.startswith('<td>1</td><td>1.000</td><td>finish_reason length 1</td><td>100%</td>')
     assert 'class="notice"' not in page                       # a gateway run with summary.json is complete
     for word in GYM_WORDS:
         assert word not in page, word

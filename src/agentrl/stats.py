@@ -13,7 +13,7 @@ from .gym.calls import StopReason
 from .record import OWNER, Trajectory
 
 __all__ = ['StopReason', 'context_lengths', 'PolicySummary', 'SummaryBuilder', 'policy_summary',
-           'episode_metrics', 'is_truncated']
+           'episode_metrics', 'is_truncated', 'source_stop_reason']
 
 
 def context_lengths(traj: Trajectory) -> list[int]:
@@ -40,7 +40,28 @@ def is_truncated(traj: Trajectory) -> bool:
     fraction of episodes for which this holds: of episodes, not of turns.
     """
     info = traj.info or {}
-    return info.get('stop') == StopReason.TRUNCATED.value or bool(info.get('truncated_turns'))
+    gateway = info.get('gateway')
+    return (info.get('stop') == StopReason.TRUNCATED.value or bool(info.get('truncated_turns'))
+            or (isinstance(gateway, dict) and bool(gateway.get('truncated_turns'))))
+
+
+def source_stop_reason(info) -> str | None:
+    """The stop reason of a record that did not come from the gym, in its source's words, or None.
+
+    ``'finish_reason X'``: the server's last ``finish_reason`` of an imported record
+    (``info['import']['finish']``) or of a gateway record's last turn (``info['gateway']['finish_reasons']``,
+    OpenAI's ``stop`` / ``length`` / ``tool_calls``). None when the record names none (the caller then
+    falls back to ``info['stop']``). The one rule of ``agentrl check`` and ``agentrl report``.
+    """
+    info = info if isinstance(info, dict) else {}
+    meta = info.get('import')
+    if isinstance(meta, dict) and meta.get('finish') is not None:
+        return f"finish_reason {meta['finish']}"
+    gateway = info.get('gateway')
+    reasons = gateway.get('finish_reasons') if isinstance(gateway, dict) else None
+    if isinstance(reasons, list) and reasons:
+        return f'finish_reason {reasons[-1]}'
+    return None
 
 
 @dataclass

@@ -136,32 +136,31 @@ class _Routes:
         return await asyncio.get_running_loop().run_in_executor(self.gw.pool, fn, *args)
 
     async def serve_call(self, s, req, digest: str, retry: int, hook=None) -> tuple:
-        """One call through :meth:`agentrl.gateway.service.Gateway.submit` (state, engine, state thread):
-        ``(response, index, replayed)``; calls of one session are served one at a time.
+        """Prepare (state thread), sample (engine thread), complete (state thread): ``(response, index, replayed)``.
 
-        ``hook(pending) -> on_token``: called on the state thread once the call is planned to sample; its
-        ``on_token`` goes to the engine (streaming).
+        ``hook(pending) -> on_token``: called once the call is planned to sample; its ``on_token``
+        goes to the engine (streaming).
         """
         async with self.locks.setdefault(s.sid, asyncio.Lock()):
             await self.wait_running()            # no await between this check and the dispatch count below
             self.dispatched += 1
             self.idle.clear()
             try:
-                fut = asyncio.wrap_future(self.gw.submit(s, req, digest, retry, hook))
+                p = await self.work(self.gw.prepare, s, req, digest, retry)
+                if p.replay is not None:
+                    return p.replay
                 try:
-                    return await asyncio.shield(fut)
-                except asyncio.CancelledError:
-                    fut.add_done_callback(lambda f: self._cancelled(s, f))
+                    on_token = hook(p) if hook is not None else None
+                    sample = await asyncio.get_running_loop().run_in_executor(self.gw.engine_pool, self.gw.sample, p,
+                                                                              on_token)
+                except BaseException:
+                    await self.work(self.gw.drop, p)
                     raise
+                return await self.work(self.gw.complete, p, sample)
             finally:
                 self.dispatched -= 1
                 if self.dispatched == 0:
                     self.idle.set()
-
-    def _cancelled(self, s, f) -> None:
-        """A call whose caller was cancelled still completes in its threads: its response was never sent."""
-        if not f.cancelled() and f.exception() is None and not f.result()[2]:
-            self.gw.pool.submit(self.gw.undelivered, s, f.result()[1])
 
     @staticmethod
     async def body_of(request, limit: int) -> bytes:

@@ -16,6 +16,14 @@ from ..templates import ChatRecorder
 __all__ = ['session_records', 'run_metrics', 'train_shared_once']
 
 
+def _finish_reason(call: dict):
+    """The ``finish_reason`` the gateway answered a call with (``stop``, ``length``, ``tool_calls``), or None."""
+    try:
+        return call['response']['choices'][0]['finish_reason']
+    except (KeyError, IndexError, TypeError):
+        return None
+
+
 def _recorder(branch):
     """The branch's recorder without trailing undelivered turns, or None when no turn was delivered."""
     last = max((k for k, (kind, x) in enumerate(branch.steps) if kind == 'turn' and x.delivered), default=None)
@@ -62,6 +70,7 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
                            'policy_versions': [session.calls[t.call].get('version') for t in turns],
                            'variants': [dict(v, turn=t.call) for t in turns for v in t.variants],
                            'truncated_turns': [k for k, t in enumerate(turns) if t.truncated],
+                           'finish_reasons': [_finish_reason(session.calls[t.call]) for t in turns],
                            'aborted': session.aborted, 'task': ident.get('task')}
         servers = [session.calls[t.call].get('server') for t in turns]
         if any(x is not None for x in servers):

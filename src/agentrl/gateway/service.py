@@ -24,7 +24,7 @@ import hashlib
 import json
 import secrets
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -207,54 +207,6 @@ class Gateway:
             self.drop(p)
             raise
         return self.complete(p, sample)
-
-    def submit(self, session: Session, req: ChatRequest, digest: str, retry: int, hook=None) -> Future:
-        """Serve one call as a chain of threads: a Future of ``(response dict, call index, replayed)``.
-
-        ``hook(pending) -> on_token``: called on the state thread once the call is planned to sample;
-        its ``on_token(ids so far)`` goes to the engine (streaming, :meth:`sample`).
-
-        :meth:`prepare` runs on the state thread, which hands the call straight to an engine thread
-        (:meth:`sample`), which hands its sample straight back to the state thread (:meth:`complete`,
-        or :meth:`drop` when sampling failed): two thread hand-offs fewer than a caller that takes
-        each result and dispatches the next step itself (bench/RESULTS.md, gateway cost). The same
-        three steps as :meth:`chat`, with the same state-thread serialization.
-
-        Raises (through the Future): as :meth:`chat`; RuntimeError once the gateway is closed.
-        """
-        out: Future = Future()
-
-        def then(pool, fn, args, done):
-            try:
-                pool.submit(fn, *args).add_done_callback(done)
-            except BaseException as e:          # a closed pool: fail the call rather than leave it hanging
-                out.set_exception(e)
-
-        def settle(f):
-            exc = f.exception()
-            out.set_exception(exc) if exc is not None else out.set_result(f.result())
-
-        def sampled(p, f):
-            exc = f.exception()
-            if exc is None:
-                return then(self.pool, self.complete, (p, f.result()), settle)
-            then(self.pool, self.drop, (p,), lambda _: out.set_exception(exc))
-
-        def prepared(f):
-            exc = f.exception()
-            if exc is not None:
-                return out.set_exception(exc)
-            p = f.result()
-            if p.replay is not None:
-                return out.set_result(p.replay)
-            try:
-                on_token = hook(p) if hook is not None else None
-            except BaseException as e:
-                return then(self.pool, self.drop, (p,), lambda _: out.set_exception(e))
-            then(self.engine_pool, self.sample, (p, on_token), lambda g: sampled(p, g))
-
-        then(self.pool, self.prepare, (session, req, digest, retry), prepared)
-        return out
 
     def prepare(self, session: Session, req: ChatRequest, digest: str, retry: int) -> 'Pending':
         """Plan one call (state thread): the branch it extends or forks, its prompt, budget and seed.

@@ -584,10 +584,11 @@ def _stop_reason(rec) -> str:
     """The stop reason to count: ``info['stop']`` (the gym's words: submitted, budget, truncated), except for
     an imported record, which keeps its source's words: the server's ``finish_reason`` (``stop``,
     ``length``, ``tool_calls``) or the trainer's stop field; ``'(not recorded)'`` when it has none."""
+    from ..stats import source_stop_reason
     info = rec.info or {}
-    meta = info.get('import')
-    if isinstance(meta, dict) and meta.get('finish') is not None:
-        return f"finish_reason {meta['finish']}"
+    source = source_stop_reason(info)
+    if source is not None:
+        return source
     stop = info.get('stop')
     if rec.provenance is not None and not _ours(rec.provenance) and stop is None:
         return '(not recorded)'

@@ -23,7 +23,7 @@ from .._version import __version__
 from ..constraints import forced_rows
 from ..gym.policies import POLICY_KINDS
 from ..record import OWNER, Trajectory
-from ..stats import context_lengths, is_truncated, policy_summary
+from ..stats import context_lengths, is_truncated, policy_summary, source_stop_reason
 from . import plots
 from .html import legend_fragment, page, strip_fragment
 from .strip import DEFAULT_FOLD, build_strip, decoder_for
@@ -52,9 +52,9 @@ def _stop_reason(t: Trajectory) -> str:
     ``'finish_reason X'`` for the server's last ``finish_reason`` (``info['import']['finish']``), else
     ``info['stop']`` as the trainer's file named it, else ``'(not recorded)'``."""
     info = t.info or {}
-    meta = info.get('import')
-    if isinstance(meta, dict) and meta.get('finish') is not None:
-        return f"finish_reason {meta['finish']}"
+    source = source_stop_reason(info)
+    if source is not None:
+        return source
     stop = info.get('stop')
     return '(not recorded)' if stop is None else str(stop)
 
