@@ -212,7 +212,9 @@ def load_tokenizer(name_or_path: str):
         ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
         ValueError: the folder or id does not hold a tokenizer; pass a folder that contains
             ``tokenizer.json`` or a hub id reachable from this machine. A local path that names no
-            folder is refused before the hub is asked (:func:`_refuse_missing_path`).
+            folder is refused before the hub is asked (:func:`_refuse_missing_path`); a hub id while
+            huggingface.co does not answer (:func:`_hub_reachable`, 1.5 s) is read from the local hub cache
+            only, and refused at once when it is not there.
 
     Source: Hugging Face ``AutoTokenizer.from_pretrained``.
     """
@@ -223,9 +225,14 @@ def load_tokenizer(name_or_path: str):
             name_or_path = str(find_tokenizer_dir(name_or_path))
         except FileNotFoundError as e:
             raise ValueError(str(e)) from e
-    try:
-        return transformers.AutoTokenizer.from_pretrained(name_or_path)
+    offline = not os.path.isdir(name_or_path) and not _hub_reachable()
+    try:                                 # offline: the local hub cache only (its retries cost ~50 s otherwise)
+        return transformers.AutoTokenizer.from_pretrained(name_or_path, **({'local_files_only': True} if offline else {}))
     except (OSError, ValueError) as e:
+        if offline:
+            raise ValueError(f'TOKENIZER {name_or_path!r} is not a folder here nor in the local Hugging Face cache, '
+                             'and huggingface.co did not answer within 1.5 s, so it was not downloaded: pass a folder '
+                             'with tokenizer.json, or run where the hub is reachable') from e
         raise ValueError(f'TOKENIZER {name_or_path!r} could not be loaded ({type(e).__name__}: {e}); '
                          'pass a folder with tokenizer.json and tokenizer_config.json, or a hub id '
                          '(set HF_HUB_OFFLINE=1 to forbid downloads)') from e
