@@ -62,6 +62,9 @@ def test_report_counts_a_turn_cut_at_max_tokens_and_names_missing_log_probs(tmp_
     assert (HEAD + '<tr><td>vllm</td><td>1</td><td>0.500</td><td>finish_reason stop 1</td><td>100%</td><td>9.0</td>'
             '<td>9</td><td>4.0</td><td>1/1</td><td>3 \u2192 [7, 9]</td></tr></table>') in page
     assert ' &middot; logp <b>none (no sampling log-probs)</b> &middot; ' in page
+    from agentrl.viz import build_strip, id_decoder
+    [rec] = store.read_trajectories(tmp_path / 'imp')
+    assert build_strip(rec, id_decoder).meta['logp'] == 'none (no sampling log-probs)'      # agentrl show's strip, the same words
     for word in GYM_WORDS:
         assert word not in page, word
     capsys.readouterr()

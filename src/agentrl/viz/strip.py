@@ -220,8 +220,10 @@ def build_strip(traj: Trajectory, decoder: Decoder | None = None, *, fold: int =
         meta['policy'] = traj.provenance.policy
         if traj.provenance.model:
             meta['model'] = traj.provenance.model
-        if traj.provenance.logp_placeholder:
-            meta['logp'] = 'placeholder (scripted)'
+        if traj.provenance.logp_placeholder:           # a gym script has none; an import was sampled without them
+            from ..gym.policies import POLICY_KINDS
+            meta['logp'] = ('placeholder (scripted)' if traj.provenance.policy in POLICY_KINDS
+                            else 'none (no sampling log-probs)')
         if traj.provenance.rollout_id:
             meta['rollout'] = f'{traj.provenance.rollout_id}#{traj.provenance.attempt}'
     if info.get('task'):
