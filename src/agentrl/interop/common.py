@@ -519,12 +519,27 @@ def source_fix(data, framework: str) -> str:
     return f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
 
 
+def _unsupported_global(e: BaseException) -> bool:
+    """Whether ``torch.load(weights_only=True)`` refused a class or function the file names (a whole file, not a
+    damaged one: ``Unsupported global`` / ``Unsupported class``)."""
+    import pickle
+    return isinstance(e, pickle.UnpicklingError) and ('Unsupported global' in str(e) or 'Unsupported class' in str(e))
+
+
+def _first_sentence(e: BaseException) -> str:
+    """``TYPE: first sentence of the message`` (torch's run on for lines), or the type alone."""
+    text = ' '.join(str(e).split()).split('. ')[0].rstrip('.')
+    return f'{type(e).__name__}: {text}' if text else type(e).__name__
+
+
 def _load_pt(path, framework: str | None = None):
     """``torch.load`` restricted to tensors and plain containers (no code runs from the file).
 
     Raises:
-        ValueError: the file holds objects beyond tensors and plain containers, or is JSON text
-            (names the file and, when ``framework`` is given, the framework it looks like).
+        ValueError: the file holds objects beyond tensors and plain containers (torch's ``Unsupported
+            global``), is truncated or damaged (a cut zip, an empty file, bytes no unpickler reads: the
+            fix never says to unpickle it), or is JSON text (names the file and, when ``framework`` is
+            given, the framework it looks like).
     """
     try:
         return torch.load(path, weights_only=True)
@@ -538,6 +553,9 @@ def _load_pt(path, framework: str | None = None):
             except ValueError:
                 data = None
             raise ValueError(f'{str(path)!r} is JSON text, not a torch .pt file; {source_fix(data, framework)}') from e
+        if not _unsupported_global(e):      # a cut or damaged file: never advise unpickling it
+            raise ValueError(f'{str(path)!r} is truncated or damaged, not a readable torch .pt file '
+                             f'({_first_sentence(e)}); write it again or pass an intact copy') from e
         raise ValueError(f'{str(path)!r} holds objects beyond tensors, lists and dicts ({type(e).__name__}); '
                          'agentrl loads .pt files with weights_only=True. Fix: if you trust the file, load it '
                          'yourself with torch.load(weights_only=False) and pass the result to the from_* function') from e
