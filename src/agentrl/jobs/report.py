@@ -128,8 +128,9 @@ def _read_records(opts: ReportOptions, progress=None) -> list:
                 progress.advance(bar, len(batch))
     except RecordError:                 # a refused row: its message names the file, row and field
         raise
-    except ValueError as e:
-        raise ValueError(f'{path}: {e}') from None
+    except ValueError as e:             # the store's messages name the file already: not twice
+        msg = str(e)
+        raise ValueError(msg if msg.startswith(("'", '"')) or str(path) in msg else f'{path}: {msg}') from None
     if not trajs:
         if os.path.isfile(os.path.join(opts.run_dir, 'run.json')):     # a run stopped before its first shard
             raise ValueError(f'{path} holds no records; finish the run with `{_resume_of(opts.run_dir)}`')
