@@ -58,7 +58,12 @@ class ReportOptions:
                 raise ValueError(f'{self.run_dir!r} holds trajectory files but is not a run folder (no trajectories/ '
                                  'or trajectories.parquet in it); `agentrl check` and `agentrl show` read such a '
                                  'folder, `agentrl report` reads the run folder that holds trajectories/')
-            raise ValueError(f'{self.trajectories()} not found; run `agentrl rollout --out {self.run_dir}` first')
+            if os.path.isfile(os.path.join(self.run_dir, 'run.json')):     # a run stopped before its first shard
+                raise ValueError(f'{self.trajectories()} not found: the run stopped before its first shard; '
+                                 f'finish it with `{_resume_of(self.run_dir)}`')
+            raise ValueError(f'{self.run_dir!r} is not a run folder (no run.json, trajectories/ or '
+                             'trajectories.parquet in it); pass a run folder written by `agentrl rollout`, '
+                             '`agentrl serve` or `agentrl import`')
         if self.fold < 0:
             raise ValueError(f'--fold must be >= 0 (0 = never fold), got {self.fold}')
         _read_summary(self.run_dir)                # a summary.json that is not one: refused before any reading
