@@ -56,6 +56,8 @@ class MakeTestModelOptions:
         check_numbers(self)
         if self.tokenizer is not None and not os.path.isfile(os.path.join(self.tokenizer, 'tokenizer_config.json')):
             raise UserError(f'--tokenizer {self.tokenizer!r} has no tokenizer_config.json; pass a tokenizer folder')
+        if self.tokenizer is None:            # found before torch/transformers load, so a miss fails fast
+            self.tokenizer = str(_qwen3_tokenizer())
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise UserError(f'--hidden {self.hidden} must be divisible by --heads {self.heads}, and --heads by '
                             f'--kv-heads {self.kv_heads}')
@@ -78,6 +80,24 @@ class MakeTestModelOptions:
         if not self.force:
             raise UserError(f'{self.out!r} already holds a model (config.json); pass --force to replace it, or '
                             'choose another folder')
+
+
+def _qwen3_tokenizer():
+    """The Qwen3 tokenizer folder (:func:`agentrl.templates.loading.find_tokenizer_dir`), or a one-line
+    :class:`~agentrl.cli.options.UserError` naming every way to give one."""
+    import importlib.util
+    from ..templates.loading import TOKENIZER_FAMILIES, find_tokenizer_dir, tokenizer_roots
+    try:
+        return find_tokenizer_dir('qwen3')
+    except FileNotFoundError:
+        pass
+    tried = ', '.join(str(r / 'qwen3') for r in tokenizer_roots())
+    hub = f'or go online so agentrl fetches {TOKENIZER_FAMILIES["qwen3"]} from the Hugging Face hub'
+    if importlib.util.find_spec('huggingface_hub') is None:
+        hub += ' (pip install huggingface_hub)'
+    raise UserError(f'make-test-model needs a Qwen3 tokenizer and found none (tried {tried}); pass --tokenizer DIR '
+                    '(a folder with tokenizer.json and tokenizer_config.json), set AGENTRL_TOKENIZERS to a folder '
+                    f'holding qwen3/, or AGENTRL_SHARED to one holding tokenizers/qwen3, {hub}')
 
 
 def register(sub) -> None:
