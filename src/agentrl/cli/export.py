@@ -198,7 +198,8 @@ def _incomplete_note(run: str, records) -> str:
     """What says the rollout run behind ``run`` is unfinished (:func:`agentrl.jobs.report.incompleteness`), or ''.
 
     ``run`` is a run folder, its ``trajectories/`` folder or one of its shards; any other input
-    (a plain ``.parquet`` file, an import) has no plan to compare with and gives ''. A run whose
+    (a plain ``.parquet`` file, an import) has no plan to compare with and gives ''. ``records`` None:
+    the episodes are counted from the run's files (``agentrl check``). A run whose
     ``OUT/.lock`` is still there may be being written (or its job was killed). A gateway run
     (``run.json`` kind ``gateway``) is incomplete while it has no ``summary.json``.
     """
