@@ -125,7 +125,8 @@ def check_exportable(records, *, need_logp: bool = True) -> None:
             raise E.ScriptedRecordError(
                 f'record {i} carries placeholder log-probs (a scripted policy); an RL trainer would use them as '
                 'the behaviour policy', field='sample_logp',
-                fix='export it for SFT (to_sft), or re-score it with the policy before an RL export')
+                fix="export it for SFT (export(records, 'sft', out); CLI: --to sft), or re-score it with the policy "
+                    'before an RL export')
 
 
 def expected_step0_ratio(spec: SamplingSpec) -> str:
