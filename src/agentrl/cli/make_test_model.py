@@ -56,8 +56,6 @@ class MakeTestModelOptions:
         check_numbers(self)
         if self.tokenizer is not None and not os.path.isfile(os.path.join(self.tokenizer, 'tokenizer_config.json')):
             raise UserError(f'--tokenizer {self.tokenizer!r} has no tokenizer_config.json; pass a tokenizer folder')
-        if self.tokenizer is None:            # found before torch/transformers load, so a miss fails fast
-            self.tokenizer = str(_qwen3_tokenizer())
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise UserError(f'--hidden {self.hidden} must be divisible by --heads {self.heads}, and --heads by '
                             f'--kv-heads {self.kv_heads}')
@@ -114,6 +112,8 @@ def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     opts = from_args(MakeTestModelOptions, args)
     opts.validate()
+    if opts.tokenizer is None:            # found before transformers loads, so a miss fails fast
+        opts.tokenizer = str(_qwen3_tokenizer())
     from ..engines.hf import make_test_model
     path = make_test_model(opts.out, opts.tokenizer, layers=opts.layers, hidden=opts.hidden, heads=opts.heads,
                            kv_heads=opts.kv_heads, seed=opts.seed, end_of_turn_rate=opts.end_of_turn_rate or None)
