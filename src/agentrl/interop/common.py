@@ -520,16 +520,13 @@ def source_fix(data, framework: str) -> str:
     return f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
 
 
-def _unsupported_global(e: BaseException) -> bool:
-    """Whether ``torch.load(weights_only=True)`` refused a class or function the file names (a whole file, not a
-    damaged one: ``Unsupported global`` / ``Unsupported class``)."""
-    import pickle
-    return isinstance(e, pickle.UnpicklingError) and ('Unsupported global' in str(e) or 'Unsupported class' in str(e))
-
-
-def _first_sentence(e: BaseException) -> str:
-    """``TYPE: first sentence of the message`` (torch's run on for lines), or the type alone."""
-    text = ' '.join(str(e).split()).split('. ')[0].rstrip('.')
+def _damaged_pt(e: BaseException) -> str | None:
+    """``TYPE: first sentence`` of a ``torch.load`` error from a cut or damaged file; None for torch's ``Unsupported
+    global`` (a whole file naming a class or function weights_only=True refuses)."""
+    text = ' '.join(str(e).split())
+    if 'Unsupported global' in text or 'Unsupported class' in text:
+        return None
+    text = text.split('. ')[0].rstrip('.')
     return f'{type(e).__name__}: {text}' if text else type(e).__name__
 
 
@@ -554,9 +551,9 @@ def _load_pt(path, framework: str | None = None):
             except ValueError:
                 data = None
             raise ValueError(f'{str(path)!r} is JSON text, not a torch .pt file; {source_fix(data, framework)}') from e
-        if not _unsupported_global(e):      # a cut or damaged file: never advise unpickling it
+        if _damaged_pt(e):                  # a cut or damaged file: never advise unpickling it
             raise ValueError(f'{str(path)!r} is truncated or damaged, not a readable torch .pt file '
-                             f'({_first_sentence(e)}); write it again or pass an intact copy') from e
+                             f'({_damaged_pt(e)}); write it again or pass an intact copy') from e
         raise ValueError(f'{str(path)!r} holds objects beyond tensors, lists and dicts ({type(e).__name__}); '
                          'agentrl loads .pt files with weights_only=True. Fix: if you trust the file, load it '
                          'yourself with torch.load(weights_only=False) and pass the result to the from_* function') from e
