@@ -49,6 +49,15 @@ def test_rollout_engine_with_only_scripted_policies_is_refused(tmp_path, capsys,
     assert not out.exists()
 
 
+def test_rollout_checkpoint_with_only_scripted_policies_is_refused(tmp_path, capsys):
+    out = tmp_path / 'x'
+    code, line = _error(capsys, 'rollout', '--checkpoint', tmp_path / 'model.pt', '--policy', 'oracle,blind',
+                        '--out', out)
+    assert code == 2 and line == ('agentrl: error: --checkpoint is the TinyAgent of --policy model (got oracle,blind); '
+                                  'drop --checkpoint for scripted policies, or add model to --policy')
+    assert not out.exists()
+
+
 def test_rollout_engine_hf_without_model(tmp_path, capsys):
     code, line = _error(capsys, 'rollout', '--engine', 'hf', '--out', tmp_path / 'x')
     assert code == 2 and line == ('agentrl: error: --engine hf needs --model DIR with config.json (a save_pretrained '

@@ -170,6 +170,9 @@ class RolloutOptions:
             raise ValueError(f'--policy {",".join(bad) or "(empty)"} is not known; choose from {",".join(POLICIES)}')
         if len(set(self.policy)) != len(self.policy):
             raise ValueError(f'--policy lists a policy twice ({",".join(self.policy)}); list each once')
+        if not self.resume and self.checkpoint and 'model' not in self.policy:
+            raise ValueError(f'--checkpoint is the TinyAgent of --policy model (got {",".join(self.policy)}); drop '
+                             '--checkpoint for scripted policies, or add model to --policy')
         if self.checkpoint and not os.path.exists(self.checkpoint):
             raise ValueError(f'--checkpoint {self.checkpoint!r} does not exist; pass model.pt from `agentrl train`')
         if self.address and self.workers < 1:
