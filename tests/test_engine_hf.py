@@ -447,7 +447,7 @@ def test_cli_rollout_engine_hf_and_drift(model, model_dir, tmp_path, capsys, mon
 @pytest.mark.parametrize('argv, message', [
     (['rollout', '--engine', 'hf'], '--engine hf needs --model DIR with config.json'),
     (['rollout', '--model', '/nonexistent'], '--model is the Hugging Face model of --engine hf'),
-    (['rollout', '--engine', 'hf', '--model', '{model}', '--top-p', '0'], 'SamplingSpec.top_p must be in (0, 1]'),
+    (['rollout', '--engine', 'hf', '--model', '{model}', '--top-p', '0'], '--top-p must be in (0, 1] (got 0); 1 turns it off'),
     (['drift'], 'pass --model DIR (sample and measure) or --records PATH'),
     (['drift', '--model', '/nonexistent'], "--model '/nonexistent' has no config.json"),
     (['drift', '--model', '{model}', '--samples', '100000000', '--tokens', '100000000'],

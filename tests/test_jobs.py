@@ -82,7 +82,7 @@ def test_options_are_declared_once_and_range_checked():
 
 
 @pytest.mark.parametrize('argv, message', [
-    (['rollout', '--top-p', '2'], 'SamplingSpec.top_p must be in (0, 1] (1 = off), got 2.0'),
+    (['rollout', '--top-p', '2'], '--top-p must be in (0, 1] (got 2); 1 turns it off'),
     (['rollout', '--max-new-tokens', '5'], '--max-new-tokens applies to --engine hf, not --engine tinyagent'),
     (['rollout', '--temperature', 'inf'], '--temperature must be a finite number, got inf'),
     (['rollout', '--workers', '-1'], '--workers must be >= 0 and <= 4096, got -1'),

@@ -88,7 +88,22 @@ def check(opts: CheckOptions, out=print, progress_stream=None) -> int:
         if bar is not None:
             bar.close()
     out(report.format())
+    _warn_incomplete(opts.path)
     return report.code
+
+
+def _warn_incomplete(path: str) -> None:
+    """Say on stderr that the rollout run behind ``path`` is unfinished, as report and export do (the result
+    stands: the records it has were checked)."""
+    from ..io import printable
+    from .export import _incomplete_note
+    try:
+        note = _incomplete_note(path, None)
+    except (OSError, ValueError):          # a run.json that is not a manifest: nothing to compare with
+        return
+    if note:
+        print(printable(f'agentrl: warning: {path!r} is {note}; the check covers only the stored records'),
+              file=sys.stderr)
 
 
 def run(args) -> int:

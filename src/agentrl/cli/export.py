@@ -123,6 +123,36 @@ class ExportOptions:
         return (low, high)
 
 
+def _refuse_placeholders(opts: ExportOptions, records) -> None:
+    """Refuse the first record with placeholder (scripted) log-probs for an RL target, naming its file and row.
+
+    ``records`` are the rows of ``opts.source()`` in file order (as :func:`agentrl.store.read_trajectories`
+    returns them), so the position of a record locates it.
+
+    Raises:
+        agentrl.checks.errors.ScriptedRecordError: ``'FILE' row N: sample_logp: ... Fix: ... --to sft ...``.
+    """
+    i = next((i for i, r in enumerate(records) if r.provenance is not None and r.provenance.logp_placeholder), None)
+    if i is None:
+        return
+    import pyarrow.parquet as pq
+
+    from .. import store
+    from ..checks.errors import ScriptedRecordError
+    where = f'record {i}'
+    for f in store.data_files(opts.source()):
+        n = pq.ParquetFile(f).metadata.num_rows
+        if i < n:
+            where = f'{f!r} row {i}'
+            break
+        i -= n
+    raise ScriptedRecordError(
+        f'the record carries placeholder log-probs (scripted policy); --to {opts.to} would hand them to the '
+        'trainer as the behaviour policy', field='sample_logp',
+        fix='export scripted records with `--to sft`, or pass a run sampled by a model '
+            '(agentrl rollout --policy model)').at(where)
+
+
 def _check_pad_id(pad_id: int, records) -> None:
     """Refuse a ``--pad-id`` outside the vocabulary of the records' tokenizer (when it is agentrl's word-level one).
 
@@ -162,6 +192,8 @@ def run(args) -> int:
     if opts.mask_forced:
         from ..constraints import mask_forced
         records = [mask_forced(r) for r in records]
+    if opts.to not in ('sft', 'skyrl-sft'):
+        _refuse_placeholders(opts, records)
     _check_pad_id(opts.pad_id, records)
     corr = None
     if opts.correction is not None:
@@ -198,7 +230,8 @@ def _incomplete_note(run: str, records) -> str:
     """What says the rollout run behind ``run`` is unfinished (:func:`agentrl.jobs.report.incompleteness`), or ''.
 
     ``run`` is a run folder, its ``trajectories/`` folder or one of its shards; any other input
-    (a plain ``.parquet`` file, an import) has no plan to compare with and gives ''. A run whose
+    (a plain ``.parquet`` file, an import) has no plan to compare with and gives ''. ``records`` None:
+    the episodes are counted from the run's files (``agentrl check``). A run whose
     ``OUT/.lock`` is still there may be being written (or its job was killed). A gateway run
     (``run.json`` kind ``gateway``) is incomplete while it has no ``summary.json``.
     """

@@ -80,6 +80,24 @@ class MakeTestModelOptions:
                             'choose another folder')
 
 
+def _qwen3_tokenizer():
+    """The Qwen3 tokenizer folder (:func:`agentrl.templates.loading.find_tokenizer_dir`), or a one-line
+    :class:`~agentrl.cli.options.UserError` naming every way to give one."""
+    import importlib.util
+    from ..templates.loading import TOKENIZER_FAMILIES, find_tokenizer_dir, tokenizer_roots
+    try:
+        return find_tokenizer_dir('qwen3')
+    except FileNotFoundError:
+        pass
+    tried = ', '.join(str(r / 'qwen3') for r in tokenizer_roots())
+    hub = f'or go online so agentrl fetches {TOKENIZER_FAMILIES["qwen3"]} from the Hugging Face hub'
+    if importlib.util.find_spec('huggingface_hub') is None:
+        hub += ' (pip install huggingface_hub)'
+    raise UserError(f'make-test-model needs a Qwen3 tokenizer and found none (tried {tried}); pass --tokenizer DIR '
+                    '(a folder with tokenizer.json and tokenizer_config.json), set AGENTRL_TOKENIZERS to a folder '
+                    f'holding qwen3/, or AGENTRL_SHARED to one holding tokenizers/qwen3, {hub}')
+
+
 def register(sub) -> None:
     """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
     p = sub.add_parser('make-test-model', help='build a small random Qwen3 with a real tokenizer (offline, seconds)',
@@ -94,6 +112,8 @@ def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
     opts = from_args(MakeTestModelOptions, args)
     opts.validate()
+    if opts.tokenizer is None:            # found before transformers loads, so a miss fails fast
+        opts.tokenizer = str(_qwen3_tokenizer())
     from ..engines.hf import make_test_model
     path = make_test_model(opts.out, opts.tokenizer, layers=opts.layers, hidden=opts.hidden, heads=opts.heads,
                            kv_heads=opts.kv_heads, seed=opts.seed, end_of_turn_rate=opts.end_of_turn_rate or None)

@@ -36,8 +36,9 @@ def run(args) -> int:
     opts = from_args(ReportOptions, args)
     opts.validate()
     t0 = time.time()
+    err = Console(stderr=True)          # a bar only on a terminal: piped, it would leave a blank line
     with Progress(TextColumn('{task.description}'), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  console=Console(stderr=True), transient=True) as progress:
+                  console=err, transient=True, disable=not err.is_terminal) as progress:
         res = write_report(opts, progress)
     policies = f"{res.policies} polic{'y' if res.policies == 1 else 'ies'}"
     note = f'; {res.incomplete}' if res.incomplete else ''

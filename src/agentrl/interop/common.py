@@ -125,7 +125,8 @@ def check_exportable(records, *, need_logp: bool = True) -> None:
             raise E.ScriptedRecordError(
                 f'record {i} carries placeholder log-probs (a scripted policy); an RL trainer would use them as '
                 'the behaviour policy', field='sample_logp',
-                fix='export it for SFT (to_sft), or re-score it with the policy before an RL export')
+                fix="export it for SFT (export(records, 'sft', out); CLI: --to sft), or re-score it with the policy "
+                    'before an RL export')
 
 
 def expected_step0_ratio(spec: SamplingSpec) -> str:
@@ -519,12 +520,24 @@ def source_fix(data, framework: str) -> str:
     return f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
 
 
+def _damaged_pt(e: BaseException) -> str | None:
+    """``TYPE: first sentence`` of a ``torch.load`` error from a cut or damaged file; None for torch's ``Unsupported
+    global`` (a whole file naming a class or function weights_only=True refuses)."""
+    text = ' '.join(str(e).split())
+    if 'Unsupported global' in text or 'Unsupported class' in text:
+        return None
+    text = text.split('. ')[0].rstrip('.')
+    return f'{type(e).__name__}: {text}' if text else type(e).__name__
+
+
 def _load_pt(path, framework: str | None = None):
     """``torch.load`` restricted to tensors and plain containers (no code runs from the file).
 
     Raises:
-        ValueError: the file holds objects beyond tensors and plain containers, or is JSON text
-            (names the file and, when ``framework`` is given, the framework it looks like).
+        ValueError: the file holds objects beyond tensors and plain containers (torch's ``Unsupported
+            global``), is truncated or damaged (a cut zip, an empty file, bytes no unpickler reads: the
+            fix never says to unpickle it), or is JSON text (names the file and, when ``framework`` is
+            given, the framework it looks like).
     """
     try:
         return torch.load(path, weights_only=True)
@@ -538,6 +551,9 @@ def _load_pt(path, framework: str | None = None):
             except ValueError:
                 data = None
             raise ValueError(f'{str(path)!r} is JSON text, not a torch .pt file; {source_fix(data, framework)}') from e
+        if _damaged_pt(e):                  # a cut or damaged file: never advise unpickling it
+            raise ValueError(f'{str(path)!r} is truncated or damaged, not a readable torch .pt file '
+                             f'({_damaged_pt(e)}); write it again or pass an intact copy') from e
         raise ValueError(f'{str(path)!r} holds objects beyond tensors, lists and dicts ({type(e).__name__}); '
                          'agentrl loads .pt files with weights_only=True. Fix: if you trust the file, load it '
                          'yourself with torch.load(weights_only=False) and pass the result to the from_* function') from e

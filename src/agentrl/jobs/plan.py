@@ -157,7 +157,11 @@ class RolloutOptions:
         """
         # a resume learns its engine from run.json: resume_options' caller checks the flags against it
         check_fields(self, engine=None if self.resume else self.engine)
-        self.sampling_spec()                  # top-k/top-p/min-p ranges: SamplingSpec names the field
+        if not 0.0 < self.top_p <= 1.0:       # SamplingSpec checks them too, naming its field, not the flag
+            raise ValueError(f'--top-p must be in (0, 1] (got {self.top_p:g}); 1 turns it off')
+        if not 0.0 <= self.min_p < 1.0:
+            raise ValueError(f'--min-p must be in [0, 1) (got {self.min_p:g}); 0 turns it off')
+        self.sampling_spec()                  # any other range: SamplingSpec names the field
         if '' in self.policy:
             raise ValueError(f'--policy {",".join(self.policy)!r} has an empty name; separate the names by single '
                              'commas, e.g. oracle,model')
@@ -166,14 +170,23 @@ class RolloutOptions:
             raise ValueError(f'--policy {",".join(bad) or "(empty)"} is not known; choose from {",".join(POLICIES)}')
         if len(set(self.policy)) != len(self.policy):
             raise ValueError(f'--policy lists a policy twice ({",".join(self.policy)}); list each once')
+        if not self.resume and self.checkpoint and 'model' not in self.policy:
+            raise ValueError(f'--checkpoint is the TinyAgent of --policy model (got {",".join(self.policy)}); drop '
+                             '--checkpoint for scripted policies, or add model to --policy')
         if self.checkpoint and not os.path.exists(self.checkpoint):
             raise ValueError(f'--checkpoint {self.checkpoint!r} does not exist; pass model.pt from `agentrl train`')
         if self.address and self.workers < 1:
             raise ValueError('--address joins a Ray cluster for the workers; add --workers N (N >= 1)')
         if self.resume and not os.path.isdir(self.resume):
             raise ValueError(f'--resume {self.resume!r} is not a folder; pass the --out folder of a run')
+        if not self.resume and self.engine in ('hf', 'vllm') and 'model' not in self.policy:
+            raise ValueError(f'--engine {self.engine} samples only --policy model (got {",".join(self.policy)}); '
+                             'drop --engine/--model for scripted policies, or add model to --policy')
         if self.engine in ('hf', 'vllm'):
-            if not self.model or not os.path.isfile(os.path.join(self.model, 'config.json')):
+            if not self.model:
+                raise ValueError(f'--engine {self.engine} needs --model DIR with config.json (a save_pretrained '
+                                 'folder); `agentrl make-test-model OUT` builds a small one')
+            if not os.path.isfile(os.path.join(self.model, 'config.json')):
                 raise ValueError(f'--engine {self.engine} needs --model DIR with config.json (got {self.model!r}); '
                                  '`agentrl make-test-model OUT` builds a small one')
         if self.engine == 'vllm' and not self.server:

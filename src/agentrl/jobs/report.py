@@ -58,7 +58,12 @@ class ReportOptions:
                 raise ValueError(f'{self.run_dir!r} holds trajectory files but is not a run folder (no trajectories/ '
                                  'or trajectories.parquet in it); `agentrl check` and `agentrl show` read such a '
                                  'folder, `agentrl report` reads the run folder that holds trajectories/')
-            raise ValueError(f'{self.trajectories()} not found; run `agentrl rollout --out {self.run_dir}` first')
+            if os.path.isfile(os.path.join(self.run_dir, 'run.json')):     # a run stopped before its first shard
+                raise ValueError(f'{self.trajectories()} not found: the run stopped before its first shard; '
+                                 f'finish it with `{_resume_of(self.run_dir)}`')
+            raise ValueError(f'{self.run_dir!r} is not a run folder (no run.json, trajectories/ or '
+                             'trajectories.parquet in it); pass a run folder written by `agentrl rollout`, '
+                             '`agentrl serve` or `agentrl import`')
         if self.fold < 0:
             raise ValueError(f'--fold must be >= 0 (0 = never fold), got {self.fold}')
         _read_summary(self.run_dir)                # a summary.json that is not one: refused before any reading
@@ -128,8 +133,9 @@ def _read_records(opts: ReportOptions, progress=None) -> list:
                 progress.advance(bar, len(batch))
     except RecordError:                 # a refused row: its message names the file, row and field
         raise
-    except ValueError as e:
-        raise ValueError(f'{path}: {e}') from None
+    except ValueError as e:             # the store's messages name the file already: not twice
+        msg = str(e)
+        raise ValueError(msg if msg.startswith(("'", '"')) or str(path) in msg else f'{path}: {msg}') from None
     if not trajs:
         if os.path.isfile(os.path.join(opts.run_dir, 'run.json')):     # a run stopped before its first shard
             raise ValueError(f'{path} holds no records; finish the run with `{_resume_of(opts.run_dir)}`')
@@ -215,13 +221,16 @@ def duplicates_note(n: int, path: str) -> str:
     return f'{n} duplicate record{"s" if n != 1 else ""} (same identity) — `agentrl check {path}` refuses them'
 
 
-def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:
+def incompleteness(run_dir: str, trajs: list | None, has_summary: bool) -> str:
     """What says a rollout run is unfinished, or '' when it is complete (or not a rollout run).
 
     A run folder with ``run.json`` planning ``N`` episodes is incomplete when fewer distinct episodes
     ``(group_id, rollout_id)`` than ``N`` are stored, or when ``summary.json`` is missing (the job
     was interrupted before its last write). A gateway run (``agentrl serve``: ``run.json`` of kind
     ``gateway``, no plan) is incomplete only while it has no ``summary.json`` (written at shutdown).
+
+    ``trajs``: the run's records, or None to count the episodes from the identity columns of its files
+    (``agentrl check``, which does not keep the records).
 
     Returns:
         ``'incomplete: K of N episodes stored; resume with `agentrl rollout --resume RUN_DIR`'`` (with
@@ -238,11 +247,27 @@ def incompleteness(run_dir: str, trajs: list, has_summary: bool) -> str:
     if manifest is None:
         return ''
     planned = int(manifest.get('episodes') or 0)
-    stored = len({(t.provenance.group_id, t.provenance.rollout_id) for t in trajs if t.provenance is not None})
+    if trajs is None:
+        stored = len(_stored_episodes(run_dir))
+    else:
+        stored = len({(t.provenance.group_id, t.provenance.rollout_id) for t in trajs if t.provenance is not None})
     if stored >= planned and has_summary:
         return ''
     return (f'incomplete: {stored} of {planned} episodes stored{"" if has_summary else ", no summary.json"}; '
             f'resume with `agentrl rollout --resume {run_dir}`')
+
+
+def _stored_episodes(run_dir: str) -> set:
+    """The ``(group_id, rollout_id)`` of every row of the run's files (only those two columns are read)."""
+    import pyarrow.parquet as pq
+
+    from .. import store
+    keys = set()
+    for f in store.data_files(run_dir):
+        t = pq.read_table(f, columns=['group_id', 'rollout_id'])
+        keys.update(zip(t.column('group_id').to_pylist(), t.column('rollout_id').to_pylist()))
+    keys.discard((None, None))
+    return keys
 
 
 def _run_kind(run_dir: str) -> str | None:

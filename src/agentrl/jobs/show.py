@@ -97,8 +97,9 @@ def _from_store(opts: ShowOptions):
                 dedupe.see(t)
     except RecordError:                 # a refused row: its message names the file, row and field
         raise
-    except ValueError as e:
-        raise ValueError(f'{opts.path}: {e}') from None
+    except ValueError as e:             # the store's messages name the file already: not twice
+        msg = str(e)
+        raise ValueError(msg if msg.startswith(("'", '"')) or str(opts.path) in msg else f'{opts.path}: {msg}') from None
     return chosen, seen, dedupe.repeats
 
 

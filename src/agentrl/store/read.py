@@ -69,8 +69,30 @@ def _parquet(f, read_dictionary=None) -> pq.ParquetFile:
     except (pa.ArrowException, OSError) as e:
         if isinstance(e, FileNotFoundError):
             raise
-        raise ValueError(f'{str(f)!r} is not a Parquet file ({str(e).splitlines()[0][:120] if str(e) else type(e).__name__}); '
+        why = str(e).splitlines()[0][:120] if str(e) else type(e).__name__
+        if _starts_as_parquet(f):         # PAR1 at the start, no footer: a shard cut short (or damaged)
+            raise ValueError(f'{str(f)!r} is truncated or damaged: a Parquet file whose footer cannot be read '
+                             f'({why.split(". ")[0].rstrip(".")}); {_damaged_fix(f)}') from None
+        raise ValueError(f'{str(f)!r} is not a Parquet file ({why}); '
                          'pass the trajectories.parquet written by `agentrl rollout` or a folder of its shards') from None
+
+
+def _starts_as_parquet(f) -> bool:
+    """Whether the file ``f`` begins with Parquet's magic bytes ``PAR1``."""
+    try:
+        with open(f, 'rb') as fh:
+            return fh.read(4) == b'PAR1'
+    except OSError:
+        return False
+
+
+def _damaged_fix(f) -> str:
+    """The fix for a damaged Parquet file: a run's shard is rerun by ``--resume``; another file is written again."""
+    p = Path(os.fsdecode(f))
+    run = p.parent.parent
+    if p.parent.name == 'trajectories' and (run / 'run.json').is_file():
+        return f'move it aside and run `agentrl rollout --resume {run}` to rerun its episodes'
+    return 'write it again (rerun the command that wrote it) or remove it'
 
 
 def _footer_bytes(rg, bound: int) -> tuple[int, str, set]:
