@@ -81,8 +81,12 @@ def find_tokenizer_dir(family: str, *, hub: bool = True) -> Path:
         got = _from_hub(repo_id)
         if got is not None:
             return got
-    how = (f'or let agentrl fetch the ungated hub repo {repo_id!r} (pip install huggingface_hub; online)'
-           if repo_id else 'the upstream repo is gated: download its tokenizer files yourself')
+    if repo_id:
+        import importlib.util
+        need = '' if importlib.util.find_spec('huggingface_hub') else 'pip install huggingface_hub; '
+        how = f'or let agentrl fetch the ungated hub repo {repo_id!r} ({need}online: huggingface.co reachable)'
+    else:
+        how = 'the upstream repo is gated: download its tokenizer files yourself'
     raise FileNotFoundError(f'no {fam} tokenizer found (tried {", ".join(map(str, dict.fromkeys(tried)))}); set '
                             f'AGENTRL_TOKENIZERS to a folder holding {fam}/ with tokenizer.json and '
                             f'tokenizer_config.json, {how}')
