@@ -20,13 +20,20 @@ response) and nothing the engine spends or queues for (the HF engine samples one
 1. ``--sessions`` sessions at once, ``--turns`` turns each (8 new tokens a turn): p50/p99 of the
    gateway cost, next to the same calls made directly on the engine (same prompts, budgets, seeds);
    once per ``--variants`` uvicorn ``HTTP/LOOP`` pair, each on a fresh gateway over the same engine.
+   Then, side by side, the same calls (the journalled prompt ids, budgets and seeds, the same sessions
+   and concurrency, the same client) on a **bare engine server**: uvicorn + Starlette, one route
+   that takes prompt ids and answers the sampled ids and log-probs, over the same engine called the
+   same way (one engine thread). Its cost, measured
+   the same way, is what HTTP and the client cost on this machine; ``gateway_over_bare`` is what
+   recording adds to serving the engine over HTTP at all. ``--rounds`` alternates the two.
 2. ``--repeats`` turn sweeps (``--long`` 0: skipped), each on a fresh gateway: one session per length
    10, 50 and ``--long``, advanced untimed to 5 turns short of it, then 5 timed calls of each session
    round-robin (4 new tokens a turn, a short tool result after each), so a drift of the machine's load
    hits every length alike: the median gateway cost per length, the log-log slope, and the same for a
    full re-render of the conversation (``template.render`` + ``encode``), the cost a gateway that
    re-tokenizes the history every call would pay.
-3. The floor: p50/p99 of one fsync'd 2 KB line in the run folder (every call waits for one).
+3. The floor: p50/p99 of one fsync'd 2 KB line in the run folder (every call waits for one), back to
+   back and 70 ms apart (the engine's pace, ``fsync_spaced_ms``).
 """
 from __future__ import annotations
 
@@ -152,6 +159,83 @@ def _timed(up):
     return up
 
 
+def client_bare(url: str, path: str) -> None:
+    """The bare server's load: the sessions of ``path`` (JSON ``[[call body, ...], ...]``) at once, each
+    session's calls in turn; prints ``[{seed, latency}]``."""
+    import aiohttp
+    sessions, out = json.loads(Path(path).read_text()), []
+
+    async def one(http, calls):
+        for body in calls:
+            data = json.dumps(body)
+            t0 = time.perf_counter()
+            async with http.post(f'{url}/generate', data=data, headers={'Content-Type': 'application/json'}) as r:
+                raw = await r.read()
+            out.append({'seed': body['seed'], 'latency': time.perf_counter() - t0})
+            assert r.status == 200, raw
+            json.loads(raw)
+
+    async def go():
+        conn = aiohttp.TCPConnector(limit=0)
+        async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None)) as http:
+            await asyncio.gather(*(one(http, c) for c in sessions))
+    asyncio.run(go())
+    print(json.dumps(out))
+
+
+def _bare_server(up, stop_ids):
+    """The baseline: ``up`` behind uvicorn + Starlette with one route, ``POST /generate`` ``{prompt_token_ids,
+    spec, max_tokens, seed}`` -> ``{ids, logp}`` (what an engine server without recording does). Returns
+    ``(uvicorn server, url, dispatch times by seed)``."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from agentrl.gateway.server import bind
+    from agentrl.record import SamplingSpec
+    pool, dispatch = ThreadPoolExecutor(max_workers=1), {}
+
+    async def generate(request):
+        b = json.loads(await request.body())
+        args = (b['prompt_token_ids'], SamplingSpec.from_dict(b['spec']), b['max_tokens'], b['seed'], stop_ids)
+        dispatch[b['seed']] = time.time()
+        s = await asyncio.get_running_loop().run_in_executor(pool, up.sample, *args)
+        return Response(json.dumps({'ids': s.ids, 'logp': s.logp}), media_type='application/json')
+    sock = bind()
+    srv = uvicorn.Server(uvicorn.Config(Starlette(routes=[Route('/generate', generate, methods=['POST'])]),
+                                        log_level='warning', access_log=False))
+    import threading
+    threading.Thread(target=srv.run, kwargs={'sockets': [sock]}, daemon=True).start()
+    while not srv.started:
+        time.sleep(0.02)
+    return srv, f'http://127.0.0.1:{sock.getsockname()[1]}', dispatch
+
+
+def _bare(up, journal: dict, calls: list, stop_ids, tmp: Path) -> list:
+    """The same calls as the gateway's (sessions, order, prompt ids, budgets, seeds) on the bare server:
+    each call's cost = latency - (engine end - dispatch), as for the gateway."""
+    by = {}
+    for c in calls:
+        e = journal[c['seed']]
+        by.setdefault(e['sid'], []).append({'prompt_token_ids': e['response']['prompt_token_ids'],
+                                            'spec': e['req']['spec'], 'max_tokens': e['max_tokens'],
+                                            'seed': e['seed']})
+    path = tmp / 'bare-calls.json'
+    path.write_text(json.dumps(list(by.values())))
+    srv, url, dispatch = _bare_server(up, stop_ids)
+    try:
+        env = dict(os.environ, PYTHONPATH=str(ROOT / 'src'))
+        out = subprocess.run([sys.executable, __file__, '--bare', url, str(path)], capture_output=True, text=True,
+                             env=env, check=True)
+    finally:
+        srv.should_exit = True
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    return [c['latency'] - (up.spans[c['seed']][1] - dispatch[c['seed']]) for c in got]
+
+
 def _engine(kind: str, model):
     from agentrl.gateway import HFProcessUpstream, HFUpstream
     if kind == 'process':
@@ -165,6 +249,8 @@ def main(argv=None) -> int:
     ap.add_argument('--turns', type=int, default=4)
     ap.add_argument('--long', type=int, default=200)
     ap.add_argument('--repeats', type=int, default=3, help='turn sweeps per engine (each on fresh sessions)')
+    ap.add_argument('--rounds', type=int, default=3,
+                    help='phase 1 rounds per engine, each the gateway then the bare server (fresh sessions)')
     ap.add_argument('--json', default=None)
     ap.add_argument('--engines', default='inproc,process',
                     help='inproc (HFUpstream in the gateway process) and/or process (HFProcessUpstream, a child)')
@@ -185,11 +271,17 @@ def main(argv=None) -> int:
         for kind in a.engines.split(','):
             up = _engine(kind, model)
             try:
-                for k, variant in enumerate(a.variants.split(',')):          # uvicorn parser/loop, same engine
-                    row = dict(_concurrent(up, Path(tmp) / f'run-{kind}-{k}', variant, a.sessions, a.turns),
-                               engine=kind)
-                    rows.setdefault('concurrent', []).append(row)
-                    print(json.dumps(row), flush=True)
+                for r in range(a.rounds):
+                    for k, variant in enumerate(a.variants.split(',')):      # uvicorn parser/loop, same engine
+                        row = dict(_concurrent(up, Path(tmp) / f'run-{kind}-{k}-{r}', variant, a.sessions, a.turns),
+                                   engine=kind, round=r)
+                        rows.setdefault('concurrent', []).append(row)
+                        print(json.dumps(row), flush=True)
+                mine = [x for x in rows['concurrent'] if x['engine'] == kind]
+                med = {k: round(statistics.median(x[k] for x in mine), 3) for k in
+                       ('gateway_cost_ms_p50', 'bare_server_cost_ms_p50', 'gateway_over_bare_ms_p50')}
+                rows.setdefault('concurrent_median', {})[kind] = med
+                print(json.dumps({'engine': kind, 'median_over_rounds': med}), flush=True)
                 if a.long > 0:
                     for r in range(a.repeats):
                         row = dict(_length(up, Path(tmp) / f'run-{kind}-long-{r}', a.long), engine=kind, repeat=r)
@@ -198,17 +290,24 @@ def main(argv=None) -> int:
             finally:
                 if hasattr(up, 'close'):
                     up.close()
-        ts = []
-        with open(Path(tmp) / 'fsync-probe', 'ab') as f:     # the floor: one fsync'd line per call
-            for _ in range(50):
-                t0 = time.perf_counter()
-                f.write(b'x' * 2048 + b'\n')
-                f.flush()
-                os.fsync(f.fileno())
-                ts.append(time.perf_counter() - t0)
-        rows['fsync_ms'] = {'p50': round(1e3 * _pct(ts, 0.5), 3), 'p99': round(1e3 * _pct(ts, 0.99), 3)}
-        print(json.dumps(rows['fsync_ms']), flush=True)
+        rows['fsync_ms'] = _fsync_probe(Path(tmp) / 'fsync-probe', 50, 0.0)
+        rows['fsync_spaced_ms'] = _fsync_probe(Path(tmp) / 'fsync-probe-spaced', 60, 0.07)   # the engine's pace
+        print(json.dumps({'fsync_ms': rows['fsync_ms'], 'fsync_spaced_ms': rows['fsync_spaced_ms']}), flush=True)
     return _finish(rows, a.json)
+
+
+def _fsync_probe(path: Path, n: int, gap: float) -> dict:
+    """p50/p99 ms of ``n`` fsync'd 2 KB lines appended to ``path``, ``gap`` seconds apart."""
+    ts = []
+    with open(path, 'ab') as f:
+        for _ in range(n):
+            time.sleep(gap)
+            t0 = time.perf_counter()
+            f.write(b'x' * 2048 + b'\n')
+            f.flush()
+            os.fsync(f.fileno())
+            ts.append(time.perf_counter() - t0)
+    return {'p50': round(1e3 * _pct(ts, 0.5), 3), 'p99': round(1e3 * _pct(ts, 0.99), 3)}
 
 
 def _length(up, run: Path, long: int, timed: int = 5) -> dict:
@@ -276,6 +375,7 @@ def _concurrent(up, run: Path, variant: str, sessions: int, turns: int) -> dict:
     engine_in = [up.spans[c['seed']][1] - up.spans[c['seed']][0] for c in calls]
     queue = [up.spans[c['seed']][0] - journal[c['seed']]['t0'] for c in calls]
     stop = gw.template(None).stop_ids
+    bare = _bare(up, journal, calls, stop, run)
     direct = []
     for c in calls:                                                             # the same calls, straight to the engine
         e = journal[c['seed']]
@@ -287,6 +387,8 @@ def _concurrent(up, run: Path, variant: str, sessions: int, turns: int) -> dict:
     return {'variant': variant, 'sessions': sessions, 'calls': len(calls), 'http': srv.server.config.http_protocol_class.__name__,
             'loop': loop,
             'gateway_cost_ms_p50': 1e3 * _pct(cost, 0.5), 'gateway_cost_ms_p99': 1e3 * _pct(cost, 0.99),
+            'bare_server_cost_ms_p50': 1e3 * _pct(bare, 0.5), 'bare_server_cost_ms_p99': 1e3 * _pct(bare, 0.99),
+            'gateway_over_bare_ms_p50': 1e3 * (_pct(cost, 0.5) - _pct(bare, 0.5)),
             'latency_ms_p50': 1e3 * _pct([c['latency'] for c in calls], 0.5),
             'engine_queue_ms_p50': 1e3 * _pct(queue, 0.5),
             'engine_in_gateway_ms_p50': 1e3 * _pct(engine_in, 0.5), 'engine_direct_ms_p50': 1e3 * _pct(direct, 0.5),
@@ -296,6 +398,8 @@ def _concurrent(up, run: Path, variant: str, sessions: int, turns: int) -> dict:
 if __name__ == '__main__':
     if len(sys.argv) > 1 and sys.argv[1] == '--sweep':
         client_sweep(sys.argv[2], [int(x) for x in sys.argv[3].split(',')], int(sys.argv[4]), sys.argv[5])
+    elif len(sys.argv) > 1 and sys.argv[1] == '--bare':
+        client_bare(sys.argv[2], sys.argv[3])
     elif len(sys.argv) > 1 and sys.argv[1] == '--client':
         client_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6], bool(sys.argv[7]))
     else:

@@ -15,9 +15,11 @@ Routes:
   (``RUN/serve.json``).
 
 Every error is OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``). State
-changes run in the gateway's state thread and engine calls in its engine threads; the event loop
-only parses, awaits and sends. One call of a session is served at a time (a per-session lock);
-calls of different sessions sample concurrently.
+changes are serial: the short ones (planning and completing a call, opening a session) run on the
+event loop itself while the state thread is idle, and behind it otherwise; the long ones (finishing
+a session, reaping idle ones: they store records) run on the state thread. Engine calls run in the
+engine threads. One call of a session is served at a time (a per-session lock); calls of different
+sessions sample concurrently.
 
 Source: docs/gateway.md#endpoints; the OpenAI chat-completions API (chunks, ``[DONE]``).
 """
@@ -67,9 +69,17 @@ class _Tracked:
         chunks = self.chunks if hasattr(self.chunks, '__aiter__') else _aiter(self.chunks)
         try:
             await asyncio.sleep(0)
-            if not gone.is_set():
+            headers = [(b'content-type', self.media_type.encode()), (b'cache-control', b'no-cache')]
+            if gone.is_set():
+                pass
+            elif self.media_type == 'application/json':         # one JSON body, sized: no chunked framing
+                body = b''.join(self.chunks)
                 await send({'type': 'http.response.start', 'status': 200,
-                            'headers': [(b'content-type', self.media_type.encode()), (b'cache-control', b'no-cache')]})
+                            'headers': headers + [(b'content-length', str(len(body)).encode())]})
+                await send({'type': 'http.response.body', 'body': body, 'more_body': False})
+                ok = not gone.is_set()
+            else:
+                await send({'type': 'http.response.start', 'status': 200, 'headers': headers})
                 async for c in chunks:
                     if gone.is_set():
                         break
@@ -131,12 +141,22 @@ class _Routes:
         self.idle = None                         # asyncio.Event: set while no call is dispatched
         self.dispatched = 0
         self.locks: dict = {}                    # session id -> asyncio.Lock (one call of a session at a time)
+        self.queued = 0                          # state-thread jobs submitted and not yet resumed (loop's count)
 
-    async def work(self, fn, *args):
-        return await asyncio.get_running_loop().run_in_executor(self.gw.pool, fn, *args)
+    async def work(self, fn, *args, inline: bool = True):
+        """Run a change of state, serially with every other: on this loop when ``inline`` and the state thread
+        has nothing queued or running (no thread hand-off: a call's planning and completion cost no
+        wake-ups, bench/RESULTS.md), else on the state thread, in order behind what it holds."""
+        if inline and self.queued == 0:
+            return fn(*args)
+        self.queued += 1
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.gw.pool, fn, *args)
+        finally:
+            self.queued -= 1
 
     async def serve_call(self, s, req, digest: str, retry: int, hook=None) -> tuple:
-        """Prepare (state thread), sample (engine thread), complete (state thread): ``(response, index, replayed)``.
+        """Prepare (state), sample (engine thread), complete (state): ``(response, index, replayed)``.
 
         ``hook(pending) -> on_token``: called once the call is planned to sample; its ``on_token``
         goes to the engine (streaming).
@@ -207,7 +227,7 @@ class _Routes:
                 raise GatewayError(400, f'reward must be a finite number, got {reward!r}', param='reward')
             if not isinstance(info, dict):
                 raise GatewayError(400, f'info must be a JSON object, got {type(info).__name__}', param='info')
-            return _json(await self.work(self.gw.finish, s, float(reward), info))
+            return _json(await self.work(self.gw.finish, s, float(reward), info, inline=False))
         except GatewayError as e:
             return _error(e)
 
@@ -385,7 +405,7 @@ class _Routes:
     async def reaper(self):
         while True:
             await asyncio.sleep(max(0.2, min(5.0, self.gw.session_timeout / 4)))
-            await self.work(self.gw.reap)
+            await self.work(self.gw.reap, inline=False)
 
 
 def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0, admin_token: str | None = None,

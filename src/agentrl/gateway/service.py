@@ -1,11 +1,12 @@
 """L5: the gateway's state, its state thread and its engine threads: sessions, calls, the journal, restart.
 
 :class:`Gateway` owns everything. Every change of state (planning a call, journalling and
-applying its sample, committing, finishing) runs in one state thread (:attr:`Gateway.pool`), so
-changes are serial; the engine calls run in :attr:`Gateway.engine_pool` (``upstream.concurrency``
-threads), so sessions sample concurrently. The HTTP app (:mod:`agentrl.gateway.app`) serves one
-call of a session at a time: a marked retry of a call still sampling waits for it and finds it
-committed, so it is replayed.
+applying its sample, committing, finishing) is serial: the HTTP app (:mod:`agentrl.gateway.app`)
+runs the short ones on its event loop while the state thread (:attr:`Gateway.pool`) is idle and the
+long ones (finishing, reaping) on that thread. The engine calls run in :attr:`Gateway.engine_pool`
+(``upstream.concurrency`` threads), so sessions sample concurrently. The app serves one call of a
+session at a time: a marked retry of a call still sampling waits for it and finds it committed, so
+it is replayed.
 
 Run folder::
 
@@ -192,8 +193,8 @@ class Gateway:
         """Serve one call in this thread: ``(response dict, call index, replayed)``.
 
         :meth:`prepare` (state), :meth:`sample` (engine), :meth:`complete` (state) in a row; the
-        HTTP app runs the three on the state thread, an engine thread and the state thread, so
-        sessions sample concurrently while every change of state stays serial.
+        HTTP app runs the three as changes of state (see :mod:`agentrl.gateway.app`), an engine thread and
+        again a change of state, so sessions sample concurrently while every change of state stays serial.
 
         Raises:
             GatewayError: as :meth:`prepare`, :meth:`sample` and :meth:`complete`.
@@ -209,7 +210,7 @@ class Gateway:
         return self.complete(p, sample)
 
     def prepare(self, session: Session, req: ChatRequest, digest: str, retry: int) -> 'Pending':
-        """Plan one call (state thread): the branch it extends or forks, its prompt, budget and seed.
+        """Plan one call (a change of state): the branch it extends or forks, its prompt, budget and seed.
 
         A marked retry (``retry > 0``) whose body digest matches an earlier call of the session
         gets that call's response again (``Pending.replay``); anything else is planned to sample.
@@ -280,12 +281,12 @@ class Gateway:
                                code='upstream_error') from None
 
     def drop(self, p: 'Pending') -> None:
-        """Undo a prepared call whose sampling failed (state thread)."""
+        """Undo a prepared call whose sampling failed (a change of state)."""
         if p.plan is not None:
             p.session.abandon(p.plan)
 
     def complete(self, p: 'Pending', sample) -> tuple:
-        """Journal and apply a sampled call (state thread): ``(response dict, call index, False)``.
+        """Journal and apply a sampled call (a change of state): ``(response dict, call index, False)``.
 
         Raises:
             GatewayError: 409 when the session was finished while the call sampled (nothing is kept).
@@ -345,18 +346,18 @@ class Gateway:
         return out
 
     def set_policy_version(self, version: str) -> None:
-        """Stamp ``version`` on every call dispatched from now on (journalled; worker thread)."""
+        """Stamp ``version`` on every call dispatched from now on (journalled; a change of state)."""
         self.journal.append({'ev': 'policy', 'version': version, 't': time.time()})
         self.policy_version = version
 
     def undelivered(self, session: Session, index: int) -> None:
-        """Journal that call ``index``'s response never reached the client (worker thread)."""
+        """Journal that call ``index``'s response never reached the client (a change of state)."""
         self.journal.append({'ev': 'undelivered', 'sid': session.sid, 'index': index})
         session.mark_undelivered(index)
 
     # ------------------------------------------------------------------ finishing
     def finish(self, session: Session, reward: float, info: dict, aborted: bool = False) -> dict:
-        """Commit a session's records (worker thread): journal ``finish``, store, journal ``committed``.
+        """Commit a session's records (on the state thread): journal ``finish``, store, journal ``committed``.
 
         Raises:
             GatewayError: 409 when the session is already finished.
@@ -379,7 +380,7 @@ class Gateway:
         return dict(session.describe(), records=len(recs))
 
     def reap(self, now: float | None = None) -> int:
-        """Commit, as aborted, every open session idle longer than the timeout (worker thread)."""
+        """Commit, as aborted, every open session idle longer than the timeout (on the state thread)."""
         now = time.time() if now is None else now
         n = 0
         for s in list(self.sessions.values()):

@@ -218,6 +218,7 @@ class Session:
         self.created = self.last_seen = created if created is not None else time.time()
         self.branches: list[Branch] = []
         self.calls: list[dict] = []        # per call: branch, digest, retry, response, spec, seed, delivered
+        self.undelivered: set[int] = set()  # calls whose turn the client never received (until echoed)
         self.forks: list[dict] = []
         self.state = 'open'                # open | finished | committed
         self.reward, self.info, self.aborted = 0.0, {}, False
@@ -313,10 +314,12 @@ class Session:
         b.recorder.add_turn(turn.ids, turn.logp, message=turn.record_message())
         b.steps.append(('turn', turn))
         b.seen = plan.seen
-        for t in b.turns:                  # echoed back (or replayed from): the client had them
-            if not t.delivered:
-                t.delivered = True
-                self.calls[t.call]['delivered'] = True
+        if self.undelivered:               # (a set, so a call costs no walk over the branch's turns)
+            for t in b.turns:              # echoed back (or replayed from): the client had them
+                if not t.delivered:
+                    t.delivered = True
+                    self.calls[t.call]['delivered'] = True
+                    self.undelivered.discard(t.call)
         if plan.new:
             self.branches.append(b)
             if plan.fork is not None:
@@ -346,6 +349,7 @@ class Session:
         t = self.turn_of(call)
         if t is not None:
             t.delivered = False
+            self.undelivered.add(call)
         if 0 <= call < len(self.calls):
             self.calls[call]['delivered'] = False
 
