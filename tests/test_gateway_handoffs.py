@@ -13,7 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from agentrl.gateway.app import _Routes
+pytest.importorskip('starlette')
+from agentrl.gateway.app import _Routes  # noqa: E402
 
 
 def test_work_runs_on_the_loop_only_while_the_state_thread_is_idle():
@@ -48,7 +49,7 @@ def test_work_runs_on_the_loop_only_while_the_state_thread_is_idle():
 def test_a_json_reply_is_one_sized_body_and_a_stream_stays_chunked(tmp_path):
     pytest.importorskip('transformers')
     pytest.importorskip('uvicorn')
-    try:
+    try:                   # openai >= 3 ships httpx2; older versions use httpx
         import httpx2 as httpx
     except ImportError:
         httpx = pytest.importorskip('httpx')
