@@ -28,6 +28,7 @@ except ImportError:
 H = httpx.Client(timeout=120)
 
 from _gateway import ForcingHF  # noqa: E402
+from agentrl.families import QWEN3  # noqa: E402
 from agentrl.gateway import Gateway, GatewayError, Limits, parse_reply, message_deltas  # noqa: E402
 from agentrl.gateway import parse_request, read_journal  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
@@ -92,14 +93,14 @@ def journal_len(run_dir):
 # ---------------------------------------------------------------------------- parsing (no server)
 def test_parse_reply_splits_reasoning_tool_calls_and_keeps_leftover_text():
     m = parse_reply('<think>\nhm\n</think>\n\nLet me look.\n<tool_call>\n{"name": "edit", "arguments": '
-                    '{"op": "swap_minmax"}}\n</tool_call>', id_seed='s/0')
+                    '{"op": "swap_minmax"}}\n</tool_call>', QWEN3, id_seed='s/0')
     assert m == {'role': 'assistant', 'content': 'Let me look.', 'reasoning_content': 'hm',
                  'tool_calls': [{'id': m['tool_calls'][0]['id'], 'type': 'function',
                                  'function': {'name': 'edit', 'arguments': '{"op": "swap_minmax"}'}}]}
     assert m['tool_calls'][0]['id'].startswith('call_') and len(m['tool_calls'][0]['id']) == 29
-    assert parse_reply('<tool_call>\n{not json}\n</tool_call>') == {
+    assert parse_reply('<tool_call>\n{not json}\n</tool_call>', QWEN3) == {
         'role': 'assistant', 'content': '<tool_call>\n{not json}\n</tool_call>'}
-    assert parse_reply('plain', tools=False) == {'role': 'assistant', 'content': 'plain'}
+    assert parse_reply('plain', QWEN3, tools=False) == {'role': 'assistant', 'content': 'plain'}
     deltas = message_deltas(m)
     assert ''.join(d.get('content', '') for d in deltas) == 'Let me look.'
     assert ''.join(d['tool_calls'][0]['function']['arguments'] for d in deltas if 'tool_calls' in d) == \
