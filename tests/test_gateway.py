@@ -462,6 +462,17 @@ def test_conformance_gate_passes_real_templates_and_refuses_a_counting_one(upstr
     Gateway(upstream, tmp_path / 'run2', template_options={'chat_template': COUNTING}, conformance=False).pool.shutdown()
 
 
+def test_the_gateway_picks_the_model_family_or_takes_one_by_name(upstream, tmp_path):
+    gw = Gateway(upstream, tmp_path / 'run', conformance=False)
+    gw.pool.shutdown()
+    assert gw.family is QWEN3
+    gw = Gateway(upstream, tmp_path / 'run2', conformance=False, family='generic')
+    gw.pool.shutdown()
+    assert (gw.family.name, gw.family.parses_tools, gw.family.think_close) == ('generic', False, '</think>')
+    with pytest.raises(ValueError, match=r"^family='hermes' is not a model family; use one of qwen3, generic$"):
+        Gateway(upstream, tmp_path / 'run3', conformance=False, family='hermes')
+
+
 def test_admin_pause_holds_calls_and_policy_versions_are_stamped_at_dispatch(server, run_dir):
     import threading
     admin = {'Authorization': f'Bearer {server.admin_token}'}
