@@ -26,7 +26,8 @@ def _template(name, **kw):
 
 READ = {'type': 'function', 'function': {'name': 'read', 'arguments': {}}}
 EDIT = {'type': 'function', 'function': {'name': 'edit', 'arguments': {'op': 'swap_minmax'}}}
-TURN = {'role': 'assistant', 'content': 'Let me look.', 'reasoning_content': 'Read it first.', 'tool_calls': [READ, EDIT]}
+TURN = {'role': 'assistant', 'content': 'Let me look.', 'reasoning_content': 'Read it first.',
+        'tool_calls': [READ, EDIT]}
 USER = {'role': 'user', 'content': 'Fix clamp.'}
 
 
@@ -51,7 +52,8 @@ def test_a_rendered_turn_with_reasoning_and_calls_parses_back_to_its_message(nam
     assert ids[-1] == template.end_of_turn_id
     reply = family.parse(ids, template, think_open=family.prompt_opens_reasoning(template, prompt_ids))
     assert (reply.reasoning, reply.content) == ('Read it first.', 'Let me look.')
-    assert [(c.name, c.arguments, c.status) for c in reply.calls] == [('read', {}, OK), ('edit', {'op': 'swap_minmax'}, OK)]
+    assert [(c.name, c.arguments, c.status) for c in reply.calls] == [('read', {}, OK),
+                                                                      ('edit', {'op': 'swap_minmax'}, OK)]
     assert [(c.chars, c.tokens) for c in reply.calls] == spans
     for c in reply.calls:               # each token span decodes to a text that holds exactly its block
         assert template.decode(ids[c.tokens[0]:c.tokens[1]]).strip('\n') == c.text == reply.text[c.chars[0]:c.chars[1]]

@@ -13,10 +13,13 @@ family module provides.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+from .spans import TokenSpans
+from .stream import StreamParser, held_suffix
 
 __all__ = ['CALL_STATUSES', 'OK', 'INVALID_JSON', 'UNCLOSED_BLOCK', 'MISSING_NAME', 'UNKNOWN_TOOL', 'TURN_KINDS',
-           'ToolCall', 'Reply', 'TurnEnd', 'Family', 'StreamParser', 'held_suffix']
+           'ToolCall', 'Reply', 'TurnEnd', 'Family']
 
 OK, INVALID_JSON, UNCLOSED_BLOCK, MISSING_NAME, UNKNOWN_TOOL = \
     'ok', 'invalid_json', 'unclosed_block', 'missing_name', 'unknown_tool'
@@ -80,17 +83,6 @@ class TurnEnd:
     """
     stop_ids: frozenset
     end_of_turn: int | None
-
-
-def held_suffix(text: str, *marks: str) -> int:
-    """The length of the longest suffix of ``text`` that is a proper prefix of one of ``marks``."""
-    best = 0
-    for m in marks:
-        for k in range(min(len(m) - 1, len(text)), best, -1):
-            if text.endswith(m[:k]):
-                best = k
-                break
-    return best
 
 
 class Family:
@@ -235,7 +227,7 @@ class Family:
         reply = self.parse_text(text, think_open=think_open, tools=tools, tool_names=tool_names)
         if not reply.calls:
             return reply
-        ends = _PrefixEnds(template, ids[:n], text)
+        ends = TokenSpans(template, ids[:n], text)
         calls = tuple(ToolCall(c.name, c.arguments, c.status, c.text, c.chars,
                                (ends.first_token(c.chars[0]), ends.last_token(c.chars[1]))) for c in reply.calls)
         return Reply(reply.content, reply.reasoning, calls, text)
@@ -303,86 +295,3 @@ def _without(body: str, calls, at: int) -> str:
             pos = c.chars[1] - at
     kept.append(body[pos:])
     return ''.join(kept)
-
-
-class _PrefixEnds:
-    """Char length of the decoded prefix ``ids[:k]``, found by bisection (``O(log n)`` decodes a boundary)."""
-
-    def __init__(self, template, ids: list, text: str):
-        self.template, self.ids, self.text, self._len = template, ids, text, {0: 0, len(ids): len(text)}
-
-    def length(self, k: int) -> int:
-        if k not in self._len:
-            part = self.template.decode(self.ids[:k])
-            n = 0
-            for a, b in zip(part, self.text):      # the longest common prefix ('\ufffd' of a cut character)
-                if a != b:
-                    break
-                n += 1
-            self._len[k] = n
-        return self._len[k]
-
-    def first_token(self, c: int) -> int:
-        """The largest ``k`` whose prefix ends at or before char ``c`` (the token holding char ``c``)."""
-        lo, hi = 0, len(self.ids)
-        while lo < hi:
-            mid = (lo + hi + 1) // 2
-            if self.length(mid) <= c:
-                lo = mid
-            else:
-                hi = mid - 1
-        return lo
-
-    def last_token(self, c: int) -> int:
-        """The smallest ``k`` whose prefix reaches char ``c``."""
-        lo, hi = 0, len(self.ids)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            if self.length(mid) >= c:
-                hi = mid
-            else:
-                lo = mid + 1
-        return lo
-
-
-@dataclass
-class StreamParser:
-    """Parse a reply as it arrives: :meth:`feed` text pieces, get what is certain; :meth:`finish` the rest.
-
-    The pieces :meth:`feed` and :meth:`finish` return concatenate to :meth:`Family.parse_text` of
-    the whole text (the same ``think_open`` and ``tools``), whatever the split.
-
-    Attributes:
-        family, think_open, tools: as :meth:`Family.stable_parts`. text: the reply so far.
-        sent: ``[reasoning, content, n ok calls]`` given out so far.
-    """
-    family: Family
-    think_open: bool
-    tools: bool = True
-    text: str = ''
-    sent: list = field(default_factory=lambda: ['', '', 0])
-    started: bool = False
-
-    def feed(self, piece: str) -> tuple:
-        """``(reasoning delta, content delta, new ok calls)`` after ``piece``."""
-        self.text += piece
-        return self._emit(*self.family.stable_parts(self.text, self.think_open, self.tools))
-
-    def finish(self) -> tuple:
-        """The last ``(reasoning delta, content delta, new ok calls)`` and the whole :class:`Reply`.
-
-        Returns:
-            ``((reasoning delta, content delta, new calls), Reply)``.
-        """
-        reply = self.family.parse_text(self.text, think_open=self.think_open, tools=self.tools)
-        return self._emit(reply.reasoning, reply.content, list(reply.ok_calls)), reply
-
-    def _emit(self, reasoning, content, calls) -> tuple:
-        r = c = ''
-        if reasoning is not None and reasoning.startswith(self.sent[0]):
-            r, self.sent[0] = reasoning[len(self.sent[0]):], reasoning
-        if content.startswith(self.sent[1]):
-            c, self.sent[1] = content[len(self.sent[1]):], content
-        new = list(calls[self.sent[2]:])
-        self.sent[2] = max(self.sent[2], len(calls))
-        return r, c, new

@@ -14,7 +14,7 @@ Source: docs/gateway.md#streaming; the OpenAI chat-completions chunk format.
 """
 from __future__ import annotations
 
-from ..families.base import held_suffix
+from ..families.stream import held_suffix
 from .parse import call_deltas, wire_calls
 
 __all__ = ['ReplyStream']
