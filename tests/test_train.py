@@ -170,7 +170,8 @@ def test_grpo_loss_ignores_non_policy_positions(sft_model, groups, tok):
                                             '(low, high) with 0 <= low <= high; pass e.g. (0.5, 5.0)'),
     ('max_tokens', 0, 'GRPOOptions.max_tokens = 0: must be an int >= 1; pass the packed row length, e.g. 2048'),
     ('max_staleness', -1, 'GRPOOptions.max_staleness = -1: must be None or an int >= 0; pass None for no limit'),
-])
+], ids=['updates', 'clip_eps', 'kl_coef', 'temperature', 'correction', 'is_correction_threshold', 'max_tokens',
+        'max_staleness'])
 def test_grpo_options_refuse_a_bad_field_by_name(field, value, message):
     with pytest.raises(ValueError) as e:
         GRPOOptions(**{field: value})

@@ -47,7 +47,7 @@ def test_options_reach_the_command_and_the_environment(tmp_path):
                            'first completion, e.g. 300'),
     ({'max_num_batched_tokens': 512}, 'VLLMServerOptions.max_num_batched_tokens = 512: must be >= max_model_len=2048 '
                                       'without chunked prefill; raise it to at least max_model_len'),
-])
+], ids=['logprobs_mode', 'max_model_len', 'port', 'ready_timeout', 'max_num_batched_tokens'])
 def test_bad_options_are_refused_by_field(kw, message):
     with pytest.raises(ValueError) as e:
         VLLMServerOptions(**kw)
