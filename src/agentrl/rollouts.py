@@ -185,7 +185,7 @@ class RolloutBatchOptions:
 
 
 def rollout_batch_options(options: RolloutBatchOptions | None = None, max_turns: int | None = None,
-                    temperature: float | None = None, who: str = 'rollout_batch') -> RolloutBatchOptions:
+                          temperature: float | None = None, who: str = 'rollout_batch') -> RolloutBatchOptions:
     """The options of a call that may use the book's keywords (``max_turns``, ``temperature``) instead.
 
     The one place the book's ``rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0,
@@ -206,7 +206,7 @@ def rollout_batch_options(options: RolloutBatchOptions | None = None, max_turns:
     """
     if options is None:
         return RolloutBatchOptions(max_turns=6 if max_turns is None else max_turns,
-                              spec=sampling_spec(1.0 if temperature is None else temperature, None, who))
+                                   spec=sampling_spec(1.0 if temperature is None else temperature, None, who))
     if not isinstance(options, RolloutBatchOptions):
         raise ValueError(f'{who}: options must be an agentrl.RolloutBatchOptions, got {type(options).__name__}')
     given = [n for n, v in (('max_turns', max_turns), ('temperature', temperature)) if v is not None]
