@@ -123,14 +123,14 @@ def _upstream(args, engine: str, stack):
         return HFUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
     if args.engine_process:
         raise UserError('--engine-process is for --engine hf (a vLLM server is already another process)')
-    from ..engines.vllm import VLLMError, VLLMServer
+    from ..engines.vllm import VLLMError, VLLMServer, VLLMServerOptions
     from ..gateway.vllm import VLLMUpstream
     urls = [u.strip() for u in (args.server or '').split(',') if u.strip()]
     try:
         if not urls:
             py = args.vllm_python or os.environ.get('AGENTRL_VLLM_PYTHON') or None
             os.makedirs(args.out, exist_ok=True)
-            srv = stack.enter_context(VLLMServer(args.model, python=py, cpus=args.vllm_cpus,
+            srv = stack.enter_context(VLLMServer(args.model, VLLMServerOptions(cpus=args.vllm_cpus), python=py,
                                                  log_path=os.path.join(args.out, 'vllm-server.log')))
             print(f'agentrl serve: vllm server {srv.url} (pid {srv.pid}) started', file=sys.stderr, flush=True)
             urls = [srv.url]

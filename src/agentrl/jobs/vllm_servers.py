@@ -30,13 +30,13 @@ def vllm_run_spec(prepared):
         yield prepared.spec
         return
     from ..engines.bugfix import BugFixAdapter
-    from ..engines.vllm import VLLMServer, bugfix_template, check_logp_mode, connect
+    from ..engines.vllm import VLLMServer, VLLMServerOptions, bugfix_template, check_logp_mode, connect
     from ..templates import ChatRecorder
     with contextlib.ExitStack() as stack:
         urls = list(opts.server or [])
         if not urls:
-            srv = stack.enter_context(VLLMServer(opts.model, python=opts.vllm_python, cpus=opts.vllm_cpus,
-                                                 name=prepared.model['name'] if prepared.model else None))
+            options = VLLMServerOptions(cpus=opts.vllm_cpus, name=prepared.model['name'] if prepared.model else None)
+            srv = stack.enter_context(VLLMServer(opts.model, options, python=opts.vllm_python))
             urls = [srv.url]
         endpoints = connect(urls)
         opening = BugFixAdapter(prepared.tasks[:1]).openings()[0]
