@@ -11,43 +11,25 @@ A session is sticky: all its calls go to one server (:meth:`VLLMUpstream.route`)
 A ``stream: true`` call is the same body streamed (:func:`stream_ids`): ``on_token`` gets the ids
 so far after each SSE chunk, and the turn is the unstreamed one bit for bit (docs/gateway.md#streaming).
 
-Requests are blocking (``urllib``) so that the gateway runs many of them at once from its engine
-threads (:attr:`VLLMUpstream.concurrency`); the log-prob mode is probed once per server at start
-(:func:`agentrl.engines.vllm.probe_logp_mode`) and declared on every record.
+Requests are blocking (:mod:`agentrl.engines.vllm.http`, the package's one HTTP client) so that the
+gateway runs many of them at once from its engine threads (:attr:`VLLMUpstream.concurrency`); the
+log-prob mode is probed once per server at start (:func:`agentrl.engines.vllm.probe_logp_mode`) and
+declared on every record.
 
 Source: docs/gateway.md#engines; docs/vllm.md.
 """
 from __future__ import annotations
 
-import dataclasses
 import hashlib
-import http.client
-import json
-import urllib.error
-import urllib.request
 from pathlib import Path
 
-from ..engines.vllm.client import ServerDied, parse_completion, parse_stream, request_body, stream_body
+from ..engines.vllm.client import checked_spec, parse_completion, parse_stream, request_body, stream_body
+from ..engines.vllm.http import post, stream_lines
 from ..engines.vllm.server import VLLMError
 from ..record import SamplingSpec
 from .engine import Sample
 
 __all__ = ['VLLMUpstream', 'complete_ids', 'stream_ids']
-
-
-def _open(url: str, body: dict, timeout: float):
-    """POST ``body`` to ``url``'s ``/v1/completions``: the open response (HTTP 200), or the one-line error."""
-    req = urllib.request.Request(f'{url}/v1/completions', data=json.dumps(body).encode(),
-                                 headers={'Content-Type': 'application/json'})
-    try:
-        return urllib.request.urlopen(req, timeout=timeout)
-    except urllib.error.HTTPError as e:
-        text = e.read()[:400].decode(errors='replace')
-        if e.code >= 500:
-            raise ServerDied(url, f'HTTP {e.code}: {text}') from None
-        raise VLLMError(f'vllm server {url}: /v1/completions answered HTTP {e.code}: {text}') from None
-    except (OSError, http.client.HTTPException) as e:
-        raise ServerDied(url, f'{type(e).__name__}: {e}') from None
 
 
 def _answer(c) -> dict:
@@ -70,12 +52,7 @@ def complete_ids(url: str, body: dict, timeout: float = 600.0) -> dict:
             or an answer without ``token_ids`` / one log-prob per token, or whose
             ``prompt_token_ids`` differ from the prompt sent.
     """
-    try:
-        with _open(url, body, timeout) as r:
-            raw = r.read()
-    except (OSError, http.client.HTTPException) as e:
-        raise ServerDied(url, f'{type(e).__name__}: {e}') from None
-    return _answer(parse_completion(url, raw, body['prompt']))
+    return _answer(parse_completion(url, post(url, '/v1/completions', body, timeout=timeout), body['prompt']))
 
 
 def stream_ids(url: str, body: dict, on_token, timeout: float = 600.0) -> dict:
@@ -94,11 +71,8 @@ def stream_ids(url: str, body: dict, on_token, timeout: float = 600.0) -> dict:
         VLLMError: HTTP 4xx (the server's message kept); as
             :func:`~agentrl.engines.vllm.client.parse_stream` (a bad chunk, ``[DONE]`` before a finish_reason).
     """
-    try:
-        with _open(url, stream_body(body), timeout) as r:
-            c = parse_stream(url, r, body['prompt'], on_token)
-    except (OSError, http.client.HTTPException) as e:
-        raise ServerDied(url, f'{type(e).__name__} mid-stream: {e}') from None
+    with stream_lines(url, '/v1/completions', stream_body(body), timeout=timeout) as lines:
+        c = parse_stream(url, lines, body['prompt'], on_token)
     return _answer(c)
 
 
@@ -161,10 +135,7 @@ class VLLMUpstream:
 
     def record_spec(self, spec: SamplingSpec) -> SamplingSpec:
         """``spec`` as the records declare it: the probed log-prob mode; ``penalty_semantics='vllm'`` when penalized."""
-        kw = {'logp_mode': self.logp_mode}
-        if spec.penalized:
-            kw['penalty_semantics'] = 'vllm'
-        return dataclasses.replace(spec, **kw)
+        return checked_spec(spec, self.logp_mode)
 
     def body(self, prompt_ids, spec: SamplingSpec, max_new_tokens: int, seed: int, stop_ids, server: str) -> dict:
         """The ``/v1/completions`` body of one call (:func:`~agentrl.engines.vllm.request_body`)."""

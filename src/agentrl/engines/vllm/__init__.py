@@ -3,6 +3,7 @@
 - :mod:`.server`: :class:`VLLMServer` (a local server from the vLLM venv), :func:`connect` (running ones).
 - :mod:`.client`: one turn = one async ``/v1/completions`` request on token ids; :func:`turn_seed`.
 - :mod:`.episodes`: :func:`vllm_rollouts` (chat episodes over a ``ChatRecorder``), :func:`bugfix_vllm_rollouts`.
+- :mod:`.http`: the package's one HTTP client (httpx2); :mod:`.errors`: :class:`VLLMError`, :class:`ServerDied`.
 
 ``server`` and ``client`` import only the standard library; :mod:`.episodes` (torch, templates) is
 imported on first use of its names.

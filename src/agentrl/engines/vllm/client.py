@@ -5,28 +5,35 @@ A turn is one request whose ``prompt`` is the episode's token ids; the answer's 
 sampling field is sent, so the server's defaults never decide what ran; the server runs with
 ``--generation-config vllm``. Each turn's ``seed`` is :func:`turn_seed` of the episode seed.
 
-Only the standard library at import time; :func:`session` imports aiohttp.
+Requests go through :mod:`.http` (the package's one HTTP client); only the standard library at import time.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
 
-from .server import VLLMError
+from .errors import ServerDied, VLLMError
+from .http import apost, async_client
 
-__all__ = ['turn_seed', 'request_body', 'structured_outputs', 'Completion', 'complete', 'session', 'probe_logp_mode', 'ServerDied',
-           'probe_body', 'stream_body', 'parse_stream']
+__all__ = ['turn_seed', 'request_body', 'structured_outputs', 'Completion', 'complete', 'session', 'probe_logp_mode',
+           'ServerDied', 'probe_body', 'stream_body', 'parse_stream', 'checked_spec']
 
 
-class ServerDied(VLLMError):
-    """A server stopped answering (connection refused / reset, or its engine died: HTTP 500) mid-run."""
+def checked_spec(spec, logp_mode: str):
+    """``spec`` as the record declares it: the checked log-prob mode; ``penalty_semantics='vllm'`` when penalized.
 
-    def __init__(self, url: str, detail: str, message: str | None = None):
-        super().__init__(message or f'vllm server {url} died mid-run ({detail}); finished episodes are kept; fix: '
-                         'see the server log, restart it and rerun with --resume')
-        self.url, self.detail = url, detail
-        self.finished: dict = {}
+    Args:
+        spec: the :class:`~agentrl.record.SamplingSpec` sent. logp_mode: ``'processed'`` or ``'raw'`` (probed).
+
+    Returns:
+        A copy of ``spec`` (the episode runner's and the gateway's records declare it).
+    """
+    kw = {'logp_mode': logp_mode}
+    if spec.penalized:
+        kw['penalty_semantics'] = 'vllm'
+    return dataclasses.replace(spec, **kw)
 
 
 def turn_seed(episode_seed: int, turn: int) -> int:
@@ -112,31 +119,8 @@ class Completion:
 
 
 def session(limit: int = 256):
-    """An ``aiohttp.ClientSession`` for the turns: no total timeout (long turns on slow CPUs), ``limit`` connections."""
-    try:
-        import aiohttp
-    except ImportError:  # pragma: no cover - aiohttp comes with the vllm and ray extras
-        raise ImportError('the vllm engine needs aiohttp: pip install "agentrl[vllm]"') from None
-    # force_close: one connection per request. A kept-alive connection that the server closes when
-    # idle (uvicorn: after 5 s) and the client reuses reads as ServerDisconnectedError.
-    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
-                                 connector=aiohttp.TCPConnector(limit=limit, force_close=True))
-
-
-async def _post(http, url: str, body: dict) -> bytes:
-    import aiohttp
-    try:
-        async with http.post(f'{url}/v1/completions', json=body) as r:
-            raw = await r.read()
-            status = r.status
-    except (aiohttp.ClientConnectionError, ConnectionError) as e:
-        raise ServerDied(url, f'{type(e).__name__}: {e}') from None
-    if status == 200:
-        return raw
-    text = raw[:400].decode(errors='replace')
-    if status >= 500:
-        raise ServerDied(url, f'HTTP {status}: {text}')
-    raise VLLMError(f'vllm server {url}: /v1/completions answered HTTP {status}: {text}; fix: see the message')
+    """An ``httpx2.AsyncClient`` for the turns (:func:`.http.async_client`): no total timeout, ``limit`` connections."""
+    return async_client(limit)
 
 
 async def complete(http, url: str, body: dict) -> Completion:
@@ -151,7 +135,7 @@ async def complete(http, url: str, body: dict) -> Completion:
             ``token_ids`` / log-probs, of other lengths, or whose ``prompt_token_ids`` differ from
             the prompt sent (the server re-tokenized it).
     """
-    return parse_completion(url, await _post(http, url, body), body['prompt'])
+    return parse_completion(url, await apost(http, url, '/v1/completions', body), body['prompt'])
 
 
 def parse_completion(url: str, raw: bytes | str, prompt: list) -> Completion:
@@ -207,7 +191,7 @@ def parse_stream(url: str, lines, prompt: list, on_chunk=None) -> Completion:
 
     Args:
         url: the server (named in errors). lines: the response body as an iterable of ``bytes``
-            lines (an ``http.client.HTTPResponse`` read as it arrives, or captured bytes'
+            lines (:func:`.http.stream_lines` as the server sends them, or captured bytes'
             ``splitlines(keepends=True)``). prompt: the token ids sent.
         on_chunk: called with the turn's ids so far (``[k]`` ints) after each chunk that added tokens.
 
@@ -298,7 +282,7 @@ async def probe_logp_mode(http, url: str, model: str, prompt_ids) -> str:
     first = await complete(http, url, probe_body(model, prompt_ids))
     tok, value = first.ids[0], first.logp[0]
     body = dict(probe_body(model, list(prompt_ids) + [tok]), prompt_logprobs=0)
-    raw = json.loads(await _post(http, url, body))
+    raw = json.loads(await apost(http, url, '/v1/completions', body))
     entry = raw['choices'][0]['prompt_logprobs'][-1]
     ref = float(entry[str(tok)]['logprob'])
     if ref > -1e-6:

