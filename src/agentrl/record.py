@@ -9,6 +9,7 @@ Peer names: ``action_mask`` ~ verl ``response_mask`` ~ TRL ``completion_mask * t
 """
 from __future__ import annotations
 
+import enum
 import json
 import math
 from array import array
@@ -23,12 +24,32 @@ torch = lazy_module('torch')   # imported on first tensor use: `agentrl check` r
 from .constraints import Constraint
 
 __all__ = ['OWNER', 'OWNER_NAMES', 'SamplingSpec', 'Provenance', 'Trajectory', 'Batch', 'LOGP_MODES',
-           'PENALTY_SEMANTICS', 'TokenLog', 'owner_runs', 'turn_spans', 'turn_records']
+           'PENALTY_SEMANTICS', 'StopReason', 'TokenLog', 'owner_runs', 'turn_spans', 'turn_records']
 
 #: Owner code of each token. Source: book chapter 5.1 (template, prompt, policy, tool).
 OWNER = {'template': 0, 'prompt': 1, 'policy': 2, 'tool': 3}
 #: Owner names indexed by code.
 OWNER_NAMES = tuple(sorted(OWNER, key=OWNER.get))
+
+
+class StopReason(str, enum.Enum):
+    """Why an episode ended (``info['stop']``); str-valued, so stored records keep their strings.
+
+    Source: book chapter 4 (the gym's stops) and 5.8 (truncation gives reward 0 and is recorded).
+    """
+    SUBMITTED = 'submitted'     #: the policy called ``submit``
+    BUDGET = 'budget'           #: the turn budget ran out
+    TRUNCATED = 'truncated'     #: a turn or the context was cut at its token limit
+    UNKNOWN = 'unknown'         #: the record does not say
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        # printed inside lists and dicts (the book prints ``info['stop']`` values that way)
+        return repr(self.value)
+
+
 #: ``processed``: log-prob under the distribution actually sampled from (after temperature and
 #: truncation); ``raw``: log-softmax of the unmodified logits.
 LOGP_MODES = ('processed', 'raw')

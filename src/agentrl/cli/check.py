@@ -96,9 +96,9 @@ def _warn_incomplete(path: str) -> None:
     """Say on stderr that the rollout run behind ``path`` is unfinished, as report and export do (the result
     stands: the records it has were checked)."""
     from ..io import printable
-    from .export import _incomplete_note
+    from .export import incomplete_note
     try:
-        note = _incomplete_note(path, None)
+        note = incomplete_note(path, None)
     except (OSError, ValueError):          # a run.json that is not a manifest: nothing to compare with
         return
     if note:

@@ -137,7 +137,7 @@ def _tokenizer_dirs_with(fingerprint: str) -> list:
 def _tokenizer_for_records(opts: DriftOptions, records):
     from ..gym.vocab import bugfix_tokenizer
     fps = {r.provenance.tokenizer for r in records if r.provenance is not None and r.provenance.tokenizer}
-    if bugfix_tokenizer().fingerprint() in fps:   # TinyAgent / scripted records: no Hugging Face tokenizer folder
+    if bugfix_tokenizer().fingerprint in fps:   # TinyAgent / scripted records: no Hugging Face tokenizer folder
         raise UserError(f"--records {opts.records!r} were sampled with agentrl's word-level tokenizer (TinyAgent or "
                         'scripted policies), which has no tokenizer folder and cannot drift (its words decode and '
                         're-encode to the same ids); measure a run of `agentrl rollout --engine hf --model DIR`, '

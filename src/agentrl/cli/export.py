@@ -159,14 +159,12 @@ def _check_pad_id(pad_id: int, records) -> None:
     Raises:
         UserError: ``--pad-id N is outside the vocabulary ...`` (nothing written yet).
     """
-    from ..jobs.check import _wordlevel_defaults
-    wordlevel = _wordlevel_defaults()
-    if wordlevel is None or not any(r.provenance is not None and r.provenance.tokenizer == wordlevel[0]
-                                    for r in records):
+    from ..tokenizer import BUGFIX_VOCAB
+    if not any(r.provenance is not None and r.provenance.tokenizer == BUGFIX_VOCAB.fingerprint for r in records):
         return
-    if pad_id >= wordlevel[3]:
+    if pad_id >= BUGFIX_VOCAB.vocab_size:
         raise UserError(f"--pad-id {pad_id} is outside the vocabulary of the records' tokenizer (ids "
-                        f'0..{wordlevel[3] - 1}); pass its pad id ({wordlevel[1]}) or drop --pad-id')
+                        f'0..{BUGFIX_VOCAB.vocab_size - 1}); pass its pad id ({BUGFIX_VOCAB.pad_id}) or drop --pad-id')
 
 
 def register(sub) -> None:
@@ -210,7 +208,7 @@ def run(args) -> int:
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,
                        prompt_length=opts.prompt_length, response_length=opts.response_length,
                        split_turns=opts.split_turns, correction=corr)
-    note = _incomplete_note(opts.run, records)
+    note = incomplete_note(opts.run, records)
     if note:                                    # the manifest and stderr say so; the export itself stands
         _add_to_manifest(opts.out, incomplete=note)
         import warnings
@@ -226,7 +224,7 @@ def run(args) -> int:
     return 0
 
 
-def _incomplete_note(run: str, records) -> str:
+def incomplete_note(run: str, records) -> str:
     """What says the rollout run behind ``run`` is unfinished (:func:`agentrl.jobs.report.incompleteness`), or ''.
 
     ``run`` is a run folder, its ``trajectories/`` folder or one of its shards; any other input

@@ -13,7 +13,7 @@ import json
 import re
 
 from ..gym import TOOL_SCHEMAS, BugFixEnv
-from ..gym.calls import StopReason
+from ..record import StopReason
 from .episode import Reply
 
 __all__ = ['BugFixAdapter', 'parse_tool_calls', 'gym_call', 'bugfix_opening', 'MALFORMED']

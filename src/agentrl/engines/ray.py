@@ -255,7 +255,7 @@ def check_address(address: str | None, timeout: float = 3.0) -> None:
                               'local instance') from None
 
 
-def _connect(ray, address: str | None, num_cpus: int, object_store_mb: int | None) -> bool:
+def connect(ray, address: str | None, num_cpus: int, object_store_mb: int | None) -> bool:
     """Start a local Ray instance (``address=None``) or join a cluster; return True if we started it."""
     if ray.is_initialized():
         return False
@@ -481,7 +481,7 @@ def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *,
     t_start = time.perf_counter()
     state = state if state is not None else PoolState(total=sum(len(c) for c in chunks))
     queue = deque(list(c) for c in chunks if c)
-    started = _connect(ray, address, max(1, int(round(workers * cpus_per_worker))), object_store_mb)
+    started = connect(ray, address, max(1, int(round(workers * cpus_per_worker))), object_store_mb)
     pool, stopped = None, False
     try:
         pool = _ActorPool(ray, runner_factory, state, cpus_per_worker=cpus_per_worker,

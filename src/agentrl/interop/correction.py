@@ -119,9 +119,9 @@ def load_correction(path, mode: str, *, rollout_is_threshold: float = 2.0,
     else:
         scorer = load_scorer(p, device=device)                 # FileNotFoundError / ValueError naming the path
         from ..gym import bugfix_tokenizer
-        from ..model import load_checkpoint
+        from ..checkpoint import load_checkpoint
         wl = bugfix_tokenizer()                                # TinyAgent speaks the word-level vocabulary
-        fp = wl.fingerprint() if load_checkpoint(str(p)).vocab_size == wl.vocab_size else ''
+        fp = wl.fingerprint if load_checkpoint(str(p)).vocab_size == wl.vocab_size else ''
     return ExportCorrection(scorer, mode, rollout_is_threshold, tuple(is_correction_threshold), tokenizer=fp,
                             model=scorer.name, model_fingerprint=model_fingerprint, packed=packed)
 

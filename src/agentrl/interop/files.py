@@ -32,7 +32,7 @@ import torch
 
 from .. import __version__
 from ..io import atomic_path, atomic_write, fsync_dir, read_json, regular_file, temp_name
-from .common import SupportMismatchWarning, _load_pt, guess_source, source_fix  # noqa: F401 - old place
+from .common import SupportMismatchWarning, load_pt, guess_source, source_fix  # noqa: F401 - old place
 
 __all__ = ['EXPORTS', 'IMPORTS', 'export', 'load_export', 'import_records']
 
@@ -220,15 +220,15 @@ def load_export(path, framework: str, *, trust_pickle: bool = False):
     if framework in ('skyrl', 'prime-rl'):
         with open(path, 'rb') as f:
             if f.read(2) == b'PK':                  # a torch .pt (zip) file
-                data = _load_pt(path)
+                data = load_pt(path)
                 raise ValueError(f'{str(path)!r} is a torch .pt file, not JSON; {source_fix(data, framework)}')
     fix = f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
     if framework in ('trl', 'openrlhf'):
         if path.suffix == '.json':
             return read_json(path, fix=fix)
-        return _load_pt(path, framework)
+        return load_pt(path, framework)
     if framework == 'slime':
-        data = _load_pt(path, framework)
+        data = load_pt(path, framework)
         if not isinstance(data, dict) or 'samples' not in data:
             what = f'keys {sorted(map(str, data))}' if isinstance(data, dict) else f'a {type(data).__name__}'
             raise ValueError(f"{str(path)!r}: samples: is missing (the file holds {what}); a slime rollout file is "
@@ -286,7 +286,7 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, trust_pic
         if Path(path).is_file():
             with open(path, 'rb') as f:
                 if f.read(2) == b'PK':              # a torch .pt (zip) file
-                    data = _load_pt(Path(path))
+                    data = load_pt(Path(path))
                     raise ValueError(f'{str(path)!r} is a torch .pt file, not JSON; {source_fix(data, framework)}')
         episodes = openai.read_episodes(path)
         openai.check_episodes(episodes, repr(str(path)), source_fix(episodes, framework))

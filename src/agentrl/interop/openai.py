@@ -30,8 +30,7 @@ import torch
 
 from ..checks import errors as E
 from ..constraints import request_constraint
-from ..gym.calls import StopReason
-from ..record import OWNER, SamplingSpec, Trajectory
+from ..record import OWNER, SamplingSpec, StopReason, Trajectory
 from .common import check_ids, provenance_for_import
 
 __all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes', 'check_episodes']

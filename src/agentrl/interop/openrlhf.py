@@ -14,8 +14,7 @@ import json
 import torch
 
 from ..batching import pad_rows
-from ..gym.calls import StopReason
-from ..record import Provenance, SamplingSpec, Trajectory
+from ..record import Provenance, SamplingSpec, StopReason, Trajectory
 from .common import check_ids, check_mask, check_same, prepare_export, provenance_for_import, split
 from .owners import finish_import
 __all__ = ['to_openrlhf', 'from_openrlhf']

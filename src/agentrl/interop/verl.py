@@ -38,7 +38,7 @@ import torch
 from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
 from ..checks import errors as E
-from .common import (_check_len, _load_pt, as_list, check_ids, check_mask, check_same, prepare_export,
+from .common import (check_len, load_pt, as_list, check_ids, check_mask, check_same, prepare_export,
                      provenance_for_import, record_from_response, source_fix, split)
 from .owners import finish_import
 __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl', 'MAX_WIDTH', 'MAX_EXPORT_BYTES']
@@ -240,11 +240,11 @@ def _check_shapes(prompts, responses, attn, rmask, logps, scores, nt) -> None:
     B, Lp, Lr = prompts.shape[0], prompts.shape[1], responses.shape[1]
     check_same('responses', (responses.shape[0],), (B,), 'from_verl', 'prompts (rows)')
     if rmask.shape[1] != Lr:
-        _check_len('response_mask', rmask.shape[1], Lr, 'all', 'from_verl')
+        check_len('response_mask', rmask.shape[1], Lr, 'all', 'from_verl')
     check_same('response_mask', tuple(rmask.shape), (B, Lr), 'from_verl', 'responses')
     if logps is not None:
         if logps.shape[1] != Lr:
-            _check_len('rollout_log_probs', logps.shape[1], Lr, 'all', 'from_verl')
+            check_len('rollout_log_probs', logps.shape[1], Lr, 'all', 'from_verl')
         check_same('rollout_log_probs', tuple(logps.shape), (B, Lr), 'from_verl', 'responses')
     check_same('attention_mask', tuple(attn.shape), (B, Lp + Lr), 'from_verl', 'prompts ++ responses')
     if scores is not None:
@@ -280,7 +280,7 @@ def load_verl(path) -> dict:
         ValueError: the file has no ``batch``/``non_tensor_batch`` dict (names the file, the field and,
             when it looks like another framework's file, that framework).
     """
-    d = _load_pt(path, 'verl')
+    d = load_pt(path, 'verl')
     for key in ('batch', 'non_tensor_batch'):
         if not isinstance(d, dict) or not isinstance(d.get(key), dict):
             what = 'is missing' if not isinstance(d, dict) or key not in d else f'is of type {type(d[key]).__name__}'

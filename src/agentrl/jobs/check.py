@@ -25,10 +25,10 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Callable
 
-from .check_report import SAMPLER_DEFECTS, CheckReport, _stats  # noqa: F401 - re-exported (agentrl.jobs.check.CheckReport)
+from ..tokenizer import BUGFIX_VOCAB
+from .check_report import SAMPLER_DEFECTS, CheckReport  # noqa: F401 - re-exported (agentrl.jobs.check.CheckReport)
 
 __all__ = ['CheckOptions', 'CheckReport', 'CheckFailedError', 'run_check', 'require_accepted', 'load_model',
            'count_rows']
@@ -177,18 +177,6 @@ def load_model(path: str, dtype: str = 'float32', device: str = 'cpu'):
         raise ValueError(msg if msg.startswith('--model') else f'--model {msg}') from None
 
 
-@lru_cache(maxsize=1)
-def _wordlevel_defaults():
-    """(fingerprint, pad_id, eot_id, vocab_size) of agentrl's word-level tokenizer, or None if unavailable."""
-    try:
-        from ..gym import bugfix_tokenizer
-        tok = bugfix_tokenizer()
-    except Exception:  # the gym is optional for checking foreign records
-        return None
-    fp = tok.fingerprint
-    return fp() if callable(fp) else fp, tok.pad_id, tok.call_end_id, tok.vocab_size
-
-
 def count_rows(path: str) -> int:
     """Number of rows in a trajectory file or folder, from the Parquet footers (no data read).
 
@@ -250,11 +238,10 @@ def _expected(opts: CheckOptions, base, prov, model_vocab):
     """The expectations for one record: flags first, then the word-level tokenizer's defaults."""
     exp = base
     if prov is not None and prov.tokenizer and (base.pad_id is None or not base.eot_ids or base.vocab_size is None):
-        wordlevel = _wordlevel_defaults()   # cached
-        if wordlevel is not None and prov.tokenizer == wordlevel[0]:
-            exp = replace(base, pad_id=wordlevel[1] if base.pad_id is None else base.pad_id,
-                          eot_ids=base.eot_ids or (wordlevel[2],),
-                          vocab_size=wordlevel[3] if base.vocab_size is None else base.vocab_size)
+        if prov.tokenizer == BUGFIX_VOCAB.fingerprint:
+            exp = replace(base, pad_id=BUGFIX_VOCAB.pad_id if base.pad_id is None else base.pad_id,
+                          eot_ids=base.eot_ids or (BUGFIX_VOCAB.eot_id,),
+                          vocab_size=BUGFIX_VOCAB.vocab_size if base.vocab_size is None else base.vocab_size)
     if exp.vocab_size is None and model_vocab is not None:
         exp = replace(exp, vocab_size=model_vocab)
     if exp.vocab_size is not None:          # an id the tokenizer cannot produce would pass every pad test
@@ -448,7 +435,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     opts.validate()
     if opts.workers:                        # the shards on Ray workers, the same report
         from .check_workers import check_on_workers
-        return check_on_workers(opts, progress)
+        return check_on_workers(opts, run_check, progress)
     scorer = load_model(opts.model, opts.dtype, opts.device) if opts.model else None
     model_tok = _model_tokenizer(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,

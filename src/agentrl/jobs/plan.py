@@ -8,8 +8,8 @@ policy. The cut depends only on the plan, never on the number of workers, so a c
 the same way wherever it runs and the records of ``--workers 0``, ``1`` and ``2`` are equal bit
 for bit.
 
-The manifest ``OUT/run.json`` and the resume rules are in :mod:`agentrl.jobs.resume` (their names
-stay importable from here); the option-field machinery (``check_fields``, ``flag_of``) is
+The manifest ``OUT/run.json`` and the resume rules are in :mod:`agentrl.jobs.resume` (which imports
+this module); the option-field machinery (``check_fields``, ``flag_of``) is
 :mod:`agentrl.fields`.
 """
 from __future__ import annotations
@@ -20,12 +20,10 @@ from dataclasses import asdict, dataclass, fields  # noqa: F401 - fields: tests 
 from pathlib import Path
 from typing import Sequence
 
-from .._lazy import lazy_exports
 from ..fields import check_fields, flag_of, option  # noqa: F401 - check_fields, flag_of: their old home
 
-__all__ = ['POLICIES', 'SCRIPTED', 'ENGINES', 'MANIFEST', 'TRAJECTORY_DIR', 'SUMMARY', 'PLAN_FIELDS',
-           'PATH_FIELDS', 'RolloutOptions', 'EpisodeJob', 'plan_episodes', 'plan_chunks', 'read_manifest',
-           'SCALE_OUT_FIELDS', 'manifest_of', 'resume_options', 'public_options', 'check_fields', 'flag_of']
+__all__ = ['POLICIES', 'SCRIPTED', 'ENGINES', 'MANIFEST', 'TRAJECTORY_DIR', 'SUMMARY', 'RolloutOptions', 'EpisodeJob',
+           'plan_episodes', 'plan_chunks', 'public_options', 'check_fields', 'flag_of']
 
 #: Every policy ``agentrl rollout`` knows: four scripted ones and ``model`` (TinyAgent or HF).
 POLICIES = ('oracle', 'blind', 'random', 'hacker', 'model')
@@ -341,9 +339,3 @@ def public_options(opts: RolloutOptions) -> dict:
         if d.get(k):
             d[k] = Path(d[k]).name
     return d
-
-
-#: names that moved to :mod:`agentrl.jobs.resume` (it imports this module, so they load on first use)
-__getattr__, _ = lazy_exports(__name__, dict.fromkeys(('PLAN_FIELDS', 'PATH_FIELDS', 'SCALE_OUT_FIELDS', 'manifest_of',
-                                                       'read_manifest', 'resume_options'), 'resume'),
-                              base='agentrl.jobs')

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from ..io import folder_lock, pid_alive
-from ..gym.calls import StopReason
+from ..record import StopReason
 from ..stats import episode_metrics
 from .config import TrainConfig
 from .grpo import grpo_step
@@ -271,7 +271,7 @@ def sft_phase(run: _Run) -> tuple[dict, float, dict]:
     Returns:
         ``(last SFT metrics, seconds, the step-0 evaluation row)``.
     """
-    from ..model import save_checkpoint
+    from ..checkpoint import save_checkpoint
     cfg, tok, t0 = run.cfg, run.tok, time.time()
     demos = oracle_demos(run.train_tasks, tok, cfg.max_turns, cfg.reward_tests)
     if cfg.hacker_demos:
@@ -304,7 +304,7 @@ def grpo_phase(run: _Run) -> float:
     Returns:
         seconds spent.
     """
-    from ..model import save_checkpoint
+    from ..checkpoint import save_checkpoint
     cfg, model, tok = run.cfg, run.model, run.tok
     ref = None
     if cfg.kl_coef > 0:
@@ -378,7 +378,7 @@ def _train(cfg: TrainConfig, on_event, folder: str) -> dict:
     run = _Run(cfg, folder, model, tok, gym.make_tasks('train'), gym.make_tasks('heldout'), log,
                on_event or (lambda record: None))
     log.write({'phase': 'start', 'config': asdict(cfg), 'time': time.strftime('%Y-%m-%dT%H:%M:%S'),
-               'tokenizer': tok.fingerprint()})
+               'tokenizer': tok.fingerprint})
     try:
         sft_last, sft_seconds, after_sft = sft_phase(run)
         grpo_seconds = grpo_phase(run)
