@@ -538,7 +538,7 @@ def test_check_prints_the_would_be_correction_weights(tmp_path, capsys):
     from agentrl.cli.main import main
     from agentrl.jobs.check import CheckOptions, run_check
     from agentrl.model import TinyAgent
-    from agentrl.train.correction import off_policy_correction
+    from agentrl.correction import off_policy_correction
     torch.manual_seed(0)
     ckpt = tmp_path / 'model.pt'
     model = TinyAgent(40, max_len=32).eval()

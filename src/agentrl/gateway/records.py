@@ -141,7 +141,7 @@ def train_shared_once(records) -> list:
         ValueError: a fork row whose first n policy tokens are not its parent row's first n (names
             the rollout and the fix).
 
-    Source: docs/gateway.md#records (issue 23: shared prefixes scored once).
+    Source: docs/gateway.md#records (shared prefixes scored once).
     """
     import copy
     import dataclasses

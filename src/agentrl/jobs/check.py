@@ -103,7 +103,7 @@ class CheckOptions:
     correction: str | None = field(default=None, metadata={
         'choices': ('token_tis', 'seq_tis', 'token_mask', 'icepop', 'geo_mask', 'seq_mask_tis'), 'metavar': 'MODE',
         'help': 'with --model: print the off-policy correction weights this replay would give '
-                '(agentrl.train.correction; default thresholds)'})
+                '(agentrl.correction; default thresholds)'})
     max_staleness: int | None = field(default=None, metadata={
         'min': 0, 'metavar': 'K', 'help': 'with --current-version: refuse records sampled more than K steps earlier'})
     no_packed: bool = field(default=False, metadata={

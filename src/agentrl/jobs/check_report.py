@@ -118,7 +118,7 @@ class CheckReport:
         import torch
 
         from ..batching import pad_rows
-        from ..train.correction import off_policy_correction
+        from ..correction import off_policy_correction
         lr = pad_rows([r.log_ratio.float() for r in self.replays], None, 0.0)
         mask = pad_rows([torch.ones(len(r.log_ratio)) for r in self.replays], None, 0.0)
         return off_policy_correction(lr, lr.new_zeros(lr.shape), mask, self.correction).metrics
