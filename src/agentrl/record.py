@@ -13,6 +13,7 @@ import enum
 import json
 import math
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from itertools import groupby
 from typing import Any, Iterator
@@ -254,8 +255,9 @@ class Trajectory:
         reward: scalar episode reward.
         info: the environment's final info (``stop``, ``n_turns``, ``n_invalid`` ...) plus
             ``actions`` (decoded call texts).
-        owner: ``[T]`` int64 :data:`OWNER` code of each token.
-        turn: ``[T]`` int64 turn index of each token, -1 for the prompt.
+        owner: ``[T]`` int64 :data:`OWNER` code of each token (required; None only for a row read from a
+            file without the column).
+        turn: ``[T]`` int64 turn index of each token, -1 for the prompt (required; None as ``owner``).
         provenance: :class:`Provenance`, or None for records built by hand.
         turn_contexts: optional per-turn scoring contexts (``[(start, context_ids [L_k])]``)
             for templates that are not prefix-stable; None means the sequence itself is the
@@ -269,8 +271,8 @@ class Trajectory:
     sample_logp: torch.Tensor
     reward: float
     info: dict
-    owner: torch.Tensor = None
-    turn: torch.Tensor = None
+    owner: torch.Tensor | None
+    turn: torch.Tensor | None
     provenance: Provenance | None = None
     turn_contexts: list | None = None
 
@@ -345,9 +347,9 @@ class Trajectory:
 _BATCH_FIELDS = ('ids', 'attention_mask', 'action_mask', 'sample_logp', 'turn_ids', 'rewards')
 
 
-@dataclass
-class Batch:
-    """Padded tensors of B trajectories, the input of every loss.
+@dataclass(frozen=True, eq=False)
+class Batch(Mapping):
+    """Padded tensors of B trajectories, the input of every loss; frozen once built.
 
     Attributes:
         ids: ``[B, T]`` int64, right-padded with the pad id.
@@ -357,8 +359,10 @@ class Batch:
         turn_ids: ``[B, T-1]`` int64; -1 on prompt and padding.
         rewards: ``[B]`` float32.
 
-    Also a read-only mapping: ``batch['ids']``, ``batch.keys()``, ``batch.items()`` (in the
-    order above), as the book's dict.
+    A :class:`collections.abc.Mapping` over these six names: ``batch['ids']``, ``batch.keys()``,
+    ``batch.items()`` (in the order above, as lists, like the book's dict). Neither a field nor a key can be
+    set or deleted after construction (``dataclasses.FrozenInstanceError``, ``TypeError``); build another
+    batch with :func:`dataclasses.replace` or :meth:`to`. The tensors themselves are not copied.
     """
     ids: torch.Tensor
     attention_mask: torch.Tensor
