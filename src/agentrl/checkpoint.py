@@ -20,7 +20,7 @@ def save_checkpoint(model: TinyAgent, path: str) -> None:
     Raises:
         OSError: the write failed (full disk, read-only folder); no temporary file is left.
     """
-    from .io import atomic_path
+    from .io import atomic_path         # looked up per call: tests fill the disk through io.atomic_path
     with atomic_path(path) as tmp:
         torch.save({'config': model.config(), 'state_dict': model.state_dict()}, tmp)
 

@@ -1,8 +1,7 @@
-"""L0: the trajectory record, its batch form and its provenance (torch only).
+"""L0: the trajectory record, its batch form, its provenance and its vocabulary (owners, stop reasons).
 
-Ownership is provenance: a token's owner is fixed by whoever produced it when it was
-appended, and the action mask is derived from it. The shift from token positions ``ids``
-to predicted positions ``ids[1:]`` happens in exactly one place, :meth:`Trajectory.from_tokens`.
+The record follows docs/design.md#ownership (the action mask is derived from the owners) and
+docs/design.md#shift (:meth:`Trajectory.from_tokens` is where the shift happens).
 
 Peer names: ``action_mask`` ~ verl ``response_mask`` ~ TRL ``completion_mask * tool_mask``;
 ``sample_logp`` ~ verl ``rollout_log_probs`` ~ TRL ``sampling_per_token_logps``.
@@ -22,6 +21,7 @@ from ._lazy import lazy_module
 
 torch = lazy_module('torch')   # imported on first tensor use: `agentrl check` runs without torch
 
+from ._version import __version__
 from .constraints import Constraint
 
 __all__ = ['OWNER', 'OWNER_NAMES', 'SamplingSpec', 'Provenance', 'Trajectory', 'Batch', 'LOGP_MODES',
@@ -156,7 +156,6 @@ _PENALTY_FIELDS = tuple(_PENALTY_DEFAULTS)
 
 
 def _version() -> str:
-    from ._version import __version__
     return __version__
 
 
@@ -281,7 +280,7 @@ class Trajectory:
                     provenance: Provenance | None = None, turn_contexts=None) -> 'Trajectory':
         """Freeze per-token lists into a record, shifting masks and log-probs to ``ids[1:]``.
 
-        This is the only place in agentrl where the shift to predicted positions happens.
+        The shift to predicted positions happens here (docs/design.md#shift).
 
         Args:
             ids: ``[T]`` token ids (list or tensor), T >= 1.

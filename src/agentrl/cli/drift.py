@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..io import printable
+from ..record import SamplingSpec
 from .options import UserError
 
 
@@ -83,7 +85,6 @@ class DriftOptions:
 
     def spec(self):
         """The :class:`~agentrl.record.SamplingSpec` of the flags."""
-        from ..record import SamplingSpec
         return SamplingSpec(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
 
 
@@ -172,7 +173,6 @@ def run(args) -> int:
                         min_p=args.min_p, seed=args.seed, prompt=args.prompt)
     opts.validate()
     from ..engines import hf
-    from ..io import printable                      # record and model texts are data: no escapes reach the terminal
     if opts.records:
         from ..store import read_trajectories
         records = read_trajectories(opts.records)

@@ -18,6 +18,10 @@ from dataclasses import dataclass
 
 from ..fields import option
 
+from ..io import atomic_write
+from ..jobs.check import require_accepted
+from ..jobs.report import incompleteness
+from ..tokenizer import BUGFIX_VOCAB
 from .options import UserError, add_fields, check_numbers, from_args
 
 FRAMEWORKS = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'sft', 'skyrl-sft')
@@ -159,7 +163,6 @@ def _check_pad_id(pad_id: int, records) -> None:
     Raises:
         UserError: ``--pad-id N is outside the vocabulary ...`` (nothing written yet).
     """
-    from ..tokenizer import BUGFIX_VOCAB
     if not any(r.provenance is not None and r.provenance.tokenizer == BUGFIX_VOCAB.fingerprint for r in records):
         return
     if pad_id >= BUGFIX_VOCAB.vocab_size:
@@ -184,7 +187,6 @@ def run(args) -> int:
     opts.validate()
     from .. import interop, store
     from ..gateway.records import train_shared_once
-    from ..jobs.check import require_accepted
     require_accepted(opts.source())             # what `agentrl check` refuses is never exported; nothing written yet
     records = train_shared_once(store.read_trajectories(opts.source()))   # gateway forks: each sampled token once
     if opts.mask_forced:
@@ -235,7 +237,6 @@ def incomplete_note(run: str, records) -> str:
     """
     from pathlib import Path
 
-    from ..jobs.report import incompleteness
     folder = Path(run).resolve()
     if folder.is_file():                                    # a shard or RUN/trajectories.parquet: its folder
         folder = folder.parent
@@ -269,7 +270,6 @@ def _add_to_manifest(out: str, **fields) -> None:
     """Add ``fields`` to ``out/manifest.json`` (rewritten atomically, still the last file written)."""
     import json
 
-    from ..io import atomic_write
     path = os.path.join(out, 'manifest.json')
     with open(path) as f:
         manifest = json.load(f)

@@ -37,6 +37,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from ..record import Provenance, Trajectory
+
 __all__ = ['RAY_EXTRA', 'require_ray', 'check_address', 'WorkerInfo', 'PoolState', 'PoolReport', 'run', 'pack', 'unpack']
 
 #: The pip extra that installs Ray.
@@ -94,7 +96,6 @@ def unpack(packed: dict) -> list:
     import numpy as np
     import torch
 
-    from ..record import Provenance, Trajectory
     n = len(packed['meta'])
     cols = {}
     for name in _TOKEN_FIELDS:
@@ -291,7 +292,6 @@ def connect(ray, address: str | None, num_cpus: int, object_store_mb: int | None
 def _retry(item):
     """The item with the attempt :func:`agentrl.checks.new_attempt` gives its record identity."""
     from ..checks import new_attempt
-    from ..record import Provenance
     prov = new_attempt(Provenance(group_id=item.group_id, rollout_id=item.rollout_id, attempt=item.attempt))
     return replace(item, attempt=prov.attempt)
 

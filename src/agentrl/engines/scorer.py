@@ -13,9 +13,10 @@ from pathlib import Path
 
 import torch
 
-from ..checks.replay import Scorer
 from ..checkpoint import load_checkpoint
-from .hf.models import load_model, score_rows
+from ..checks.replay import Scorer
+from .hf.models import load_model, score_rows, scoring_head
+from .packed import scored_logits, segments_attention
 
 __all__ = ['load_scorer', 'hf_scorer', 'tiny_scorer']
 
@@ -82,8 +83,6 @@ def _packed_rows(model, ids, position_ids, r, j) -> torch.Tensor:
     longer than the model's sliding window or attention logits are soft-capped; only the K rows go through the output head."""
     from contextlib import nullcontext
 
-    from .hf.models import scoring_head
-    from .packed import scored_logits, segments_attention
     dev = next(model.parameters()).device
     window = getattr(model.config, 'sliding_window', None)
     longest = int(position_ids.max()) + 1 if position_ids.numel() else 0

@@ -32,7 +32,8 @@ import torch
 
 from .. import __version__
 from ..io import atomic_path, atomic_write, fsync_dir, read_json, regular_file, temp_name
-from .common import SupportMismatchWarning, load_pt, guess_source, source_fix  # noqa: F401 - old place
+from . import openai, openrlhf, prime_rl, sft, skyrl, slime, trl, verl
+from .common import guess_source, load_pt, sort_by_group, source_fix, SupportMismatchWarning  # noqa: F401 - old place
 
 __all__ = ['EXPORTS', 'IMPORTS', 'export', 'load_export', 'import_records']
 
@@ -63,7 +64,6 @@ def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict
 
     ``post(obj, rollout=None)`` (the correction, :func:`agentrl.interop.correction.apply_correction`) edits
     each exported object after the exporter's checks and before it is written."""
-    from . import openrlhf, prime_rl, sft, skyrl, slime, trl, verl
     post = post or (lambda obj, rollout=None: obj)
     files = []
     if framework == 'verl':
@@ -137,7 +137,6 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
             refusal of the exporter (a RecordError names the record, the field and the fix;
             ``TokenizerMismatchError`` for a correction model of another tokenizer).
     """
-    from .common import sort_by_group
     if framework not in EXPORTS:
         raise ValueError(f'unknown framework {framework!r}; export to one of {", ".join(EXPORTS)}')
     records = list(records)
@@ -281,7 +280,6 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, trust_pic
             writes (``'PATH': response_length: is missing; ...``) or not of its shape, each naming
             the file; the importer's refusals (RecordError).
     """
-    from . import openai, openrlhf, prime_rl, skyrl, slime, trl, verl
     if framework in ('vllm', 'sglang'):
         if Path(path).is_file():
             with open(path, 'rb') as f:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 from ..record import OWNER, Provenance, SamplingSpec, Trajectory
-from .common import group_key, prepare_export, provenance_for_import, split
+from .common import check_ids, check_len, check_mask, group_key, prepare_export, provenance_for_import, split
+from .owners import finish_import
 __all__ = ['to_prime_rl', 'from_prime_rl']
 
 
@@ -52,8 +53,6 @@ def from_prime_rl(samples, *, spec: SamplingSpec | None = None, tokenizer=None, 
         agentrl.checks.errors.TokenizerMismatchError: ``tokenizer`` is not the records' own
             (:func:`agentrl.interop.owners.finish_import`, which also rebuilds template ownership).
     """
-    from .common import check_len, check_ids, check_mask
-    from .owners import finish_import
     out = []
     for b, s in enumerate(samples):
         where = f'from_prime_rl row {b}'

@@ -36,10 +36,11 @@ import numpy as np
 import torch
 
 from ..batching import pad_rows
-from ..record import Provenance, SamplingSpec, Trajectory
 from ..checks import errors as E
+from ..record import Provenance, SamplingSpec, Trajectory
 from .common import (check_len, load_pt, as_list, check_ids, check_mask, check_same, prepare_export,
                      provenance_for_import, record_from_response, source_fix, split)
+from ..io import env_bound
 from .owners import finish_import
 __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl', 'MAX_WIDTH', 'MAX_EXPORT_BYTES']
 
@@ -53,7 +54,6 @@ _BYTES_PER_TOKEN = 56
 
 def _check_widths(B: int, Lp: int, Lr: int, longest_p: int, longest_r: int) -> None:
     """Refuse widths past :data:`MAX_WIDTH` or tensors past ``AGENTRL_MAX_EXPORT_BYTES``, naming the records' longest."""
-    from ..io import env_bound
     fix = (f'the longest prompt of these records is {longest_p} tokens and the longest response {longest_r}: pass '
            'widths near those (or none: the longest)')
     for name, L in (('prompt_length', Lp), ('response_length', Lr)):

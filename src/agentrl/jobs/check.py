@@ -27,8 +27,10 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from ..stats import is_truncated, source_stop_reason
 from ..tokenizer import BUGFIX_VOCAB
 from .check_report import SAMPLER_DEFECTS, CheckReport  # noqa: F401 - re-exported (agentrl.jobs.check.CheckReport)
+from .plan import POLICIES
 
 __all__ = ['CheckOptions', 'CheckReport', 'CheckFailedError', 'run_check', 'require_accepted', 'load_model',
            'count_rows']
@@ -327,7 +329,6 @@ def _repeat_problem(verdict: str, first, key: str):
 
 def _tally(rep: CheckReport, rec) -> None:
     """Count an accepted-or-refused record's length, trained tokens, stop, truncation and policy."""
-    from ..stats import is_truncated          # imports torch: not at CLI start-up
     prov = rec.provenance
     rep.lengths.append(len(rec.ids))
     if rec.action_mask is not None:
@@ -350,7 +351,6 @@ def _tally(rep: CheckReport, rec) -> None:
 
 def _ours(prov) -> bool:
     """Whether a record comes from one of agentrl's BugFix policies (scripted or TinyAgent), not an import."""
-    from .plan import POLICIES
     return prov.policy in POLICIES
 
 
@@ -358,7 +358,6 @@ def _stop_reason(rec) -> str:
     """The stop reason to count: ``info['stop']`` (the gym's words: submitted, budget, truncated), except for
     an imported record, which keeps its source's words: the server's ``finish_reason`` (``stop``,
     ``length``, ``tool_calls``) or the trainer's stop field; ``'(not recorded)'`` when it has none."""
-    from ..stats import source_stop_reason
     info = rec.info or {}
     source = source_stop_reason(info)
     if source is not None:

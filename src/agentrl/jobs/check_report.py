@@ -11,6 +11,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..batching import pad_rows
 from ..io import printable
 
 __all__ = ['SAMPLER_DEFECTS', 'CheckReport']
@@ -117,7 +118,6 @@ class CheckReport:
             return None
         import torch
 
-        from ..batching import pad_rows
         from ..correction import off_policy_correction
         lr = pad_rows([r.log_ratio.float() for r in self.replays], None, 0.0)
         mask = pad_rows([torch.ones(len(r.log_ratio)) for r in self.replays], None, 0.0)

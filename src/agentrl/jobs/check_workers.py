@@ -21,6 +21,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..engines.ray import connect, require_ray
 from .check_report import CheckReport
 
 __all__ = ['check_on_workers', 'merge_reports', 'row_keys']
@@ -97,7 +98,6 @@ def check_on_workers(opts, run_check: Callable, progress=None):
             as :func:`~agentrl.jobs.check.run_check`, for the first shard (in order) that raises.
     """
     from .. import store
-    from ..engines.ray import connect, require_ray
     files = store.data_files(opts.path)
     if len(files) < 2:
         return run_check(dataclasses.replace(opts, workers=0), progress)

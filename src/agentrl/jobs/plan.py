@@ -20,7 +20,10 @@ from dataclasses import asdict, dataclass, fields  # noqa: F401 - fields: tests 
 from pathlib import Path
 from typing import Sequence
 
+from ..constraints import backend_version, response_format_constraint, tool_call_constraint
 from ..fields import check_fields, flag_of, option  # noqa: F401 - check_fields, flag_of: their old home
+from ..record import SamplingSpec
+from ..sampling import episode_seed
 
 __all__ = ['POLICIES', 'SCRIPTED', 'ENGINES', 'MANIFEST', 'TRAJECTORY_DIR', 'SUMMARY', 'RolloutOptions', 'EpisodeJob',
            'plan_episodes', 'plan_chunks', 'public_options', 'check_fields', 'flag_of']
@@ -208,7 +211,6 @@ class RolloutOptions:
         Raises:
             ValueError: a field out of the spec's range (the spec names it).
         """
-        from ..record import SamplingSpec
         return SamplingSpec(temperature=max(self.temperature, 0.0), top_k=self.top_k, top_p=self.top_p,
                             min_p=self.min_p)
 
@@ -221,7 +223,6 @@ class RolloutOptions:
         """
         if not self.tool_choice and not self.response_format:
             return None
-        from ..constraints import backend_version, response_format_constraint, tool_call_constraint
         if self.tool_choice and self.response_format:
             raise ValueError('--tool-choice and --response-format are two grammars; pass one')
         if not backend_version():
@@ -286,7 +287,6 @@ def plan_episodes(policies: Sequence[str], tasks: Sequence[str], repeats: int, s
         ValueError: ``repeats < 1``, or a repeated policy or task name (identities would
             collide). Fix: pass each once.
     """
-    from ..sampling import episode_seed
     if repeats < 1:
         raise ValueError(f'plan_episodes: repeats must be >= 1, got {repeats}')
     for what, names in (('policy', policies), ('task', tasks)):

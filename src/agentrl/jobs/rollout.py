@@ -48,6 +48,7 @@ from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
 from .plan import MANIFEST, SUMMARY, TRAJECTORY_DIR, RolloutOptions, plan_episodes, public_options
 from .resume import RunComplete, holds_run, manifest_of, refuse_if_complete, resume_command, resume_options, \
     stored_records
+from ..stats import SummaryBuilder
 from .runner import RunReport, RunSpec, run_chunks
 from .vllm_servers import server_died_line, vllm_run_spec
 
@@ -263,7 +264,6 @@ class _Tally:
     first ``hf`` record's provenance; memory is the builders', not the records'."""
 
     def __init__(self, p: Prepared):
-        from ..stats import SummaryBuilder
         self.index = {j.key: j for j in p.jobs}
         self.builders = {pol: SummaryBuilder(None if pol == 'model' and p.opts.engine in ('hf', 'vllm')
                                              else p.tok.unk_id)

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from ..record import OWNER, owner_runs
 from .chat import ChatTemplate, as_template, check_messages, common_prefix, tokenizer_fingerprint
-from .labels import label_owners
+from .labels import coarse_shape, label_owners
+from .recorder import template_bridge
 
 __all__ = ['MessageStability', 'PrefixReport', 'audit_prefix_stability', 'ThinkingReport', 'audit_thinking',
            'SpanDrift', 'DriftReport', 'audit_drift', 'template_fingerprint',
@@ -129,7 +130,6 @@ _KEEP_ROUNDS = 2
 
 def _summary(messages: list) -> tuple:
     """(kept message indices, {dropped index: (its representative's index, its run's first index)})."""
-    from .labels import coarse_shape
     first = next((i for i, m in enumerate(messages) if m['role'] == 'assistant'), len(messages))
     rounds, i = [], first
     while i < len(messages):
@@ -516,7 +516,6 @@ def audit_template(tokenizer, messages, *, tools=None, thinking: bool = True, **
 
     Source: book chapter 5.2-5.4 (one audit per hazard traced there).
     """
-    from .recorder import template_bridge
     problems = []
     messages = check_messages(messages)
     if not thinking:
