@@ -53,7 +53,7 @@ def rollout(out: Path) -> Path:
 
 def grow(src: Path, n: int, dst: Path, row_group: int = 16384) -> None:
     """Write ``n`` rows to ``dst``: the rows of ``src`` repeated, each with a new ``rollout_id`` and digest."""
-    from agentrl.store.schema import _DIGESTED, _row_digest, content_digest
+    from agentrl.store.schema import DIGESTED_COLUMNS, row_digest, content_digest
     base = pq.read_table(src)
     schema = base.schema
     writer = pq.ParquetWriter(dst, schema)
@@ -63,9 +63,9 @@ def grow(src: Path, n: int, dst: Path, row_group: int = 16384) -> None:
         t = base.take(pa.array(np.arange(lo, lo + k) % base.num_rows))
         rid = [f'{r}/copy{lo + i}' for i, r in enumerate(t.column('rollout_id').to_pylist())]
         t = t.set_column(schema.get_field_index('rollout_id'), schema.field('rollout_id'), pa.array(rid, pa.string()))
-        cells = {c: t.column(c).to_pylist() for c in _DIGESTED}
+        cells = {c: t.column(c).to_pylist() for c in DIGESTED_COLUMNS}
         old = t.column('digest').to_pylist()
-        dig = [_row_digest(content_digest(old[i]), {c: cells[c][i] for c in _DIGESTED}) for i in range(k)]
+        dig = [row_digest(content_digest(old[i]), {c: cells[c][i] for c in DIGESTED_COLUMNS}) for i in range(k)]
         t = t.set_column(schema.get_field_index('digest'), schema.field('digest'), pa.array(dig, pa.string()))
         writer.write_table(t, row_group_size=row_group)
     writer.close()

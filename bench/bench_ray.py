@@ -78,7 +78,7 @@ def measure(episodes: int = 1024, chunk_size: int = 32, ray_workers=(1, 2)) -> d
         if ray_workers:
             ray = ray_pool.require_ray()
             t0 = time.perf_counter()
-            started = ray_pool._connect(ray, None, max(ray_workers), None)
+            started = ray_pool.connect(ray, None, max(ray_workers), None)
             out['ray_start'] = time.perf_counter() - t0
             try:
                 for w in ray_workers:

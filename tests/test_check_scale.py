@@ -23,7 +23,7 @@ from agentrl.checks.identity import digest_arrays
 from agentrl.cli.main import main
 from agentrl.jobs.check import CheckOptions, run_check
 from agentrl.jobs.check_columnar import PER_RECORD_ENV
-from agentrl.store.schema import _DIGESTED, _row_digest
+from agentrl.store.schema import DIGESTED_COLUMNS, row_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -49,7 +49,7 @@ def resign(t: pa.Table, i: int) -> pa.Table:
     reward = d['reward']
     if reward is None or any(a is not None and a.dtype == object for a in arrays.values()):
         return t                      # a null reward or token: nothing to sign
-    digest = _row_digest(digest_arrays(arrays, float(reward)), {c: d.get(c) for c in _DIGESTED})
+    digest = row_digest(digest_arrays(arrays, float(reward)), {c: d.get(c) for c in DIGESTED_COLUMNS})
     return set_cell(t, 'digest', i, digest)
 
 
@@ -196,9 +196,9 @@ def test_check_on_ray_workers_gives_the_in_process_report(base, tmp_path, capsys
     clean = pa.concat_tables(copies)
     dirty = MUTATIONS['logp_nan'](MUTATIONS['digest'](clean, 3, 0), 20, 7)
     resend = pa.concat_tables([clean, clean.slice(2, 1)])
-    from agentrl.engines.ray import _connect, require_ray
+    from agentrl.engines.ray import connect, require_ray
     ray = require_ray()
-    started = _connect(ray, None, 2, None)         # one local instance (127.0.0.1) for the three checks
+    started = connect(ray, None, 2, None)         # one local instance (127.0.0.1) for the three checks
     in_process = {}
     try:
         for name, t in (('clean', clean), ('dirty', dirty), ('resend', resend)):

@@ -503,7 +503,7 @@ def test_cli_check(tmp_path, capsys):
 def test_rollout_output_passes_check(tmp_path, tok, capsys):
     import agentrl as arl
     from agentrl.cli.main import main
-    from agentrl.model import save_checkpoint
+    from agentrl.checkpoint import save_checkpoint
     torch.manual_seed(0)
     ckpt = str(tmp_path / 'model.pt')
     save_checkpoint(arl.TinyAgent(tok.vocab_size).eval(), ckpt)
@@ -512,7 +512,7 @@ def test_rollout_output_passes_check(tmp_path, tok, capsys):
                  '--checkpoint', ckpt]) == 0
     capsys.readouterr()
     path = str(tmp_path / 'run' / 'trajectories')
-    assert main(['check', path, '--model', ckpt, '--expect-tokenizer', tok.fingerprint(),
+    assert main(['check', path, '--model', ckpt, '--expect-tokenizer', tok.fingerprint,
                  '--max-ratio-dev', '1e-5']) == 0
     report = capsys.readouterr().out
     assert 'records          24  (refused 0, scripted 12)' in report
@@ -538,7 +538,7 @@ def test_check_prints_the_would_be_correction_weights(tmp_path, capsys):
     from agentrl.cli.main import main
     from agentrl.jobs.check import CheckOptions, run_check
     from agentrl.model import TinyAgent
-    from agentrl.train.correction import off_policy_correction
+    from agentrl.correction import off_policy_correction
     torch.manual_seed(0)
     ckpt = tmp_path / 'model.pt'
     model = TinyAgent(40, max_len=32).eval()
@@ -558,3 +558,38 @@ def test_check_prints_the_would_be_correction_weights(tmp_path, capsys):
     assert rep.weights == want and want['corr_masked_frac'] > 0
     assert main(['check', str(tmp_path / 'ok.parquet'), '--correction', 'icepop']) == 2
     assert '--correction needs --model' in capsys.readouterr().err
+
+
+#: run in a subprocess: ``agentrl ARGS...``, then print the agentrl.gym modules it imported (none expected)
+_GYM_FREE = '''import atexit, runpy, sys
+atexit.register(lambda: print('gym modules:', sorted(m for m in sys.modules if m.startswith('agentrl.gym'))))
+sys.argv = ['agentrl', *sys.argv[1:]]
+runpy.run_module('agentrl', run_name='__main__')
+'''
+
+
+def test_model_free_check_never_imports_the_gym(tmp_path, tasks, tok):
+    """The word-level facts a check needs are data (agentrl.tokenizer.BUGFIX_VOCAB), not a run of the gym."""
+    import subprocess
+    import sys
+
+    import agentrl as arl
+    from agentrl import store
+    recs = [arl.scripted_rollout(arl.scripted_policy(p), arl.BugFixEnv(), tasks[0], tok) for p in ('oracle', 'blind')]
+    for i, r in enumerate(recs):
+        r.provenance = replace(r.provenance, group_id='g', rollout_id=f'r{i}')
+    store.ShardWriter(tmp_path / 'run' / 'trajectories').write(recs)
+    out = subprocess.run([sys.executable, '-c', _GYM_FREE, 'check', str(tmp_path / 'run' / 'trajectories')], capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert 'records          2  (refused 0, scripted 2)' in out.stdout and 'result: OK' in out.stdout
+    assert out.stdout.rstrip().endswith('gym modules: []')
+    # the BugFix vocabulary's size comes from that data too: an id past it is refused, still without the gym
+    bad = recs[1]
+    bad.ids[1] = tok.vocab_size
+    store.write_trajectories(tmp_path / 'bad.parquet', [bad])
+    out = subprocess.run([sys.executable, '-c', _GYM_FREE, 'check', str(tmp_path / 'bad.parquet')],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and out.stdout.rstrip().endswith('gym modules: []'), out.stdout + out.stderr
+    assert 'TokenIdError: ids[1]: is 316, not a token id (ids are in [0, 316), the vocabulary of the expected ' \
+           'tokenizer)' in out.stdout

@@ -12,7 +12,7 @@ import agentrl as arl
 from agentrl.batching import collate
 from agentrl.train import (GRPOOptions, grpo_loss, grpo_step, grouped_advantages, group_index, mask_overlong,
                            off_policy_correction)
-from agentrl.train.correction import CORRECTION_MODES
+from agentrl.correction import CORRECTION_MODES
 from agentrl.train.grpo import is_overlong, token_log_probs
 
 AM = torch.tensor([[1., 1., 1., 0.], [1., 0., 1., 1.]])

@@ -9,7 +9,7 @@ import pytest
 from agentrl.engines.bugfix import MALFORMED, BugFixAdapter, bugfix_opening, gym_call, parse_tool_calls
 from agentrl.engines.episode import EpisodeState, Reply
 from agentrl.gym import TOOL_SCHEMAS, scripted_policy
-from agentrl.gym.calls import StopReason
+from agentrl.record import StopReason
 
 
 def test_episode_and_bugfix_modules_import_without_torch():

@@ -13,7 +13,7 @@ import agentrl as arl
 from agentrl import interop, store
 from agentrl.batching import pad_rows
 from agentrl.interop.common import split
-from agentrl.train.correction import off_policy_correction
+from agentrl.correction import off_policy_correction
 
 
 def cli(*argv):
@@ -178,6 +178,6 @@ def test_refusals_by_name(run, capsys, tmp_path):
 def test_cli_modes_are_the_trainers_modes():
     from agentrl.cli.export import CORRECTION_MODES
     from agentrl.jobs.check import CheckOptions
-    from agentrl.train.correction import CORRECTION_MODES as TRAIN
+    from agentrl.correction import CORRECTION_MODES as TRAIN
     assert CORRECTION_MODES == TRAIN
     assert {f.name: f for f in __import__('dataclasses').fields(CheckOptions)}['correction'].metadata['choices'] == TRAIN

@@ -304,7 +304,7 @@ def test_malformed_row_is_one_line_in_every_reader(run_dir, tmp_path, capsys, co
 
 
 def test_bad_checkpoint_config_is_one_line(run_dir, tmp_path, capsys):
-    from agentrl.model import load_checkpoint
+    from agentrl.checkpoint import load_checkpoint
     torch.save({'config': {'vocab_size': 316, 'bogus': 1}, 'state_dict': {}}, tmp_path / 'bogus.pt')
     big = {'vocab_size': 100000, 'max_len': 65536, 'd_model': 4096, 'n_layers': 64, 'n_heads': 8}
     torch.save({'config': big, 'state_dict': {}}, tmp_path / 'big.pt')

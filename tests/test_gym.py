@@ -17,7 +17,7 @@ from agentrl import gym
 from agentrl.gym import (ALL_CALLS, CLAMP_BUGGY, CLAMP_ISSUE, CODING_TOOLS, EDIT_OPS, MESSAGES,
                          TOOL_SCHEMAS, BugFixEnv, Task, TestResult, compact_source, format_results,
                          make_tasks, run_tests, scripted_policy)
-from agentrl.tokenizer import build_tokenizer
+from agentrl.gym.vocab import build_tokenizer
 
 TASKS = make_tasks('all')
 TOK = build_tokenizer(TASKS)
@@ -121,6 +121,15 @@ def test_vocabulary_golden_ids():
     assert {w: TOK.stoi[w] for w in expected} == expected
     non_integers = [w for w in TOK.itos[8:] if not w.lstrip('-').isdigit()]
     assert non_integers == SPEC_WORDS
+
+
+def test_bugfix_vocab_data_equals_what_the_gym_computes():
+    from agentrl.tokenizer import BUGFIX_VOCAB, BugFixVocab
+    tok = gym.bugfix_tokenizer()
+    got = BugFixVocab(fingerprint=tok.fingerprint, pad_id=tok.pad_id, eot_id=tok.call_end_id, vocab_size=tok.vocab_size)
+    assert got == BUGFIX_VOCAB == ('36b0594ac618228c', 0, 6, 316), (
+        f'the gym now builds {got}: write it into agentrl.tokenizer.BUGFIX_VOCAB (checks read that, not the gym)')
+    assert TOK.fingerprint == BUGFIX_VOCAB.fingerprint         # a property, as ChatTemplate.fingerprint
 
 
 def test_clamp_read_observation_23_tokens_round_trip():

@@ -58,7 +58,7 @@ def test_sample_next_logp_is_under_sampled_distribution():
 
 
 def test_checkpoint_round_trip(tmp_path):
-    from agentrl.model import load_checkpoint, save_checkpoint
+    from agentrl.checkpoint import load_checkpoint, save_checkpoint
     torch.manual_seed(3)
     m = arl.TinyAgent(20, max_len=32)
     save_checkpoint(m, str(tmp_path / 'm.pt'))

@@ -12,7 +12,7 @@ import torch
 import agentrl as arl
 from agentrl import checks, interop, store
 from agentrl.record import Provenance, SamplingSpec, Trajectory, turn_records
-from agentrl.store.schema import _ROW_DIGEST_COLUMNS, _row_digest
+from agentrl.store.schema import _ROW_DIGEST_COLUMNS, row_digest
 
 EOT, PAD = 7, 0
 
@@ -66,7 +66,7 @@ def test_versions_round_trip_through_the_store_and_the_digest(tmp_path):
     assert t.column('turn_policy_versions').to_pylist() == ['[3, 4]', None, None, '[5, 5]']
     # a record without versions keeps the digest of the rule before the version columns existed
     stored = {c: t.column(c)[2].as_py() for c in _ROW_DIGEST_COLUMNS}
-    assert t.column('digest')[2].as_py() == _row_digest(checks.record_digest(recs[2]), stored)
+    assert t.column('digest')[2].as_py() == row_digest(checks.record_digest(recs[2]), stored)
     d = t.column('digest').to_pylist()
     for name, value in (('policy_version', '3'), ('turn_policy_versions', '[4, 4]')):
         col = t.column(name).to_pylist()

@@ -1,4 +1,7 @@
 """L0 record: the one shift, shape checks, Batch mapping, provenance round trip."""
+from collections.abc import Mapping
+from dataclasses import FrozenInstanceError, replace
+
 import pytest
 import torch
 
@@ -41,6 +44,32 @@ def test_batch_is_a_mapping():
     assert b['ids'] is b.ids and dict(b.items())['rewards'] is b.rewards
     with pytest.raises(KeyError, match="'logp' is not a Batch field"):
         b['logp']
+    assert isinstance(b, Mapping) and len(b) == 6 and 'rewards' in b and 'logp' not in b
+    assert b.get('logp') is None and list(b) == b.keys() and dict(b)['turn_ids'] is b.turn_ids
+
+
+def test_batch_is_frozen_after_construction():
+    z = torch.zeros(2, 3)
+    b = Batch(ids=z.long(), attention_mask=z, action_mask=z[:, 1:], sample_logp=z[:, 1:],
+              turn_ids=z[:, 1:].long(), rewards=torch.zeros(2))
+    with pytest.raises(FrozenInstanceError, match="cannot assign to field 'rewards'"):
+        b.rewards = torch.ones(2)
+    with pytest.raises(FrozenInstanceError, match="cannot delete field 'ids'"):
+        del b.ids
+    with pytest.raises(TypeError, match="'Batch' object does not support item assignment"):
+        b['rewards'] = torch.ones(2)
+    with pytest.raises(FrozenInstanceError, match="cannot assign to field 'extra'"):
+        b.extra = 1
+    c = replace(b, rewards=torch.ones(2))          # a new batch; the old one is unchanged
+    assert c.rewards.tolist() == [1.0, 1.0] and b.rewards.tolist() == [0.0, 0.0] and c.ids is b.ids
+
+
+def test_trajectory_owner_and_turn_are_required():
+    with pytest.raises(TypeError, match="missing 2 required positional arguments: 'owner' and 'turn'"):
+        Trajectory(torch.tensor([1, 2]), torch.ones(1), torch.zeros(1), 0.0, {})
+    t = Trajectory(torch.tensor([1, 2]), torch.ones(1), torch.zeros(1), 0.0, {}, torch.tensor([1, 2]),
+                   torch.tensor([-1, 0]))
+    assert t.owner.tolist() == [1, 2] and t.turn_ids.tolist() == [0]
 
 
 def test_provenance_round_trip_and_spec_errors():

@@ -148,7 +148,7 @@ def test_per_turn_contexts_replay_each_turn_in_its_context(peaked):
 
 def test_scorer_of_a_checkpoint(peaked, tmp_path):
     from agentrl.engines.scorer import load_scorer
-    from agentrl.model import save_checkpoint
+    from agentrl.checkpoint import save_checkpoint
     save_checkpoint(peaked, str(tmp_path / 'model.pt'))
     scorer = load_scorer(tmp_path / 'model.pt')
     assert scorer.name == 'model.pt' and scorer.max_len == 64

@@ -265,7 +265,7 @@ def test_cli_train_smoke(tmp_path):
     assert [r['phase'] for r in rows] == ['start', 'sft', 'sft', 'sft', 'eval', 'grpo', 'eval', 'grpo', 'eval']
     assert rows[5]['ratio_dev0'] < 1e-5
     assert (out / 'reward.svg').read_text().startswith('<svg')
-    from agentrl.model import load_checkpoint
+    from agentrl.checkpoint import load_checkpoint
     assert isinstance(load_checkpoint(str(out / 'model.pt')), arl.TinyAgent)
 
 

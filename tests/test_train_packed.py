@@ -11,7 +11,7 @@ import agentrl as arl
 from agentrl.batching import collate
 from agentrl.model import segment_attention, segment_pieces
 from agentrl.packing import collate_packed, document_mask
-from agentrl.train import correction as corr_mod
+from agentrl import correction as corr_mod
 from agentrl.train.config import CORRECTIONS
 from agentrl.train.packed import pack_for, to_padded
 

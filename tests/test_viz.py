@@ -109,7 +109,8 @@ def test_strip_marks_and_errors():
     t.info['drift_spans'] = [[10, 12]]
     s = viz.build_strip(t, dec, marks={3: 'refused: X'})
     assert {c.pos: c.mark for c in s.cells if c.mark} == {3: 'refused: X', 10: 'drift', 11: 'drift'}
-    no_owner = Trajectory(ids=t.ids, action_mask=t.action_mask, sample_logp=t.sample_logp, reward=0.0, info={})
+    no_owner = Trajectory(ids=t.ids, action_mask=t.action_mask, sample_logp=t.sample_logp, reward=0.0, info={},
+                          owner=None, turn=None)
     with pytest.raises(ValueError, match='no owner array'):
         viz.build_strip(no_owner, dec)
 

@@ -20,7 +20,7 @@ def save_checkpoint(model: TinyAgent, path: str) -> None:
     Raises:
         OSError: the write failed (full disk, read-only folder); no temporary file is left.
     """
-    from .io import atomic_path
+    from .io import atomic_path         # looked up per call: tests fill the disk through io.atomic_path
     with atomic_path(path) as tmp:
         torch.save({'config': model.config(), 'state_dict': model.state_dict()}, tmp)
 
@@ -56,7 +56,7 @@ def checkpoint_config(cfg, where: str = 'checkpoint') -> dict:
             ``d_model`` not divisible by ``n_heads``, or more than :data:`MAX_CHECKPOINT_PARAMS`
             parameters. Fix: save the model with :func:`save_checkpoint`.
     """
-    fix = 'save the model with agentrl.model.save_checkpoint'
+    fix = 'save the model with agentrl.checkpoint.save_checkpoint'
     if not isinstance(cfg, dict):
         raise ValueError(f'{where}: config is a {type(cfg).__name__}, not a dict; {fix}')
     unknown = sorted(map(str, set(cfg) - set(CHECKPOINT_BOUNDS)))
@@ -112,18 +112,18 @@ def load_checkpoint(path: str) -> TinyAgent:
     weights = state['state_dict']
     if not isinstance(weights, dict) or not all(torch.is_tensor(v) for v in weights.values()):
         raise ValueError(f'{path!r}: state_dict is not a dict of tensors; save the model with '
-                         'agentrl.model.save_checkpoint')
+                         'agentrl.checkpoint.save_checkpoint')
     with torch.device('meta'):
         want = {k: tuple(v.shape) for k, v in TinyAgent(**cfg).state_dict().items()}
     missing = sorted(set(want) - set(weights))
     extra = sorted(map(str, set(weights) - set(want)))
     if missing or extra:
         raise ValueError(f'{path!r}: state_dict does not fit the config {cfg} (missing {missing[:3]}, '
-                         f'unexpected {extra[:3]}); save the model with agentrl.model.save_checkpoint')
+                         f'unexpected {extra[:3]}); save the model with agentrl.checkpoint.save_checkpoint')
     for k, shape in want.items():
         if tuple(weights[k].shape) != shape:
             raise ValueError(f'{path!r}: weight {k} has shape {list(weights[k].shape)}, but the config {cfg} '
-                             f'needs {list(shape)}; save the model with agentrl.model.save_checkpoint')
+                             f'needs {list(shape)}; save the model with agentrl.checkpoint.save_checkpoint')
     model = TinyAgent(**cfg)
     model.load_state_dict(weights)
     return model.eval()

@@ -2,7 +2,7 @@
 
 :class:`KVCache` holds the keys and values of a batch of rows of different lengths;
 :func:`fill_holes` is the row order after rows leave (shared with the rollout drivers);
-:class:`_Plan` is where one :meth:`TinyAgent.extend` call writes and what it attends to.
+:class:`Plan` is where one :meth:`TinyAgent.extend` call writes and what it attends to.
 """
 from __future__ import annotations
 
@@ -168,7 +168,7 @@ def fill_holes(n: int, dead) -> list[int]:
     return order
 
 
-class _Plan:
+class Plan:
     """Index plan of one :meth:`TinyAgent.extend` call, shared by every block.
 
     The ``N`` packed new tokens are the last new token of each of the B rows, then the other new
@@ -190,7 +190,7 @@ class _Plan:
 
     @classmethod
     def build(cls, cache: KVCache, ids: torch.Tensor, n_new: torch.Tensor | None, ends: torch.Tensor,
-              n_heads: int, dtype: torch.dtype) -> '_Plan':
+              n_heads: int, dtype: torch.dtype) -> 'Plan':
         """The plan of appending ``ids[b, :n_new[b]]`` to each row ``b`` of ``cache`` (already reserved).
 
         Args:

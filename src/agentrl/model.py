@@ -2,40 +2,21 @@
 
 Source: book chapter 3 (the book's TinyAgent): d_model 64,
 learned positions, causal attention, 256-position default context, fp32 throughout.
-The ragged cache is :mod:`agentrl.kv_cache`; checkpoints are :mod:`agentrl.checkpoint`
-(``save_checkpoint``/``load_checkpoint`` stay importable from here).
+The ragged cache is :mod:`agentrl.kv_cache`; checkpoints are :mod:`agentrl.checkpoint`.
 """
 from __future__ import annotations
-
-from importlib import import_module
 
 import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .kv_cache import KVCache, _Plan, fill_holes
+from .kv_cache import KVCache, Plan, fill_holes
 from .record import SamplingSpec
 from .sampling import sample, token_logp
 
 __all__ = ['TinyAgent', 'KVCache', 'fill_holes', 'sequence_log_probs', 'sample_next', 'segment_pieces',
-           'segment_attention', 'save_checkpoint', 'load_checkpoint']
-
-#: names of :mod:`agentrl.checkpoint` still importable from here (loaded on first use: the
-#: checkpoint module imports this one)
-_FROM_CHECKPOINT = frozenset({'save_checkpoint', 'load_checkpoint', 'checkpoint_config', 'CHECKPOINT_BOUNDS',
-                              'MAX_CHECKPOINT_PARAMS'})
-
-
-def __getattr__(name):
-    if name in _FROM_CHECKPOINT:
-        return getattr(import_module('.checkpoint', __package__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | _FROM_CHECKPOINT)
-
+           'segment_attention']
 
 def segment_pieces(position_ids: torch.Tensor) -> list[list[tuple[int, int, bool]]]:
     """Cut packed rows into the spans that attend (records) and the spans that do not, from their positions.
@@ -316,7 +297,7 @@ class TinyAgent(nn.Module):
             raise ValueError(f'sequence length {need} exceeds TinyAgent.max_len={self.max_len}; '
                              'build the model with a larger max_len or cap the episode length')
         cache.reserve(need)
-        plan = _Plan.build(cache, ids, n_new, ends, self.blocks[0].n_heads, self.head.weight.dtype)
+        plan = Plan.build(cache, ids, n_new, ends, self.blocks[0].n_heads, self.head.weight.dtype)
         x = F.embedding(plan.token_ids, self.tok_emb.weight) + F.embedding(plan.positions, self.pos_emb.weight)
         for i, block in enumerate(self.blocks):
             x = x + block.attend_cached(x, cache.k[i], cache.v[i], plan)

@@ -67,7 +67,7 @@ class PackedBatch:
         out = torch.full((R * N,), -1, dtype=torch.long)
         starts = self.row * N + self.offset
         lens = self.seq_lens.long()
-        pos = _ranges(starts, lens)
+        pos = concat_ranges(starts, lens)
         return out.index_copy_(0, pos, torch.repeat_interleave(torch.arange(len(lens)), lens)).view(R, N)
 
 
@@ -108,7 +108,7 @@ def pack_order(lengths, max_tokens: int) -> list[list[int]]:
     return rows
 
 
-def _ranges(starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
+def concat_ranges(starts: torch.Tensor, lens: torch.Tensor) -> torch.Tensor:
     """Concatenation of ``arange(starts[k], starts[k] + lens[k])`` over k, as one int64 tensor."""
     total = int(lens.sum())
     if total == 0:

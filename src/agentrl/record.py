@@ -1,17 +1,18 @@
-"""L0: the trajectory record, its batch form and its provenance (torch only).
+"""L0: the trajectory record, its batch form, its provenance and its vocabulary (owners, stop reasons).
 
-Ownership is provenance: a token's owner is fixed by whoever produced it when it was
-appended, and the action mask is derived from it. The shift from token positions ``ids``
-to predicted positions ``ids[1:]`` happens in exactly one place, :meth:`Trajectory.from_tokens`.
+The record follows docs/design.md#ownership (the action mask is derived from the owners) and
+docs/design.md#shift (:meth:`Trajectory.from_tokens` is where the shift happens).
 
 Peer names: ``action_mask`` ~ verl ``response_mask`` ~ TRL ``completion_mask * tool_mask``;
 ``sample_logp`` ~ verl ``rollout_log_probs`` ~ TRL ``sampling_per_token_logps``.
 """
 from __future__ import annotations
 
+import enum
 import json
 import math
 from array import array
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from itertools import groupby
 from typing import Any, Iterator
@@ -20,15 +21,36 @@ from ._lazy import lazy_module
 
 torch = lazy_module('torch')   # imported on first tensor use: `agentrl check` runs without torch
 
+from ._version import __version__
 from .constraints import Constraint
 
 __all__ = ['OWNER', 'OWNER_NAMES', 'SamplingSpec', 'Provenance', 'Trajectory', 'Batch', 'LOGP_MODES',
-           'PENALTY_SEMANTICS', 'TokenLog', 'owner_runs', 'turn_spans', 'turn_records']
+           'PENALTY_SEMANTICS', 'StopReason', 'TokenLog', 'owner_runs', 'turn_spans', 'turn_records']
 
 #: Owner code of each token. Source: book chapter 5.1 (template, prompt, policy, tool).
 OWNER = {'template': 0, 'prompt': 1, 'policy': 2, 'tool': 3}
 #: Owner names indexed by code.
 OWNER_NAMES = tuple(sorted(OWNER, key=OWNER.get))
+
+
+class StopReason(str, enum.Enum):
+    """Why an episode ended (``info['stop']``); str-valued, so stored records keep their strings.
+
+    Source: book chapter 4 (the gym's stops) and 5.8 (truncation gives reward 0 and is recorded).
+    """
+    SUBMITTED = 'submitted'     #: the policy called ``submit``
+    BUDGET = 'budget'           #: the turn budget ran out
+    TRUNCATED = 'truncated'     #: a turn or the context was cut at its token limit
+    UNKNOWN = 'unknown'         #: the record does not say
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        # printed inside lists and dicts (the book prints ``info['stop']`` values that way)
+        return repr(self.value)
+
+
 #: ``processed``: log-prob under the distribution actually sampled from (after temperature and
 #: truncation); ``raw``: log-softmax of the unmodified logits.
 LOGP_MODES = ('processed', 'raw')
@@ -134,7 +156,6 @@ _PENALTY_FIELDS = tuple(_PENALTY_DEFAULTS)
 
 
 def _version() -> str:
-    from ._version import __version__
     return __version__
 
 
@@ -233,8 +254,9 @@ class Trajectory:
         reward: scalar episode reward.
         info: the environment's final info (``stop``, ``n_turns``, ``n_invalid`` ...) plus
             ``actions`` (decoded call texts).
-        owner: ``[T]`` int64 :data:`OWNER` code of each token.
-        turn: ``[T]`` int64 turn index of each token, -1 for the prompt.
+        owner: ``[T]`` int64 :data:`OWNER` code of each token (required; None only for a row read from a
+            file without the column).
+        turn: ``[T]`` int64 turn index of each token, -1 for the prompt (required; None as ``owner``).
         provenance: :class:`Provenance`, or None for records built by hand.
         turn_contexts: optional per-turn scoring contexts (``[(start, context_ids [L_k])]``)
             for templates that are not prefix-stable; None means the sequence itself is the
@@ -248,8 +270,8 @@ class Trajectory:
     sample_logp: torch.Tensor
     reward: float
     info: dict
-    owner: torch.Tensor = None
-    turn: torch.Tensor = None
+    owner: torch.Tensor | None
+    turn: torch.Tensor | None
     provenance: Provenance | None = None
     turn_contexts: list | None = None
 
@@ -258,7 +280,7 @@ class Trajectory:
                     provenance: Provenance | None = None, turn_contexts=None) -> 'Trajectory':
         """Freeze per-token lists into a record, shifting masks and log-probs to ``ids[1:]``.
 
-        This is the only place in agentrl where the shift to predicted positions happens.
+        The shift to predicted positions happens here (docs/design.md#shift).
 
         Args:
             ids: ``[T]`` token ids (list or tensor), T >= 1.
@@ -324,9 +346,9 @@ class Trajectory:
 _BATCH_FIELDS = ('ids', 'attention_mask', 'action_mask', 'sample_logp', 'turn_ids', 'rewards')
 
 
-@dataclass
-class Batch:
-    """Padded tensors of B trajectories, the input of every loss.
+@dataclass(frozen=True, eq=False)
+class Batch(Mapping):
+    """Padded tensors of B trajectories, the input of every loss; frozen once built.
 
     Attributes:
         ids: ``[B, T]`` int64, right-padded with the pad id.
@@ -336,8 +358,10 @@ class Batch:
         turn_ids: ``[B, T-1]`` int64; -1 on prompt and padding.
         rewards: ``[B]`` float32.
 
-    Also a read-only mapping: ``batch['ids']``, ``batch.keys()``, ``batch.items()`` (in the
-    order above), as the book's dict.
+    A :class:`collections.abc.Mapping` over these six names: ``batch['ids']``, ``batch.keys()``,
+    ``batch.items()`` (in the order above, as lists, like the book's dict). Neither a field nor a key can be
+    set or deleted after construction (``dataclasses.FrozenInstanceError``, ``TypeError``); build another
+    batch with :func:`dataclasses.replace` or :meth:`to`. The tensors themselves are not copied.
     """
     ids: torch.Tensor
     attention_mask: torch.Tensor

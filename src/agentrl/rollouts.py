@@ -13,9 +13,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .batching import pad_rows
-from .gym.calls import StopReason
 from .model import fill_holes
-from .record import Provenance, SamplingSpec, TokenLog, Trajectory
+from .record import Provenance, SamplingSpec, StopReason, TokenLog, Trajectory
 from .sampling import sample
 
 __all__ = ['MAX_CALL_TOKENS', 'Episode', 'make_trajectory', 'scripted_rollout', 'generate_call',
@@ -109,7 +108,7 @@ def make_trajectory(episode: Episode, provenance: Provenance | None = None) -> T
 
 
 def _scripted_provenance(policy, tok) -> Provenance:
-    return Provenance(policy=getattr(policy, 'kind', 'scripted'), tokenizer=tok.fingerprint(),
+    return Provenance(policy=getattr(policy, 'kind', 'scripted'), tokenizer=tok.fingerprint,
                       template=tok.template_fingerprint(), sampling=None, logp_placeholder=True)
 
 
@@ -222,7 +221,7 @@ def model_provenance(model, tok, temperature: float | SamplingSpec, model_id: st
     :class:`~agentrl.record.SamplingSpec`), the model id, the ``policy_version`` (int step or str
     checkpoint fingerprint; None: not recorded)."""
     spec = temperature if isinstance(temperature, SamplingSpec) else SamplingSpec(temperature=max(float(temperature), 0.0))
-    return Provenance(policy='model', tokenizer=tok.fingerprint(), template=tok.template_fingerprint(),
+    return Provenance(policy='model', tokenizer=tok.fingerprint, template=tok.template_fingerprint(),
                       sampling=spec, model=model_id or type(model).__name__, policy_version=policy_version)
 
 

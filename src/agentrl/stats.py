@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 
-from .gym.calls import StopReason
-from .record import OWNER, Trajectory
+from .record import OWNER, StopReason, Trajectory
 
 __all__ = ['StopReason', 'context_lengths', 'PolicySummary', 'SummaryBuilder', 'policy_summary',
            'episode_metrics', 'is_truncated', 'source_stop_reason']

@@ -2,16 +2,15 @@
 
 A token is a whitespace-separated word; a newline is the special word ``<nl>``. Every string
 has exactly one segmentation, so this tokenizer cannot drift (chapter 5.4). It knows nothing of
-the gym: the BugFix vocabulary is enumerated by :func:`agentrl.gym.vocab.build_tokenizer`
-(still importable from here, loaded on first use).
+the gym: the BugFix vocabulary is enumerated by :func:`agentrl.gym.vocab.build_tokenizer`.
 """
 from __future__ import annotations
 
 import hashlib
 import json
-from importlib import import_module
+from typing import NamedTuple
 
-__all__ = ['SPECIALS', 'Tokenizer', 'build_tokenizer']
+__all__ = ['SPECIALS', 'Tokenizer', 'BugFixVocab', 'BUGFIX_VOCAB']
 
 #: Special tokens with fixed ids 0..7. Source: book chapter 5.5.
 SPECIALS = ['<pad>', '<bos>', '<unk>', '<obs>', '</obs>', '<call>', '</call>', '<nl>']
@@ -77,8 +76,10 @@ class Tokenizer:
                              'were they produced by another tokenizer?')
         return ' '.join([self.itos[int(i)] for i in ids]).replace(' <nl> ', '\n')
 
+    @property
     def fingerprint(self) -> str:
-        """sha256 (first 16 hex digits) of the class, vocabulary and special ids."""
+        """sha256 (first 16 hex digits) of the class, vocabulary and special ids (a property, like
+        :attr:`agentrl.templates.ChatTemplate.fingerprint`)."""
         payload = json.dumps({'class': 'agentrl.Tokenizer', 'itos': self.itos,
                               'specials': SPECIALS}, separators=(',', ':'))
         return hashlib.sha256(payload.encode()).hexdigest()[:16]
@@ -89,11 +90,22 @@ class Tokenizer:
         return hashlib.sha256(rule.encode()).hexdigest()[:16]
 
 
-def __getattr__(name):
-    if name == 'build_tokenizer':           # its old place; the gym imports this module, not the reverse
-        return import_module('.gym.vocab', __package__).build_tokenizer
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+class BugFixVocab(NamedTuple):
+    """What a check needs to know of TinyAgent's BugFix tokenizer, as data.
+
+    Attributes:
+        fingerprint: :attr:`Tokenizer.fingerprint` of the BugFix vocabulary (16 hex digits).
+        pad_id: its pad id. eot_id: its end of turn (``</call>``, ``call_end_id``).
+        vocab_size: its number of entries.
+    """
+    fingerprint: str
+    pad_id: int
+    eot_id: int
+    vocab_size: int
 
 
-def __dir__():
-    return sorted(set(globals()) | {'build_tokenizer'})
+#: The facts of :func:`agentrl.gym.bugfix_tokenizer` (every BugFix task, 316 entries), written down so that
+#: checking a record needs neither the gym nor its sandbox; ``tests/test_gym.py`` checks they equal what the
+#: gym computes (a change to the gym's texts changes them, and that test says so).
+BUGFIX_VOCAB = BugFixVocab(fingerprint='36b0594ac618228c', pad_id=SPECIALS.index('<pad>'),
+                           eot_id=SPECIALS.index('</call>'), vocab_size=316)

@@ -23,7 +23,7 @@ import torch
 rc = pytest.importorskip('verl.trainer.ppo.rollout_corr_helper',
                          reason='verl is not in this venv; `make test-interop` runs these tests in .venv-interop')
 
-from agentrl.train.correction import off_policy_correction  # noqa: E402
+from agentrl.correction import off_policy_correction  # noqa: E402
 
 
 @functools.cache

@@ -66,7 +66,7 @@ from .identity import Deduper  # noqa: E402
 
 __all__.append('Deduper')
 
-# policy-version staleness (issue 24): agentrl.checks.staleness
+# policy-version staleness: agentrl.checks.staleness
 from .staleness import (StalenessReport, StaleVersionError, record_staleness, record_versions,  # noqa: E402
                         require_fresh, sampled_by, staleness_report)
 

@@ -52,7 +52,8 @@ MIN_FIT_TOKENS = 3
 #: Failed sampler fits after which one :func:`replay_records` call stops trying (the remaining
 #: unexplained sequences are reported as ``policy_change``).
 FIT_BUDGET = 8
-_KIND = {k: i for i, k in enumerate(TOKEN_KINDS)}
+#: Token kind -> its small-integer code (index in :data:`TOKEN_KINDS`).
+KIND_CODE = {k: i for i, k in enumerate(TOKEN_KINDS)}
 
 
 def _effective_temperature(spec: SamplingSpec) -> float:
@@ -173,17 +174,17 @@ def classify_tokens(logits: torch.Tensor, ids: torch.Tensor, stored: torch.Tenso
     stored = torch.as_tensor(stored).double().reshape(-1).to(x.device)
     replayed = replay_logp(x, ids, spec, context)
     log_ratio = replayed - stored
-    kind = torch.full_like(ids, _KIND['policy_change'])
+    kind = torch.full_like(ids, KIND_CODE['policy_change'])
     match = (log_ratio.abs() <= tol) | (replayed == stored)
     if not bool(match.all()):
         mode, support = _mode_and_support(x, ids, stored, spec, context, tol)
-        kind[support] = _KIND['support_mismatch']
-        kind[mode] = _KIND['logp_mode_mismatch']
-    kind[match] = _KIND['match']
+        kind[support] = KIND_CODE['support_mismatch']
+        kind[mode] = KIND_CODE['logp_mode_mismatch']
+    kind[match] = KIND_CODE['match']
     # NaN or +inf anywhere (a -inf replay is a token outside the declared support: ratio 0, not broken)
     bad = (torch.isnan(replayed) | (replayed == math.inf) | ~torch.isfinite(stored)
            | torch.isnan(x).any(-1) | (x == math.inf).any(-1))
-    kind[bad] = _KIND['non_finite']
+    kind[bad] = KIND_CODE['non_finite']
     return log_ratio, kind
 
 
@@ -266,7 +267,7 @@ def _search_fn(x, ids, spec, context, name, make):
     return f
 
 
-def _fit(x, ids, stored, spec, tol, context, fit_rows, check_rows) -> str:
+def fit_verified(x, ids, stored, spec, tol, context, fit_rows, check_rows) -> str:
     """:func:`fit_sampler` on ``fit_rows``, verified on ``fit_rows`` and ``check_rows``; '' when nothing fits."""
     n = len(ids)
     if len(fit_rows) < MIN_FIT_TOKENS or not bool(torch.isfinite(stored[fit_rows]).all()):
@@ -326,5 +327,5 @@ def fit_sampler(logits: torch.Tensor, ids: torch.Tensor, stored: torch.Tensor, s
         tokens sampled at temperature 0.7 but declared at 1.0 give ``'temperature=0.7'``.
     """
     rows = torch.arange(len(ids))
-    return _fit(logits.double(), torch.as_tensor(ids).long(), torch.as_tensor(stored).double(), spec, tol, context,
+    return fit_verified(logits.double(), torch.as_tensor(ids).long(), torch.as_tensor(stored).double(), spec, tol, context,
                 rows, rows[:0]) or None

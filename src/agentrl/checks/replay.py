@@ -31,7 +31,7 @@ torch = lazy_module('torch')
 from ..batching import pad_rows
 from ..record import SamplingSpec, Trajectory, turn_records, turn_spans
 from ..sampling import PenaltyContext
-from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, _KIND, _fit, classify_tokens,  # noqa: F401
+from .classify import (FIT_BUDGET, MIN_FIT_TOKENS, TOKEN_KINDS, KIND_CODE, fit_verified, classify_tokens,  # noqa: F401
                        convert_logp, fit_sampler, replay_logp, support_mask)
 from .constrained import constrained_logits, forced_positions, undeclared_constraint
 from .errors import ReplayUnsupportedError
@@ -170,28 +170,28 @@ def _judge(key, rows, logits, targets, stored, spec, tol, context, history=None,
         kinds = torch.zeros(len(rows), dtype=torch.long)
     else:
         log_ratio, kinds = classify_tokens(x, targets, stored, spec, tol, context)
-        detail = mask_shift(rows, kinds != _KIND['match'], stored)
+        detail = mask_shift(rows, kinds != KIND_CODE['match'], stored)
         if detail:
-            kinds[kinds != _KIND['match']] = _KIND['mask_shift']
+            kinds[kinds != KIND_CODE['match']] = KIND_CODE['mask_shift']
         # one sampler parameter that explains every unexplained token outranks per-token support guesses
         # (with a large vocabulary almost any shift of the normaliser matches *some* sorted prefix)
-        unexplained = (kinds == _KIND['policy_change']) | (kinds == _KIND['support_mismatch'])
+        unexplained = (kinds == KIND_CODE['policy_change']) | (kinds == KIND_CODE['support_mismatch'])
         pc = unexplained.nonzero().flatten()
         if not detail and len(pc) >= MIN_FIT_TOKENS and (budget is None or budget['fits'] > 0):
             if context is None and history is not None:
                 context = history()
             # fit on the unexplained tokens; the fitted sampler must also keep every matched token matched
-            check = (kinds == _KIND['match']).nonzero().flatten()
-            fitted = _fit(x, targets, stored.double(), spec, tol, context, pc, check)
+            check = (kinds == KIND_CODE['match']).nonzero().flatten()
+            fitted = fit_verified(x, targets, stored.double(), spec, tol, context, pc, check)
             if fitted:
                 detail = fitted
-                kinds[pc] = _KIND['sampler_mismatch']
+                kinds[pc] = KIND_CODE['sampler_mismatch']
             elif budget is not None:
                 budget['fits'] -= 1
         cause = '' if detail else undeclared_constraint(spec, log_ratio, unexplained, stored.double())
         if cause:                                     # no sampler fits: a grammar mask left out of the declaration
             detail = cause
-            kinds[pc] = _KIND['support_mismatch']
+            kinds[pc] = KIND_CODE['support_mismatch']
     counts = {TOKEN_KINDS[k]: int((kinds == k).sum()) for k in range(len(TOKEN_KINDS)) if bool((kinds == k).any())}
     worst = TOKEN_KINDS[int(kinds.max())] if len(kinds) else 'match'
     return RecordReplay(key=key, kind=worst, stats=RatioStats.of(log_ratio), token_kinds=counts, rows=rows.cpu(),

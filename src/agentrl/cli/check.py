@@ -17,7 +17,10 @@ import sys
 import time
 from dataclasses import fields
 
+from ..io import printable
 from ..jobs.check import CheckOptions
+from .export import incomplete_note
+from .options import add_fields, from_args
 
 #: rows from which a progress display is shown
 PROGRESS_MIN_ROWS = 5000
@@ -27,7 +30,6 @@ PROGRESS_EVERY_S = 5.0
 
 def register(sub) -> None:
     """Add this subcommand's parser (one flag per :class:`~agentrl.jobs.check.CheckOptions` field) and set ``func=run``."""
-    from .options import add_fields
     p = sub.add_parser('check', help='validate trajectory records (masks, log-probs, provenance, replay)',
                        description='Validate every record of a trajectory file or folder; print refusals by '
                                    'kind, truncation rate, length stats and (with --model) replay ratio stats. '
@@ -78,7 +80,7 @@ class Progress:
 
 def check(opts: CheckOptions, out=print, progress_stream=None) -> int:
     """Run the check job and print its report through ``out``; return the exit code (0 ok, 1 refused)."""
-    from ..jobs.check import count_rows, run_check
+    from ..jobs.check import count_rows, run_check      # looked up per call: tests replace run_check
     opts.validate()
     total = count_rows(opts.path)
     bar = Progress(total, progress_stream) if total >= PROGRESS_MIN_ROWS else None
@@ -95,10 +97,8 @@ def check(opts: CheckOptions, out=print, progress_stream=None) -> int:
 def _warn_incomplete(path: str) -> None:
     """Say on stderr that the rollout run behind ``path`` is unfinished, as report and export do (the result
     stands: the records it has were checked)."""
-    from ..io import printable
-    from .export import _incomplete_note
     try:
-        note = _incomplete_note(path, None)
+        note = incomplete_note(path, None)
     except (OSError, ValueError):          # a run.json that is not a manifest: nothing to compare with
         return
     if note:
@@ -108,5 +108,4 @@ def _warn_incomplete(path: str) -> None:
 
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise, printed as one line)."""
-    from .options import from_args
     return check(from_args(CheckOptions, args))

@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..io import printable
+from ..record import SamplingSpec
 from .options import UserError
 
 
@@ -83,7 +85,6 @@ class DriftOptions:
 
     def spec(self):
         """The :class:`~agentrl.record.SamplingSpec` of the flags."""
-        from ..record import SamplingSpec
         return SamplingSpec(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p)
 
 
@@ -137,7 +138,7 @@ def _tokenizer_dirs_with(fingerprint: str) -> list:
 def _tokenizer_for_records(opts: DriftOptions, records):
     from ..gym.vocab import bugfix_tokenizer
     fps = {r.provenance.tokenizer for r in records if r.provenance is not None and r.provenance.tokenizer}
-    if bugfix_tokenizer().fingerprint() in fps:   # TinyAgent / scripted records: no Hugging Face tokenizer folder
+    if bugfix_tokenizer().fingerprint in fps:   # TinyAgent / scripted records: no Hugging Face tokenizer folder
         raise UserError(f"--records {opts.records!r} were sampled with agentrl's word-level tokenizer (TinyAgent or "
                         'scripted policies), which has no tokenizer folder and cannot drift (its words decode and '
                         're-encode to the same ids); measure a run of `agentrl rollout --engine hf --model DIR`, '
@@ -172,7 +173,6 @@ def run(args) -> int:
                         min_p=args.min_p, seed=args.seed, prompt=args.prompt)
     opts.validate()
     from ..engines import hf
-    from ..io import printable                      # record and model texts are data: no escapes reach the terminal
     if opts.records:
         from ..store import read_trajectories
         records = read_trajectories(opts.records)

@@ -18,6 +18,10 @@ from dataclasses import dataclass
 
 from ..fields import option
 
+from ..io import atomic_write
+from ..jobs.check import require_accepted
+from ..jobs.report import incompleteness
+from ..tokenizer import BUGFIX_VOCAB
 from .options import UserError, add_fields, check_numbers, from_args
 
 FRAMEWORKS = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'sft', 'skyrl-sft')
@@ -159,14 +163,11 @@ def _check_pad_id(pad_id: int, records) -> None:
     Raises:
         UserError: ``--pad-id N is outside the vocabulary ...`` (nothing written yet).
     """
-    from ..jobs.check import _wordlevel_defaults
-    wordlevel = _wordlevel_defaults()
-    if wordlevel is None or not any(r.provenance is not None and r.provenance.tokenizer == wordlevel[0]
-                                    for r in records):
+    if not any(r.provenance is not None and r.provenance.tokenizer == BUGFIX_VOCAB.fingerprint for r in records):
         return
-    if pad_id >= wordlevel[3]:
+    if pad_id >= BUGFIX_VOCAB.vocab_size:
         raise UserError(f"--pad-id {pad_id} is outside the vocabulary of the records' tokenizer (ids "
-                        f'0..{wordlevel[3] - 1}); pass its pad id ({wordlevel[1]}) or drop --pad-id')
+                        f'0..{BUGFIX_VOCAB.vocab_size - 1}); pass its pad id ({BUGFIX_VOCAB.pad_id}) or drop --pad-id')
 
 
 def register(sub) -> None:
@@ -186,7 +187,6 @@ def run(args) -> int:
     opts.validate()
     from .. import interop, store
     from ..gateway.records import train_shared_once
-    from ..jobs.check import require_accepted
     require_accepted(opts.source())             # what `agentrl check` refuses is never exported; nothing written yet
     records = train_shared_once(store.read_trajectories(opts.source()))   # gateway forks: each sampled token once
     if opts.mask_forced:
@@ -210,7 +210,7 @@ def run(args) -> int:
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,
                        prompt_length=opts.prompt_length, response_length=opts.response_length,
                        split_turns=opts.split_turns, correction=corr)
-    note = _incomplete_note(opts.run, records)
+    note = incomplete_note(opts.run, records)
     if note:                                    # the manifest and stderr say so; the export itself stands
         _add_to_manifest(opts.out, incomplete=note)
         import warnings
@@ -226,7 +226,7 @@ def run(args) -> int:
     return 0
 
 
-def _incomplete_note(run: str, records) -> str:
+def incomplete_note(run: str, records) -> str:
     """What says the rollout run behind ``run`` is unfinished (:func:`agentrl.jobs.report.incompleteness`), or ''.
 
     ``run`` is a run folder, its ``trajectories/`` folder or one of its shards; any other input
@@ -237,7 +237,6 @@ def _incomplete_note(run: str, records) -> str:
     """
     from pathlib import Path
 
-    from ..jobs.report import incompleteness
     folder = Path(run).resolve()
     if folder.is_file():                                    # a shard or RUN/trajectories.parquet: its folder
         folder = folder.parent
@@ -271,7 +270,6 @@ def _add_to_manifest(out: str, **fields) -> None:
     """Add ``fields`` to ``out/manifest.json`` (rewritten atomically, still the last file written)."""
     import json
 
-    from ..io import atomic_write
     path = os.path.join(out, 'manifest.json')
     with open(path) as f:
         manifest = json.load(f)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from ..fields import option
 
+from ..io import atomic_write
+from ..record import SamplingSpec
 from .options import UserError, add_fields, check_numbers, from_args
 
 SOURCES = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'vllm', 'sglang')
@@ -132,7 +134,6 @@ class ImportOptions:
         """The declared :class:`~agentrl.record.SamplingSpec`, or None when ``--temperature`` is not given."""
         if self.temperature is None:
             return None
-        from ..record import SamplingSpec
         return SamplingSpec(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
                             logp_mode=self.mode())
 
@@ -152,7 +153,6 @@ def run(args) -> int:
     opts = from_args(ImportOptions, args)
     opts.validate()
     from .. import interop, store
-    from ..io import atomic_write
     tok = None
     if opts.tokenizer:
         from ..templates import load_tokenizer

@@ -15,6 +15,8 @@ import warnings
 from importlib import import_module
 
 from .._version import __version__
+from ..io import printable
+from . import __path__ as cli_path
 from .options import UserError, refuse_empty
 
 #: preferred help order of the subcommand modules; others follow alphabetically
@@ -23,7 +25,6 @@ ORDER = ['rollout', 'check', 'show', 'report', 'train', 'template', 'drift', 'ma
 
 def commands() -> list[str]:
     """Names of the subcommand modules in ``agentrl.cli``, in help order."""
-    from . import __path__ as cli_path
     found = {m.name for m in pkgutil.iter_modules(cli_path) if m.name not in ('main', 'options')
              and not m.name.startswith('_')}
     return [n for n in ORDER if n in found] + sorted(found - set(ORDER))
@@ -58,7 +59,6 @@ def _exit_code(e: BaseException) -> int:
 
 def _error_line(e: BaseException) -> str:
     """The error as one printable line; an unexpected error type adds how to see the traceback."""
-    from ..io import printable
     if isinstance(e, MemoryError):           # the store's names its row group and the fix already
         msg = _one_line(e)
         line = msg if msg.startswith('out of memory') else f'out of memory ({msg}); use smaller inputs or batches'
@@ -71,7 +71,6 @@ def _error_line(e: BaseException) -> str:
 
 def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
     """Show a warning as one line, ``agentrl: warning: MESSAGE`` (the category named unless a UserWarning)."""
-    from ..io import printable
     kind = '' if issubclass(category, UserWarning) else f'{category.__name__}: '
     print(f'agentrl: warning: {kind}{printable(message)}', file=sys.stderr if file is None else file)
 
@@ -90,7 +89,6 @@ class OneLineParser(argparse.ArgumentParser):
         Raises:
             SystemExit: always, with code 2.
         """
-        from ..io import printable
         self.exit(2, f'{self.prog}: error: {printable(message)} (see {self.prog} --help)\n')
 
 

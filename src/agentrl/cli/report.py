@@ -10,6 +10,7 @@ import time
 
 from ..jobs.report import (ReportOptions, duplicates_note, incompleteness, unique_records,  # noqa: F401 - their
                            write_report)                                                  # old home
+from ..io import printable
 from .options import from_args
 
 
@@ -32,7 +33,6 @@ def run(args) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from ..io import printable
     opts = from_args(ReportOptions, args)
     opts.validate()
     t0 = time.time()

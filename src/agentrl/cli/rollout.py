@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import sys
 
+from ..engines.vllm.server import VLLMError
+from ..jobs.plan import RolloutOptions
+from ..jobs.rollout import RunComplete, RunInterrupted, rollout_summary
 from .options import UserError, add_fields, from_args, given_flags
 
 
 def register(sub) -> None:
     """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
-    from ..jobs.plan import RolloutOptions
     p = sub.add_parser('rollout', help='roll out policies on BugFix tasks and store token-exact records',
                        description='Roll out scripted policies, TinyAgent or a Hugging Face model on BugFix tasks, '
                                    'in this process or on Ray actors (same seeds, same records); stream the records '
@@ -26,15 +28,12 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
-    from ..jobs.plan import RolloutOptions
-    from ..jobs.rollout import RunComplete, RunInterrupted, rollout_summary
     try:
         opts = from_args(RolloutOptions, args)
         opts.given = given_flags(args)      # a --resume compares every flag given with the run's plan
         opts.validate()
     except ValueError as e:
         raise UserError(str(e)) from None
-    from ..engines.vllm.server import VLLMError
     try:
         summary = rollout_summary(opts)
     except VLLMError as e:                  # a server that does not start, answer, or died mid-run: one line

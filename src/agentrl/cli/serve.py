@@ -13,6 +13,8 @@ import argparse
 import os
 import sys
 
+from ..engines.vllm import VLLMError, VLLMServer, VLLMServerOptions
+from ..io import folder_lock
 from .options import UserError
 
 
@@ -123,7 +125,6 @@ def _upstream(args, engine: str, stack):
         return HFUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
     if args.engine_process:
         raise UserError('--engine-process is for --engine hf (a vLLM server is already another process)')
-    from ..engines.vllm import VLLMError, VLLMServer, VLLMServerOptions
     from ..gateway.vllm import VLLMUpstream
     urls = [u.strip() for u in (args.server or '').split(',') if u.strip()]
     try:
@@ -142,7 +143,6 @@ def _upstream(args, engine: str, stack):
 def _serve(args, upstream) -> int:
     from ..gateway import Gateway, Limits
     from ..gateway.server import Server
-    from ..io import folder_lock
     limits = Limits(max_turns=args.max_turns, max_prompt_tokens=args.max_prompt_tokens,
                     max_output_tokens=args.max_output_tokens, max_body_bytes=args.max_body_bytes,
                     max_concurrent=args.max_concurrent, max_wall_s=args.max_wall_s)

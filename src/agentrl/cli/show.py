@@ -10,6 +10,8 @@ from __future__ import annotations
 import sys
 import time
 
+from ..io import printable
+from ..jobs import show
 from ..jobs.show import FORMATS, ShowOptions, default_out, load_record, refusal_marks  # noqa: F401 - their old home
 from .options import from_args
 
@@ -45,8 +47,6 @@ def run(args) -> int:
     from rich.markup import escape
 
     from .. import viz
-    from ..io import printable
-    from ..jobs import show
     opts = from_args(ShowOptions, args)
     opts.validate()
     fmt = opts.resolve_format()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..io import printable, read_json
 from .options import UserError
 
 
@@ -83,7 +84,6 @@ def register(sub) -> None:
 
 def _load_json(path: str, flag: str):
     """The JSON value of the file given to ``flag``; UserError ``FLAG 'PATH' is not valid JSON (...); fix``."""
-    from ..io import read_json
     what = 'a JSON list of messages' if flag == '--messages' else 'a JSON list of tool schemas'
     try:
         return read_json(path, fix=f'pass {what} to {flag}')
@@ -126,7 +126,6 @@ def run(args) -> int:
     messages, tools = load_inputs(opts)
     tok = load_tokenizer(opts.tokenizer)
     report = audit_template(tok, messages, tools=tools, thinking=opts.thinking)
-    from ..io import printable                      # message texts are data: no escapes reach the terminal
     print(printable(f'tokenizer: {opts.tokenizer} ({type(tok).__name__}, {len(tok)} tokens)  '
                     f'thinking: {"on" if opts.thinking else "off"}  messages: {len(messages)}  '
                     f'tools: {len(tools or [])}'))

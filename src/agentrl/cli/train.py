@@ -1,12 +1,12 @@
 """``agentrl train``: SFT warm start on oracle demonstrations, then GRPO on BugFix train tasks."""
 from __future__ import annotations
 
+from ..train.config import TrainConfig
 from .options import UserError, add_fields, from_args
 
 
 def register(sub) -> None:
     """Add this subcommand's parser (every flag documented) to ``sub`` and set ``func=run``."""
-    from ..train.config import TrainConfig
     p = sub.add_parser('train', help='SFT warm start, then GRPO on BugFix tasks (TinyAgent, CPU, minutes)',
                        description='Imitate oracle demonstrations (SFT), then run GRPO on the 24 train tasks, '
                                    'evaluating on train and held-out tasks; write OUT/sft.pt, OUT/model.pt '
@@ -18,7 +18,6 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
-    from ..train.config import TrainConfig
     opts = from_args(TrainConfig, args)
     try:
         opts.validate()

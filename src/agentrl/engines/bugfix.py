@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..families import QWEN3
 from ..gym import TOOL_SCHEMAS, BugFixEnv
-from ..gym.calls import StopReason
+from ..record import StopReason
 from .episode import Reply
 
 __all__ = ['BugFixAdapter', 'parse_tool_calls', 'gym_call', 'bugfix_opening', 'MALFORMED']

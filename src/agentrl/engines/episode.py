@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..gym.calls import StopReason
+from ..record import StopReason
 
 __all__ = ['Reply', 'SampledTurn', 'EpisodeState', 'StopReason']
 

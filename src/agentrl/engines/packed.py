@@ -57,7 +57,7 @@ def _hf_segment_attention(module, query, key, value, attention_mask, dropout=0.0
 
 
 @contextmanager
-def _segments(model, pos):
+def segments_attention(model, pos):
     """Switch ``model`` to :data:`SEGMENT_ATTENTION` for one call (a model that cannot switch keeps its masked path)."""
     from transformers import AttentionInterface
     if SEGMENT_ATTENTION not in AttentionInterface._global_mapping:
@@ -95,7 +95,7 @@ def packed_logits(model, packed: PackedBatch) -> torch.Tensor:
         return model(packed.ids, position_ids=packed.position_ids)
     dev = next(model.parameters()).device
     pos = packed.position_ids.to(dev)
-    with _segments(model, packed.position_ids):
+    with segments_attention(model, packed.position_ids):
         return model(input_ids=packed.ids.to(dev), position_ids=pos, use_cache=False).logits
 
 
@@ -132,20 +132,20 @@ def packed_token_logp(model, packed: PackedBatch, spec: SamplingSpec | None = No
     if not _is_hf(model):
         logp = token_logp(lambda x: model(x, position_ids=pos.to(x.device)), ids, spec)
         return torch.where(mask.to(logp.device), logp, 0.0)
-    from .hf.models import _head                  # transformers only when scoring an HF model
+    from .hf.models import scoring_head                  # transformers only when scoring an HF model
     dev = next(model.parameters()).device
     ids_d, pos_d, mask_d = ids.to(dev), pos.to(dev), mask.to(dev)
-    parts = _head(model)
+    parts = scoring_head(model)
     r, j = mask_d.nonzero(as_tuple=True)
-    with _segments(model, pos) if varlen else nullcontext():
-        logits = _logits(model, parts, ids_d, pos_d, r, j)
+    with segments_attention(model, pos) if varlen else nullcontext():
+        logits = scored_logits(model, parts, ids_d, pos_d, r, j)
     pair = torch.stack([torch.zeros_like(j), ids_d[r, j + 1]], dim=1)             # [K, 2]: (unused, target)
     lp = token_logp(logits.float()[:, None, :], pair, spec)[:, 0]                  # [K]
     out = torch.zeros(mask.shape, dtype=torch.float32, device=dev)
     return out.index_put((r, j), lp)
 
 
-def _logits(model, parts, ids_d, pos_d, r, j):
+def scored_logits(model, parts, ids_d, pos_d, r, j):
     """``[K, V]`` logits at the scored (row, column) pairs of a transformers model."""
     if parts is None:
         return model(input_ids=ids_d, position_ids=pos_d, use_cache=False).logits[r, j]

@@ -37,6 +37,8 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
+from ..record import Provenance, Trajectory
+
 __all__ = ['RAY_EXTRA', 'require_ray', 'check_address', 'WorkerInfo', 'PoolState', 'PoolReport', 'run', 'pack', 'unpack']
 
 #: The pip extra that installs Ray.
@@ -94,7 +96,6 @@ def unpack(packed: dict) -> list:
     import numpy as np
     import torch
 
-    from ..record import Provenance, Trajectory
     n = len(packed['meta'])
     cols = {}
     for name in _TOKEN_FIELDS:
@@ -255,7 +256,7 @@ def check_address(address: str | None, timeout: float = 3.0) -> None:
                               'local instance') from None
 
 
-def _connect(ray, address: str | None, num_cpus: int, object_store_mb: int | None) -> bool:
+def connect(ray, address: str | None, num_cpus: int, object_store_mb: int | None) -> bool:
     """Start a local Ray instance (``address=None``) or join a cluster; return True if we started it."""
     if ray.is_initialized():
         return False
@@ -291,7 +292,6 @@ def _connect(ray, address: str | None, num_cpus: int, object_store_mb: int | Non
 def _retry(item):
     """The item with the attempt :func:`agentrl.checks.new_attempt` gives its record identity."""
     from ..checks import new_attempt
-    from ..record import Provenance
     prov = new_attempt(Provenance(group_id=item.group_id, rollout_id=item.rollout_id, attempt=item.attempt))
     return replace(item, attempt=prov.attempt)
 
@@ -481,7 +481,7 @@ def run(chunks: Sequence[Sequence], runner_factory: Callable, sink: Callable, *,
     t_start = time.perf_counter()
     state = state if state is not None else PoolState(total=sum(len(c) for c in chunks))
     queue = deque(list(c) for c in chunks if c)
-    started = _connect(ray, address, max(1, int(round(workers * cpus_per_worker))), object_store_mb)
+    started = connect(ray, address, max(1, int(round(workers * cpus_per_worker))), object_store_mb)
     pool, stopped = None, False
     try:
         pool = _ActorPool(ray, runner_factory, state, cpus_per_worker=cpus_per_worker,

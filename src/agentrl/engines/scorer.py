@@ -13,9 +13,10 @@ from pathlib import Path
 
 import torch
 
+from ..checkpoint import load_checkpoint
 from ..checks.replay import Scorer
-from ..model import load_checkpoint
-from .hf.models import load_model, score_rows
+from .hf.models import load_model, score_rows, scoring_head
+from .packed import scored_logits, segments_attention
 
 __all__ = ['load_scorer', 'hf_scorer', 'tiny_scorer']
 
@@ -82,14 +83,12 @@ def _packed_rows(model, ids, position_ids, r, j) -> torch.Tensor:
     longer than the model's sliding window or attention logits are soft-capped; only the K rows go through the output head."""
     from contextlib import nullcontext
 
-    from .hf.models import _head
-    from .packed import _logits, _segments
     dev = next(model.parameters()).device
     window = getattr(model.config, 'sliding_window', None)
     longest = int(position_ids.max()) + 1 if position_ids.numel() else 0
     per_record = (window is None or longest <= window) and not getattr(model.config, 'attn_logit_softcapping', None)
-    with _segments(model, position_ids) if per_record else nullcontext():
-        logits = _logits(model, _head(model), ids.to(dev), position_ids.to(dev), r.to(dev), j.to(dev))
+    with segments_attention(model, position_ids) if per_record else nullcontext():
+        logits = scored_logits(model, scoring_head(model), ids.to(dev), position_ids.to(dev), r.to(dev), j.to(dev))
     return logits.float().cpu()
 
 
@@ -98,7 +97,7 @@ def load_scorer(path, *, device: str | torch.device | None = None, dtype: torch.
 
     Args:
         path: a TinyAgent checkpoint file (``model.pt`` from ``agentrl rollout`` / ``train``,
-            :func:`agentrl.model.load_checkpoint`), or a Hugging Face model folder holding
+            :func:`agentrl.checkpoint.load_checkpoint`), or a Hugging Face model folder holding
             ``config.json`` (:func:`agentrl.engines.hf.load_model`; needs the ``hf`` extra).
         device: where to run the model (default CPU).
         dtype: parameter dtype (default float32: the step-0 check's tolerances are stated in fp32).

@@ -10,7 +10,7 @@ Source: docs/gateway.md#records; docs/design.md#integrity.
 """
 from __future__ import annotations
 
-from ..record import Provenance
+from ..record import OWNER, Provenance
 from ..templates import ChatRecorder
 
 __all__ = ['session_records', 'run_metrics', 'train_shared_once']
@@ -141,7 +141,7 @@ def train_shared_once(records) -> list:
         ValueError: a fork row whose first n policy tokens are not its parent row's first n (names
             the rollout and the fix).
 
-    Source: docs/gateway.md#records (issue 23: shared prefixes scored once).
+    Source: docs/gateway.md#records (shared prefixes scored once).
     """
     import copy
     import dataclasses
@@ -149,7 +149,6 @@ def train_shared_once(records) -> list:
     import torch
 
     from ..checks.template_rules import chat_tokens
-    from ..record import OWNER
     records = list(records)
     rows = {}
     for i, r in enumerate(records):

@@ -30,8 +30,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..families import family_for
+from ..engines.vllm.errors import ServerDied, VLLMError
 from ..io import atomic_write
 from ..templates import ChatTemplate
+from .engine import Sample
 from .journal import Journal, read_journal
 from .limits import Limits
 from .parse import finish_reason, parse_reply
@@ -269,8 +271,6 @@ class Gateway:
             GatewayError: 502 when the engine refuses the request or fails (names the engine's
                 message); 503 when its server stopped answering.
         """
-        from ..engines.vllm.client import ServerDied
-        from ..engines.vllm.server import VLLMError
         kw = {} if p.server is None else {'server': p.server}
         if on_token is not None and getattr(self.upstream, 'streams', False):
             kw['on_token'] = on_token
@@ -325,7 +325,6 @@ class Gateway:
         return response, index, False
 
     def _apply(self, session, plan, sample, message, truncated, digest, response, req, version) -> None:
-        from .engine import Sample
         s = Sample(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed, server=sample.server)
         if session.spec is None:
             session.spec = req.spec
@@ -406,7 +405,6 @@ class Gateway:
     # ------------------------------------------------------------------ restart
     def _restore(self, events: list) -> None:
         """Fold the journal: sessions, their calls (re-planned, with the journalled samples), ends."""
-        from .engine import Sample
         for ev in events:
             kind, s = ev['ev'], self.sessions.get(ev.get('sid'))
             if kind == 'session':

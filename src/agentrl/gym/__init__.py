@@ -9,7 +9,8 @@ Modules: ``text`` (compact_source, format_results), ``sandbox`` (run_tests), ``o
 (BugFixEnv), ``policies`` (scripted_policy), ``schemas`` (TOOL_SCHEMAS, CODING_TOOLS, clamp
 texts).
 """
-from .calls import ALL_CALLS, MESSAGES, StopReason
+from ..record import StopReason
+from .calls import ALL_CALLS, MESSAGES
 from .env import BugFixEnv
 from .ops import EDIT_OPS
 from .policies import scripted_policy

@@ -7,11 +7,9 @@ Source: book chapter 4; docs/design.md#gym.
 """
 from __future__ import annotations
 
-import enum
-
 from .ops import EDIT_OPS
 
-__all__ = ['MESSAGES', 'TOOLS', 'ALL_CALLS', 'parse_call', 'StopReason']
+__all__ = ['MESSAGES', 'TOOLS', 'ALL_CALLS', 'parse_call']
 
 #: Fixed observation strings. Source: docs/design.md#gym.
 MESSAGES = {
@@ -54,21 +52,3 @@ def parse_call(text):
     if TOOLS.get(tool) != len(args):
         return None
     return tool, args
-
-
-class StopReason(str, enum.Enum):
-    """Why an episode ended (``info['stop']``); str-valued, so stored records keep their strings.
-
-    Source: book chapter 4 (the gym's stops) and 5.8 (truncation gives reward 0 and is recorded).
-    """
-    SUBMITTED = 'submitted'     #: the policy called ``submit``
-    BUDGET = 'budget'           #: the turn budget ran out
-    TRUNCATED = 'truncated'     #: a turn or the context was cut at its token limit
-    UNKNOWN = 'unknown'         #: the record does not say
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __repr__(self) -> str:
-        # printed inside lists and dicts (the book prints ``info['stop']`` values that way)
-        return repr(self.value)

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-from .calls import MESSAGES, StopReason, parse_call
+from ..record import StopReason
+from .calls import MESSAGES, parse_call
 from .ops import EDIT_OPS
 from .sandbox import run_tests
 from .text import compact_source, format_results

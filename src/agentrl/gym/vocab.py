@@ -11,6 +11,7 @@ from ..tokenizer import SPECIALS, Tokenizer
 from .calls import ALL_CALLS, MESSAGES
 from .ops import EDIT_OPS
 from .sandbox import run_tests
+from .tasks import make_tasks
 from .text import compact_source, format_results
 
 __all__ = ['build_tokenizer', 'bugfix_tokenizer']
@@ -53,5 +54,4 @@ def bugfix_tokenizer():
 
     Source: book chapter 5.5 (pass all 30 tasks so held-out function names get ids).
     """
-    from .tasks import make_tasks
     return build_tokenizer(make_tasks('all'))

@@ -376,7 +376,19 @@ def check_same(name: str, got, want, where: str, of: str) -> None:
               fix=f'pass {name} exactly as the framework wrote it, one entry per {of} entry')
 
 
-def _check_len(name: str, got: int, want: int, row, what: str) -> None:
+def check_len(name: str, got: int, want: int, row, what: str) -> None:
+    """Refuse a per-token field of an imported row whose length is not one entry per token.
+
+    Args:
+        name: the field's name in the source framework (``...mask`` and ``...log...`` names get their own error).
+        got: entries the field has. want: tokens of the row. row: the row's index, for the message.
+        what: the source framework's name of the batch, for the message.
+
+    Raises:
+        agentrl.checks.errors.MaskAlignmentError: a mask one entry short (aligned to ``ids[1:]``).
+        agentrl.checks.errors.LogProbLengthError: a log-prob field of the wrong length.
+        agentrl.checks.errors.LengthMismatchError: any other field of the wrong length.
+    """
     if got == want:
         return
     if name.endswith('mask') and got == want - 1:
@@ -453,10 +465,10 @@ def record_from_response(prompt_ids, response_ids, response_mask, response_logp,
     where = f'{what} row {row}'
     prompt_ids, response_ids = check_ids(prompt_ids, c.prompt, where), check_ids(response_ids, c.response, where)
     mask = as_list(response_mask)
-    _check_len(c.mask, len(mask), len(response_ids), row, what)
+    check_len(c.mask, len(mask), len(response_ids), row, what)
     mask = check_mask(mask, c.mask, where)
     logp = [0.0] * len(response_ids) if response_logp is None else as_list(response_logp)
-    _check_len(c.logp, len(logp), len(response_ids), row, what)
+    check_len(c.logp, len(logp), len(response_ids), row, what)
     if not prompt_ids:
         raise ValueError(f'{what} row {row}: the prompt is empty; the first token has no preceding position. '
                          'Fix: include the prompt ids the response was sampled after')
@@ -560,7 +572,7 @@ def _damaged_pt(e: BaseException) -> str | None:
     return f'{type(e).__name__}: {text}' if text else type(e).__name__
 
 
-def _load_pt(path, framework: str | None = None):
+def load_pt(path, framework: str | None = None):
     """``torch.load`` restricted to tensors and plain containers (no code runs from the file).
 
     Raises:

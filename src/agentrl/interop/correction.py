@@ -1,9 +1,9 @@
-"""L4: write off-policy correction weights into an export, in the batch field each trainer reads (issue 24).
+"""L4: write off-policy correction weights into an export, in the batch field each trainer reads.
 
 ``agentrl export RUN --to T --model M --correction MODE`` re-scores every record's action tokens with the
 trainer's model ``M`` (the log-probs a trainer recomputes: ``log_softmax(logits / T)`` over the full
 vocabulary, packed rows, :func:`agentrl.checks.score_sequences`), turns them and the stored ``sample_logp``
-into weights and a rejection mask with the one function :func:`agentrl.train.off_policy_correction`, and
+into weights and a rejection mask with the one function :func:`agentrl.correction.off_policy_correction`, and
 writes them where the trainer reads them (:data:`CORRECTION_FIELDS`, sliced at ``P-1`` like the log-probs).
 A rejected token (``token_mask``, ``icepop``, ``geo_mask``, ``seq_mask_tis``) is set to 0 in the trainer's
 own loss mask, so it trains nothing whether or not the trainer reads the weights.
@@ -44,8 +44,8 @@ from ..batching import pad_rows
 from ..checks import errors as E
 from ..checks.classify import replay_logp
 from ..checks.replay import score_sequences
+from ..correction import CORRECTION_MODES, off_policy_correction
 from ..record import SamplingSpec
-from ..train.correction import CORRECTION_MODES, off_policy_correction
 from .common import split
 
 __all__ = ['CORRECTION_FIELDS', 'ExportCorrection', 'load_correction', 'RecordCorrections', 'correct_records',
@@ -119,9 +119,9 @@ def load_correction(path, mode: str, *, rollout_is_threshold: float = 2.0,
     else:
         scorer = load_scorer(p, device=device)                 # FileNotFoundError / ValueError naming the path
         from ..gym import bugfix_tokenizer
-        from ..model import load_checkpoint
+        from ..checkpoint import load_checkpoint
         wl = bugfix_tokenizer()                                # TinyAgent speaks the word-level vocabulary
-        fp = wl.fingerprint() if load_checkpoint(str(p)).vocab_size == wl.vocab_size else ''
+        fp = wl.fingerprint if load_checkpoint(str(p)).vocab_size == wl.vocab_size else ''
     return ExportCorrection(scorer, mode, rollout_is_threshold, tuple(is_correction_threshold), tokenizer=fp,
                             model=scorer.name, model_fingerprint=model_fingerprint, packed=packed)
 

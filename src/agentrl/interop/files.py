@@ -32,7 +32,8 @@ import torch
 
 from .. import __version__
 from ..io import atomic_path, atomic_write, fsync_dir, read_json, regular_file, temp_name
-from .common import SupportMismatchWarning, _load_pt, guess_source, source_fix  # noqa: F401 - old place
+from . import openai, openrlhf, prime_rl, sft, skyrl, slime, trl, verl
+from .common import guess_source, load_pt, sort_by_group, source_fix, SupportMismatchWarning  # noqa: F401 - old place
 
 __all__ = ['EXPORTS', 'IMPORTS', 'export', 'load_export', 'import_records']
 
@@ -63,7 +64,6 @@ def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict
 
     ``post(obj, rollout=None)`` (the correction, :func:`agentrl.interop.correction.apply_correction`) edits
     each exported object after the exporter's checks and before it is written."""
-    from . import openrlhf, prime_rl, sft, skyrl, slime, trl, verl
     post = post or (lambda obj, rollout=None: obj)
     files = []
     if framework == 'verl':
@@ -137,7 +137,6 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
             refusal of the exporter (a RecordError names the record, the field and the fix;
             ``TokenizerMismatchError`` for a correction model of another tokenizer).
     """
-    from .common import sort_by_group
     if framework not in EXPORTS:
         raise ValueError(f'unknown framework {framework!r}; export to one of {", ".join(EXPORTS)}')
     records = list(records)
@@ -220,15 +219,15 @@ def load_export(path, framework: str, *, trust_pickle: bool = False):
     if framework in ('skyrl', 'prime-rl'):
         with open(path, 'rb') as f:
             if f.read(2) == b'PK':                  # a torch .pt (zip) file
-                data = _load_pt(path)
+                data = load_pt(path)
                 raise ValueError(f'{str(path)!r} is a torch .pt file, not JSON; {source_fix(data, framework)}')
     fix = f'pass the file (or folder) `agentrl export --to {framework}` or {framework} wrote'
     if framework in ('trl', 'openrlhf'):
         if path.suffix == '.json':
             return read_json(path, fix=fix)
-        return _load_pt(path, framework)
+        return load_pt(path, framework)
     if framework == 'slime':
-        data = _load_pt(path, framework)
+        data = load_pt(path, framework)
         if not isinstance(data, dict) or 'samples' not in data:
             what = f'keys {sorted(map(str, data))}' if isinstance(data, dict) else f'a {type(data).__name__}'
             raise ValueError(f"{str(path)!r}: samples: is missing (the file holds {what}); a slime rollout file is "
@@ -281,12 +280,11 @@ def import_records(path, framework: str, *, tokenizer=None, spec=None, trust_pic
             writes (``'PATH': response_length: is missing; ...``) or not of its shape, each naming
             the file; the importer's refusals (RecordError).
     """
-    from . import openai, openrlhf, prime_rl, skyrl, slime, trl, verl
     if framework in ('vllm', 'sglang'):
         if Path(path).is_file():
             with open(path, 'rb') as f:
                 if f.read(2) == b'PK':              # a torch .pt (zip) file
-                    data = _load_pt(Path(path))
+                    data = load_pt(Path(path))
                     raise ValueError(f'{str(path)!r} is a torch .pt file, not JSON; {source_fix(data, framework)}')
         episodes = openai.read_episodes(path)
         openai.check_episodes(episodes, repr(str(path)), source_fix(episodes, framework))

@@ -30,8 +30,9 @@ import torch
 
 from ..checks import errors as E
 from ..constraints import request_constraint
-from ..gym.calls import StopReason
-from ..record import OWNER, SamplingSpec, Trajectory
+from ..io import read_json
+from ..record import OWNER, SamplingSpec, StopReason, Trajectory
+from ..templates import ChatRecorder
 from .common import check_ids, provenance_for_import
 
 __all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes', 'check_episodes']
@@ -112,7 +113,6 @@ def _generation_config(generation_config) -> dict | None:
     """A generation-config dict, or the ``generation_config.json`` at a path (its sampler fields only)."""
     if generation_config is None or isinstance(generation_config, dict):
         return generation_config
-    from ..io import read_json
     d = read_json(generation_config, fix='pass the model folder\'s generation_config.json')
     if not isinstance(d, dict):
         raise ValueError(f'{str(generation_config)!r}: is not a JSON object; pass a generation_config.json')
@@ -161,7 +161,6 @@ def _template_kwargs(ex, n: int) -> dict:
 
 
 def _chat_episode(ex, tokenizer, tools, history, options):
-    from ..templates import ChatRecorder
     req0 = ex[0]['request']
     rec = ChatRecorder(tokenizer, req0['messages'], tools=req0.get('tools') or tools, history=history, **options)
     server_ctx, drift = [], []
@@ -346,7 +345,6 @@ def read_episodes(path) -> list:
     Raises:
         ValueError: the file is not UTF-8 JSON/JSONL (names the file and line).
     """
-    from ..io import read_json
     return read_json(path, lines='auto', fix='pass a JSON list of episodes or a JSONL file, one episode per line')
 
 

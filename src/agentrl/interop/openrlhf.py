@@ -14,8 +14,8 @@ import json
 import torch
 
 from ..batching import pad_rows
-from ..gym.calls import StopReason
-from ..record import Provenance, SamplingSpec, Trajectory
+from ..checks import errors as E
+from ..record import Provenance, SamplingSpec, StopReason, Trajectory
 from .common import check_ids, check_mask, check_same, prepare_export, provenance_for_import, split
 from .owners import finish_import
 __all__ = ['to_openrlhf', 'from_openrlhf']
@@ -74,7 +74,6 @@ def from_openrlhf(data, *, spec: SamplingSpec | None = None, tokenizer=None, mod
         agentrl.checks.errors.TokenizerMismatchError: ``tokenizer`` is not the records' own
             (:func:`agentrl.interop.owners.finish_import`, which also rebuilds template ownership).
     """
-    from ..checks import errors as E
     seqs, attn, amask = data['sequences'], data['attention_mask'], data['action_mask']
     if amask.shape[1] != seqs.shape[1] - 1:
         raise E.MaskAlignmentError(

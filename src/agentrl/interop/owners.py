@@ -26,6 +26,7 @@ import torch
 from ..checks import errors as E
 from ..checks.template_rules import chat_tokens, unchecked_template_owners  # noqa: F401 - re-exported
 from ..record import OWNER
+from ..templates.chat import as_template, tokenizer_fingerprint
 
 __all__ = ['finish_import', 'UNCHECKED_NOTE', 'unchecked_template_owners']
 
@@ -71,7 +72,6 @@ def finish_import(records: list, tokenizer, what: str) -> list:
             if chat_tokens(r) is not None:          # a chat record: its template rules need the owners
                 _note(r, template_owners='mask', unchecked=[UNCHECKED_NOTE])
         return records
-    from ..templates.chat import as_template, tokenizer_fingerprint
     template = as_template(tokenizer)
     ct, fp = template.chat_tokens(), tokenizer_fingerprint(template)
     for i, r in enumerate(records):

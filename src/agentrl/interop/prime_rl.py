@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 from ..record import OWNER, Provenance, SamplingSpec, Trajectory
-from .common import group_key, prepare_export, provenance_for_import, split
+from .common import check_ids, check_len, check_mask, group_key, prepare_export, provenance_for_import, split
+from .owners import finish_import
 __all__ = ['to_prime_rl', 'from_prime_rl']
 
 
@@ -52,14 +53,12 @@ def from_prime_rl(samples, *, spec: SamplingSpec | None = None, tokenizer=None, 
         agentrl.checks.errors.TokenizerMismatchError: ``tokenizer`` is not the records' own
             (:func:`agentrl.interop.owners.finish_import`, which also rebuilds template ownership).
     """
-    from .common import _check_len, check_ids, check_mask
-    from .owners import finish_import
     out = []
     for b, s in enumerate(samples):
         where = f'from_prime_rl row {b}'
         ids = check_ids(s['token_ids'], 'token_ids', where)
-        _check_len('mask', len(s['mask']), len(ids), b, 'from_prime_rl')
-        _check_len('logprobs', len(s['logprobs']), len(ids), b, 'from_prime_rl')
+        check_len('mask', len(s['mask']), len(ids), b, 'from_prime_rl')
+        check_len('logprobs', len(s['logprobs']), len(ids), b, 'from_prime_rl')
         mask = check_mask(s['mask'], 'mask', where)
         owner, turn, seen, k = [], [], False, -1
         for j, m in enumerate(mask):

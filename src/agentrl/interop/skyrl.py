@@ -12,8 +12,7 @@ from __future__ import annotations
 
 import json
 
-from ..gym.calls import StopReason
-from ..record import Provenance, SamplingSpec, Trajectory
+from ..record import Provenance, SamplingSpec, StopReason, Trajectory
 from .common import as_list, check_mask, check_same, group_key, prepare_export, provenance_for_import, \
     record_from_response, ResponseColumns, split
 from .owners import finish_import

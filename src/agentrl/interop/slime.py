@@ -18,8 +18,7 @@ import json
 import numbers
 
 from ..checks import errors as E
-from ..gym.calls import StopReason
-from ..record import Provenance, SamplingSpec, Trajectory
+from ..record import Provenance, SamplingSpec, StopReason, Trajectory
 from .common import (ResponseColumns, check_ids, group_key, prepare_export, provenance_for_import,
                      record_from_response, split)
 from .owners import finish_import

@@ -36,10 +36,11 @@ import numpy as np
 import torch
 
 from ..batching import pad_rows
-from ..record import Provenance, SamplingSpec, Trajectory
 from ..checks import errors as E
-from .common import (_check_len, _load_pt, as_list, check_ids, check_mask, check_same, prepare_export,
-                     provenance_for_import, record_from_response, ResponseColumns, source_fix, split)
+from ..record import Provenance, SamplingSpec, Trajectory
+from .common import (ResponseColumns, as_list, check_ids, check_len, check_mask, check_same, load_pt, prepare_export,
+                     provenance_for_import, record_from_response, source_fix, split)
+from ..io import env_bound
 from .owners import finish_import
 __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl', 'MAX_WIDTH', 'MAX_EXPORT_BYTES']
 
@@ -56,7 +57,6 @@ _BYTES_PER_TOKEN = 56
 
 def _check_widths(B: int, Lp: int, Lr: int, longest_p: int, longest_r: int) -> None:
     """Refuse widths past :data:`MAX_WIDTH` or tensors past ``AGENTRL_MAX_EXPORT_BYTES``, naming the records' longest."""
-    from ..io import env_bound
     fix = (f'the longest prompt of these records is {longest_p} tokens and the longest response {longest_r}: pass '
            'widths near those (or none: the longest)')
     for name, L in (('prompt_length', Lp), ('response_length', Lr)):
@@ -242,11 +242,11 @@ def _check_shapes(prompts, responses, attn, rmask, logps, scores, nt) -> None:
     B, Lp, Lr = prompts.shape[0], prompts.shape[1], responses.shape[1]
     check_same('responses', (responses.shape[0],), (B,), 'from_verl', 'prompts (rows)')
     if rmask.shape[1] != Lr:
-        _check_len('response_mask', rmask.shape[1], Lr, 'all', 'from_verl')
+        check_len('response_mask', rmask.shape[1], Lr, 'all', 'from_verl')
     check_same('response_mask', tuple(rmask.shape), (B, Lr), 'from_verl', 'responses')
     if logps is not None:
         if logps.shape[1] != Lr:
-            _check_len('rollout_log_probs', logps.shape[1], Lr, 'all', 'from_verl')
+            check_len('rollout_log_probs', logps.shape[1], Lr, 'all', 'from_verl')
         check_same('rollout_log_probs', tuple(logps.shape), (B, Lr), 'from_verl', 'responses')
     check_same('attention_mask', tuple(attn.shape), (B, Lp + Lr), 'from_verl', 'prompts ++ responses')
     if scores is not None:
@@ -282,7 +282,7 @@ def load_verl(path) -> dict:
         ValueError: the file has no ``batch``/``non_tensor_batch`` dict (names the file, the field and,
             when it looks like another framework's file, that framework).
     """
-    d = _load_pt(path, 'verl')
+    d = load_pt(path, 'verl')
     for key in ('batch', 'non_tensor_batch'):
         if not isinstance(d, dict) or not isinstance(d.get(key), dict):
             what = 'is missing' if not isinstance(d, dict) or key not in d else f'is of type {type(d[key]).__name__}'

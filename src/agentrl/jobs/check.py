@@ -25,10 +25,12 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from typing import Callable
 
-from .check_report import SAMPLER_DEFECTS, CheckReport, _stats  # noqa: F401 - re-exported (agentrl.jobs.check.CheckReport)
+from ..stats import is_truncated, source_stop_reason
+from ..tokenizer import BUGFIX_VOCAB
+from .check_report import SAMPLER_DEFECTS, CheckReport  # noqa: F401 - re-exported (agentrl.jobs.check.CheckReport)
+from .plan import POLICIES
 
 __all__ = ['CheckOptions', 'CheckReport', 'CheckFailedError', 'run_check', 'require_accepted', 'load_model',
            'count_rows']
@@ -103,7 +105,7 @@ class CheckOptions:
     correction: str | None = field(default=None, metadata={
         'choices': ('token_tis', 'seq_tis', 'token_mask', 'icepop', 'geo_mask', 'seq_mask_tis'), 'metavar': 'MODE',
         'help': 'with --model: print the off-policy correction weights this replay would give '
-                '(agentrl.train.correction; default thresholds)'})
+                '(agentrl.correction; default thresholds)'})
     max_staleness: int | None = field(default=None, metadata={
         'min': 0, 'metavar': 'K', 'help': 'with --current-version: refuse records sampled more than K steps earlier'})
     no_packed: bool = field(default=False, metadata={
@@ -177,18 +179,6 @@ def load_model(path: str, dtype: str = 'float32', device: str = 'cpu'):
         raise ValueError(msg if msg.startswith('--model') else f'--model {msg}') from None
 
 
-@lru_cache(maxsize=1)
-def _wordlevel_defaults():
-    """(fingerprint, pad_id, eot_id, vocab_size) of agentrl's word-level tokenizer, or None if unavailable."""
-    try:
-        from ..gym import bugfix_tokenizer
-        tok = bugfix_tokenizer()
-    except Exception:  # the gym is optional for checking foreign records
-        return None
-    fp = tok.fingerprint
-    return fp() if callable(fp) else fp, tok.pad_id, tok.call_end_id, tok.vocab_size
-
-
 def count_rows(path: str) -> int:
     """Number of rows in a trajectory file or folder, from the Parquet footers (no data read).
 
@@ -250,11 +240,10 @@ def _expected(opts: CheckOptions, base, prov, model_vocab):
     """The expectations for one record: flags first, then the word-level tokenizer's defaults."""
     exp = base
     if prov is not None and prov.tokenizer and (base.pad_id is None or not base.eot_ids or base.vocab_size is None):
-        wordlevel = _wordlevel_defaults()   # cached
-        if wordlevel is not None and prov.tokenizer == wordlevel[0]:
-            exp = replace(base, pad_id=wordlevel[1] if base.pad_id is None else base.pad_id,
-                          eot_ids=base.eot_ids or (wordlevel[2],),
-                          vocab_size=wordlevel[3] if base.vocab_size is None else base.vocab_size)
+        if prov.tokenizer == BUGFIX_VOCAB.fingerprint:
+            exp = replace(base, pad_id=BUGFIX_VOCAB.pad_id if base.pad_id is None else base.pad_id,
+                          eot_ids=base.eot_ids or (BUGFIX_VOCAB.eot_id,),
+                          vocab_size=BUGFIX_VOCAB.vocab_size if base.vocab_size is None else base.vocab_size)
     if exp.vocab_size is None and model_vocab is not None:
         exp = replace(exp, vocab_size=model_vocab)
     if exp.vocab_size is not None:          # an id the tokenizer cannot produce would pass every pad test
@@ -340,7 +329,6 @@ def _repeat_problem(verdict: str, first, key: str):
 
 def _tally(rep: CheckReport, rec) -> None:
     """Count an accepted-or-refused record's length, trained tokens, stop, truncation and policy."""
-    from ..stats import is_truncated          # imports torch: not at CLI start-up
     prov = rec.provenance
     rep.lengths.append(len(rec.ids))
     if rec.action_mask is not None:
@@ -363,7 +351,6 @@ def _tally(rep: CheckReport, rec) -> None:
 
 def _ours(prov) -> bool:
     """Whether a record comes from one of agentrl's BugFix policies (scripted or TinyAgent), not an import."""
-    from .plan import POLICIES
     return prov.policy in POLICIES
 
 
@@ -371,7 +358,6 @@ def _stop_reason(rec) -> str:
     """The stop reason to count: ``info['stop']`` (the gym's words: submitted, budget, truncated), except for
     an imported record, which keeps its source's words: the server's ``finish_reason`` (``stop``,
     ``length``, ``tool_calls``) or the trainer's stop field; ``'(not recorded)'`` when it has none."""
-    from ..stats import source_stop_reason
     info = rec.info or {}
     source = source_stop_reason(info)
     if source is not None:
@@ -448,7 +434,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     opts.validate()
     if opts.workers:                        # the shards on Ray workers, the same report
         from .check_workers import check_on_workers
-        return check_on_workers(opts, progress)
+        return check_on_workers(opts, run_check, progress)
     scorer = load_model(opts.model, opts.dtype, opts.device) if opts.model else None
     model_tok = _model_tokenizer(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,

@@ -3,7 +3,7 @@
 :func:`rows_to_check` replaces :func:`agentrl.store.scan` as the row source of
 :func:`agentrl.jobs.check.run_check` when no model is given. Per record batch it decodes the token
 lists as flat numpy arrays, verifies every stored digest (the one rule of
-:func:`agentrl.checks.identity.digest_arrays` and :func:`agentrl.store.schema._row_digest`), and runs
+:func:`agentrl.checks.identity.digest_arrays` and :func:`agentrl.store.schema.row_digest`), and runs
 the acceptance rules over the columns (:func:`agentrl.checks.columnar.screen`). The rows before the
 first that is not accepted or repeats a key (:meth:`agentrl.checks.Deduper.first_repeat`, numpy over
 the batch's 64-bit keys) are registered at once (:meth:`~agentrl.checks.Deduper.add_new`: 24 bytes a
@@ -35,9 +35,9 @@ from ..checks.columnar import TokenColumns, covers, screen
 from ..checks.errors import RecordError
 from ..checks.identity import DIGEST_FIELDS, Deduper, digest64, key64
 from ..stats import is_truncated
-from ..store.read import StoredRow, _out_of_memory, _record_batches
-from ..store.rows import _json_cell, _rows, _sampling
-from ..store.schema import _DIGEST_V2, _DIGESTED, _OPTIONAL_DIGEST_COLUMNS
+from ..store.read import StoredRow, out_of_memory_error, record_batches
+from ..store.rows import json_cell, decode_rows, decode_sampling
+from ..store.schema import DIGEST_V2, DIGESTED_COLUMNS, OPTIONAL_DIGEST_COLUMNS
 from .plan import POLICIES
 
 __all__ = ['PER_RECORD_ENV', 'columnar_enabled', 'rows_to_check']
@@ -97,14 +97,14 @@ def _json_cells(values: list, typ: pa.DataType) -> list:
 
 
 def _payloads(py: dict, types: dict, B: int) -> list:
-    """Each row's row-digest payload: the sorted-key JSON of its :data:`_DIGESTED` cells, the optional
-    columns only where not null (:func:`agentrl.store.schema._row_digest`, built column by column)."""
+    """Each row's row-digest payload: the sorted-key JSON of its :data:`DIGESTED_COLUMNS` cells, the optional
+    columns only where not null (:func:`agentrl.store.schema.row_digest`, built column by column)."""
     parts = []
-    for n, k in enumerate(sorted(_DIGESTED)):
+    for n, k in enumerate(sorted(DIGESTED_COLUMNS)):
         vals = py.get(k) or [None] * B
         pre = (',' if n else '{') + json.dumps(k) + ':'
         frags = _json_cells(vals, types.get(k, pa.null()))
-        if k in _OPTIONAL_DIGEST_COLUMNS:
+        if k in OPTIONAL_DIGEST_COLUMNS:
             parts.append(['' if v is None else pre + f for v, f in zip(vals, frags)])
         else:
             parts.append([pre + f for f in frags])
@@ -152,8 +152,8 @@ def _parsed(cache: dict, raw, parse):
 def _versions(raw):
     """``(label, spans)`` of a row's ``(policy_version, turn_policy_versions)`` cells as the report counts
     them (:func:`agentrl.jobs.check._versions`); raises when the reference would refuse or reject them."""
-    pv = _json_cell(lambda n, i: raw[0], 'policy_version', 0)
-    tpv = _json_cell(lambda n, i: raw[1], 'turn_policy_versions', 0)
+    pv = json_cell(lambda n, i: raw[0], 'policy_version', 0)
+    tpv = json_cell(lambda n, i: raw[1], 'turn_policy_versions', 0)
     ok = lambda v: v is None or (not isinstance(v, bool) and isinstance(v, (int, str)))  # noqa: E731
     if not ok(pv) or not (tpv is None or (isinstance(tpv, list) and all(ok(v) for v in tpv))):
         raise ValueError('not a policy version')
@@ -169,7 +169,7 @@ def _decode(py: dict, B: int) -> list:
     for reward, attempt, tc, digest, sampling, pv, tpv, info, ph in zip(
             col('reward'), col('attempt'), col('turn_contexts'), col('digest'), col('sampling'),
             col('policy_version'), col('turn_policy_versions'), col('info'), placeholder):
-        s = _parsed(samp, sampling, _sampling)
+        s = _parsed(samp, sampling, decode_sampling)
         v = _parsed(vers, (pv, tpv), _versions)
         if reward is None or attempt is None or tc is not None or not isinstance(digest, str) or s is None or v is None:
             out.append(None)
@@ -193,9 +193,9 @@ def _verified(py: dict, types: dict, toks: dict, hashed: dict, facts: list, B: i
     out = {}
     for i in rows:
         c = content[i]
-        if stored[i].startswith(_DIGEST_V2):
+        if stored[i].startswith(DIGEST_V2):
             row = sha256(f'agentrl-row-v2\0{c}\0{payloads[i]}'.encode()).hexdigest()[:32]
-            ok = stored[i] == f'{_DIGEST_V2}{c}:{row}'
+            ok = stored[i] == f'{DIGEST_V2}{c}:{row}'
         else:
             ok = stored[i] == c
         if ok:
@@ -254,7 +254,7 @@ def _flush(rep, n: int, T: np.ndarray, trained: np.ndarray, facts: list, py: dic
 def _reference(rb: pa.RecordBatch, f: str, first: int, i: int) -> list:
     """Rows ``i:`` of ``rb`` as :func:`agentrl.store.scan` gives them (decoded by the per-record reader)."""
     out = []
-    for n, rec, digest in _rows(rb.slice(i), repr(f), first + i, True):
+    for n, rec, digest in decode_rows(rb.slice(i), repr(f), first + i, True):
         bad = isinstance(rec, RecordError)
         out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
     return out
@@ -332,9 +332,9 @@ def rows_to_check(opts, rep, seen: Deduper, expected_for, one_tokenizer=None) ->
         FileNotFoundError, ValueError, MemoryError: as :func:`agentrl.store.scan` (a row group this process has no
             memory for, to decode or to convert, is named by file and number).
     """
-    for f, first, rb in _record_batches(opts.path, opts.batch_size):
+    for f, first, rb in record_batches(opts.path, opts.batch_size):
         try:
             yield from _batch(rb, f, first, rep, seen, expected_for, one_tokenizer)
         except MemoryError:        # a batch's cells to Python (a huge info string): named as the reader names it
-            raise _out_of_memory(f, row=first) from None
+            raise out_of_memory_error(f, row=first) from None
         yield []

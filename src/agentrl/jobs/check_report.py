@@ -11,6 +11,7 @@ from array import array
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..batching import pad_rows
 from ..io import printable
 
 __all__ = ['SAMPLER_DEFECTS', 'CheckReport']
@@ -19,7 +20,8 @@ __all__ = ['SAMPLER_DEFECTS', 'CheckReport']
 SAMPLER_DEFECTS = ('logp_mode_mismatch', 'support_mismatch', 'sampler_mismatch')
 
 
-def _stats(values) -> str:
+def format_stats(values) -> str:
+    """``'min A  mean B  max C'`` of ``values`` (numbers; the mean with one decimal), or ``'n/a'`` when empty."""
     if not values:
         return 'n/a'
     return f'min {min(values)}  mean {sum(values) / len(values):.1f}  max {max(values)}'
@@ -116,8 +118,7 @@ class CheckReport:
             return None
         import torch
 
-        from ..batching import pad_rows
-        from ..train.correction import off_policy_correction
+        from ..correction import off_policy_correction
         lr = pad_rows([r.log_ratio.float() for r in self.replays], None, 0.0)
         mask = pad_rows([torch.ones(len(r.log_ratio)) for r in self.replays], None, 0.0)
         return off_policy_correction(lr, lr.new_zeros(lr.shape), mask, self.correction).metrics
@@ -165,8 +166,8 @@ class CheckReport:
         no_logp = f', no sampling log-probs {self.no_logp}' if self.no_logp else ''
         lines = [f'records          {n}  (refused {self.refused}, scripted {self.scripted}{no_logp})',
                  'policies         ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.policies.items())) or 'none'),
-                 f'length (tokens)  {_stats(self.lengths)}',
-                 f'trained tokens   {_stats(self.trained)}',
+                 f'length (tokens)  {format_stats(self.lengths)}',
+                 f'trained tokens   {format_stats(self.trained)}',
                  'stops            ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.stops.items())) or 'none'),
                  f'truncation rate  {self.truncated / n:.3f}  (episodes stopped truncated or with a turn cut at its budget)' if n else 'truncation rate  n/a']
         if self.no_logp:

@@ -8,7 +8,7 @@ is the in-process report as long as no record repeats one of an earlier shard (t
 verdicts depend on another). When a key does repeat across shards (a resend or an identity conflict
 between shards), the whole check runs again in this process, so the repeats are worded as in process.
 
-Ray runs locally on 127.0.0.1 (:func:`agentrl.engines.ray._connect`) and is stopped at the end.
+Ray runs locally on 127.0.0.1 (:func:`agentrl.engines.ray.connect`) and is stopped at the end.
 Source: docs/design.md#integrity (identity and resends).
 """
 from __future__ import annotations
@@ -17,8 +17,12 @@ import dataclasses
 from array import array
 from collections import Counter
 from hashlib import blake2b
+from typing import Callable
 
 import numpy as np
+
+from ..engines.ray import connect, require_ray
+from .check_report import CheckReport
 
 __all__ = ['check_on_workers', 'merge_reports', 'row_keys']
 
@@ -49,9 +53,8 @@ def row_keys(path: str) -> np.ndarray:
     return np.array(out, dtype=np.uint64)
 
 
-def _check_files(opts, files: list) -> list:
+def _check_files(opts, files: list, run_check: Callable) -> list:
     """``[(CheckReport, keys) or (exception, None)]`` of each file (runs in a Ray task)."""
-    from .check import run_check
     out = []
     for f in files:
         try:
@@ -78,8 +81,14 @@ def merge_reports(reports: list, into) -> None:
     del into.examples[into.examples_max:]
 
 
-def check_on_workers(opts, progress=None):
+def check_on_workers(opts, run_check: Callable, progress=None):
     """The :class:`~agentrl.jobs.check.CheckReport` of ``opts`` (``opts.workers`` >= 1) computed on Ray workers.
+
+    Args:
+        opts: the :class:`~agentrl.jobs.check.CheckOptions`.
+        run_check: the in-process check, ``(opts with workers=0, progress) -> CheckReport``
+            (:func:`agentrl.jobs.check.run_check`, which passes itself: this module stays below it).
+        progress: called with the number of rows checked, as in :func:`~agentrl.jobs.check.run_check`.
 
     Returns:
         the report that :func:`agentrl.jobs.check.run_check` gives in process (see the module docstring).
@@ -89,18 +98,16 @@ def check_on_workers(opts, progress=None):
             as :func:`~agentrl.jobs.check.run_check`, for the first shard (in order) that raises.
     """
     from .. import store
-    from ..engines.ray import _connect, require_ray
-    from .check import CheckReport, run_check
     files = store.data_files(opts.path)
     if len(files) < 2:
         return run_check(dataclasses.replace(opts, workers=0), progress)
     ray = require_ray()
     n = min(opts.workers, len(files))
-    started = _connect(ray, None, n, None)
+    started = connect(ray, None, n, None)
     try:
         task = ray.remote(num_cpus=1)(_check_files)
         groups = [list(g) for g in np.array_split(np.array(files, dtype=object), n) if len(g)]
-        results = [r for part in ray.get([task.remote(opts, g) for g in groups]) for r in part]
+        results = [r for part in ray.get([task.remote(opts, g, run_check) for g in groups]) for r in part]
     finally:
         if started:
             ray.shutdown()

@@ -8,8 +8,8 @@ policy. The cut depends only on the plan, never on the number of workers, so a c
 the same way wherever it runs and the records of ``--workers 0``, ``1`` and ``2`` are equal bit
 for bit.
 
-The manifest ``OUT/run.json`` and the resume rules are in :mod:`agentrl.jobs.resume` (their names
-stay importable from here); the option-field machinery (``check_fields``, ``flag_of``) is
+The manifest ``OUT/run.json`` and the resume rules are in :mod:`agentrl.jobs.resume` (which imports
+this module); the option-field machinery (``check_fields``, ``flag_of``) is
 :mod:`agentrl.fields`.
 """
 from __future__ import annotations
@@ -20,12 +20,13 @@ from dataclasses import asdict, dataclass, fields  # noqa: F401 - fields: tests 
 from pathlib import Path
 from typing import Sequence
 
-from .._lazy import lazy_exports
+from ..constraints import backend_version, response_format_constraint, tool_call_constraint
 from ..fields import check_fields, flag_of, option  # noqa: F401 - check_fields, flag_of: their old home
+from ..record import SamplingSpec
+from ..sampling import episode_seed
 
-__all__ = ['POLICIES', 'SCRIPTED', 'ENGINES', 'MANIFEST', 'TRAJECTORY_DIR', 'SUMMARY', 'PLAN_FIELDS',
-           'PATH_FIELDS', 'RolloutOptions', 'EpisodeJob', 'plan_episodes', 'plan_chunks', 'read_manifest',
-           'SCALE_OUT_FIELDS', 'manifest_of', 'resume_options', 'public_options', 'check_fields', 'flag_of']
+__all__ = ['POLICIES', 'SCRIPTED', 'ENGINES', 'MANIFEST', 'TRAJECTORY_DIR', 'SUMMARY', 'RolloutOptions', 'EpisodeJob',
+           'plan_episodes', 'plan_chunks', 'public_options', 'check_fields', 'flag_of']
 
 #: Every policy ``agentrl rollout`` knows: four scripted ones and ``model`` (TinyAgent or HF).
 POLICIES = ('oracle', 'blind', 'random', 'hacker', 'model')
@@ -210,7 +211,6 @@ class RolloutOptions:
         Raises:
             ValueError: a field out of the spec's range (the spec names it).
         """
-        from ..record import SamplingSpec
         return SamplingSpec(temperature=max(self.temperature, 0.0), top_k=self.top_k, top_p=self.top_p,
                             min_p=self.min_p)
 
@@ -223,7 +223,6 @@ class RolloutOptions:
         """
         if not self.tool_choice and not self.response_format:
             return None
-        from ..constraints import backend_version, response_format_constraint, tool_call_constraint
         if self.tool_choice and self.response_format:
             raise ValueError('--tool-choice and --response-format are two grammars; pass one')
         if not backend_version():
@@ -288,7 +287,6 @@ def plan_episodes(policies: Sequence[str], tasks: Sequence[str], repeats: int, s
         ValueError: ``repeats < 1``, or a repeated policy or task name (identities would
             collide). Fix: pass each once.
     """
-    from ..sampling import episode_seed
     if repeats < 1:
         raise ValueError(f'plan_episodes: repeats must be >= 1, got {repeats}')
     for what, names in (('policy', policies), ('task', tasks)):
@@ -341,9 +339,3 @@ def public_options(opts: RolloutOptions) -> dict:
         if d.get(k):
             d[k] = Path(d[k]).name
     return d
-
-
-#: names that moved to :mod:`agentrl.jobs.resume` (it imports this module, so they load on first use)
-__getattr__, _ = lazy_exports(__name__, dict.fromkeys(('PLAN_FIELDS', 'PATH_FIELDS', 'SCALE_OUT_FIELDS', 'manifest_of',
-                                                       'read_manifest', 'resume_options'), 'resume'),
-                              base='agentrl.jobs')

@@ -11,6 +11,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..io import atomic_write, read_json
+from .plan import POLICIES
+from .resume import read_manifest
+
 __all__ = ['ReportOptions', 'ReportResult', 'write_report', 'unique_records', 'duplicates_note', 'incompleteness']
 
 
@@ -101,7 +105,6 @@ class ReportResult:
 
 def _resume_of(run_dir: str) -> str:
     """``agentrl rollout --resume RUN_DIR``, plus ``--checkpoint FILE`` / ``--model DIR`` when run.json names one."""
-    from .resume import read_manifest
     cmd = f'agentrl rollout --resume {run_dir}'
     try:
         plan = (read_manifest(run_dir) or {}).get('plan', {})
@@ -151,7 +154,6 @@ def _read_summary(run_dir: str) -> dict | None:
     spath = os.path.join(run_dir, 'summary.json')
     if not os.path.exists(spath):
         return None
-    from ..io import read_json
     summary = read_json(spath, fix='delete it or rerun `agentrl rollout`')
     if not isinstance(summary, dict):
         raise ValueError(f'{spath!r} is not a run summary (a JSON object); delete it or rerun `agentrl rollout`')
@@ -183,13 +185,11 @@ def write_report(opts: ReportOptions, progress=None) -> ReportResult:
         OSError: the page could not be written.
     """
     from .. import viz
-    from ..io import atomic_write
     trajs = _read_records(opts, progress)
     summary = _read_summary(opts.run_dir)
     trajs, n_dup = unique_records(trajs)
     incomplete = incompleteness(opts.run_dir, trajs, summary is not None)
     notes = '; '.join(n for n in (duplicates_note(n_dup, opts.run_dir), incomplete) if n)
-    from .plan import POLICIES          # the gym's policies keep its words; imports and gateway runs their source's
     html = viz.report_html(trajs, summary, run_dir=opts.run_dir, fold=opts.fold, notice=notes, gym_policies=POLICIES)
     out = opts.out or os.path.join(opts.run_dir, 'report.html')
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
@@ -239,7 +239,6 @@ def incompleteness(run_dir: str, trajs: list | None, has_summary: bool) -> str:
     Raises:
         ValueError: ``run.json`` is not a run manifest.
     """
-    from .resume import read_manifest
     if _run_kind(run_dir) == 'gateway':
         return '' if has_summary else ('incomplete: no summary.json (the gateway is still serving, or was killed: '
                                        f'`agentrl serve --out {run_dir}` resumes its open sessions)')

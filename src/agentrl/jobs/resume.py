@@ -234,7 +234,7 @@ def _expected_provenance(spec: RunSpec, tok) -> Callable[[EpisodeJob], dict]:
     """
     opts = spec.options
     sampling = spec.sampling.to_dict()
-    word = {'tokenizer': tok.fingerprint(), 'template': tok.template_fingerprint()}
+    word = {'tokenizer': tok.fingerprint, 'template': tok.template_fingerprint()}
     vllm_sampling = None
     if opts.engine == 'vllm':            # what the servers declared: the probed log-prob mode (RunSpec.logp_mode)
         from ..engines.vllm.episodes import checked_spec

@@ -48,6 +48,7 @@ from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
 from .plan import MANIFEST, SUMMARY, TRAJECTORY_DIR, RolloutOptions, plan_episodes, public_options
 from .resume import RunComplete, holds_run, manifest_of, refuse_if_complete, resume_command, resume_options, \
     stored_records
+from ..stats import SummaryBuilder
 from .runner import RunReport, RunSpec, run_chunks
 from .vllm_servers import server_died_line, vllm_run_spec
 
@@ -238,18 +239,19 @@ def _policy_model(opts: RolloutOptions, manifest: dict | None, tok) -> tuple[dic
         return None, None, None
     if opts.engine != 'tinyagent':
         return None, {'name': Path(opts.model).resolve().name, 'fingerprint': model_fingerprint(opts.model)}, None
-    from .. import model as model_mod
+    from ..checkpoint import load_checkpoint
+    from ..model import TinyAgent
     model_bytes = None
     if opts.checkpoint:
-        net = model_mod.load_checkpoint(opts.checkpoint)
+        net = load_checkpoint(opts.checkpoint)
         model = {'name': Path(opts.checkpoint).name, 'fingerprint': model_fingerprint(opts.checkpoint)}
     elif manifest is not None and (out / 'model.pt').exists():
-        net = model_mod.load_checkpoint(str(out / 'model.pt'))
+        net = load_checkpoint(str(out / 'model.pt'))
         model = {'name': 'model.pt', 'fingerprint': model_fingerprint(out / 'model.pt')}
     else:
         import torch
         torch.manual_seed(opts.seed)
-        net = model_mod.TinyAgent(tok.vocab_size).eval()
+        net = TinyAgent(tok.vocab_size).eval()
         model_bytes = _checkpoint_bytes(net)
         model = {'name': 'model.pt', 'fingerprint': hashlib.sha256(model_bytes).hexdigest()[:12]}
     return {'config': net.config(), 'state_dict': net.state_dict()}, model, model_bytes
@@ -262,7 +264,6 @@ class _Tally:
     first ``hf`` record's provenance; memory is the builders', not the records'."""
 
     def __init__(self, p: Prepared):
-        from ..stats import SummaryBuilder
         self.index = {j.key: j for j in p.jobs}
         self.builders = {pol: SummaryBuilder(None if pol == 'model' and p.opts.engine in ('hf', 'vllm')
                                              else p.tok.unk_id)
@@ -448,7 +449,7 @@ def summarise(p: Prepared, report: RunReport, tally: _Tally, seconds: float) -> 
             from ..engines.hf import merge_profiles
             hf['profile'] = merge_profiles(report.profiles)
     return RunSummary(options=public_options(opts), tasks=len(p.tasks), episodes=report.skipped + report.written,
-                      seconds=round(seconds, 3), trajectories=TRAJECTORY_DIR, tokenizer=p.tok.fingerprint(),
+                      seconds=round(seconds, 3), trajectories=TRAJECTORY_DIR, tokenizer=p.tok.fingerprint,
                       vocab_size=p.tok.vocab_size,
                       policies={pol: b.summary() for pol, b in tally.builders.items() if b.n},
                       model=p.model, engine=engine, hf=hf)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..engines import ray as ray_pool
+from ..engines.vllm.client import ServerDied
 from .plan import EpisodeJob, RolloutOptions, plan_chunks
 
 __all__ = ['RunSpec', 'EpisodeRunner', 'RunnerFactory', 'RunReport', 'run_chunks']
@@ -151,7 +153,6 @@ class EpisodeRunner:
         if len(policies) != 1:
             raise ValueError(f'EpisodeRunner.run: one policy per chunk, got {sorted(policies)}; '
                              'cut chunks with plan_chunks')
-        from ..engines.vllm.client import ServerDied
         try:
             with _threads(self.spec.threads):
                 recs = self._run(jobs[0].policy, jobs)
@@ -297,8 +298,6 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
             are written as a shard first; ``err.stored`` counts the episodes stored.
     """
     from .. import store
-    from ..engines import ray as ray_pool
-    from ..engines.vllm.client import ServerDied
     if workers < 0:
         raise ValueError(f'run_chunks: workers must be >= 0, got {workers}')
     t_start = time.perf_counter()

@@ -12,6 +12,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from ..io import atomic_write
+from .report import duplicates_note
+
 __all__ = ['FORMATS', 'ShowOptions', 'Shown', 'load_record', 'find', 'draw', 'write_shown', 'refusal_marks', 'default_out']
 
 FORMATS = ('term', 'html', 'svg')
@@ -182,7 +185,6 @@ class Shown:
 
     def label(self, opts: ShowOptions) -> str:
         """``'episode N [of POLICY] (COUNT in file[; duplicates note])'``."""
-        from .report import duplicates_note
         dup = f'; {duplicates_note(self.duplicates, opts.path)}' if self.duplicates else ''
         return f'episode {opts.episode}' + (f' of {opts.policy}' if opts.policy else '') + f' ({self.count} in file{dup})'
 
@@ -218,7 +220,6 @@ def write_shown(opts: ShowOptions, fmt: str, strip, header: str) -> str | None:
         ValueError: ``--out`` is a folder.
     """
     from .. import viz
-    from ..io import atomic_write
     if fmt == 'term':
         import io
 

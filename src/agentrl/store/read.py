@@ -16,8 +16,8 @@ import pyarrow.parquet as pq
 from ..checks.errors import RecordError
 from ..io import env_bound
 from ..record import Trajectory
-from .rows import _rows
-from .schema import _check_schema
+from .rows import decode_rows
+from .schema import check_schema
 
 __all__ = ['data_files', 'StoredRow', 'scan', 'read_trajectories', 'iter_batches', 'MAX_ROW_GROUP_BYTES']
 
@@ -54,7 +54,7 @@ def data_files(path: str | os.PathLike) -> list[str]:
     raise FileNotFoundError(f'no trajectory file or folder at {str(p)!r}')
 
 
-def _parquet(f, read_dictionary=None) -> pq.ParquetFile:
+def open_parquet(f, read_dictionary=None) -> pq.ParquetFile:
     """Open ``f`` as Parquet, or raise ValueError naming the file and the fix."""
     try:
         os.fsdecode(f).encode('utf-8')
@@ -129,7 +129,7 @@ def _open_bounded(f: str, bound: int, pf: pq.ParquetFile) -> pq.ParquetFile:
         if size > bound:
             raise _too_big(f, i, md.row_group(i).num_rows, size, column, bound)
         expand |= more
-    return _parquet(f, sorted(expand)) if expand else pf
+    return open_parquet(f, sorted(expand)) if expand else pf
 
 
 def _decoded(rb: pa.RecordBatch, used: int, bound: int, where) -> tuple[pa.RecordBatch, int]:
@@ -167,13 +167,13 @@ def _batches(pf: pq.ParquetFile, f: str, batch_size: int, bound: int | None = No
         raise ValueError(f'{f!r} is damaged: its Parquet metadata is not UTF-8 (byte 0x{e.object[e.start]:02x} '
                          'in a column name or key); re-run the rollout that wrote it, or remove the file') from None
     except MemoryError:         # ArrowMemoryError too: within the bound, but not within this process's memory
-        raise _out_of_memory(f, group=i) from None
+        raise out_of_memory_error(f, group=i) from None
     except (pa.ArrowException, OSError) as e:
         raise ValueError(f'{f!r} is damaged and cannot be read ({" ".join(str(e).split())[:120]}); re-run the '
                          'rollout that wrote it, or remove the file') from None
 
 
-def _out_of_memory(f: str, *, group: int | None = None, row: int = 0) -> MemoryError:
+def out_of_memory_error(f: str, *, group: int | None = None, row: int = 0) -> MemoryError:
     """The one-line MemoryError of a row group (``group``, or the one holding ``row``) of ``f`` that is within
     ``AGENTRL_MAX_ROW_GROUP_BYTES`` but does not fit in this process's memory, decoded or converted."""
     bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES)
@@ -234,26 +234,26 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
             number, refused before it is read.
         MemoryError: a row group within the bound that does not fit in this process's memory (names it).
     """
-    for f, row, rb in _record_batches(path, batch_size):
+    for f, row, rb in record_batches(path, batch_size):
         out = []
         try:
-            for n, rec, digest in _rows(rb, repr(f), row, verify):
+            for n, rec, digest in decode_rows(rb, repr(f), row, verify):
                 bad = isinstance(rec, RecordError)
                 out.append(StoredRow(f, n, None if bad else rec, rec if bad else None, digest))
         except MemoryError:        # converting the batch's cells to records: named as the reader names it
-            raise _out_of_memory(f, row=row) from None
+            raise out_of_memory_error(f, row=row) from None
         yield out
 
 
-def _record_batches(path, batch_size: int) -> Iterator[tuple[str, int, pa.RecordBatch]]:
+def record_batches(path, batch_size: int) -> Iterator[tuple[str, int, pa.RecordBatch]]:
     """``(file, first row, record batch)`` of every trajectory file of ``path``: the one read loop of
     :func:`scan` and of the columnar check (:mod:`agentrl.jobs.check_columnar`); raises as :func:`scan`."""
     if batch_size < 1:
         raise ValueError(f'batch_size must be >= 1, got {batch_size}')
     bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES)
     for f in data_files(path):
-        pf = _parquet(f)
-        _check_schema(pf.schema_arrow, repr(f))
+        pf = open_parquet(f)
+        check_schema(pf.schema_arrow, repr(f))
         pf = _open_bounded(f, bound, pf)
         row = 0
         for rb in _batches(pf, f, batch_size, bound):

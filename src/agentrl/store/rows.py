@@ -3,7 +3,7 @@
 A row that cannot be trusted becomes a :class:`~agentrl.checks.errors.MalformedRowError` or
 :class:`~agentrl.checks.errors.DigestMismatchError` naming the source, the row, the field and the
 fix. The content digest is :func:`agentrl.checks.identity.digest_arrays` over the stored numpy
-slices (no torch); the row part is :func:`agentrl.store.schema._row_digest`.
+slices (no torch); the row part is :func:`agentrl.store.schema.row_digest`.
 
 Source: docs/design.md#integrity.
 """
@@ -21,7 +21,7 @@ torch = lazy_module('torch')
 from ..checks.errors import DigestMismatchError, MalformedRowError, RecordError
 from ..checks.identity import digest_arrays
 from ..record import Provenance, SamplingSpec, Trajectory
-from .schema import _DIGEST_V2, _DIGESTED, _TOKEN_COLUMNS, _row_digest
+from .schema import DIGEST_V2, DIGESTED_COLUMNS, TOKEN_COLUMNS, row_digest
 
 __all__ = ['from_table']
 
@@ -54,7 +54,13 @@ def _json_field(raw, field: str, fix: str):
         raise _bad(field, f'is not valid JSON ({str(e)[:60]})', fix) from None
 
 
-def _sampling(raw) -> SamplingSpec | None:
+def decode_sampling(raw) -> SamplingSpec | None:
+    """The :class:`~agentrl.record.SamplingSpec` of a row's ``sampling`` JSON cell (None when null).
+
+    Raises:
+        agentrl.checks.errors.MalformedRowError: the cell is not JSON, not an object, has unknown keys, or holds a
+            spec that :class:`~agentrl.record.SamplingSpec` refuses (the message names the field and the fix).
+    """
     if raw is None:
         return None
     fix = ('store SamplingSpec.to_dict() (keys ' + ', '.join(sorted(_SAMPLING_KEYS)) + '); rewrite the row with '
@@ -129,16 +135,16 @@ def _provenance(get, i: int) -> Provenance | None:
         return None
     seed = get('seed', i)
     return Provenance(policy=get('policy', i) or '', tokenizer=get('tokenizer', i) or '',
-                      template=get('template', i) or '', sampling=_sampling(get('sampling', i)),
+                      template=get('template', i) or '', sampling=decode_sampling(get('sampling', i)),
                       model=get('model', i) or '', logp_placeholder=bool(get('logp_placeholder', i)),
                       group_id=get('group_id', i) or '', rollout_id=get('rollout_id', i) or '',
                       attempt=int(attempt), seed=None if seed is None else int(seed),
                       agentrl_version=get('agentrl_version', i) or '',
-                      policy_version=_json_cell(get, 'policy_version', i),
-                      turn_policy_versions=_json_cell(get, 'turn_policy_versions', i))
+                      policy_version=json_cell(get, 'policy_version', i),
+                      turn_policy_versions=json_cell(get, 'turn_policy_versions', i))
 
 
-def _json_cell(get, name: str, i: int):
+def json_cell(get, name: str, i: int):
     """Row ``i``'s JSON cell ``name`` decoded (None when null or absent); MalformedRowError when it is not JSON
     (or, for ``turn_policy_versions``, not a list)."""
     cell, fix = get(name, i), 'rewrite the file from its records with agentrl.store.write_trajectories'
@@ -159,8 +165,8 @@ def _verified_digest(arrays: dict, reward: float, get, i: int) -> str:
                                 'row without one cannot be trusted', field='digest',
                                 fix='re-run the rollout for this episode, or read with verify=False to inspect it')
     content = digest_arrays(arrays, reward)
-    v2 = isinstance(stored, str) and stored.startswith(_DIGEST_V2)
-    want = _row_digest(content, {c: get(c, i) for c in _DIGESTED}) if v2 else content
+    v2 = isinstance(stored, str) and stored.startswith(DIGEST_V2)
+    want = row_digest(content, {c: get(c, i) for c in DIGESTED_COLUMNS}) if v2 else content
     if want != stored:
         what = ('ids, owner, turn, action_mask, sample_logp, reward, provenance, task, info, turn_contexts'
                 if v2 else 'ids, owner, turn, action_mask, sample_logp, reward')
@@ -192,7 +198,7 @@ def _row(toks: dict, get, i: int, verify: bool) -> tuple[Trajectory, str | None]
                       provenance=prov, turn_contexts=tc), digest
 
 
-def _rows(rb: pa.RecordBatch, source: str, first_row: int, verify: bool) -> Iterator:
+def decode_rows(rb: pa.RecordBatch, source: str, first_row: int, verify: bool) -> Iterator:
     """``(row_number, Trajectory or RecordError, content digest or None)`` for each row of one record batch.
 
     The digest is the one the verification computed (None without ``verify`` or for a bad row), so a
@@ -200,7 +206,7 @@ def _rows(rb: pa.RecordBatch, source: str, first_row: int, verify: bool) -> Iter
     """
     names = rb.schema.names
     toks = {}
-    for name, _, _, tdt in _TOKEN_COLUMNS:
+    for name, _, _, tdt in TOKEN_COLUMNS:
         if name in names:
             toks[name] = (_lists(rb.column(name)), tdt)
     py = {name: rb.column(name).to_pylist() for name in names if name not in toks}
@@ -246,7 +252,7 @@ def from_table(table: pa.Table | pa.RecordBatch, *, source: str = 'table', first
     batches = table.to_batches() if isinstance(table, pa.Table) else [table]
     out: list[Trajectory] = []
     for rb in batches:
-        for _, rec, _ in _rows(rb, source, first_row, verify):
+        for _, rec, _ in decode_rows(rb, source, first_row, verify):
             if isinstance(rec, RecordError):
                 raise rec
             out.append(rec)
@@ -255,4 +261,4 @@ def from_table(table: pa.Table | pa.RecordBatch, *, source: str = 'table', first
 
 
 def _tdt_np(tdt):
-    return tdt   # schema._TOKEN_COLUMNS names the record's numpy dtype (torch.from_numpy keeps it)
+    return tdt   # schema.TOKEN_COLUMNS names the record's numpy dtype (torch.from_numpy keeps it)

@@ -59,7 +59,8 @@ __all__ = ['SCHEMA_VERSION', 'SCHEMA', 'to_table', 'content_digest']
 SCHEMA_VERSION = 1
 _META_VERSION = b'agentrl.schema_version'
 
-_TOKEN_COLUMNS = [  # name, arrow value type, numpy dtype on disk, numpy dtype of the record's tensor
+#: The per-token columns, in order.
+TOKEN_COLUMNS = [  # name, arrow value type, numpy dtype on disk, numpy dtype of the record's tensor
     ('ids', pa.int32(), np.int32, np.int64),
     ('owner', pa.int8(), np.int8, np.int64),
     ('turn', pa.int32(), np.int32, np.int64),
@@ -71,13 +72,15 @@ _STRING_PROV = ('tokenizer', 'template', 'model', 'group_id', 'rollout_id', 'age
 _ROW_DIGEST_COLUMNS = ('task', 'policy', 'info', 'tokenizer', 'template', 'sampling', 'model', 'logp_placeholder',
                        'group_id', 'rollout_id', 'attempt', 'seed', 'agentrl_version', 'turn_contexts')
 #: Columns added later: in the row digest only when not null (older rows keep their digests).
-_OPTIONAL_DIGEST_COLUMNS = ('policy_version', 'turn_policy_versions')
-_DIGEST_V2 = 'v2:'
-_DIGESTED = _ROW_DIGEST_COLUMNS + _OPTIONAL_DIGEST_COLUMNS
+OPTIONAL_DIGEST_COLUMNS = ('policy_version', 'turn_policy_versions')
+#: Prefix of a version-2 stored digest (:func:`row_digest`).
+DIGEST_V2 = 'v2:'
+#: Every column in the row digest, the optional ones last.
+DIGESTED_COLUMNS = _ROW_DIGEST_COLUMNS + OPTIONAL_DIGEST_COLUMNS
 
 #: The Arrow schema of a trajectory file (metadata includes the schema version).
 SCHEMA = pa.schema(
-    [pa.field(name, pa.list_(pa.field('item', t, nullable=False))) for name, t, _, _ in _TOKEN_COLUMNS]
+    [pa.field(name, pa.list_(pa.field('item', t, nullable=False))) for name, t, _, _ in TOKEN_COLUMNS]
     + [pa.field('reward', pa.float64()), pa.field('task', pa.string()), pa.field('policy', pa.string()),
        pa.field('info', pa.string()), pa.field('tokenizer', pa.string()), pa.field('template', pa.string()),
        pa.field('sampling', pa.string()), pa.field('model', pa.string()),
@@ -90,17 +93,17 @@ SCHEMA = pa.schema(
               b'agentrl.version': __version__.encode()})
 
 
-def _row_digest(content: str, stored: dict) -> str:
+def row_digest(content: str, stored: dict) -> str:
     """Version-2 stored digest: ``'v2:' + content + ':' + sha256(content, sorted-key JSON of ``stored``)[:32]``.
 
-    ``stored`` maps each :data:`_ROW_DIGEST_COLUMNS` (and :data:`_OPTIONAL_DIGEST_COLUMNS`) name to its stored
+    ``stored`` maps each :data:`_ROW_DIGEST_COLUMNS` (and :data:`OPTIONAL_DIGEST_COLUMNS`) name to its stored
     cell value (str, int, bool or None).
     """
     cells = {c: stored.get(c) for c in _ROW_DIGEST_COLUMNS}
-    cells.update({c: stored[c] for c in _OPTIONAL_DIGEST_COLUMNS if stored.get(c) is not None})
+    cells.update({c: stored[c] for c in OPTIONAL_DIGEST_COLUMNS if stored.get(c) is not None})
     payload = json.dumps(cells, sort_keys=True, separators=(',', ':'))
     row = hashlib.sha256(f'agentrl-row-v2\0{content}\0{payload}'.encode()).hexdigest()[:32]
-    return f'{_DIGEST_V2}{content}:{row}'
+    return f'{DIGEST_V2}{content}:{row}'
 
 
 def content_digest(stored: str | None) -> str | None:
@@ -109,8 +112,8 @@ def content_digest(stored: str | None) -> str | None:
     A version-2 digest ``'v2:<content>:<row>'`` gives ``<content>``; an older bare digest (or None) is
     returned as is. Raises nothing.
     """
-    if isinstance(stored, str) and stored.startswith(_DIGEST_V2):
-        return stored[len(_DIGEST_V2):].split(':', 1)[0]
+    if isinstance(stored, str) and stored.startswith(DIGEST_V2):
+        return stored[len(DIGEST_V2):].split(':', 1)[0]
     return stored
 
 
@@ -178,7 +181,7 @@ def to_table(trajs: Iterable[Trajectory], digests: list[str] | None = None) -> p
     digests = [record_digest(t) for t in trajs] if digests is None else digests
     cols: dict[str, list] = {name: [] for name in SCHEMA.names}
     for i, t in enumerate(trajs):
-        for name, _, dtype, _ in _TOKEN_COLUMNS:
+        for name, _, dtype, _ in TOKEN_COLUMNS:
             v = getattr(t, name)
             if v is None and name in ('ids', 'action_mask', 'sample_logp'):
                 raise ValueError(f'store: record {i} has no {name}; every record needs ids, action_mask '
@@ -205,8 +208,8 @@ def to_table(trajs: Iterable[Trajectory], digests: list[str] | None = None) -> p
         cols['policy_version'].append(None if p is None or p.policy_version is None else json.dumps(p.policy_version))
         cols['turn_policy_versions'].append(None if p is None or p.turn_policy_versions is None
                                             else json.dumps(p.turn_policy_versions))
-        cols['digest'].append(_row_digest(digests[i], {c: cols[c][i] for c in _DIGESTED}))
-    np_types = {name: dtype for name, _, dtype, _ in _TOKEN_COLUMNS}
+        cols['digest'].append(row_digest(digests[i], {c: cols[c][i] for c in DIGESTED_COLUMNS}))
+    np_types = {name: dtype for name, _, dtype, _ in TOKEN_COLUMNS}
     arrays = []
     for f in SCHEMA:
         if f.name in np_types:
@@ -218,7 +221,16 @@ def to_table(trajs: Iterable[Trajectory], digests: list[str] | None = None) -> p
 
 # ----------------------------------------------------------------------------- schema checks
 
-def _check_schema(schema: pa.Schema, where: str) -> None:
+def check_schema(schema: pa.Schema, where: str) -> None:
+    """Refuse an Arrow schema that is not a trajectory file's this agentrl reads.
+
+    Args:
+        schema: the file's Arrow schema (with its Parquet metadata). where: the file, for the message.
+
+    Raises:
+        ValueError: no or an unreadable schema version, a version newer than :data:`SCHEMA_VERSION`, a
+            missing core column or a column of the wrong type (one line naming the file and the fix).
+    """
     meta = schema.metadata or {}
     if _META_VERSION not in meta:
         raise ValueError(f'{where} is not an agentrl trajectory file (no {_META_VERSION.decode()} in its '

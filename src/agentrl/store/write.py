@@ -19,8 +19,8 @@ import pyarrow.parquet as pq
 from .. import io
 from ..checks.identity import dedupe
 from ..record import Trajectory
-from .read import _parquet, data_files
-from .schema import _check_schema, content_digest, to_table
+from .read import open_parquet, data_files
+from .schema import check_schema, content_digest, to_table
 
 __all__ = ['write_trajectories', 'stored_identities', 'ShardWriter']
 
@@ -96,8 +96,8 @@ def stored_identities(directory: str | os.PathLike) -> dict[tuple[str, str], int
         return {}
     out: dict[tuple[str, str], int] = {}
     for f in data_files(directory):
-        pf = _parquet(f)
-        _check_schema(pf.schema_arrow, f)
+        pf = open_parquet(f)
+        check_schema(pf.schema_arrow, f)
         t = pf.read(columns=['group_id', 'rollout_id', 'attempt']).to_pydict()
         for g, r, a in zip(t['group_id'], t['rollout_id'], t['attempt']):
             key = (g or '', r or '')
@@ -165,8 +165,8 @@ class ShardWriter:
                 f.unlink(missing_ok=True)
 
     def _remember(self, f: Path) -> None:
-        pf = _parquet(f)
-        _check_schema(pf.schema_arrow, str(f))
+        pf = open_parquet(f)
+        check_schema(pf.schema_arrow, str(f))
         cols = [c for c in ('group_id', 'rollout_id', 'attempt', 'digest') if c in pf.schema_arrow.names]
         t = pf.read(columns=cols).to_pydict()
         n = pf.metadata.num_rows

@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 
 from ..record import OWNER, owner_runs
 from .chat import ChatTemplate, as_template, check_messages, common_prefix, tokenizer_fingerprint
-from .labels import label_owners
+from .labels import coarse_shape, label_owners
+from .recorder import template_bridge
 
 __all__ = ['MessageStability', 'PrefixReport', 'audit_prefix_stability', 'ThinkingReport', 'audit_thinking',
            'SpanDrift', 'DriftReport', 'audit_drift', 'template_fingerprint',
@@ -129,7 +130,6 @@ _KEEP_ROUNDS = 2
 
 def _summary(messages: list) -> tuple:
     """(kept message indices, {dropped index: (its representative's index, its run's first index)})."""
-    from .labels import _coarse
     first = next((i for i, m in enumerate(messages) if m['role'] == 'assistant'), len(messages))
     rounds, i = [], first
     while i < len(messages):
@@ -139,7 +139,7 @@ def _summary(messages: list) -> tuple:
         rounds.append(list(range(i, j)))
         i = j
     kept, rep = list(range(first)), {}
-    sig = [tuple(_coarse(messages[k]) for k in r) for r in rounds]
+    sig = [tuple(coarse_shape(messages[k]) for k in r) for r in rounds]
     q = 0
     while q < len(rounds):
         e = q
@@ -375,7 +375,8 @@ class DriftReport:
         return sorted({d.turn for d in self.drifts if kind is None or d.kind == kind})
 
 
-def _first_diff(a: list, b: list) -> int:
+def first_diff(a: list, b: list) -> int:
+    """Index of the first position where ``a`` and ``b`` differ (the shorter length when one is a prefix)."""
     return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
@@ -428,7 +429,7 @@ def audit_drift(tokenizer, traj, messages=None, *, tools=None, **options) -> Dri
 
 
 def _drift(template, t, s, e, kind, sampled, other) -> SpanDrift:
-    at = _first_diff(sampled, other)
+    at = first_diff(sampled, other)
     return SpanDrift(turn=t, start=s, end=e, kind=kind, at=at, sampled=template.tokens(sampled[at:at + 2]),
                      other=template.tokens(other[at:at + 2]), sampled_ids=list(sampled), other_ids=list(other))
 
@@ -515,7 +516,6 @@ def audit_template(tokenizer, messages, *, tools=None, thinking: bool = True, **
 
     Source: book chapter 5.2-5.4 (one audit per hazard traced there).
     """
-    from .recorder import template_bridge
     problems = []
     messages = check_messages(messages)
     if not thinking:

@@ -201,7 +201,7 @@ def _check_overlaps(regions: list) -> list:
     return regions
 
 
-def _coarse(m: dict) -> tuple:
+def coarse_shape(m: dict) -> tuple:
     """A message's structure: role, whether it has content, and its other non-empty fields (no values)."""
     return (m.get('role'), bool(m.get('content')),
             tuple(sorted(k for k, v in m.items() if k not in ('role', 'content') and v not in (None, '', [], {}))))
@@ -215,7 +215,7 @@ def _window_prompt(template, messages: list, i: int, last: int, cache: dict) -> 
     """
     first_user = next((k for k, m in enumerate(messages) if m['role'] == 'user'), 0)
     window = messages[:first_user + 1] + messages[max(last, first_user + 1):i]
-    key = tuple(_coarse(m) for m in window)
+    key = tuple(coarse_shape(m) for m in window)
     if key not in cache:
         cache[key] = template.generation_prompt(window)
     return cache[key]

@@ -22,7 +22,7 @@ _EXPORTS = {'group_index': 'grpo', 'grouped_advantages': 'grpo', 'scoring_mode':
             'TrainConfig': 'config', 'call_stats': 'loop', 'evaluate': 'loop', 'run_sft': 'loop',
             'sample_groups': 'loop', 'train': 'loop', 'masked_nll': 'sft', 'oracle_demos': 'sft',
             'scripted_demos': 'sft', 'sft_loss': 'sft', 'sft_step': 'sft',
-            'off_policy_correction': 'correction', 'Correction': 'correction', 'mask_overlong': 'grpo'}
+            'off_policy_correction': 'grpo', 'Correction': 'grpo', 'mask_overlong': 'grpo'}
 
 __all__ = sorted(_EXPORTS)
 

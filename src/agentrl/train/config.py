@@ -12,7 +12,7 @@ __all__ = ['TrainConfig']
 
 #: Number of BugFix train tasks (bounds ``tasks_per_step`` and ``hacker_demos``).
 N_TRAIN_TASKS = 24
-#: ``--correction`` choices: none, or a mode of :data:`agentrl.train.correction.CORRECTION_MODES` (a test
+#: ``--correction`` choices: none, or a mode of :data:`agentrl.correction.CORRECTION_MODES` (a test
 #: keeps the two equal; this module imports no torch).
 CORRECTIONS = ('none', 'token_tis', 'seq_tis', 'token_mask', 'icepop', 'geo_mask', 'seq_mask_tis')
 
@@ -52,7 +52,7 @@ class TrainConfig:
             setting. 1 is the default because TinyAgent's matrices are tiny: on the 2-core
             machine one thread was 4-6x faster than two whenever another process was running.
         packed: SFT and GRPO score packed rows (``collate_packed`` + per-record attention) instead of
-            padded batches; the same values to fp32 rounding (issue 24).
+            padded batches; the same values to fp32 rounding.
         max_tokens: packed row length (raised to the longest record).
         correction: GRPO off-policy correction mode (``none``: the ratio against ``sample_logp``);
             its ``corr_weight_*`` / ``corr_kept_frac`` statistics enter the metrics.

@@ -31,7 +31,7 @@ from ..checks.staleness import require_fresh, sampled_by
 from ..record import Batch, SamplingSpec, Trajectory
 from ..sampling import token_logp
 from ..stats import episode_metrics, is_truncated
-from .correction import Correction, off_policy_correction
+from ..correction import Correction, off_policy_correction
 from .options import GRPOOptions
 from .packed import pack_for, packed_log_probs
 
@@ -249,7 +249,7 @@ def clipped_surrogate(logp, sample_logp, advantages, action_mask, clip_eps: floa
         action_mask: ``[B, T-1]`` float32.
         clip_eps: PPO clip range epsilon (ratio clipped to ``[1 - eps, 1 + eps]``).
         weights: optional ``[B, T-1]`` per-token importance weights without gradient
-            (:class:`~agentrl.train.correction.Correction` ``weights``) multiplying each term.
+            (:class:`~agentrl.correction.Correction` ``weights``) multiplying each term.
 
     Returns:
         ``(loss, stats)``: scalar ``-sum(mask_s * w * min(r A, clip(r) A)) / sum(mask_s)`` (w = 1 without
@@ -322,7 +322,7 @@ def grpo_loss(model, batch: Batch, advantages: torch.Tensor, clip_eps: float = 0
         temperature: the records' sampling temperature (when ``spec`` is None).
         spec: the records' :class:`~agentrl.record.SamplingSpec`: log-probs of its processed
             distribution (see :func:`token_log_probs`).
-        correction: an off-policy :class:`~agentrl.train.correction.Correction` of this batch, or
+        correction: an off-policy :class:`~agentrl.correction.Correction` of this batch, or
             None. Given, its ``mask`` replaces the action mask, its ``weights`` multiply the
             surrogate, and the PPO ratio is taken against ``old_logp`` (decoupled PPO, as verl and
             OpenRLHF: the weight corrects sampler to trainer, the ratio trainer to trainer).
@@ -441,7 +441,7 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         exactly zero, and the step is skipped so Adam's momentum cannot move the weights),
         ``dropout_disabled`` (1.0: log-probs are scored in eval mode, see :func:`scoring_mode`);
         with ``mask_truncated`` also ``masked_truncated`` (records whose tokens were masked), with
-        ``correction`` the ``corr_*`` statistics of :class:`~agentrl.train.correction.Correction`, with
+        ``correction`` the ``corr_*`` statistics of :class:`~agentrl.correction.Correction`, with
         ``current_version`` ``fresh_records`` (the records the ratio guard covers).
 
     Raises:

@@ -23,12 +23,17 @@ from pathlib import Path
 
 import torch
 
-from ..io import folder_lock, pid_alive
-from ..gym.calls import StopReason
+from ..batching import collate
+from ..checkpoint import save_checkpoint
+from ..io import atomic_write, folder_lock, fsync_dir, pid_alive
+from ..model import TinyAgent
+from ..record import StopReason
+from ..rollouts import RolloutBatchOptions, rollout_batch, sampling_spec
 from ..stats import episode_metrics
 from .config import TrainConfig
 from .grpo import grpo_step
 from .options import GRPOOptions
+from .packed import pack_for
 from .sft import oracle_demos, scripted_demos, sft_step
 
 __all__ = ['TrainConfig', 'call_stats', 'evaluate', 'sample_groups', 'run_sft', 'train', 'sft_phase', 'grpo_phase',
@@ -79,7 +84,6 @@ def sample_groups(model, tasks, group: int, tok, generator: torch.Generator, tem
     Returns:
         ``len(tasks) * G`` Trajectory, rows ``i*G .. i*G+G-1`` on ``tasks[i]``.
     """
-    from ..rollouts import RolloutBatchOptions, rollout_batch, sampling_spec
     model.eval()
     jobs = [task for task in tasks for _ in range(group)]
     options = RolloutBatchOptions(max_turns=max_turns, spec=sampling_spec(temperature), policy_version=policy_version)
@@ -99,7 +103,6 @@ def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.
         (fraction of episodes that submitted a source passing the public tests: what the
         hackable ``reward_tests='public'`` reward pays), :func:`call_stats`, ``truncation_rate``, ``length``, ``episodes``.
     """
-    from ..rollouts import rollout_batch
     model.eval()
     jobs = [task for task in tasks for _ in range(repeats)]
     gen = torch.Generator().manual_seed(seed)
@@ -133,8 +136,6 @@ def run_sft(model, demos, tok, steps: int, lr: float, batch_size: int = 0, seed:
         the last step's metrics (``loss``, ``token_acc``, ``action_tokens``, ``grad_norm``), or {}
         when ``steps == 0``.
     """
-    from ..batching import collate
-    from .packed import pack_for
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
     full = collate(demos, tok.pad_id), pack_for(demos, max_tokens, tok.pad_id) if packed else None
@@ -194,7 +195,6 @@ def train(cfg: TrainConfig, on_event=None) -> dict:
     import shutil
     import uuid
 
-    from ..io import fsync_dir
     cfg.validate()
     out = Path(cfg.out)
     found = [n for n in _RUN_FILES if (out / n).exists()]
@@ -274,7 +274,6 @@ def sft_phase(run: _Run) -> tuple[dict, float, dict]:
     Returns:
         ``(last SFT metrics, seconds, the step-0 evaluation row)``.
     """
-    from ..model import save_checkpoint
     cfg, tok, t0 = run.cfg, run.tok, time.time()
     demos = oracle_demos(run.train_tasks, tok, cfg.max_turns, cfg.reward_tests)
     if cfg.hacker_demos:
@@ -307,7 +306,6 @@ def grpo_phase(run: _Run) -> float:
     Returns:
         seconds spent.
     """
-    from ..model import save_checkpoint
     cfg, model, tok = run.cfg, run.model, run.tok
     ref = None
     if cfg.kl_coef > 0:
@@ -342,7 +340,6 @@ def grpo_phase(run: _Run) -> float:
 def write_summary(run: _Run, sft_last: dict, sft_seconds: float, after_sft: dict, grpo_seconds: float,
                   t_start: float) -> dict:
     """Write ``reward.svg`` and ``summary.json`` into the run's folder; return the summary."""
-    from ..io import atomic_write
     from ..viz.plots import reward_curves
     cfg, evals, grpo_rows = run.cfg, run.evals, run.grpo_rows
     atomic_write(os.path.join(run.folder, 'reward.svg'), reward_curves(
@@ -373,7 +370,6 @@ def write_summary(run: _Run, sft_last: dict, sft_seconds: float, after_sft: dict
 def _train(cfg: TrainConfig, on_event, folder: str) -> dict:
     """The body of :func:`train`: SFT, GRPO and the summary, written into ``folder`` (the staging folder)."""
     from .. import gym
-    from ..model import TinyAgent
     t_start = time.time()
     tok = gym.bugfix_tokenizer()
     torch.manual_seed(cfg.seed)
@@ -382,7 +378,7 @@ def _train(cfg: TrainConfig, on_event, folder: str) -> dict:
     run = _Run(cfg, folder, model, tok, gym.make_tasks('train'), gym.make_tasks('heldout'), log,
                on_event or (lambda record: None))
     log.write({'phase': 'start', 'config': asdict(cfg), 'time': time.strftime('%Y-%m-%dT%H:%M:%S'),
-               'tokenizer': tok.fingerprint()})
+               'tokenizer': tok.fingerprint})
     try:
         sft_last, sft_seconds, after_sft = sft_phase(run)
         grpo_seconds = grpo_phase(run)

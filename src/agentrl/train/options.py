@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .correction import CORRECTION_MODES
+from ..correction import CORRECTION_MODES
 
 __all__ = ['GRPOOptions']
 
@@ -26,7 +26,7 @@ class GRPOOptions:
         max_grad_norm: global gradient-norm clip (<= 0 disables).
         eps: std offset of :func:`~agentrl.train.group_advantages`, >= 0.
         ratio_tol: when given (>= 0), raise if ``max |ratio - 1|`` before the first update exceeds it.
-        correction: an off-policy correction mode (:data:`~agentrl.train.correction.CORRECTION_MODES`),
+        correction: an off-policy correction mode (:data:`~agentrl.correction.CORRECTION_MODES`),
             or None (the ratio is taken against ``sample_logp``).
         rollout_is_threshold: the truncation C > 0 of ``token_tis`` / ``seq_tis`` (verl's name).
         is_correction_threshold: ``(low, high)`` with ``0 <= low <= high``, the band of the masking modes

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..engines.packed import packed_logits
-from ..packing import PackedBatch, _ranges, collate_packed
+from ..packing import PackedBatch, concat_ranges, collate_packed
 from ..record import SamplingSpec, Trajectory
 from ..sampling import token_logp
 
@@ -32,8 +32,8 @@ def to_padded(values: torch.Tensor, packed: PackedBatch, n_records: int, n_cols:
     cols = (packed.seq_lens.long() - 1).clamp(min=0)
     if len(cols) and int(cols.max()) > n_cols:
         raise ValueError(f'to_padded: a record has {int(cols.max())} predictions > n_cols={n_cols}')
-    src = _ranges(packed.row * (N - 1) + packed.offset, cols)
-    dst = _ranges(packed.index * n_cols, cols)
+    src = concat_ranges(packed.row * (N - 1) + packed.offset, cols)
+    dst = concat_ranges(packed.index * n_cols, cols)
     flat = values.reshape(R * (N - 1), *values.shape[2:])
     out = flat.new_zeros((n_records * n_cols, *values.shape[2:]))
     dev = values.device

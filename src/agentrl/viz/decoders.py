@@ -142,7 +142,7 @@ def _hf_by_digest(fp: str, model: str = '') -> Decoder | None:
 
 def _word_fingerprint() -> str | None:
     try:
-        return _word_tokenizer().fingerprint()
+        return _word_tokenizer().fingerprint
     except Exception:  # noqa: BLE001 - gym not importable: no word tokenizer to compare with
         return None
 
@@ -172,10 +172,7 @@ def decoder_for(traj: Trajectory, tokenizer=None) -> Decoder:
     if tokenizer is not None:
         if hasattr(tokenizer, 'itos'):
             dec = word_decoder(tokenizer)
-            try:
-                got = tokenizer.fingerprint()
-            except Exception:  # noqa: BLE001 - a word tokenizer without a fingerprint is not compared
-                got = None
+            got = getattr(tokenizer, 'fingerprint', None)   # a word tokenizer without one is not compared
         else:
             tok = tokenizer if hasattr(tokenizer, 'decode') else _load_hf(str(tokenizer))
             if tok is None:

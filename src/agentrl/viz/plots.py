@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from html import escape
 
-from .svg import _f
+from .svg import short_number
 
 __all__ = ['PALETTE', 'hbars', 'stacked_bars', 'histograms', 'lines', 'reward_curves']
 
@@ -23,7 +23,7 @@ def _num(v: float) -> str:
 
 
 def _svg(w: float, h: float, body: list, label: str) -> str:
-    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{_f(w)}" height="{_f(h)}" viewBox="0 0 {_f(w)} {_f(h)}" '
+    return (f'<svg xmlns="http://www.w3.org/2000/svg" width="{short_number(w)}" height="{short_number(h)}" viewBox="0 0 {short_number(w)} {short_number(h)}" '
             f'role="img" aria-label="{escape(label)}" {_FONT} font-size="11">' + ''.join(body) + '</svg>')
 
 
@@ -47,13 +47,13 @@ def hbars(rows: list, label: str, xmax: float | None = None, width: int = 360, f
     for k, (name, v, col) in enumerate(rows):
         y = 8 + k * (bar_h + gap)
         w = max(0.0, span * v / xmax)
-        body.append(f'<text x="{left - 6}" y="{_f(y + 12)}" text-anchor="end">{escape(str(name))}</text>'
-                    f'<rect x="{left}" y="{_f(y)}" width="{_f(w)}" height="{bar_h}" fill="{col}"/>'
-                    f'<text x="{_f(left + w + 4)}" y="{_f(y + 12)}" fill="#333">{escape(fmt(v))}</text>')
+        body.append(f'<text x="{left - 6}" y="{short_number(y + 12)}" text-anchor="end">{escape(str(name))}</text>'
+                    f'<rect x="{left}" y="{short_number(y)}" width="{short_number(w)}" height="{bar_h}" fill="{col}"/>'
+                    f'<text x="{short_number(left + w + 4)}" y="{short_number(y + 12)}" fill="#333">{escape(fmt(v))}</text>')
     yb = 8 + len(rows) * (bar_h + gap)
-    body.append(f'<line x1="{left}" y1="{_f(yb)}" x2="{left + span}" y2="{_f(yb)}" stroke="#999"/>'
-                f'<text x="{left}" y="{_f(yb + 13)}" fill="#666">0</text>'
-                f'<text x="{left + span}" y="{_f(yb + 13)}" fill="#666" text-anchor="end">{escape(fmt(xmax))}</text>')
+    body.append(f'<line x1="{left}" y1="{short_number(yb)}" x2="{left + span}" y2="{short_number(yb)}" stroke="#999"/>'
+                f'<text x="{left}" y="{short_number(yb + 13)}" fill="#666">0</text>'
+                f'<text x="{left + span}" y="{short_number(yb + 13)}" fill="#666" text-anchor="end">{escape(fmt(xmax))}</text>')
     return _svg(width, h, body, label)
 
 
@@ -67,23 +67,23 @@ def stacked_bars(rows: list, keys: list, label: str, width: int = 360) -> str:
         y = 8 + k * (bar_h + gap)
         total = sum(counts.values()) or 1
         x = float(left)
-        body.append(f'<text x="{left - 6}" y="{_f(y + 12)}" text-anchor="end">{escape(str(name))}</text>')
+        body.append(f'<text x="{left - 6}" y="{short_number(y + 12)}" text-anchor="end">{escape(str(name))}</text>')
         for j, key in enumerate(keys):
             n = counts.get(key, 0)
             if not n:
                 continue
             w = span * n / total
-            body.append(f'<rect x="{_f(x)}" y="{_f(y)}" width="{_f(w)}" height="{bar_h}" '
+            body.append(f'<rect x="{short_number(x)}" y="{short_number(y)}" width="{short_number(w)}" height="{bar_h}" '
                         f'fill="{PALETTE[j % len(PALETTE)]}"><title>{escape(f"{name}: {key} {n}/{total}")}</title></rect>')
             if w > 22:
-                body.append(f'<text x="{_f(x + w / 2)}" y="{_f(y + 12)}" text-anchor="middle" fill="#fff">{n}</text>')
+                body.append(f'<text x="{short_number(x + w / 2)}" y="{short_number(y + 12)}" text-anchor="middle" fill="#fff">{n}</text>')
             x += w
     ly = 8 + len(rows) * (bar_h + gap) + 6
     for j, key in enumerate(keys):
         lx = left + (j % 3) * ((span) / 3)
         yy = ly + 16 * (j // 3)
-        body.append(f'<rect x="{_f(lx)}" y="{_f(yy)}" width="10" height="10" fill="{PALETTE[j % len(PALETTE)]}"/>'
-                    f'<text x="{_f(lx + 14)}" y="{_f(yy + 9)}">{escape(str(key))}</text>')
+        body.append(f'<rect x="{short_number(lx)}" y="{short_number(yy)}" width="10" height="10" fill="{PALETTE[j % len(PALETTE)]}"/>'
+                    f'<text x="{short_number(lx + 14)}" y="{short_number(yy + 9)}">{escape(str(key))}</text>')
     return _svg(width, h, body, label)
 
 
@@ -113,21 +113,21 @@ def histograms(series: list, label: str, xlabel: str, width: int = 360, bins: in
             counts[j] += 1
         top = max(counts) or 1
         y0 = 6 + k * (row_h + gap)
-        body.append(f'<text x="{left - 6}" y="{_f(y0 + row_h / 2 + 4)}" text-anchor="end">{escape(str(name))}</text>'
-                    f'<line x1="{left}" y1="{_f(y0 + row_h)}" x2="{left + span}" y2="{_f(y0 + row_h)}" stroke="#bbb"/>')
+        body.append(f'<text x="{left - 6}" y="{short_number(y0 + row_h / 2 + 4)}" text-anchor="end">{escape(str(name))}</text>'
+                    f'<line x1="{left}" y1="{short_number(y0 + row_h)}" x2="{left + span}" y2="{short_number(y0 + row_h)}" stroke="#bbb"/>')
         bw = span / nb
         for j, n in enumerate(counts):
             if not n:
                 continue
             bh = row_h * n / top
             rng = f'{_num(edges[j])}' if integer and step == 1 else f'[{_num(edges[j])}, {_num(edges[j + 1])})'
-            body.append(f'<rect x="{_f(left + j * bw + 0.5)}" y="{_f(y0 + row_h - bh)}" width="{_f(max(bw - 1, 0.5))}" '
-                        f'height="{_f(bh)}" fill="{col}"><title>{escape(f"{name}: {rng}: {n}")}</title></rect>')
-        body.append(f'<text x="{_f(left + span + 4)}" y="{_f(y0 + 9)}" fill="#888">max {top}</text>')
+            body.append(f'<rect x="{short_number(left + j * bw + 0.5)}" y="{short_number(y0 + row_h - bh)}" width="{short_number(max(bw - 1, 0.5))}" '
+                        f'height="{short_number(bh)}" fill="{col}"><title>{escape(f"{name}: {rng}: {n}")}</title></rect>')
+        body.append(f'<text x="{short_number(left + span + 4)}" y="{short_number(y0 + 9)}" fill="#888">max {top}</text>')
     yb = 6 + len(series) * (row_h + gap)
-    body.append(f'<text x="{left}" y="{_f(yb + 8)}" fill="#666">{escape(_num(lo))}</text>'
-                f'<text x="{left + span}" y="{_f(yb + 8)}" fill="#666" text-anchor="end">{escape(_num(edges[-1]))}</text>'
-                f'<text x="{_f(left + span / 2)}" y="{_f(yb + 20)}" fill="#444" text-anchor="middle">{escape(xlabel)}</text>')
+    body.append(f'<text x="{left}" y="{short_number(yb + 8)}" fill="#666">{escape(_num(lo))}</text>'
+                f'<text x="{left + span}" y="{short_number(yb + 8)}" fill="#666" text-anchor="end">{escape(_num(edges[-1]))}</text>'
+                f'<text x="{short_number(left + span / 2)}" y="{short_number(yb + 20)}" fill="#444" text-anchor="middle">{escape(xlabel)}</text>')
     return _svg(width, h, body, label)
 
 
@@ -158,17 +158,17 @@ def lines(series: list, xlabels: list, label: str, ylabel: str, width: int = 560
     body = []
     for k in range(5):
         v = ymax * k / 4
-        body.append(f'<line x1="{left}" y1="{_f(Y(v))}" x2="{left + pw}" y2="{_f(Y(v))}" stroke="#eee"/>'
-                    f'<text x="{left - 5}" y="{_f(Y(v) + 4)}" text-anchor="end" fill="#666">{_num(v)}</text>')
+        body.append(f'<line x1="{left}" y1="{short_number(Y(v))}" x2="{left + pw}" y2="{short_number(Y(v))}" stroke="#eee"/>'
+                    f'<text x="{left - 5}" y="{short_number(Y(v) + 4)}" text-anchor="end" fill="#666">{_num(v)}</text>')
     if title:
         body.append(f'<text x="{left}" y="14" fill="#222" font-size="13">{escape(title)}</text>')
     for i, xl in enumerate(xlabels):
         if i % max(1, tick_every) == 0 or i == len(xlabels) - 1:
-            body.append(f'<text x="{_f(X(i))}" y="{_f(top + ph + 14)}" text-anchor="middle" fill="#666">'
+            body.append(f'<text x="{short_number(X(i))}" y="{short_number(top + ph + 14)}" text-anchor="middle" fill="#666">'
                         f'{escape(str(xl))}</text>')
-    body.append(f'<text x="{_f(left + pw / 2)}" y="{_f(height - 4)}" text-anchor="middle" fill="#444">'
-                f'{escape(xlabel)}</text><text x="12" y="{_f(top + ph / 2)}" fill="#444" text-anchor="middle" '
-                f'transform="rotate(-90 12 {_f(top + ph / 2)})">{escape(ylabel)}</text>')
+    body.append(f'<text x="{short_number(left + pw / 2)}" y="{short_number(height - 4)}" text-anchor="middle" fill="#444">'
+                f'{escape(xlabel)}</text><text x="12" y="{short_number(top + ph / 2)}" fill="#444" text-anchor="middle" '
+                f'transform="rotate(-90 12 {short_number(top + ph / 2)})">{escape(ylabel)}</text>')
     for k, (name, pts, col, *rest) in enumerate(series):
         dash = rest[0] if rest else ''
         dash_attr = f' stroke-dasharray="{dash}"' if dash else ''
@@ -184,14 +184,14 @@ def lines(series: list, xlabels: list, label: str, ylabel: str, width: int = 560
             segs.append(seg)
         for s in segs:
             body.append(f'<polyline fill="none" stroke="{col}" stroke-width="2"{dash_attr} points="'
-                        + ' '.join(f'{_f(a)},{_f(b)}' for a, b, _, _ in s) + '"/>')
+                        + ' '.join(f'{short_number(a)},{short_number(b)}' for a, b, _, _ in s) + '"/>')
             if not dash:
                 for a, b, y, i in s:
-                    body.append(f'<circle cx="{_f(a)}" cy="{_f(b)}" r="3" fill="{col}"><title>'
+                    body.append(f'<circle cx="{short_number(a)}" cy="{short_number(b)}" r="3" fill="{col}"><title>'
                                 f'{escape(f"{name}, {xlabels[i]}: {y:.1f}")}</title></circle>')
         ly = top + 4 + 16 * k
-        body.append(f'<line x1="{left + pw + 12}" y1="{_f(ly + 5)}" x2="{left + pw + 30}" y2="{_f(ly + 5)}" '
-                    f'stroke="{col}" stroke-width="2"{dash_attr}/><text x="{left + pw + 34}" y="{_f(ly + 9)}">'
+        body.append(f'<line x1="{left + pw + 12}" y1="{short_number(ly + 5)}" x2="{left + pw + 30}" y2="{short_number(ly + 5)}" '
+                    f'stroke="{col}" stroke-width="2"{dash_attr}/><text x="{left + pw + 34}" y="{short_number(ly + 9)}">'
                     f'{escape(str(name))}</text>')
     return _svg(width, height, body, label)
 

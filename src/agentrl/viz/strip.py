@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..record import OWNER_NAMES, Trajectory
+from ..io import read_json
+from ..record import OWNER, OWNER_NAMES, Provenance, Trajectory
 from .decoders import Decoder, decoder_for, hf_decoder, id_decoder, word_decoder  # noqa: F401 - re-exported
 
 __all__ = ['Cell', 'Segment', 'Strip', 'build_strip', 'decoder_for', 'word_decoder', 'hf_decoder',
@@ -273,8 +274,6 @@ def load_audit(path: str) -> list:
             JSON, or an entry lacks ``ids``/``owner`` or has a field of the wrong type or length
             (e.g. ``'a.json' entry 0: owner[1]: is 'bogus', not an owner name or code ...``).
     """
-    from ..io import read_json
-    from ..record import OWNER, Provenance
     data = read_json(path, fix=_AUDIT_FIX)
     if isinstance(data, dict) and 'records' in data:
         data = data['records']

@@ -46,7 +46,7 @@ STYLE = ('text{font-family:"DejaVu Sans Mono",Menlo,Consolas,monospace;font-size
          '.turn{stroke:#888;stroke-width:1}') % FONT
 
 
-def _f(x: float) -> str:
+def short_number(x: float) -> str:
     """Fixed, short number formatting (deterministic)."""
     s = f'{x:.1f}'
     return s[:-2] if s.endswith('.0') else s
@@ -106,22 +106,22 @@ def to_svg(strip: Strip, width: int = 960, title: bool = True, legend: bool = Tr
     if title:
         facts = ' \u00b7 '.join(f'{k} {v:.3g}' if isinstance(v, float) else f'{k} {v}'
                                 for k, v in strip.meta.items() if k in ('T', 'actions', 'reward', 'stop'))
-        out.append(f'<text class="ttl" x="{_f(LEFT)}" y="{_f(y + 11)}">{escape(strip.title)}'
+        out.append(f'<text class="ttl" x="{short_number(LEFT)}" y="{short_number(y + 11)}">{escape(strip.title)}'
                    f'<tspan class="lbl" dx="10">{escape(facts)}</tspan></text>')
         y += 20
     for row in rows:
         top = y + TOP_BAND
         first = row[0][1]
         first_pos = first.pos if row[0][0] == 'cell' else first.start
-        out.append(f'<text class="lbl" x="{_f(LEFT - 4)}" y="{_f(top + 12)}" text-anchor="end">{first_pos}</text>')
+        out.append(f'<text class="lbl" x="{short_number(LEFT - 4)}" y="{short_number(top + 12)}" text-anchor="end">{first_pos}</text>')
         rule_y = top + CELL_H + RULE_GAP + 1.5
         for kind, obj, ts, x0, w in row:
             x = LEFT + x0
             if ts:
                 tx = x - GAP / 2
                 turn = obj.turn
-                out.append(f'<line class="turn" x1="{_f(tx)}" y1="{_f(top - 9)}" x2="{_f(tx)}" '
-                           f'y2="{_f(rule_y + 2)}"/><text class="lbl" x="{_f(tx + 2)}" y="{_f(top - 2)}">'
+                out.append(f'<line class="turn" x1="{short_number(tx)}" y1="{short_number(top - 9)}" x2="{short_number(tx)}" '
+                           f'y2="{short_number(rule_y + 2)}"/><text class="lbl" x="{short_number(tx + 2)}" y="{short_number(top - 2)}">'
                            f't{turn}</text>')
             if kind == 'cell':
                 c = obj
@@ -130,41 +130,41 @@ def to_svg(strip: Strip, width: int = 960, title: bool = True, legend: bool = Tr
                        f'{"-" if c.mask is None else c.mask} \u00b7 logp '
                        f'{"-" if c.logp is None else format(c.logp, ".4f")}'
                        + (f' \u00b7 {c.mark}' if c.mark else '') + f'\n{c.text!r}')
-                out.append(f'<g><title>{escape(tip)}</title><rect class="{cls}" x="{_f(x)}" y="{_f(top)}" '
-                           f'width="{_f(w)}" height="{_f(CELL_H)}" rx="1.5"/>'
-                           f'<text class="t-{c.owner}" x="{_f(x + w / 2)}" y="{_f(top + 12)}" '
+                out.append(f'<g><title>{escape(tip)}</title><rect class="{cls}" x="{short_number(x)}" y="{short_number(top)}" '
+                           f'width="{short_number(w)}" height="{short_number(CELL_H)}" rx="1.5"/>'
+                           f'<text class="t-{c.owner}" x="{short_number(x + w / 2)}" y="{short_number(top + 12)}" '
                            f'text-anchor="middle">{escape(_short(c.text))}</text></g>')
                 if c.mask is not None:
                     mcls = 'mx' if c.mask_mismatch else f'm{c.mask}'
-                    out.append(f'<line class="{mcls}" x1="{_f(x - GAP / 2)}" y1="{_f(rule_y)}" '
-                               f'x2="{_f(x + w + GAP / 2)}" y2="{_f(rule_y)}"/>')
+                    out.append(f'<line class="{mcls}" x1="{short_number(x - GAP / 2)}" y1="{short_number(rule_y)}" '
+                               f'x2="{short_number(x + w + GAP / 2)}" y2="{short_number(rule_y)}"/>')
             else:
                 seg = obj
                 out.append(f'<g><title>{escape(f"{len(seg)} {seg.owner} tokens, positions {seg.start}-{seg.stop - 1}")}'
-                           f'</title><rect class="fold" x="{_f(x)}" y="{_f(top)}" width="{_f(w)}" '
-                           f'height="{_f(CELL_H)}" rx="1.5"/><text class="t-{seg.owner}" x="{_f(x + w / 2)}" '
-                           f'y="{_f(top + 12)}" text-anchor="middle">{escape(_fold_label(seg))}</text></g>')
-                out.append(f'<line class="m0" x1="{_f(x - GAP / 2)}" y1="{_f(rule_y)}" '
-                           f'x2="{_f(x + w + GAP / 2)}" y2="{_f(rule_y)}"/>')
+                           f'</title><rect class="fold" x="{short_number(x)}" y="{short_number(top)}" width="{short_number(w)}" '
+                           f'height="{short_number(CELL_H)}" rx="1.5"/><text class="t-{seg.owner}" x="{short_number(x + w / 2)}" '
+                           f'y="{short_number(top + 12)}" text-anchor="middle">{escape(_fold_label(seg))}</text></g>')
+                out.append(f'<line class="m0" x1="{short_number(x - GAP / 2)}" y1="{short_number(rule_y)}" '
+                           f'x2="{short_number(x + w + GAP / 2)}" y2="{short_number(rule_y)}"/>')
         y = rule_y + ROW_GAP
     if legend:
         lx, ly = LEFT, y + 4
         for owner, label in (('template', 'template'), ('prompt', 'prompt'), ('policy', 'policy'),
                              ('tool', 'tool')):
-            out.append(f'<rect class="o-{owner} key" x="{_f(lx)}" y="{_f(ly)}" width="22" height="13" rx="1.5"/>'
-                       f'<text class="t-{owner}" x="{_f(lx + 11)}" y="{_f(ly + 10)}" text-anchor="middle">'
-                       f'ab</text><text class="lbl" x="{_f(lx + 27)}" y="{_f(ly + 10)}">{label}</text>')
+            out.append(f'<rect class="o-{owner} key" x="{short_number(lx)}" y="{short_number(ly)}" width="22" height="13" rx="1.5"/>'
+                       f'<text class="t-{owner}" x="{short_number(lx + 11)}" y="{short_number(ly + 10)}" text-anchor="middle">'
+                       f'ab</text><text class="lbl" x="{short_number(lx + 27)}" y="{short_number(ly + 10)}">{label}</text>')
             lx += 27 + len(label) * 6 + 16
-        out.append(f'<line class="m1 key" x1="{_f(lx)}" y1="{_f(ly + 7)}" x2="{_f(lx + 22)}" y2="{_f(ly + 7)}"/>'
-                   f'<text class="lbl" x="{_f(lx + 27)}" y="{_f(ly + 10)}">action mask = 1</text>')
+        out.append(f'<line class="m1 key" x1="{short_number(lx)}" y1="{short_number(ly + 7)}" x2="{short_number(lx + 22)}" y2="{short_number(ly + 7)}"/>'
+                   f'<text class="lbl" x="{short_number(lx + 27)}" y="{short_number(ly + 10)}">action mask = 1</text>')
         lx += 27 + 15 * 6 + 16
-        out.append(f'<line class="turn key" x1="{_f(lx + 2)}" y1="{_f(ly)}" x2="{_f(lx + 2)}" y2="{_f(ly + 13)}"/>'
-                   f'<text class="lbl" x="{_f(lx + 6)}" y="{_f(ly + 10)}">turn boundary</text>')
+        out.append(f'<line class="turn key" x1="{short_number(lx + 2)}" y1="{short_number(ly)}" x2="{short_number(lx + 2)}" y2="{short_number(ly + 13)}"/>'
+                   f'<text class="lbl" x="{short_number(lx + 6)}" y="{short_number(ly + 10)}">turn boundary</text>')
         y = ly + 13 + 8
     height = y + 2
     return ('<?xml version="1.0" encoding="UTF-8"?>\n'
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{_f(height)}" '
-            f'viewBox="0 0 {width} {_f(height)}" role="img" aria-label="{escape(strip.title)}: token ownership '
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{short_number(height)}" '
+            f'viewBox="0 0 {width} {short_number(height)}" role="img" aria-label="{escape(strip.title)}: token ownership '
             f'strip, {len(strip.cells)} tokens, {strip.n_policy} policy">\n'
             f'<style>{STYLE}</style>\n<rect width="100%" height="100%" fill="#fff"/>\n'
             + '\n'.join(out) + '\n</svg>\n')

@@ -13,7 +13,7 @@ import torch
 from ...families import family_for
 from ...record import SamplingSpec
 from ...templates import ChatTemplate, audit_drift
-from ...templates.audit import _first_diff
+from ...templates.audit import first_diff
 from ...templates.chat import as_template
 from ...sampling import episode_seed
 from .sampler import HFSampler
@@ -129,7 +129,7 @@ def drift_experiment(model, tokenizer, *, samples: int = 8, tokens: int = 128, s
             again = template.encode(template.decode(t.ids))
             s = DriftSample(index=i, ids=list(t.ids), reencoded=again, drifted=again != t.ids)
             if s.drifted:
-                s.at = _first_diff(t.ids, again)
+                s.at = first_diff(t.ids, again)
                 s.sampled_tokens = template.tokens(t.ids[s.at:s.at + 2])
                 s.reencoded_tokens = template.tokens(again[s.at:s.at + 2])
             out.append(s)

@@ -14,14 +14,13 @@ from typing import Callable
 
 import torch
 
-from ...gym.calls import StopReason
 from ...model import fill_holes
-from ...record import Provenance
+from ...record import Provenance, StopReason
 from ...sampling import PenaltyContext
 from ...templates.chat import common_prefix
 from ..episode import EpisodeState, Reply
 from .models import model_id as _model_id
-from .profile import _Profile
+from .profile import TurnProfile
 from .sampler import HFSampler, SampledTurn
 
 __all__ = ['Reply', 'run_chat_episodes']
@@ -143,7 +142,7 @@ class _Episodes:
     def __init__(self, recorders, respond, max_turns, on_done):
         self.recorders, self.respond, self.max_turns, self.on_done = recorders, respond, max_turns, on_done
         self.state = [EpisodeState() for _ in recorders]
-        self.prof = _Profile()
+        self.prof = TurnProfile()
 
     def end(self, i: int, reward: float, info=None, stop: StopReason | None = None) -> None:
         """End episode ``i`` (the driver stopped it, or its reply said done)."""

@@ -262,7 +262,7 @@ def _bias_tokens(model, rates: dict, seed: int, channel_value: float = 0.5) -> d
     return {tid: round(float(probs[..., tid].mean()), 4) for tid in rates}
 
 
-def _head(model):
+def scoring_head(model):
     """``(decoder, output head, softcap)`` for scoring only the needed rows, or None."""
     get_dec = getattr(model, 'get_decoder', None)
     get_out = getattr(model, 'get_output_embeddings', None)
@@ -300,7 +300,7 @@ def score_rows(model, ids: torch.Tensor, attention_mask: torch.Tensor, rows: lis
     """
     dev = next(model.parameters()).device
     ids, attention_mask = ids.to(dev), attention_mask.to(dev).long()
-    parts = _head(model)
+    parts = scoring_head(model)
     if parts is None:
         logits = model(input_ids=ids, attention_mask=attention_mask).logits
         return [logits[b, r.to(dev)].float().cpu() for b, r in enumerate(rows)]

@@ -8,7 +8,7 @@ PROFILE_KEYS = ('prefill_tokens', 'prefill_s', 'rebuilt_tokens', 'decode_tokens'
                 'template_s', 'gym_s')
 
 
-class _Profile:
+class TurnProfile:
     """Per-turn accumulators of the time split (see :data:`PROFILE_KEYS`)."""
 
     def __init__(self):

@@ -1,4 +1,4 @@
-"""Off-policy correction of the sampler/trainer mismatch: truncated IS weights and rejection masks (issue 24).
+"""L1: off-policy correction of the sampler/trainer mismatch: truncated IS weights and rejection masks.
 
 The sampler's stored ``sample_logp`` and the trainer's own log-probs of the same tokens differ
 (another kernel, dtype or a stale policy). :func:`off_policy_correction` turns the per-token
