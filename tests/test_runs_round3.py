@@ -118,7 +118,8 @@ def _server_episode(logprobs: bool) -> dict:
 def test_check_of_records_without_log_probs_says_so_and_speaks_of_finish_reasons(tmp_path, capsys):
     import torch
 
-    from agentrl.model import TinyAgent, save_checkpoint
+    from agentrl.checkpoint import save_checkpoint
+    from agentrl.model import TinyAgent
     (tmp_path / 'ep.jsonl').write_text(json.dumps(_server_episode(logprobs=False)) + '\n')
     code, _, err = _cli(capsys, 'import', tmp_path / 'ep.jsonl', '--from', 'vllm', '--out', tmp_path / 'imp')
     assert code == 0, err
@@ -206,7 +207,8 @@ def test_report_on_a_shard_folder_names_the_run_folder(tmp_path, capsys, monkeyp
 def test_no_internal_error_lines_for_a_device_or_a_malformed_server_log(tmp_path, capsys):
     import torch
 
-    from agentrl.model import TinyAgent, save_checkpoint
+    from agentrl.checkpoint import save_checkpoint
+    from agentrl.model import TinyAgent
     out = _run(tmp_path / 'run')
     save_checkpoint(TinyAgent(316).eval(), str(tmp_path / 'm.pt'))
     code, _, err = _cli(capsys, 'check', out / 'trajectories', '--model', tmp_path / 'm.pt', '--device', 'bogus')
