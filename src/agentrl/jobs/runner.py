@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
+from ..engines.factory import backend
 from .plan import EpisodeJob, RolloutOptions, plan_chunks
 
 __all__ = ['RunSpec', 'EpisodeRunner', 'RunnerFactory', 'RunReport', 'run_chunks']
@@ -186,7 +187,8 @@ class EpisodeRunner:
         if policy != 'model':
             return [rollouts.scripted_rollout(gym.scripted_policy(policy, seed=j.seed), self._env(), t,
                                               self.tok, **kw) for j, t in zip(jobs, tasks)]
-        if opts.engine == 'hf':
+        b = backend(opts.engine)
+        if b.model_dir and not b.servers:
             from ..engines.hf import bugfix_rollouts
             model, template = self._hf_model()
             prof = {} if opts.profile else None
@@ -197,7 +199,7 @@ class EpisodeRunner:
             if prof:
                 self.profiles.append(prof)
             return recs
-        if opts.engine == 'vllm':
+        if b.servers:
             from ..engines.vllm import bugfix_vllm_rollouts
             endpoints, template = self._vllm_servers()
             return bugfix_vllm_rollouts(endpoints, template, tasks, seeds=[j.seed for j in jobs],

@@ -13,13 +13,14 @@ import hashlib
 import json
 from dataclasses import dataclass
 
+from ..contract import EngineDied
 from .server import VLLMError
 
 __all__ = ['turn_seed', 'request_body', 'structured_outputs', 'Completion', 'complete', 'session', 'probe_logp_mode', 'ServerDied',
            'probe_body', 'stream_body', 'parse_stream']
 
 
-class ServerDied(VLLMError):
+class ServerDied(VLLMError, EngineDied):
     """A server stopped answering (connection refused / reset, or its engine died: HTTP 500) mid-run."""
 
     def __init__(self, url: str, detail: str, message: str | None = None):

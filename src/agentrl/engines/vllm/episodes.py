@@ -11,7 +11,6 @@ Source: docs/vllm.md, docs/design.md#hf-engine.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -21,6 +20,7 @@ from ...record import Provenance, SamplingSpec
 from ...templates import ChatRecorder, ChatTemplate, load_tokenizer
 from ..bugfix import BugFixAdapter
 from ..episode import Reply, SampledTurn
+from .engine import record_spec as checked_spec
 from .client import Completion, ServerDied, complete, probe_logp_mode, request_body, session, turn_seed
 from .server import Endpoint, VLLMError
 
@@ -45,14 +45,6 @@ class VLLMTurn(SampledTurn):
 def route(seed: int, n_servers: int) -> int:
     """The server index of an episode: ``seed % n_servers`` (sticky: every turn goes to the same server)."""
     return int(seed) % n_servers
-
-
-def checked_spec(spec: SamplingSpec, logp_mode: str) -> SamplingSpec:
-    """``spec`` as the record declares it: the server's checked log-prob mode; ``penalty_semantics='vllm'`` when penalized."""
-    kw = {'logp_mode': logp_mode}
-    if spec.penalized:
-        kw['penalty_semantics'] = 'vllm'
-    return dataclasses.replace(spec, **kw)
 
 
 async def _check_modes(http, endpoints, prompt) -> str:

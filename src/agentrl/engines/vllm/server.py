@@ -28,6 +28,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..contract import EngineError
+
 __all__ = ['VLLMServer', 'VLLMError', 'Endpoint', 'connect', 'CPU_HEAD_DIMS', 'LOGPROBS_MODES', 'default_python',
            'check_head_dim', 'free_port', 'diagnose_log']
 
@@ -37,7 +39,7 @@ CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 LOGPROBS_MODES = {'processed_logprobs': 'processed', 'raw_logprobs': 'raw'}
 
 
-class VLLMError(RuntimeError):
+class VLLMError(EngineError):
     """A vLLM server that cannot start, is not ready, or died: one line naming the server, the cause and the fix."""
 
 
