@@ -31,8 +31,8 @@ def vllm_run_spec(prepared):
     if not backend(opts.engine).servers or 'model' not in opts.policy:
         yield prepared.spec
         return
-    from ..engines.bugfix import BugFixAdapter
-    from ..engines.vllm import VLLMServer, bugfix_template, check_logp_mode, connect
+    from ..engines.vllm import VLLMServer, check_logp_mode, connect
+    from .bugfix import BugFixAdapter, bugfix_template
     from ..templates import ChatRecorder
     with contextlib.ExitStack() as stack:
         urls = list(opts.server or [])
