@@ -75,8 +75,8 @@ def _batch(arl, model, tok, ts, cache, seed=0, turns=6, max_active=None):
     envs = [arl.BugFixEnv(max_turns=turns) for _ in ts]
     gen = torch.Generator().manual_seed(seed)
     t0 = _clock()
-    trajs = arl.rollout_batch(model, envs, ts, tok, max_turns=turns, generator=gen, cache=cache,
-                              max_active=max_active)
+    trajs = arl.rollout_batch(model, envs, ts, tok, generator=gen,
+                              options=arl.RolloutBatchOptions(max_turns=turns, cache=cache, max_active=max_active))
     return _clock() - t0, trajs
 
 
@@ -282,16 +282,17 @@ def _memory_child(n: int, max_active: int | None, cache: bool, warm: bool) -> di
     ts = _tasks(tasks, n)
     with torch.no_grad():     # warm-up: the same rollout on up to 4 x max_active episodes (warm), or 4
         k = (n if max_active is None else min(n, 4 * max_active)) if warm else 4
-        arl.rollout_batch(model, [arl.BugFixEnv() for _ in range(k)], ts[:k], tok, cache=cache,
-                          generator=torch.Generator().manual_seed(1), max_active=max_active)
+        arl.rollout_batch(model, [arl.BugFixEnv() for _ in range(k)], ts[:k], tok,
+                          generator=torch.Generator().manual_seed(1),
+                          options=arl.RolloutBatchOptions(cache=cache, max_active=max_active))
     envs = [arl.BugFixEnv() for _ in ts]
     gc.collect()
     base = _status('VmRSS')
     with open('/proc/self/clear_refs', 'w') as f:           # reset the high-water mark to now
         f.write('5')
     t0 = time.perf_counter()
-    trajs = arl.rollout_batch(model, envs, ts, tok, generator=torch.Generator().manual_seed(0), cache=cache,
-                              max_active=max_active)
+    trajs = arl.rollout_batch(model, envs, ts, tok, generator=torch.Generator().manual_seed(0),
+                              options=arl.RolloutBatchOptions(cache=cache, max_active=max_active))
     seconds = time.perf_counter() - t0
     peak = _status('VmHWM')
     tensor_bytes = sum(t.ids.nbytes + t.action_mask.nbytes + t.sample_logp.nbytes + t.owner.nbytes + t.turn.nbytes

@@ -52,7 +52,7 @@ def run(quick: bool = False) -> list[dict]:
 
 def _measure(quick: bool) -> list[dict]:
     from agentrl.batching import collate
-    from agentrl.train import grpo_step
+    from agentrl.train import GRPOOptions, grpo_step
     from agentrl.train.loop import sample_groups
     sft_steps = 30 if quick else 150
     grpo_steps = 2 if quick else 6
@@ -77,7 +77,7 @@ def _measure(quick: bool) -> list[dict]:
         t0 = time.perf_counter()
         trajs = sample_groups(model, tasks, G, tok, gen)
         t1 = time.perf_counter()
-        grpo_step(model, opt, trajs, G, tok.pad_id, updates=updates, kl_coef=0.1, ref_model=ref)
+        grpo_step(model, opt, trajs, G, tok.pad_id, GRPOOptions(updates=updates, kl_coef=0.1), ref_model=ref)
         t2 = time.perf_counter()
         t_sample, t_update = t_sample + t1 - t0, t_update + t2 - t1
         n_tokens += sum(len(t.ids) for t in trajs)

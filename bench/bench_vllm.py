@@ -81,7 +81,7 @@ def main(argv=None) -> int:
 
     import agentrl as arl
     from agentrl.engines import hf
-    from agentrl.engines.vllm import VLLMServer, check_logp_mode
+    from agentrl.engines.vllm import VLLMServer, VLLMServerOptions, check_logp_mode
     from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts, bugfix_template, bugfix_vllm_rollouts
     from agentrl.record import SamplingSpec
     sys.path.insert(0, str(ROOT / 'tests'))
@@ -95,8 +95,8 @@ def main(argv=None) -> int:
     spec = SamplingSpec()
     res: dict = {'episodes': a.episodes, 'turns': a.turns, 'new_tokens': a.new_tokens, 'model': '8x512 h8 kv4'}
     t0 = time.time()
-    with VLLMServer(model_dir, python=a.python, name='m8', cpus=a.cpus, log_path=tmp / 'server.log',
-                    ready_timeout=900) as srv:
+    with VLLMServer(model_dir, VLLMServerOptions(name='m8', cpus=a.cpus, ready_timeout=900), python=a.python,
+                    log_path=tmp / 'server.log') as srv:
         res['server_start_s'] = round(time.time() - t0, 1)
         template = bugfix_template(model_dir)
         ep = [srv.endpoint]

@@ -10,7 +10,7 @@ import argparse
 import asyncio
 import time
 
-from agentrl.engines.vllm import VLLMServer, request_body
+from agentrl.engines.vllm import VLLMServer, VLLMServerOptions, request_body
 from agentrl.engines.vllm import client
 from agentrl.record import SamplingSpec
 
@@ -34,8 +34,9 @@ def main():
     ap.add_argument('--cpus', default='1')
     a = ap.parse_args()
     t0 = time.time()
-    srv = VLLMServer(a.model_dir, python=a.python, name='m', cpus=a.cpus, chunked_prefill=a.chunked == 'on',
-                     max_num_batched_tokens=a.budget, log_path=f'vllm-chunked-{a.chunked}-{a.budget}.log')
+    options = VLLMServerOptions(name='m', cpus=a.cpus, chunked_prefill=a.chunked == 'on',
+                                max_num_batched_tokens=a.budget)
+    srv = VLLMServer(a.model_dir, options, python=a.python, log_path=f'vllm-chunked-{a.chunked}-{a.budget}.log')
     with srv:
         print(f'ready in {time.time() - t0:.1f} s: {" ".join(srv.command())}', flush=True)
         t1 = time.time()

@@ -5,6 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from _durations import SLOW_FILES, load, merge, read_slow_list, write
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # TinyAgent is tiny: intra-op threads only add contention on the 2-core CI machine.
@@ -41,10 +43,7 @@ def tok(tasks):
 
 
 # ---------------------------------------------------------------------------- the 'slow' marker
-#: whole files that are slow (each test starts Ray, a vLLM server or a subprocess job)
-SLOW_FILES = ('tests/test_ray.py', 'tests/live_vllm/')
-_SLOW = {line.strip() for line in (ROOT / 'tests' / 'slow_tests.txt').read_text().splitlines()
-         if line.strip() and not line.startswith('#')}
+_SLOW = set(read_slow_list())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -53,6 +52,31 @@ def pytest_collection_modifyitems(config, items):
         rel = Path(str(item.fspath)).resolve().relative_to(ROOT).as_posix()
         if rel.startswith(SLOW_FILES) or f'{rel}::{item.originalname}' in _SLOW:
             item.add_marker(pytest.mark.slow)
+
+
+# ---------------------------------------------------------------------------- recorded durations
+def pytest_addoption(parser):
+    parser.addoption('--record-durations', metavar='PATH', default=None,
+                     help='merge the seconds of every test run (setup + call + teardown) into PATH, e.g. '
+                          'tests/durations.json (tests/_durations.py); files not run keep their entries')
+
+
+_RUN_SECONDS: dict = {}
+_SKIPPED: set = set()
+
+
+def pytest_runtest_logreport(report):
+    _RUN_SECONDS[report.nodeid] = _RUN_SECONDS.get(report.nodeid, 0.0) + report.duration
+    if report.skipped:                      # a skipped test's seconds say nothing about it
+        _SKIPPED.add(report.nodeid)
+
+
+def pytest_sessionfinish(session):
+    path = session.config.getoption('--record-durations')
+    ran = {k: v for k, v in _RUN_SECONDS.items() if k not in _SKIPPED}
+    if path and ran:
+        path = Path(path)
+        write(merge(load(path), ran), path)
 
 
 # tests/ is on sys.path while pytest runs (rootdir conftest); a folder here named like a package (e.g. ``vllm``) would

@@ -10,7 +10,8 @@ import torch
 
 import agentrl as arl
 from agentrl.batching import collate
-from agentrl.train import grpo_loss, grpo_step, grouped_advantages, group_index, mask_overlong, off_policy_correction
+from agentrl.train import (GRPOOptions, grpo_loss, grpo_step, grouped_advantages, group_index, mask_overlong,
+                           off_policy_correction)
 from agentrl.train.correction import CORRECTION_MODES
 from agentrl.train.grpo import is_overlong, token_log_probs
 
@@ -101,7 +102,7 @@ def _clone(model, tok):
 
 def _step(policy, tok, recs, **kw):
     m = _clone(policy, tok)
-    return grpo_step(m, torch.optim.Adam(m.parameters(), lr=0.0), recs, 2, tok.pad_id, **kw)
+    return grpo_step(m, torch.optim.Adam(m.parameters(), lr=0.0), recs, 2, tok.pad_id, GRPOOptions(**kw))
 
 
 def test_exact_records_leave_every_mode_a_no_op(policy, tok, recs):

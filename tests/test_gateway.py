@@ -28,6 +28,7 @@ except ImportError:
 H = httpx.Client(timeout=120)
 
 from _gateway import ForcingHF  # noqa: E402
+from agentrl.families import QWEN3  # noqa: E402
 from agentrl.gateway import Gateway, GatewayError, Limits, parse_reply, message_deltas  # noqa: E402
 from agentrl.gateway import parse_request, read_journal  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
@@ -92,14 +93,14 @@ def journal_len(run_dir):
 # ---------------------------------------------------------------------------- parsing (no server)
 def test_parse_reply_splits_reasoning_tool_calls_and_keeps_leftover_text():
     m = parse_reply('<think>\nhm\n</think>\n\nLet me look.\n<tool_call>\n{"name": "edit", "arguments": '
-                    '{"op": "swap_minmax"}}\n</tool_call>', id_seed='s/0')
+                    '{"op": "swap_minmax"}}\n</tool_call>', QWEN3, id_seed='s/0')
     assert m == {'role': 'assistant', 'content': 'Let me look.', 'reasoning_content': 'hm',
                  'tool_calls': [{'id': m['tool_calls'][0]['id'], 'type': 'function',
                                  'function': {'name': 'edit', 'arguments': '{"op": "swap_minmax"}'}}]}
     assert m['tool_calls'][0]['id'].startswith('call_') and len(m['tool_calls'][0]['id']) == 29
-    assert parse_reply('<tool_call>\n{not json}\n</tool_call>') == {
+    assert parse_reply('<tool_call>\n{not json}\n</tool_call>', QWEN3) == {
         'role': 'assistant', 'content': '<tool_call>\n{not json}\n</tool_call>'}
-    assert parse_reply('plain', tools=False) == {'role': 'assistant', 'content': 'plain'}
+    assert parse_reply('plain', QWEN3, tools=False) == {'role': 'assistant', 'content': 'plain'}
     deltas = message_deltas(m)
     assert ''.join(d.get('content', '') for d in deltas) == 'Let me look.'
     assert ''.join(d['tool_calls'][0]['function']['arguments'] for d in deltas if 'tool_calls' in d) == \
@@ -459,6 +460,17 @@ def test_conformance_gate_passes_real_templates_and_refuses_a_counting_one(upstr
     with pytest.raises(ConformanceError, match='after turn 3'):
         Gateway(upstream, tmp_path / 'run', template_options={'chat_template': COUNTING})
     Gateway(upstream, tmp_path / 'run2', template_options={'chat_template': COUNTING}, conformance=False).pool.shutdown()
+
+
+def test_the_gateway_picks_the_model_family_or_takes_one_by_name(upstream, tmp_path):
+    gw = Gateway(upstream, tmp_path / 'run', conformance=False)
+    gw.pool.shutdown()
+    assert gw.family is QWEN3
+    gw = Gateway(upstream, tmp_path / 'run2', conformance=False, family='generic')
+    gw.pool.shutdown()
+    assert (gw.family.name, gw.family.parses_tools, gw.family.think_close) == ('generic', False, '</think>')
+    with pytest.raises(ValueError, match=r"^family='hermes' is not a model family; use one of qwen3, generic$"):
+        Gateway(upstream, tmp_path / 'run3', conformance=False, family='hermes')
 
 
 def test_admin_pause_holds_calls_and_policy_versions_are_stamped_at_dispatch(server, run_dir):

@@ -30,7 +30,9 @@ except ImportError:
 from _gateway import ForcingHF  # noqa: E402
 from agentrl.gateway import Gateway, parse_reply  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
-from agentrl.gateway.stream import ReplyStream, stable_parts  # noqa: E402
+from agentrl.families import QWEN3  # noqa: E402
+from agentrl.gateway.parse import wire_calls  # noqa: E402
+from agentrl.gateway.stream import ReplyStream  # noqa: E402
 from agentrl.gym import TOOL_SCHEMAS  # noqa: E402
 from agentrl.templates.chat import function_tools  # noqa: E402
 
@@ -46,10 +48,11 @@ PIECES = ['<think>', '</think>', '\n', '\n\n', 'a', 'hm ', ' ', '<', '</', '<too
 @given(st.lists(st.sampled_from(PIECES), max_size=12), st.booleans(), st.booleans())
 def test_stable_parts_are_prefixes_of_the_final_reply_at_every_cut(pieces, think, tools):
     text = ''.join(pieces)
-    final = parse_reply(text, id_seed='s/0', tools=tools, think_open=think)
+    final = parse_reply(text, QWEN3, id_seed='s/0', tools=tools, think_open=think)
     calls = final.get('tool_calls') or []
     for k in range(len(text) + 1):
-        r, c, cs = stable_parts(text[:k], think, tools, 's/0')
+        r, c, cs = QWEN3.stable_parts(text[:k], think, tools)
+        cs = wire_calls(cs, 's/0')
         assert (final.get('reasoning_content') or '').startswith(r or ''), (text, k)
         assert (final['content'] or '').startswith(c), (text, k)
         assert cs == calls[:len(cs)], (text, k)
@@ -69,8 +72,8 @@ class _Chars:
 def test_reply_stream_concatenates_to_the_final_reply(pieces, think, tools):
     text = ''.join(pieces)
     cut = text.find('STOP')
-    final = parse_reply(text if cut < 0 else text[:cut], id_seed='s/0', tools=tools, think_open=think)
-    rs = ReplyStream(_Chars, think, tools, 's/0', stops=['STOP'])
+    final = parse_reply(text if cut < 0 else text[:cut], QWEN3, id_seed='s/0', tools=tools, think_open=think)
+    rs = ReplyStream(_Chars, QWEN3, think, tools, 's/0', stops=['STOP'])
     ids, deltas = [ord(ch) for ch in text] + [-1], []
     for k in range(1, len(ids) + 1):
         deltas += rs.feed(ids[:k])
@@ -86,14 +89,14 @@ def test_reply_stream_concatenates_to_the_final_reply(pieces, think, tools):
 
 
 def test_parse_reply_think_open_forms():
-    assert parse_reply('plan\n</think>\n\nok', think_open=True) == {'role': 'assistant', 'content': 'ok',
+    assert parse_reply('plan\n</think>\n\nok', QWEN3, think_open=True) == {'role': 'assistant', 'content': 'ok',
                                                                     'reasoning_content': 'plan'}
-    assert parse_reply('plan</think>ok', think_open=False) == {'role': 'assistant', 'content': 'plan</think>ok'}
-    assert parse_reply('plan</think>ok') == {'role': 'assistant', 'content': 'ok', 'reasoning_content': 'plan'}
-    assert parse_reply('<think>\ncut in its reasoning', think_open=False) == {
+    assert parse_reply('plan</think>ok', QWEN3, think_open=False) == {'role': 'assistant', 'content': 'plan</think>ok'}
+    assert parse_reply('plan</think>ok', QWEN3) == {'role': 'assistant', 'content': 'ok', 'reasoning_content': 'plan'}
+    assert parse_reply('<think>\ncut in its reasoning', QWEN3, think_open=False) == {
         'role': 'assistant', 'content': '', 'reasoning_content': 'cut in its reasoning'}
-    assert parse_reply('\n\nhi', think_open=False)['content'] == 'hi'
-    assert parse_reply('\n\nhi')['content'] == '\n\nhi'
+    assert parse_reply('\n\nhi', QWEN3, think_open=False)['content'] == 'hi'
+    assert parse_reply('\n\nhi', QWEN3)['content'] == '\n\nhi'
 
 
 # ---------------------------------------------------------------------------- through the server

@@ -363,3 +363,22 @@ def test_schema_version_below_one_is_refused(tmp_path, recs, capsys):
         assert cli('check', tmp_path / 'b.parquet') != 0
         err = capsys.readouterr()
         assert f'has schema version {v.decode()}; versions start at 1' in err.err + err.out
+
+
+def test_record_from_response_names_the_sources_own_columns():
+    from agentrl.interop.common import ResponseColumns, record_from_response
+    cols = ResponseColumns('from_x', prompt='p', response='r', mask='keep', logp='lp')
+    with pytest.raises(E.LengthMismatchError) as e:
+        record_from_response([1, 2], [3, 4], [1], None, reward=0.0, info={}, provenance=None, row=3, columns=cols)
+    assert str(e.value) == 'keep: from_x row 3: has length 1 but 2 tokens. Fix: give one entry per token'
+    with pytest.raises(E.LengthMismatchError) as e:
+        record_from_response([1, 2], [3, 4], [1, 1], [0.1], reward=0.0, info={}, provenance=None, columns=cols)
+    assert str(e.value) == 'lp: from_x row 0: has length 1 but 2 tokens. Fix: give one entry per token'
+    t = record_from_response([1, 2], [3, 4, 5], [1, 0, 1], [-0.5, 0.0, -0.25], reward=1.0, info={}, provenance=None)
+    assert t.owner.tolist() == [OWNER['prompt'], OWNER['prompt'], OWNER['policy'], OWNER['tool'], OWNER['policy']]
+    assert (t.turn.tolist(), t.action_mask.tolist(), t.sample_logp.tolist()) == (
+        [-1, -1, 0, 0, 1], [0.0, 1.0, 0.0, 1.0], [0.0, -0.5, 0.0, -0.25])
+    with pytest.raises(ValueError) as e:
+        ResponseColumns('from_x', mask='')
+    assert str(e.value) == ("ResponseColumns.mask = '': must be a non-empty string; pass the name the source uses "
+                            'for it')

@@ -9,6 +9,7 @@ import agentrl as arl
 arl.collate  # resolve the lazy export before the submodule of the same name is imported below
 from agentrl.batching import _collate_reference, collate  # noqa: E402
 from agentrl.model import KVCache
+from agentrl.record import SamplingSpec
 from agentrl.rollouts import supports_kv_cache
 
 
@@ -67,8 +68,9 @@ def test_property_cached_batch_equals_kv_free(tasks, tok, task_ids, seed, temper
     out, states = [], []
     for cache in (False, True):
         g = torch.Generator().manual_seed(seed)
-        out.append(arl.rollout_batch(model, [arl.BugFixEnv() for _ in ts], ts, tok, max_turns=max_turns,
-                                     temperature=temperature, generator=g, cache=cache, max_active=max_active))
+        options = arl.RolloutBatchOptions(max_turns=max_turns, spec=SamplingSpec(temperature=temperature), cache=cache,
+                                     max_active=max_active)
+        out.append(arl.rollout_batch(model, [arl.BugFixEnv() for _ in ts], ts, tok, generator=g, options=options))
         states.append(g.get_state())
     ref, cached = out
     _same(ref, cached)
@@ -96,7 +98,7 @@ def test_property_cached_rollout_equals_kv_free(tasks, tok, untrained, task, see
 def test_untrained_64_cached_matches_reference_and_recomputation(tasks, tok, untrained):
     ts = [tasks[i % 30] for i in range(64)]
     ref = arl.rollout_batch(untrained, [arl.BugFixEnv() for _ in ts], ts, tok,
-                            generator=torch.Generator().manual_seed(2), cache=False)
+                            generator=torch.Generator().manual_seed(2), options=arl.RolloutBatchOptions(cache=False))
     cached = arl.rollout_batch(untrained, [arl.BugFixEnv() for _ in ts], ts, tok,
                                generator=torch.Generator().manual_seed(2))
     _same(ref, cached)
@@ -196,8 +198,9 @@ def test_extend_keep_extra_rows_and_errors():
         m.extend(kv, torch.zeros(3, 2, dtype=torch.long), torch.tensor([0, 1, 2]))
     with pytest.raises(ValueError, match='sequence length 20 exceeds TinyAgent.max_len=16'):
         m.extend(kv, torch.zeros(3, 14, dtype=torch.long))
-    with pytest.raises(ValueError, match='max_active must be >= 1'):
-        arl.rollout_batch(m, [], [], None, max_active=0)
+    with pytest.raises(ValueError, match=r'^RolloutBatchOptions.max_active = 0: must be None or an int >= 1; '
+                                         'pass None to run every episode at once$'):
+        arl.RolloutBatchOptions(max_active=0)
 
 
 # ---------------------------------------------------------------- collate fast path == reference

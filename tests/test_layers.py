@@ -2,7 +2,7 @@
 
 Layers (docs/design.md): L0 record, constraints, io, _version, fields, _lazy; L1 tokenizer, gym, model, sampling, kv_cache,
 checkpoint;
-L2 rollouts, batching (collate), packing (collate_packed), templates; L3 checks, stats; L4 store, viz, engines, train, interop;
+L2 rollouts, batching (collate), packing (collate_packed), templates, families; L3 checks, stats; L4 store, viz, engines, train, interop;
 L5 jobs, gateway; L6 cli. The gym never imports torch.
 """
 import ast
@@ -13,7 +13,7 @@ import agentrl
 SRC = Path(agentrl.__file__).parent
 LAYER = {'record': 0, 'constraints': 0, 'io': 0, '_version': 0, 'fields': 0, '_lazy': 0,
          'tokenizer': 1, 'gym': 1, 'model': 1, 'sampling': 1, 'kv_cache': 1, 'checkpoint': 1,
-         'rollouts': 2, 'batching': 2, 'packing': 2, 'templates': 2,
+         'rollouts': 2, 'batching': 2, 'packing': 2, 'templates': 2, 'families': 2,
          'checks': 3, 'stats': 3,
          'store': 4, 'viz': 4, 'engines': 4, 'train': 4, 'interop': 4,
          'jobs': 5, 'gateway': 5, 'cli': 6}

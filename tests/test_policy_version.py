@@ -154,9 +154,9 @@ def test_grpo_step_refuses_stale_records_by_name(sampled, tok):
            'current version 3 > max_staleness=2 (and 7 more positions). Fix: drop or re-sample the stale records, '
            'or raise max_staleness')
     with pytest.raises(checks.StaleVersionError, match=f'^{re.escape(msg)}$'):
-        arl.train.grpo_step(m, opt, trajs, 4, tok.pad_id, max_staleness=2, current_version=3)
+        arl.train.grpo_step(m, opt, trajs, 4, tok.pad_id, arl.train.GRPOOptions(max_staleness=2), current_version=3)
     with pytest.raises(ValueError, match=r'^grpo_step: max_staleness needs current_version'):
-        arl.train.grpo_step(m, opt, trajs, 4, tok.pad_id, max_staleness=2)
+        arl.train.grpo_step(m, opt, trajs, 4, tok.pad_id, arl.train.GRPOOptions(max_staleness=2))
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), model.state_dict().values()))
 
 
@@ -167,17 +167,19 @@ def test_ratio_guard_covers_only_records_of_the_current_weights(sampled, tok):
         moved.head.bias.add_(torch.linspace(-0.5, 0.5, moved.head.bias.numel()))    # the weights of version 1
     opt = torch.optim.Adam(moved.parameters(), lr=1e-3)
     with pytest.raises(ValueError, match=r'^GRPO step: max \|ratio - 1\| = .* before any update'):
-        arl.train.grpo_step(copy.deepcopy(moved), opt, trajs, 4, tok.pad_id, ratio_tol=1e-4)
-    m = arl.train.grpo_step(copy.deepcopy(moved), opt, trajs, 4, tok.pad_id, ratio_tol=1e-4, current_version=1,
-                            max_staleness=1)
+        arl.train.grpo_step(copy.deepcopy(moved), opt, trajs, 4, tok.pad_id, arl.train.GRPOOptions(ratio_tol=1e-4))
+    m = arl.train.grpo_step(copy.deepcopy(moved), opt, trajs, 4, tok.pad_id,
+                            arl.train.GRPOOptions(ratio_tol=1e-4, max_staleness=1), current_version=1)
     assert m['fresh_records'] == 0 and m['ratio_dev0'] == 0.0
     half = [t if i % 2 else copy.copy(t) for i, t in enumerate(trajs)]
     # records of the current weights are still guarded: stamp half of them version 1 (they are not its samples)
     for t in half[::2]:
         t.provenance = Provenance.from_dict(dict(t.provenance.to_dict(), policy_version=1))
     with pytest.raises(ValueError, match=r'^GRPO step: max \|ratio - 1\|'):
-        arl.train.grpo_step(copy.deepcopy(moved), opt, half, 4, tok.pad_id, ratio_tol=1e-4, current_version=1)
-    m = arl.train.grpo_step(copy.deepcopy(model), opt, half, 4, tok.pad_id, ratio_tol=1e-4, current_version=1)
+        arl.train.grpo_step(copy.deepcopy(moved), opt, half, 4, tok.pad_id, arl.train.GRPOOptions(ratio_tol=1e-4),
+                            current_version=1)
+    m = arl.train.grpo_step(copy.deepcopy(model), opt, half, 4, tok.pad_id, arl.train.GRPOOptions(ratio_tol=1e-4),
+                            current_version=1)
     assert m['fresh_records'] == 4 and m['ratio_dev0'] <= 1e-5
 
 

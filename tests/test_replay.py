@@ -251,7 +251,7 @@ def test_hf_trainer_scores_with_attention_dropout_off(hf_model_dir):
     """A Hugging Face model whose attention dropout is 0.1: the GRPO step-0 ratio is still 1."""
     from agentrl.engines import hf
     from agentrl.templates import ChatRecorder, ChatTemplate
-    from agentrl.train import grpo_step, token_log_probs
+    from agentrl.train import GRPOOptions, grpo_step, token_log_probs
     model, tok = hf.load_model(hf_model_dir)
     for layer in model.model.layers:
         layer.self_attn.attention_dropout = 0.1
@@ -271,7 +271,7 @@ def test_hf_trainer_scores_with_attention_dropout_off(hf_model_dir):
         logp, _ = token_log_probs(model, batch.ids)
     dev = float(((logp - batch.sample_logp).exp() - 1).abs().mul(batch.action_mask).max())
     assert dev > 1e-3
-    m = grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.0), trajs, 2, 0, ratio_tol=1e-5)
+    m = grpo_step(model, torch.optim.SGD(model.parameters(), lr=0.0), trajs, 2, 0, GRPOOptions(ratio_tol=1e-5))
     assert m['ratio_dev0'] <= 1e-5 and m['dropout_disabled'] == 1.0 and m['updates'] == 1
 
 

@@ -147,10 +147,12 @@ def test_property_mask_and_collate_round_trip(tasks, tok, untrained, kinds, task
 def test_per_episode_generators_make_episodes_independent_of_the_batch(tasks, tok, untrained, cache):
     seeds = [11, 22, 33, 44, 55]
     gens = lambda: [torch.Generator().manual_seed(s) for s in seeds]  # noqa: E731
+    options = arl.RolloutBatchOptions(cache=cache)
     together = arl.rollout_batch(untrained, [arl.BugFixEnv() for _ in seeds], tasks[:5], tok, generators=gens(),
-                                 cache=cache)
+                                 options=options)
     for b in (0, 3):
-        alone = arl.rollout_batch(untrained, [arl.BugFixEnv()], [tasks[b]], tok, generators=[gens()[b]], cache=cache)[0]
+        alone = arl.rollout_batch(untrained, [arl.BugFixEnv()], [tasks[b]], tok, generators=[gens()[b]],
+                                  options=options)[0]
         single = arl.rollout(untrained, arl.BugFixEnv(), tasks[b], tok, generator=gens()[b])
         assert together[b].ids.tolist() == alone.ids.tolist() == single.ids.tolist()
         assert torch.allclose(together[b].sample_logp, single.sample_logp, atol=1e-5)
@@ -190,3 +192,33 @@ def test_pad_rows_sides_exact_values():
         pad_rows(rows, 4, 0, side='top')
     with pytest.raises(ValueError, match=r'^pad_rows: row 0 has length 3 > target length 2$'):
         pad_rows([[1, 2, 3]], 2, 0, side='left')
+
+
+# ---------------------------------------------------------------- rollout_batch's options and the book's keywords
+
+def test_the_books_keywords_become_the_options_in_one_place(untrained, tasks, tok):
+    from agentrl.record import SamplingSpec
+    from agentrl.rollouts import rollout_batch_options
+    assert rollout_batch_options() == arl.RolloutBatchOptions() == arl.RolloutBatchOptions(6, SamplingSpec(1.0))
+    assert rollout_batch_options(None, 3, 0.7) == arl.RolloutBatchOptions(max_turns=3, spec=SamplingSpec(0.7))
+    assert rollout_batch_options(None, temperature=-1.0).spec == SamplingSpec(temperature=0.0)    # <= 0: greedy
+    given = arl.RolloutBatchOptions(max_active=2)
+    assert rollout_batch_options(given) is given
+    with pytest.raises(ValueError) as e:
+        rollout_batch_options(given, max_turns=3, temperature=0.7)
+    assert str(e.value) == ('rollout_batch: max_turns and temperature given beside options; pass them inside options '
+                            '(RolloutBatchOptions(max_turns=..., spec=SamplingSpec(temperature=...)))')
+    with pytest.raises(ValueError, match=r'^rollout_batch: options must be an agentrl.RolloutBatchOptions, got dict$'):
+        arl.rollout_batch(untrained, [arl.BugFixEnv()], tasks[:1], tok, options={'max_turns': 2})
+    with pytest.raises(ValueError, match=r'^RolloutBatchOptions.max_turns = 0: must be an int >= 1; pass the call '
+                                         r'budget per episode, e.g. 6$'):
+        arl.RolloutBatchOptions(max_turns=0)
+    # the book's call and the options call sample the same episodes
+    book = arl.rollout_batch(untrained, [arl.BugFixEnv() for _ in range(3)], tasks[:3], tok, max_turns=2,
+                             temperature=0.7, generator=torch.Generator().manual_seed(6))
+    opts = arl.rollout_batch(untrained, [arl.BugFixEnv() for _ in range(3)], tasks[:3], tok,
+                             generator=torch.Generator().manual_seed(6),
+                             options=arl.RolloutBatchOptions(max_turns=2, spec=SamplingSpec(temperature=0.7)))
+    assert [t.ids.tolist() for t in book] == [t.ids.tolist() for t in opts]
+    assert {t.provenance.sampling.temperature for t in book} == {0.7}
+    assert max(len(t.info['actions']) for t in book) <= 2

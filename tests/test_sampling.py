@@ -289,7 +289,7 @@ def untrained(tok):
 def test_rollout_batch_temperature_spec_is_bit_identical(untrained, tasks, tok):
     envs = lambda: [arl.BugFixEnv() for _ in range(6)]  # noqa: E731
     a = arl.rollout_batch(untrained, envs(), tasks[:6], tok, temperature=0.7, generator=torch.Generator().manual_seed(3))
-    b = arl.rollout_batch(untrained, envs(), tasks[:6], tok, spec=SamplingSpec(temperature=0.7),
+    b = arl.rollout_batch(untrained, envs(), tasks[:6], tok, options=arl.RolloutBatchOptions(spec=SamplingSpec(0.7)),
                           generator=torch.Generator().manual_seed(3))
     for x, y in zip(a, b):
         assert torch.equal(x.ids, y.ids) and torch.equal(x.sample_logp, y.sample_logp)
@@ -300,9 +300,10 @@ def test_rollout_batch_temperature_spec_is_bit_identical(untrained, tasks, tok):
                          ids=['T0.7-top_p0.9', 'top_k20-min_p0.05'])
 def test_rollouts_with_truncation_replay_to_one(untrained, tasks, tok, spec):
     envs = lambda: [arl.BugFixEnv() for _ in range(6)]  # noqa: E731
-    cached = arl.rollout_batch(untrained, envs(), tasks[:6], tok, spec=spec, generator=torch.Generator().manual_seed(1))
-    free = arl.rollout_batch(untrained, envs(), tasks[:6], tok, spec=spec, cache=False,
-                             generator=torch.Generator().manual_seed(1))
+    cached = arl.rollout_batch(untrained, envs(), tasks[:6], tok, options=arl.RolloutBatchOptions(spec=spec),
+                               generator=torch.Generator().manual_seed(1))
+    free = arl.rollout_batch(untrained, envs(), tasks[:6], tok, generator=torch.Generator().manual_seed(1),
+                             options=arl.RolloutBatchOptions(spec=spec, cache=False))
     one = arl.rollout(untrained, arl.BugFixEnv(), tasks[0], tok, spec=spec, generator=torch.Generator().manual_seed(1))
     assert [t.ids.tolist() for t in cached] == [t.ids.tolist() for t in free]
     assert all(t.provenance.sampling == spec for t in cached + [one])
@@ -321,8 +322,8 @@ def checks_replace(t, spec):
 
 
 def test_rollouts_refuse_penalties_and_conflicting_temperature(untrained, tasks, tok):
-    with pytest.raises(ValueError, match='rollout_batch: spec has repetition/presence/frequency penalties'):
-        arl.rollout_batch(untrained, [arl.BugFixEnv()], tasks[:1], tok, spec=SamplingSpec(repetition_penalty=1.3))
+    with pytest.raises(ValueError, match='^RolloutBatchOptions.spec: has repetition/presence/frequency penalties'):
+        arl.RolloutBatchOptions(spec=SamplingSpec(repetition_penalty=1.3))
     with pytest.raises(ValueError, match=r'rollout: temperature=0.5 disagrees with spec.temperature=0.7'):
         arl.rollout(untrained, arl.BugFixEnv(), tasks[0], tok, temperature=0.5, spec=SamplingSpec(temperature=0.7))
 

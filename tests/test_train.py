@@ -15,9 +15,9 @@ from agentrl.batching import collate
 from agentrl import checks
 from agentrl.checks import require_trainable
 from agentrl.record import SamplingSpec
-from agentrl.train import (clipped_surrogate, group_advantages, group_index, grouped_advantages, grpo_step, kl_penalty,
-                           masked_nll, max_ratio_deviation, oracle_demos, token_log_probs)
-from agentrl.train.loop import call_stats, evaluate, run_sft, sample_groups
+from agentrl.train import (GRPOOptions, clipped_surrogate, group_advantages, group_index, grouped_advantages,
+                           grpo_step, kl_penalty, masked_nll, max_ratio_deviation, oracle_demos, token_log_probs)
+from agentrl.train.loop import call_stats, evaluate, grpo_options, run_sft, sample_groups
 
 #: Warm-start settings the unit test uses: full batch of the 24 demonstrations, Adam.
 SFT_STEPS, SFT_LR = 120, 3e-3
@@ -98,7 +98,7 @@ def test_step0_ratio_is_one(sft_model, groups, tok):
     model = arl.TinyAgent(tok.vocab_size)
     model.load_state_dict(sft_model.state_dict())
     m = grpo_step(model, torch.optim.Adam(model.parameters(), lr=1e-3), groups, 4, tok.pad_id,
-                  updates=2, ratio_tol=1e-5)
+                  GRPOOptions(updates=2, ratio_tol=1e-5))
     assert m['ratio_dev0'] < 1e-5
     assert 0 <= m['zero_var_frac'] <= 1 and m['truncation_rate'] == 0.0
 
@@ -119,7 +119,7 @@ def test_shifted_record_fails_ratio_check(sft_model, groups, tok, field, by):
     model = arl.TinyAgent(tok.vocab_size)
     model.load_state_dict(sft_model.state_dict())
     with pytest.raises(ValueError, match='misaligned'):
-        grpo_step(model, torch.optim.Adam(model.parameters()), bad, 4, tok.pad_id, ratio_tol=1e-5)
+        grpo_step(model, torch.optim.Adam(model.parameters()), bad, 4, tok.pad_id, GRPOOptions(ratio_tol=1e-5))
 
 
 # ---------------------------------------------------------------- gradients only through policy tokens
@@ -154,6 +154,52 @@ def test_grpo_loss_ignores_non_policy_positions(sft_model, groups, tok):
     assert loss2.item() == loss.item()
     kl = kl_penalty(logp, torch.where(off, torch.full_like(sample, -30.0), logp.detach()), batch.action_mask)
     assert kl.item() == 0.0
+
+
+# ---------------------------------------------------------------- the step's options
+
+@pytest.mark.parametrize('field, value, message', [
+    ('updates', 0, "GRPOOptions.updates = 0: must be an int >= 1; pass the number of optimiser updates per batch"),
+    ('clip_eps', 0.0, 'GRPOOptions.clip_eps = 0.0: must be > 0; pass the PPO clip range, e.g. 0.2'),
+    ('kl_coef', -0.1, 'GRPOOptions.kl_coef = -0.1: must be >= 0; pass 0 to train without a KL term'),
+    ('temperature', 0.0, "GRPOOptions.temperature = 0.0: must be None or > 0; pass None to use the records' own "
+                         'sampler'),
+    ('correction', 'tis', "GRPOOptions.correction = 'tis': must be None or one of ['token_tis', 'seq_tis', "
+                          "'token_mask', 'icepop', 'geo_mask', 'seq_mask_tis']; pick a mode or pass None"),
+    ('is_correction_threshold', (5.0, 0.5), 'GRPOOptions.is_correction_threshold = (5.0, 0.5): must be a pair '
+                                            '(low, high) with 0 <= low <= high; pass e.g. (0.5, 5.0)'),
+    ('max_tokens', 0, 'GRPOOptions.max_tokens = 0: must be an int >= 1; pass the packed row length, e.g. 2048'),
+    ('max_staleness', -1, 'GRPOOptions.max_staleness = -1: must be None or an int >= 0; pass None for no limit'),
+], ids=['updates', 'clip_eps', 'kl_coef', 'temperature', 'correction', 'is_correction_threshold', 'max_tokens',
+        'max_staleness'])
+def test_grpo_options_refuse_a_bad_field_by_name(field, value, message):
+    with pytest.raises(ValueError) as e:
+        GRPOOptions(**{field: value})
+    assert str(e.value) == message
+
+
+def test_grpo_options_defaults_and_the_run_settings():
+    o = GRPOOptions(is_correction_threshold=[1, 3])
+    assert (o.updates, o.clip_eps, o.kl_coef, o.temperature, o.ratio_tol, o.correction, o.max_tokens,
+            o.max_staleness, o.is_correction_threshold) == (1, 0.2, 0.0, None, None, None, 2048, None, (1.0, 3.0))
+    with pytest.raises(AttributeError):
+        o.updates = 2                                              # frozen: derive with dataclasses.replace
+    cfg = arl.train.TrainConfig(correction='icepop', is_correction_threshold='0.25,4', max_staleness=3, packed=True)
+    got = grpo_options(cfg)
+    assert got == GRPOOptions(updates=cfg.updates, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, temperature=1.0,
+                              max_grad_norm=cfg.max_grad_norm, ratio_tol=cfg.ratio_tol, correction='icepop',
+                              rollout_is_threshold=cfg.rollout_is_threshold, is_correction_threshold=(0.25, 4.0),
+                              packed=True, max_tokens=cfg.max_tokens, max_staleness=3)
+    assert grpo_options(arl.train.TrainConfig()).correction is None and grpo_options(
+        arl.train.TrainConfig()).max_staleness is None
+
+
+def test_grpo_step_takes_options_not_keywords(sft_model, groups, tok):
+    opt = torch.optim.Adam(sft_model.parameters())
+    with pytest.raises(ValueError, match=r'^grpo_step: options must be an agentrl.train.GRPOOptions, got dict;'):
+        grpo_step(sft_model, opt, groups, 4, tok.pad_id, {'updates': 2})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'updates'"):
+        grpo_step(sft_model, opt, groups, 4, tok.pad_id, updates=2)
 
 
 # ---------------------------------------------------------------- PPO clip on literal tensors
@@ -299,7 +345,8 @@ def test_dropout_is_off_when_scoring(train_tasks, tok):
     with torch.no_grad():
         logp, _ = token_log_probs(model, batch.ids)
     assert max_ratio_deviation(logp, batch.sample_logp, batch.action_mask) > 1e-2
-    m = grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, 2, tok.pad_id, ratio_tol=1e-5)
+    m = grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, 2, tok.pad_id,
+                  GRPOOptions(ratio_tol=1e-5))
     assert m['ratio_dev0'] <= 1e-5 and m['dropout_disabled'] == 1.0 and m['updates'] == 1
     assert model.training                          # the caller's mode is restored
 
@@ -308,17 +355,20 @@ def test_grpo_trains_on_truncated_sampler_records(sft_model, train_tasks, tok):
     """Records sampled at T = 0.7 with top-p 0.9: the ratio is against the processed distribution."""
     spec = SamplingSpec(temperature=0.7, top_p=0.9)
     jobs = [t for t in train_tasks[:2] for _ in range(2)]
-    trajs = arl.rollout_batch(sft_model, [arl.BugFixEnv() for _ in jobs], jobs, tok, spec=spec,
+    trajs = arl.rollout_batch(sft_model, [arl.BugFixEnv() for _ in jobs], jobs, tok,
+                              options=arl.RolloutBatchOptions(spec=spec),
                               generator=torch.Generator().manual_seed(2),
                               identities=[(t.name, f'{t.name}/{i}') for i, t in enumerate(jobs)])
     trajs = [replace(t, reward=float(i % 2)) for i, t in enumerate(trajs)]
     model = arl.TinyAgent(tok.vocab_size)
     model.load_state_dict(sft_model.state_dict())
-    m = grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, 2, tok.pad_id, ratio_tol=1e-5)
+    m = grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, 2, tok.pad_id,
+                  GRPOOptions(ratio_tol=1e-5))
     assert m['ratio_dev0'] <= 1e-5 and m['updates'] == 1
     with pytest.raises(checks.SamplerMismatchError, match=r'provenance.sampling.temperature: of record 0 .* is 0.7 '
                                                           r'but the ratio is computed at temperature 1.0'):
-        grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, 2, tok.pad_id, temperature=1.0)
+        grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), trajs, 2, tok.pad_id,
+                  GRPOOptions(temperature=1.0))
     mixed = trajs[:3] + [replace(trajs[3], provenance=replace(trajs[3].provenance, sampling=SamplingSpec(0.7)))]
     with pytest.raises(checks.SamplerMismatchError, match='one step ratios against one sampler'):
         grpo_step(model, torch.optim.Adam(model.parameters(), lr=0.0), mixed, 2, tok.pad_id)

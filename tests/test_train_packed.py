@@ -76,9 +76,10 @@ def test_packed_grpo_step_equals_padded(sampled, tok, mode):
     for packed in (False, True):
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=0.1)     # Adam's first step is ~lr * sign(grad): flips at ~0
-        metrics = arl.train.grpo_step(m, opt, trajs, 4, tok.pad_id, updates=2, kl_coef=0.1,
-                                      ref_model=copy.deepcopy(model), correction=mode, mask_truncated=True,
-                                      packed=packed, max_tokens=300, current_version=0, max_staleness=0)
+        options = arl.train.GRPOOptions(updates=2, kl_coef=0.1, correction=mode, mask_truncated=True, packed=packed,
+                                        max_tokens=300, max_staleness=0)
+        metrics = arl.train.grpo_step(m, opt, trajs, 4, tok.pad_id, options, ref_model=copy.deepcopy(model),
+                                      current_version=0)
         out.append((metrics, m))
     (a, ma), (b, mb) = out
     assert a['updates'] == 2 and a['fresh_records'] == 8
@@ -150,8 +151,8 @@ def test_packed_grpo_step_equals_padded_on_a_transformers_model(tmp_path):
     for packed in (False, True):
         m = copy.deepcopy(model)
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
-        out.append((arl.train.grpo_step(m, opt, recs, 3, 0, updates=2, correction='token_tis', packed=packed,
-                                        max_tokens=128), m))
+        options = arl.train.GRPOOptions(updates=2, correction='token_tis', packed=packed, max_tokens=128)
+        out.append((arl.train.grpo_step(m, opt, recs, 3, 0, options), m))
     (a, ma), (b, mb) = out
     assert a['updates'] == 2 and model.config._attn_implementation == mb.config._attn_implementation
     _close(a, b)

@@ -25,7 +25,8 @@ _EXPORTS = {
     # L2 rollout and collate (chapter 5)
     'MAX_CALL_TOKENS': 'rollouts', 'Episode': 'rollouts', 'make_trajectory': 'rollouts',
     'scripted_rollout': 'rollouts', 'generate_call': 'rollouts', 'rollout': 'rollouts',
-    'rollout_batch': 'rollouts', 'supports_kv_cache': 'rollouts', 'pad_rows': 'batching', 'collate': 'batching',
+    'rollout_batch': 'rollouts', 'RolloutBatchOptions': 'rollouts', 'supports_kv_cache': 'rollouts',
+    'pad_rows': 'batching', 'collate': 'batching',
     'collate_packed': 'packing', 'balance_micro_batches': 'packing',
     # L2 chat templates (Hugging Face tokenizers; transformers loaded lazily)
     'ChatTemplate': 'templates', 'ChatRecorder': 'templates', 'label_owners': 'templates',

@@ -8,6 +8,7 @@ appended between ``<obs>`` and ``</obs>`` template tokens. Records are frozen th
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,7 +19,8 @@ from .record import Provenance, SamplingSpec, TokenLog, Trajectory
 from .sampling import sample
 
 __all__ = ['MAX_CALL_TOKENS', 'Episode', 'make_trajectory', 'scripted_rollout', 'generate_call',
-           'rollout', 'rollout_batch', 'model_provenance', 'sampling_spec', 'supports_kv_cache']
+           'rollout', 'rollout_batch', 'RolloutBatchOptions', 'rollout_batch_options', 'model_provenance',
+           'sampling_spec', 'supports_kv_cache']
 
 #: A call longer than this many tokens is cut off and parsed as it is. Source: book chapter 5.6.
 MAX_CALL_TOKENS = 6
@@ -139,6 +141,79 @@ def sampling_spec(temperature: float = 1.0, spec: SamplingSpec | None = None, wh
         raise ValueError(f'{who}: spec has repetition/presence/frequency penalties, which TinyAgent rollouts do not '
                          'apply; sample with the Hugging Face engine (agentrl.engines.hf) or drop the penalties')
     return spec
+
+
+@dataclass(frozen=True)
+class RolloutBatchOptions:
+    """How :func:`rollout_batch` samples and records (all but the model, the envs, the tasks and the random streams).
+
+    Attributes:
+        max_turns: call budget per episode, >= 1.
+        spec: the sampler (:class:`~agentrl.record.SamplingSpec`: temperature, top-k, top-p, min-p,
+            ``logp_mode``); every record's provenance carries it. No penalties (they are applied by the
+            Hugging Face engine, ``agentrl.engines.hf``). Default: temperature 1.0, nothing else.
+        cache: use the incremental KV cache when the model supports it (:func:`supports_kv_cache`).
+        max_active: at most this many episodes live at once (>= 1; continuous batching), or None: all
+            episodes are reset up front and live from the first step (the book's behaviour).
+        policy_version: every record's ``provenance.policy_version`` (the training step or checkpoint
+            fingerprint of the model's weights); None records none.
+
+    Raises:
+        ValueError: a field out of its range, one line naming the field and the fix.
+    """
+    max_turns: int = 6
+    spec: SamplingSpec = field(default_factory=SamplingSpec)
+    cache: bool = True
+    max_active: int | None = None
+    policy_version: int | str | None = None
+
+    def __post_init__(self):
+        if isinstance(self.max_turns, bool) or not isinstance(self.max_turns, int) or self.max_turns < 1:
+            raise ValueError(f'RolloutBatchOptions.max_turns = {self.max_turns!r}: must be an int >= 1; pass the call '
+                             'budget per episode, e.g. 6')
+        if not isinstance(self.spec, SamplingSpec):
+            raise ValueError(f'RolloutBatchOptions.spec: must be an agentrl.record.SamplingSpec, got '
+                             f'{type(self.spec).__name__}; pass SamplingSpec(temperature=...)')
+        if self.spec.penalized:
+            raise ValueError('RolloutBatchOptions.spec: has repetition/presence/frequency penalties, which TinyAgent '
+                             'rollouts do not apply; sample with the Hugging Face engine (agentrl.engines.hf) or '
+                             'drop the penalties')
+        if self.max_active is not None and (isinstance(self.max_active, bool) or not isinstance(self.max_active, int)
+                                            or self.max_active < 1):
+            raise ValueError(f'RolloutBatchOptions.max_active = {self.max_active!r}: must be None or an int >= 1; '
+                             'pass None to run every episode at once')
+
+
+def rollout_batch_options(options: RolloutBatchOptions | None = None, max_turns: int | None = None,
+                          temperature: float | None = None, who: str = 'rollout_batch') -> RolloutBatchOptions:
+    """The options of a call that may use the book's keywords (``max_turns``, ``temperature``) instead.
+
+    The one place the book's ``rollout_batch(model, envs, tasks, tok, max_turns=6, temperature=1.0,
+    generator=None)`` becomes a :class:`RolloutBatchOptions`.
+
+    Args:
+        options: the caller's options, or None.
+        max_turns: the book's call budget (None: 6, or ``options.max_turns``).
+        temperature: the book's temperature (``<= 0`` greedy; None: 1.0, or ``options.spec``).
+        who: the public name that raises (for the message).
+
+    Returns:
+        ``options`` unchanged when given, else ``RolloutBatchOptions(max_turns, SamplingSpec(temperature))``.
+
+    Raises:
+        ValueError: ``options`` together with ``max_turns`` or ``temperature`` (pass them inside
+            ``options``), or ``options`` that is not a :class:`RolloutBatchOptions`.
+    """
+    if options is None:
+        return RolloutBatchOptions(max_turns=6 if max_turns is None else max_turns,
+                                   spec=sampling_spec(1.0 if temperature is None else temperature, None, who))
+    if not isinstance(options, RolloutBatchOptions):
+        raise ValueError(f'{who}: options must be an agentrl.RolloutBatchOptions, got {type(options).__name__}')
+    given = [n for n, v in (('max_turns', max_turns), ('temperature', temperature)) if v is not None]
+    if given:
+        raise ValueError(f'{who}: {" and ".join(given)} given beside options; pass them inside options '
+                         '(RolloutBatchOptions(max_turns=..., spec=SamplingSpec(temperature=...)))')
+    return options
 
 
 def model_provenance(model, tok, temperature: float | SamplingSpec, model_id: str = '',
@@ -288,34 +363,34 @@ def rollout(model, env, task, tok, max_turns: int = 6, temperature: float = 1.0,
     return make_trajectory(episode, model_provenance(model, tok, spec, policy_version=policy_version))
 
 
-def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: float = 1.0,
-                  generator=None, cache: bool = True, max_active: int | None = None,
-                  generators=None, *, spec: SamplingSpec | None = None, identities=None,
-                  policy_version: int | str | None = None) -> list[Trajectory]:
+def rollout_batch(model, envs, tasks, tok, max_turns: int | None = None, temperature: float | None = None,
+                  generator=None, *, options: RolloutBatchOptions | None = None, generators=None,
+                  identities=None) -> list[Trajectory]:
     """Sample ``len(tasks)`` episodes in lockstep: one ``sample_next`` call per token step.
 
-    With ``cache=True`` (and a model that :func:`supports_kv_cache`) each step feeds only the
+    With ``options.cache`` (and a model that :func:`supports_kv_cache`) each step feeds only the
     tokens a row has not seen (its last sampled token, or the call's last token plus the new
     observation) into a ragged :class:`~agentrl.model.KVCache`; rows leave the cache when their
-    episodes end, so its memory follows the live rows and the longest of them. With
-    ``cache=False`` (the book's KV-free reference) every step recomputes the right-padded
-    prefixes (harmless under causal attention). Both paths make the same ``sample_next`` calls
-    over the same live rows in the same order, so for the same generator they return the same
-    episodes (same ids; log-probs equal to fp32 rounding, about 1e-6) and leave the generator
-    in the same state. The random stream is consumed in a different order than sequential
-    :func:`rollout`.
+    episodes end, so its memory follows the live rows and the longest of them. Without it (the
+    book's KV-free reference) every step recomputes the right-padded prefixes (harmless under
+    causal attention). Both paths make the same ``sample_next`` calls over the same live rows in
+    the same order, so for the same generator they return the same episodes (same ids; log-probs
+    equal to fp32 rounding, about 1e-6) and leave the generator in the same state. The random
+    stream is consumed in a different order than sequential :func:`rollout`. With
+    ``options.max_active`` at most that many episodes are live (continuous batching: when episodes
+    end, the next ones in task order join at the next step, each env reset when it joins); this
+    bounds memory (the KV cache holds about 1 KB per token of each live row for TinyAgent) at some
+    cost in throughput.
 
     Args:
         model: ids ``[B, T]`` -> logits ``[B, T, V]`` (TinyAgent or any such module).
         envs, tasks: one env and one task per episode (equal lengths).
-        tok: the word-level tokenizer. max_turns: call budget per episode.
-        temperature: sampling temperature (``<= 0`` greedy). generator: ``torch.Generator``.
-        cache: use the incremental KV cache when the model supports it (default True).
-        max_active: at most this many episodes are live at once (continuous batching: when
-            episodes end, the next ones in task order join at the next step, and each episode's
-            env is reset when it joins). Bounds memory (the KV cache holds about 1 KB per token
-            of each live row for TinyAgent) at some cost in throughput. None (default): all
-            episodes are reset up front and live from the first step (the book's behaviour).
+        tok: the word-level tokenizer.
+        max_turns, temperature: the book's keywords (call budget, default 6; sampling temperature,
+            default 1.0, ``<= 0`` greedy); give them or ``options``, not both (:func:`rollout_batch_options`).
+        generator: ``torch.Generator`` shared by all episodes.
+        options: the sampler, call budget, cache, live-row bound and policy version
+            (:class:`RolloutBatchOptions`); None: the book's defaults.
         generators: optional list with one ``torch.Generator`` per episode (instead of
             ``generator``): each row then draws its uniform from its own stream
             (``sample_next(..., generators=...)``), so an episode's draws do not depend on which
@@ -323,22 +398,18 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
             generator=generators[b])``, up to fp32 rounding of batched logits). Scale-out uses it
             for results identical at any number of workers. A little slower than one shared
             generator (one small draw per row and token).
-        spec: instead of ``temperature``, a full :class:`~agentrl.record.SamplingSpec` (top-k,
-            top-p, min-p, ``logp_mode``); every record's provenance carries it. A temperature-only
-            spec draws exactly what ``temperature=`` draws.
         identities: optional ``(group_id, rollout_id)`` per task, written into each record's
             provenance (the identity GRPO groups are read from, :func:`agentrl.train.group_index`).
-        policy_version: every record's ``provenance.policy_version`` (as :func:`rollout`).
 
     Returns:
         list of Trajectory in task order.
 
     Raises:
-        ValueError: ``envs`` and ``tasks`` differ in length, ``max_active < 1``, both ``generator``
-            and ``generators`` given, ``generators`` of the wrong length, or a prompt plus one call
-            does not fit the model's ``max_len`` (from :class:`Episode`); see :func:`sampling_spec`.
+        ValueError: ``envs`` and ``tasks`` differ in length, both ``generator`` and ``generators``
+            given, ``generators`` or ``identities`` of the wrong length, or a prompt plus one call does
+            not fit the model's ``max_len`` (from :class:`Episode`); see :func:`rollout_batch_options`.
     """
-    spec = sampling_spec(temperature, spec, 'rollout_batch')
+    opts = rollout_batch_options(options, max_turns, temperature, 'rollout_batch')
     if len(envs) != len(tasks):
         raise ValueError(f'rollout_batch: {len(envs)} envs for {len(tasks)} tasks; pass one env per task')
     if generators is not None:
@@ -349,18 +420,16 @@ def rollout_batch(model, envs, tasks, tok, max_turns: int = 6, temperature: floa
             raise ValueError(f'rollout_batch: {len(generators)} generators for {len(tasks)} tasks; pass one '
                              'torch.Generator per episode')
         generator = _PerRow(generators)
-    if max_active is not None and max_active < 1:
-        raise ValueError(f'rollout_batch: max_active must be >= 1 or None, got {max_active}')
     if identities is not None and len(identities) != len(tasks):
         raise ValueError(f'rollout_batch: {len(identities)} identities for {len(tasks)} tasks; pass one '
                          '(group_id, rollout_id) per task')
-    sched = _Schedule(envs, tasks, tok, max_turns, getattr(model, 'max_len', 256), max_active,
-                      model_provenance(model, tok, spec, policy_version=policy_version), identities)
+    sched = _Schedule(envs, tasks, tok, opts.max_turns, getattr(model, 'max_len', 256), opts.max_active,
+                      model_provenance(model, tok, opts.spec, policy_version=opts.policy_version), identities)
     with torch.no_grad():
-        if cache and supports_kv_cache(model):
-            _drive_cached(model, sched, tok, spec, generator)
+        if opts.cache and supports_kv_cache(model):
+            _drive_cached(model, sched, tok, opts.spec, generator)
         else:
-            _drive_kv_free(model, sched, tok, spec, generator)
+            _drive_kv_free(model, sched, tok, opts.spec, generator)
     return sched.trajs
 
 

@@ -44,10 +44,11 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope='session')
 def server(model_dir, tmp_path_factory):
-    from agentrl.engines.vllm import VLLMServer
+    from agentrl.engines.vllm import VLLMServer, VLLMServerOptions
     log = tmp_path_factory.mktemp('vllm-log') / 'server.log'
-    srv = VLLMServer(model_dir, python=vllm_python(), name='tiny', cpus=os.environ.get('AGENTRL_VLLM_CPUS', '1'),
-                     max_model_len=2048, max_num_seqs=32, log_path=log, ready_timeout=600)
+    options = VLLMServerOptions(name='tiny', cpus=os.environ.get('AGENTRL_VLLM_CPUS', '1'), max_model_len=2048,
+                                max_num_seqs=32, ready_timeout=600)
+    srv = VLLMServer(model_dir, options, python=vllm_python(), log_path=log)
     with srv:
         yield srv
 

@@ -28,8 +28,9 @@ T07 = SamplingSpec(temperature=0.7)
 @pytest.fixture(scope='module')
 def raw_server(model_dir, vllm_py, tmp_path_factory):
     log = tmp_path_factory.mktemp('vllm-raw-log') / 'server.log'
-    srv = vllm.VLLMServer(model_dir, python=vllm_py, name='tiny-raw', cpus='0', logprobs_mode='raw_logprobs',
-                          tools=True, max_model_len=2048, max_num_seqs=8, log_path=log, ready_timeout=600)
+    options = vllm.VLLMServerOptions(name='tiny-raw', cpus='0', logprobs_mode='raw_logprobs', tools=True,
+                                     max_model_len=2048, max_num_seqs=8, ready_timeout=600)
+    srv = vllm.VLLMServer(model_dir, options, python=vllm_py, log_path=log)
     with srv:
         yield srv
 

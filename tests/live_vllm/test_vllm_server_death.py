@@ -38,8 +38,8 @@ def test_rollout_whose_server_dies_is_one_line_keeps_its_shards_and_resume_finis
     from agentrl.jobs.plan import RolloutOptions
     from agentrl.jobs.rollout import rollout_job
     out = tmp_path / 'run'
-    srv = vllm.VLLMServer(model_dir, python=vllm_py, name='short', cpus=os.environ.get('AGENTRL_VLLM_CPUS', '1'),
-                          log_path=tmp_path / 'short.log', ready_timeout=600)
+    options = vllm.VLLMServerOptions(name='short', cpus=os.environ.get('AGENTRL_VLLM_CPUS', '1'), ready_timeout=600)
+    srv = vllm.VLLMServer(model_dir, options, python=vllm_py, log_path=tmp_path / 'short.log')
     with srv:
         opts = RolloutOptions(engine='vllm', server=[srv.url], model=str(model_dir), split='heldout', repeats=1,
                               max_turns=2, max_new_tokens=16, chunk_size=2, seed=5, out=str(out))

@@ -57,6 +57,9 @@ def register(sub) -> None:
     p.add_argument('--pause-wait', type=float, default=30.0,
                    help='seconds a call is held while /admin/pause is on before it gets 429 + Retry-After')
     p.add_argument('--no-thinking', action='store_true', help='render with enable_thinking=False (Qwen3)')
+    p.add_argument('--family', metavar='NAME', default=None,
+                   help='model family that parses the replies (qwen3, generic ...; default: picked from the '
+                        'tokenizer\'s chat template; docs/design.md#families)')
     p.add_argument('--no-conformance', action='store_true',
                    help='skip the start-up gate that records a fixture corpus bridge by bridge and compares it '
                         'with the full render')
@@ -123,7 +126,7 @@ def _upstream(args, engine: str, stack):
         if b.servers and not urls:
             py = args.vllm_python or os.environ.get('AGENTRL_VLLM_PYTHON') or None
             os.makedirs(args.out, exist_ok=True)
-            srv = stack.enter_context(start_server(engine, args.model, python=py, cpus=args.vllm_cpus,
+            srv = stack.enter_context(start_server(engine, args.model, cpus=args.vllm_cpus, python=py,
                                                    log_path=os.path.join(args.out, f'{engine}-server.log')))
             print(f'agentrl serve: {engine} server {srv.url} (pid {srv.pid}) started', file=sys.stderr, flush=True)
             urls = [srv.url]
@@ -148,7 +151,7 @@ def _serve(args, upstream) -> int:
     with folder_lock(args.out):
         gw = Gateway(upstream, args.out, limits=limits, session_timeout=args.session_timeout,
                      template_options={'enable_thinking': False} if args.no_thinking else None,
-                     conformance=not args.no_conformance)
+                     conformance=not args.no_conformance, family=args.family)
         srv = Server(gw, args.host, args.port, stream_interval=args.stream_interval, pause_wait=args.pause_wait)
         open_ = sum(s.state == 'open' for s in gw.sessions.values())
         mode = f'; vllm log-probs {upstream.logp_mode}' if getattr(upstream, 'logp_mode', None) else ''

@@ -32,7 +32,7 @@ class Backend:
         engine: ``'module:Class'`` of its :class:`~agentrl.engines.contract.Engine` (None: no turn-level engine;
             TinyAgent's batched loop is its own fast path).
         child: ``'module:Class'`` of the same engine run in a child process (None: none).
-        server: ``'module:Class'`` of a local server it can start (a context manager with ``url``, ``pid``).
+        server: ``'module:function'`` that starts a local server (a context manager with ``url``, ``pid``).
     """
     name: str
     policy: str
@@ -52,7 +52,7 @@ BACKENDS = {b.name: b for b in (
     Backend('hf', policy='hf', engine='agentrl.engines.hf.engine:HFEngine',
             child='agentrl.engines.hf.process:HFProcessEngine'),
     Backend('vllm', policy='vllm', servers=True, engine='agentrl.engines.vllm.engine:VLLMEngine',
-            server='agentrl.engines.vllm.server:VLLMServer'),
+            server='agentrl.engines.vllm.server:local_server'),
 )}
 #: ``--engine`` choices, in registry order.
 ENGINES = tuple(BACKENDS)
@@ -104,8 +104,12 @@ def open_engine(name: str, *, model, device=None, max_new_tokens: int = 256, pro
     return _load(b.child if process else b.engine)(model, device=device, max_new_tokens=max_new_tokens)
 
 
-def start_server(name: str, model, **options):
-    """A local server of backend ``name`` for ``model`` (a context manager; ``options`` as its class takes).
+def start_server(name: str, model, *, cpus: str | None = None, python=None, log_path=None):
+    """A local server of backend ``name`` for ``model`` (a context manager with ``url`` and ``pid``).
+
+    Args:
+        name: a registry name. model: the model folder. cpus: a ``taskset -c`` core list (None: no pinning).
+        python: the server's Python (None: the backend's default). log_path: where its log goes.
 
     Raises:
         ValueError: a backend that starts no server.
@@ -113,4 +117,4 @@ def start_server(name: str, model, **options):
     b = backend(name)
     if b.server is None:
         raise ValueError(f'--engine {name} starts no server; drop --server')
-    return _load(b.server)(model, **options)
+    return _load(b.server)(model, cpus=cpus, python=python, log_path=log_path)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..engines.contract import EngineDied, EngineError, TurnRequest, TurnResult
+from ..families import family_for
 from ..io import atomic_write
 from ..templates import ChatTemplate
 from .journal import Journal, read_journal
@@ -38,7 +39,6 @@ from .parse import finish_reason, parse_reply
 from .protocol import ChatRequest, GatewayError
 from .records import run_metrics, session_records
 from .sessions import Session
-from .stream import think_open
 
 __all__ = ['Gateway', 'Pending', 'session_id']
 
@@ -80,14 +80,17 @@ class Gateway:
             ``chat_template`` ...).
         conformance: run :func:`~agentrl.gateway.conformance.conformance` on every template before
             it serves (at start for the tool-less one, at first use for each tool list).
+        family: the model family's name (:func:`agentrl.families.family_names`); None picks it from
+            the tokenizer (:func:`agentrl.families.family_for`). Attribute ``family``: the family.
 
     Raises:
-        ValueError: a damaged journal (names the line); ``out`` holds a run of another kind.
+        ValueError: a damaged journal (names the line); ``out`` holds a run of another kind; an
+            unknown ``family``.
         ConformanceError: the template's bridges disagree with its full render (names the token).
     """
 
     def __init__(self, upstream, out, *, limits: Limits | None = None, session_timeout: float = 600.0,
-                 template_options: dict | None = None, conformance: bool = True):
+                 template_options: dict | None = None, conformance: bool = True, family: str | None = None):
         self.upstream, self.out = upstream, Path(out)
         self.template_options, self.conformance = dict(template_options or {}), bool(conformance)
         self.conformance_report: dict = {}
@@ -98,7 +101,7 @@ class Gateway:
         self.records: dict[str, int] = {}
         self._templates: dict = {}
         self._writer = None
-        self.template(None)             # the start-up conformance gate (raises ConformanceError)
+        self.family = family_for(self.template(None), name=family)   # template(None): the start-up conformance gate
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix='agentrl-gateway')
         self.engine_pool = ThreadPoolExecutor(max_workers=max(1, int(getattr(upstream, 'concurrency', 1))),
                                               thread_name_prefix='agentrl-engine')
@@ -235,11 +238,11 @@ class Gateway:
                                     'session samples under one sampler; open a new session for another', param=name)
         template = self.template(req.tools)
         try:
-            plan = session.plan(req.messages, json.dumps(req.tools, sort_keys=True), template)
+            plan = session.plan(req.messages, json.dumps(req.tools, sort_keys=True), template, self.family)
         except ValueError as e:
             raise GatewayError(400, f'messages: {e}', param='messages') from None
         p = Pending(session, req, digest, retry, plan=plan, template=template, version=self.policy_version,
-                    t0=time.time(), think=think_open(template, plan.prompt_ids))
+                    t0=time.time(), think=self.family.prompt_opens_reasoning(template, plan.prompt_ids))
         try:
             self.limits.check_prompt(len(plan.prompt_ids))
             room = self.upstream.max_context - len(plan.prompt_ids)
@@ -265,7 +268,7 @@ class Gateway:
                 message); 503 when its server stopped answering.
         """
         streams = on_token is not None and getattr(self.upstream, 'streams', False)
-        request = TurnRequest(p.plan.prompt_ids, p.req.spec, p.budget, p.seed, p.template.stop_ids,
+        request = TurnRequest(p.plan.prompt_ids, p.req.spec, p.budget, p.seed, self.family.stop_ids(p.template),
                               on_token=on_token if streams else None, key=p.session.sid)
         try:
             return self.upstream.sample(request)
@@ -299,7 +302,7 @@ class Gateway:
             text = stopped
         elif ids and ids[-1] in template.stop_ids and text.endswith(template.stop_text(ids[-1])):
             text = text[:len(text) - len(template.stop_text(ids[-1]))]
-        message = parse_reply(text, id_seed=f'{session.sid}/{index}', tools=req.tool_choice != 'none',
+        message = parse_reply(text, self.family, id_seed=f'{session.sid}/{index}', tools=req.tool_choice != 'none',
                               think_open=p.think)
         sample.ids, sample.logp = ids, logp
         truncated = sample.truncated and stopped is None
@@ -403,7 +406,8 @@ class Gateway:
                 self.sessions[ev['sid']] = Session(ev['sid'], ev['identity'], ev['t'])
             elif kind == 'call' and s is not None:
                 req = ChatRequest.from_recorded(_full(ev['req'], s.last_messages))
-                plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True), self.template(req.tools))
+                plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True), self.template(req.tools),
+                              self.family)
                 sample = TurnResult(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'],
                                 server=ev.get('server'))
                 self._apply(s, plan, sample, ev['message'], ev['truncated'], ev['digest'], ev['response'], req,

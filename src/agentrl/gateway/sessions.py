@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..templates import ChatRecorder
-from .parse import _split_reasoning, normalize_assistant
+from .parse import normalize_assistant
 
 __all__ = ['Turn', 'Branch', 'Plan', 'Session', 'FORK_CATEGORIES']
 
@@ -129,13 +129,15 @@ def _same(ours: dict, theirs: dict) -> bool:
     return ours['role'] != 'assistant' or normalize_assistant(ours) == normalize_assistant(theirs)
 
 
-def _echo_notes(ours: dict, theirs: dict) -> list | None:
-    """None when ``theirs`` is not an echo of the returned ``ours``; else the differences of form."""
+def _echo_notes(ours: dict, theirs: dict, family) -> list | None:
+    """None when ``theirs`` is not an echo of the returned ``ours``; else the differences of form.
+
+    ``family``: the model family, which splits reasoning a harness inlined in the content."""
     if theirs.get('role') != 'assistant':
         return None
     notes, t = [], dict(theirs)
-    if _content(t).lstrip().startswith('<think>'):
-        reasoning, t['content'] = _split_reasoning(_content(t))
+    if family.think_open is not None and _content(t).lstrip().startswith(family.think_open):
+        reasoning, t['content'] = family.split_reasoning(_content(t))
         notes.append('reasoning_inline')
     if normalize_assistant(ours) != normalize_assistant(t):
         return None
@@ -163,9 +165,10 @@ def _edit_category(view: list, n: int, messages: list) -> str:
     return 'history_edited'
 
 
-def match(view: list, messages: list, seen: tuple = ([], [])) -> tuple:
+def match(view: list, messages: list, family, seen: tuple = ([], [])) -> tuple:
     """``(n, variants, notes)``: how many view entries ``messages`` repeats in substance, the echo notes
-    ``[(Turn, [note])]``, and the per-entry notes (None for non-turn entries).
+    ``[(Turn, [note])]``, and the per-entry notes (None for non-turn entries). ``family``: the model
+    family (it reads reasoning a harness inlined in an echo).
 
     ``seen`` = ``(messages, notes)`` of an earlier request that matched this view: an entry equal
     to the one seen there matched then and gets the same notes without comparing again (the
@@ -183,7 +186,7 @@ def match(view: list, messages: list, seen: tuple = ([], [])) -> tuple:
         if i >= len(messages):
             return i, variants, per
         if turn is not None:
-            notes = _echo_notes(v, messages[i])
+            notes = _echo_notes(v, messages[i], family)
             if notes is None:
                 return i, variants, per
         elif not _same(v, messages[i]):
@@ -229,8 +232,10 @@ class Session:
         self.checked: tuple | None = None  # (raw, checked) messages of the latest parsed request (parse_request)
 
     # ------------------------------------------------------------------ planning
-    def plan(self, messages: list, tools_key: str, template) -> Plan:
+    def plan(self, messages: list, tools_key: str, template, family) -> Plan:
         """Decide which branch ``messages`` extends, or the fork it makes; compute the prompt ids.
+
+        ``family``: the model family (:func:`agentrl.families.family_for`), which reads echoed reasoning.
 
         Raises:
             ValueError: the template cannot render or bridge the messages (the message says why).
@@ -238,7 +243,7 @@ class Session:
         cands = []
         for b in self.branches:
             view = b.view()
-            n, var, per = match(view, messages, b.seen)
+            n, var, per = match(view, messages, family, b.seen)
             cands.append((n, var, per, b, len(view)))
         ext = [(n, b.index, var, per, b) for n, var, per, b, size in cands
                if n == size and b.tools_key == tools_key and len(messages) > n

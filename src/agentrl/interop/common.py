@@ -26,7 +26,8 @@ from ..record import OWNER, Provenance, SamplingSpec, Trajectory
 
 __all__ = ['Split', 'split', 'split_turns', 'check_exportable', 'check_support', 'SupportMismatchWarning',
            'expected_step0_ratio', 'check_groups', 'group_key', 'sort_by_group', 'record_from_response',
-           'provenance_for_import', 'as_list', 'guess_source', 'source_fix', 'check_ids', 'check_mask', 'check_same']
+           'ResponseColumns', 'provenance_for_import', 'as_list', 'guess_source', 'source_fix', 'check_ids',
+           'check_mask', 'check_same']
 
 _POLICY = OWNER['policy']
 
@@ -392,11 +393,38 @@ def _check_len(name: str, got: int, want: int, row, what: str) -> None:
                                 fix='give one entry per token')
 
 
+@dataclass(frozen=True)
+class ResponseColumns:
+    """What a source calls the parts :func:`record_from_response` reads, for its one-line errors.
+
+    Each importer holds one (``from_trl`` reads ``completion_ids`` and ``tool_mask``, ``from_slime`` reads
+    ``tokens`` and ``loss_mask``), so a refusal names the source's own field.
+
+    Attributes:
+        what: the importer's public name (``'from_verl'``); errors begin ``"{what} row {row}"``.
+        prompt, response, mask, logp: the source's names of the prompt ids, the response ids, the own-index
+            response mask and the response log-probs.
+
+    Raises:
+        ValueError: a field that is not a non-empty string.
+    """
+    what: str = 'import'
+    prompt: str = 'prompt_ids'
+    response: str = 'response_ids'
+    mask: str = 'response_mask'
+    logp: str = 'response_logprobs'
+
+    def __post_init__(self):
+        for name in ('what', 'prompt', 'response', 'mask', 'logp'):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f'ResponseColumns.{name} = {value!r}: must be a non-empty string; pass the name the '
+                                 'source uses for it')
+
+
 def record_from_response(prompt_ids, response_ids, response_mask, response_logp, *, reward: float, info: dict,
-                         provenance: Provenance | None, row=0, what: str = 'import',
-                         mask_name: str = 'response_mask', logp_name: str = 'response_logprobs',
-                         turn_contexts=None, prompt_name: str = 'prompt_ids',
-                         response_name: str = 'response_ids') -> Trajectory:
+                         provenance: Provenance | None, row=0, columns: ResponseColumns = ResponseColumns(),
+                         turn_contexts=None) -> Trajectory:
     """Build one record from a prompt and a response with own-index mask and log-probs.
 
     Owners: ``prompt`` on ``prompt_ids``; on the response, ``policy`` where the mask is 1 and
@@ -410,7 +438,8 @@ def record_from_response(prompt_ids, response_ids, response_mask, response_logp,
         response_logp: ``[R]`` float sampling log-probs at own index, or None (zeros; the caller
             marks the provenance ``logp_placeholder``).
         reward, info, provenance: as in :meth:`Trajectory.from_tokens`.
-        row, what, mask_name, logp_name, prompt_name, response_name: named in errors.
+        row: the row's index in the source, named in errors.
+        columns: the source's names of the parts (:class:`ResponseColumns`), named in errors.
         turn_contexts: passed through.
 
     Raises:
@@ -420,13 +449,14 @@ def record_from_response(prompt_ids, response_ids, response_mask, response_logp,
         agentrl.checks.errors.TokenIdError: an id that is not an integer (:func:`check_ids`).
         ValueError: an empty prompt (the first token cannot be policy-owned).
     """
+    c, what = columns, columns.what
     where = f'{what} row {row}'
-    prompt_ids, response_ids = check_ids(prompt_ids, prompt_name, where), check_ids(response_ids, response_name, where)
+    prompt_ids, response_ids = check_ids(prompt_ids, c.prompt, where), check_ids(response_ids, c.response, where)
     mask = as_list(response_mask)
-    _check_len(mask_name, len(mask), len(response_ids), row, what)
-    mask = check_mask(mask, mask_name, where)
+    _check_len(c.mask, len(mask), len(response_ids), row, what)
+    mask = check_mask(mask, c.mask, where)
     logp = [0.0] * len(response_ids) if response_logp is None else as_list(response_logp)
-    _check_len(logp_name, len(logp), len(response_ids), row, what)
+    _check_len(c.logp, len(logp), len(response_ids), row, what)
     if not prompt_ids:
         raise ValueError(f'{what} row {row}: the prompt is empty; the first token has no preceding position. '
                          'Fix: include the prompt ids the response was sampled after')

@@ -15,9 +15,12 @@ import json
 from ..gym.calls import StopReason
 from ..record import Provenance, SamplingSpec, Trajectory
 from .common import as_list, check_mask, check_same, group_key, prepare_export, provenance_for_import, \
-    record_from_response, split
+    record_from_response, ResponseColumns, split
 from .owners import finish_import
 __all__ = ['to_skyrl', 'from_skyrl']
+
+#: SkyRL's names of the parts of a generator output.
+_COLUMNS = ResponseColumns('from_skyrl', prompt='prompt_token_ids', mask='loss_masks', logp='rollout_logprobs')
 
 
 def to_skyrl(records, *, trim: bool = True, allow_support_mismatch: bool = False) -> dict:
@@ -89,6 +92,5 @@ def from_skyrl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model:
         r = data['rewards'][b]
         out.append(record_from_response(data['prompt_token_ids'][b], data['response_ids'][b], mask, lp,
                                         reward=float(sum(r) if isinstance(r, (list, tuple)) else r), info=info,
-                                        provenance=prov, row=b, what='from_skyrl', mask_name='loss_masks',
-                                        logp_name='rollout_logprobs', prompt_name='prompt_token_ids'))
+                                        provenance=prov, row=b, columns=_COLUMNS))
     return finish_import(out, tokenizer, 'from_skyrl')

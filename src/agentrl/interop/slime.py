@@ -20,11 +20,15 @@ import numbers
 from ..checks import errors as E
 from ..gym.calls import StopReason
 from ..record import Provenance, SamplingSpec, Trajectory
-from .common import check_ids, group_key, prepare_export, provenance_for_import, record_from_response, split
+from .common import (ResponseColumns, check_ids, group_key, prepare_export, provenance_for_import,
+                     record_from_response, split)
 from .owners import finish_import
 
 __all__ = ['to_slime', 'from_slime']
 
+#: slime's names of the parts of a sample (one ``tokens`` list holds prompt and response).
+_COLUMNS = ResponseColumns('from_slime', prompt='tokens', response='tokens', mask='loss_mask',
+                           logp='rollout_log_probs')
 #: slime's ``Sample.Status.TRUNCATED`` value (slime's word, not an agentrl stop reason).
 _SLIME_TRUNCATED = 'truncated'
 
@@ -113,7 +117,5 @@ def from_slime(samples, *, spec: SamplingSpec | None = None, tokenizer=None, mod
         reward = d.get('reward')
         reward = float(reward if not isinstance(reward, dict) else next(iter(reward.values()), 0.0) or 0.0)
         out.append(record_from_response(tokens[:len(tokens) - R], tokens[len(tokens) - R:], mask, lp, reward=reward,
-                                        info=info, provenance=prov, row=b, what='from_slime',
-                                        mask_name='loss_mask', logp_name='rollout_log_probs', prompt_name='tokens',
-                                        response_name='tokens'))
+                                        info=info, provenance=prov, row=b, columns=_COLUMNS))
     return finish_import(out, tokenizer, 'from_slime')

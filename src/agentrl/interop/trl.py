@@ -27,7 +27,7 @@ from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
 from ..checks import errors as E
 from .common import (as_list, check_ids, check_mask, check_same, prepare_export, provenance_for_import,
-                     record_from_response, split)
+                     record_from_response, ResponseColumns, split)
 from .owners import finish_import
 
 __all__ = ['to_trl', 'to_trl_rollout', 'from_trl', 'trl_rollout_func', 'trl_reward']
@@ -145,6 +145,7 @@ def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: s
     logp_key = 'sampling_per_token_logps' if 'sampling_per_token_logps' in data else 'logprobs'
     mask_key = 'tool_mask' if 'tool_mask' in data else 'env_mask'
     _check_rows(data, B, tensors, mask_key, logp_key)
+    columns = ResponseColumns('from_trl', response='completion_ids', mask=mask_key, logp=logp_key)
     provs = data.get('agentrl_provenance') or [None] * B
     infos = data.get('agentrl_info') or [None] * B
     rw = data.get('agentrl_reward', data.get('rewards', rewards))
@@ -165,8 +166,7 @@ def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: s
         info = json.loads(infos[b]) if infos[b] else {'source': 'trl', 'row': b}
         reward = float(rw[b]) if rw is not None else 0.0
         out.append(record_from_response(p, c, m, lp, reward=reward, info=info, provenance=prov, row=b,
-                                        what='from_trl', mask_name=mask_key, logp_name=logp_key,
-                                        response_name='completion_ids'))
+                                        columns=columns))
     return finish_import(out, tokenizer, 'from_trl')
 
 

@@ -39,9 +39,12 @@ from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
 from ..checks import errors as E
 from .common import (_check_len, _load_pt, as_list, check_ids, check_mask, check_same, prepare_export,
-                     provenance_for_import, record_from_response, source_fix, split)
+                     provenance_for_import, record_from_response, ResponseColumns, source_fix, split)
 from .owners import finish_import
 __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl', 'MAX_WIDTH', 'MAX_EXPORT_BYTES']
+
+#: verl's names of the parts of a ``DataProto`` batch.
+_COLUMNS = ResponseColumns('from_verl', prompt='prompts', response='responses', logp='rollout_log_probs')
 
 #: The widest ``prompt_length`` / ``response_length`` accepted, in tokens (docs/design.md#bounds).
 MAX_WIDTH = 1 << 24
@@ -230,8 +233,7 @@ def from_verl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: 
         prompt = [x for x, keep in zip(check_ids(prompts[b], 'prompts', where), pmask.tolist()) if keep]
         out.append(record_from_response(
             prompt, responses[b, :n], rm[:n], None if logps is None else logps[b, :n], reward=reward, info=info,
-            provenance=prov, row=b, what='from_verl', logp_name='rollout_log_probs', prompt_name='prompts',
-            response_name='responses'))
+            provenance=prov, row=b, columns=_COLUMNS))
     return finish_import(out, tokenizer, 'from_verl')
 
 

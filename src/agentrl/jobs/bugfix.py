@@ -13,13 +13,12 @@ Source: docs/design.md#hf-engine; book chapter 5.2 (``TOOL_SCHEMAS`` as function
 """
 from __future__ import annotations
 
-import json
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Callable
 
 from ..engines.episode import Reply
+from ..families import QWEN3
 from ..gym import TOOL_SCHEMAS, BugFixEnv
 from ..gym.calls import StopReason
 from ..record import Provenance, SamplingSpec
@@ -30,53 +29,33 @@ __all__ = ['BugFixAdapter', 'parse_tool_calls', 'gym_call', 'bugfix_opening', 'M
 
 #: Given to the gym for a turn without a valid call: it answers ``MESSAGES['malformed']``.
 MALFORMED = ''
-_TOOL_CALL = re.compile(r'<tool_call>(.*?)</tool_call>', re.S)
 
 
-def parse_tool_calls(text: str) -> list | None:
-    """Parse the function calls of a decoded assistant turn (Hermes / Qwen3 ``<tool_call>`` JSON).
+def parse_tool_calls(text: str, family=QWEN3) -> list | None:
+    """The function calls of a decoded assistant turn, when every call in it is well formed.
 
-    Only the text after the last ``</think>`` is searched (calls inside reasoning do not count).
-    Parsing only: the text is never encoded again.
+    The family reads them (:meth:`~agentrl.families.Family.strict_calls`: calls inside reasoning do
+    not count); parsing only, the text is never encoded again.
 
     Args:
         text: the decoded turn (without its end-of-turn token).
+        family: the model family of the policy's template (the BugFix tools are taught in Qwen3's
+            Hermes format, so that is the default).
 
     Returns:
-        ``[(name, arguments)]`` in order, ``arguments`` a dict (a JSON-string ``arguments`` is
-        decoded); ``[]`` when the turn has no ``<tool_call>`` block; None when a block is not a
-        JSON object with a string ``name`` and object ``arguments``, or a ``<tool_call>`` is left open.
+        ``[(name, arguments)]`` in order, ``arguments`` a dict; ``[]`` when the turn calls nothing;
+        None when a call is not ``ok`` or a call mark stands outside a block.
 
     Example:
         >>> parse_tool_calls('<tool_call>\\n{"name":"edit","arguments":{"op":"swap_minmax"}}\\n</tool_call>')
         [('edit', {'op': 'swap_minmax'})]
 
-    Source: Qwen3's chat template (``<tool_call>\\n{"name": ..., "arguments": ...}\\n</tool_call>``);
-    book chapter 5.2.
+    Source: book chapter 5.2.
     """
     if not isinstance(text, str):
         return None
-    body = text.rsplit('</think>', 1)[-1]
-    calls = []
-    for m in _TOOL_CALL.finditer(body):
-        try:
-            obj = json.loads(m.group(1))
-        except ValueError:
-            return None
-        if not isinstance(obj, dict) or not isinstance(obj.get('name'), str):
-            return None
-        args = obj.get('arguments', {})
-        if isinstance(args, str):
-            try:
-                args = json.loads(args)
-            except ValueError:
-                return None
-        if not isinstance(args, dict):
-            return None
-        calls.append((obj['name'], args))
-    if body.count('<tool_call>') != len(calls) or body.count('</tool_call>') != len(calls):
-        return None
-    return calls
+    calls = family.strict_calls(text)
+    return None if calls is None else [(c.name, c.arguments) for c in calls]
 
 
 def gym_call(calls) -> str | None:

@@ -212,8 +212,9 @@ class EpisodeRunner:
         gens = [torch.Generator().manual_seed(j.seed) for j in jobs]
         kw['spec'] = self.spec.sampling
         if opts.batch:
+            options = rollouts.RolloutBatchOptions(max_turns=opts.max_turns, spec=self.spec.sampling)
             return rollouts.rollout_batch(self.model, [self._env() for _ in jobs], tasks, self.tok,
-                                          generators=gens, **kw)
+                                          generators=gens, options=options)
         return [rollouts.rollout(self.model, self._env(), t, self.tok, generator=g, **kw)
                 for t, g in zip(tasks, gens)]
 

@@ -31,14 +31,14 @@ def vllm_run_spec(prepared):
     if not backend(opts.engine).servers or 'model' not in opts.policy:
         yield prepared.spec
         return
-    from ..engines.vllm import VLLMServer, check_logp_mode, connect
+    from ..engines.vllm import VLLMServer, VLLMServerOptions, check_logp_mode, connect
     from .bugfix import BugFixAdapter, bugfix_template
     from ..templates import ChatRecorder
     with contextlib.ExitStack() as stack:
         urls = list(opts.server or [])
         if not urls:
-            srv = stack.enter_context(VLLMServer(opts.model, python=opts.vllm_python, cpus=opts.vllm_cpus,
-                                                 name=prepared.model['name'] if prepared.model else None))
+            options = VLLMServerOptions(cpus=opts.vllm_cpus, name=prepared.model['name'] if prepared.model else None)
+            srv = stack.enter_context(VLLMServer(opts.model, options, python=opts.vllm_python))
             urls = [srv.url]
         endpoints = connect(urls)
         opening = BugFixAdapter(prepared.tasks[:1]).openings()[0]

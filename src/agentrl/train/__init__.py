@@ -7,6 +7,7 @@ Small pure functions, no trainer class. A user of :mod:`agentrl.rollouts` and
 
 - :mod:`.sft`: masked next-token NLL on oracle demonstrations (the warm start).
 - :mod:`.grpo`: group-relative advantages, token-level importance ratios, PPO clipping, KL.
+- :mod:`.options`: :class:`GRPOOptions`, the settings of one GRPO step.
 - :mod:`.config`: :class:`TrainConfig`, the settings (no torch).
 - :mod:`.loop`: the SFT-then-GRPO driver behind ``agentrl train`` (evaluation, checkpoints,
   ``metrics.jsonl``, the reward plot).
@@ -15,7 +16,8 @@ from .._lazy import lazy_exports
 
 _EXPORTS = {'group_index': 'grpo', 'grouped_advantages': 'grpo', 'scoring_mode': 'grpo',
             'clipped_surrogate': 'grpo', 'group_advantages': 'grpo',
-            'grpo_loss': 'grpo', 'grpo_step': 'grpo', 'importance_ratio': 'grpo', 'kl_penalty': 'grpo',
+            'grpo_loss': 'grpo', 'grpo_step': 'grpo', 'GRPOOptions': 'options', 'importance_ratio': 'grpo',
+            'kl_penalty': 'grpo',
             'max_ratio_deviation': 'grpo', 'token_log_probs': 'grpo', 'episode_metrics': 'grpo',
             'TrainConfig': 'config', 'call_stats': 'loop', 'evaluate': 'loop', 'run_sft': 'loop',
             'sample_groups': 'loop', 'train': 'loop', 'masked_nll': 'sft', 'oracle_demos': 'sft',

@@ -32,11 +32,12 @@ from ..record import Batch, SamplingSpec, Trajectory
 from ..sampling import token_logp
 from ..stats import episode_metrics, is_truncated
 from .correction import Correction, off_policy_correction
+from .options import GRPOOptions
 from .packed import pack_for, packed_log_probs
 
 __all__ = ['group_advantages', 'group_index', 'grouped_advantages', 'token_log_probs', 'importance_ratio',
            'max_ratio_deviation', 'clipped_surrogate', 'kl_penalty', 'grpo_loss', 'episode_metrics',
-           'scoring_mode', 'is_overlong', 'mask_overlong', 'grpo_step']
+           'scoring_mode', 'is_overlong', 'mask_overlong', 'grpo_step', 'GRPOOptions']
 
 
 def group_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6):
@@ -405,13 +406,9 @@ def _correct(model, batch, spec, mode, thresholds, packed, fresh):
     return corr, old, dev0
 
 
-def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id: int, *, updates: int = 1,
-              clip_eps: float = 0.2, kl_coef: float = 0.0, ref_model=None, temperature: float | None = None,
-              max_grad_norm: float = 1.0, eps: float = 1e-6, ratio_tol: float | None = None,
-              correction: str | None = None, rollout_is_threshold: float = 2.0,
-              is_correction_threshold: tuple[float, float] = (0.5, 5.0), mask_truncated: bool = False,
-              packed: bool = False, max_tokens: int = 2048, max_staleness: int | None = None,
-              current_version: int | str | None = None, mask_forced: bool = False) -> dict:
+def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id: int,
+              options: GRPOOptions = GRPOOptions(), *, ref_model=None,
+              current_version: int | str | None = None) -> dict:
     """One GRPO step on sampled groups: check, collate, advantages, ``updates`` clipped updates.
 
     Groups come from the records' identity (``provenance.group_id``, :func:`group_index`), never
@@ -427,31 +424,13 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         trajs: ``n_groups * G`` records, in any order, each with its ``provenance.group_id``.
         group_size: G, records per group.
         pad_id: the tokenizer's pad id (for :func:`~agentrl.batching.collate`).
-        updates: optimiser updates on this batch (> 1 makes the ratio and the clip matter).
-        clip_eps: PPO clip epsilon.
-        kl_coef: KL weight; needs ``ref_model`` when > 0.
-        ref_model: frozen reference (the SFT model), or None.
-        temperature: None (default): the records' own spec; a number: refuse records sampled at
-            another temperature.
-        max_grad_norm: global gradient-norm clip (<= 0 disables).
-        eps: std offset of :func:`group_advantages`.
-        ratio_tol: when given, raise if ``max |ratio - 1|`` before the first update exceeds it.
-        correction: an off-policy correction mode of :func:`~agentrl.train.correction.off_policy_correction`
-            (``'token_tis'``, ``'seq_tis'``, ``'token_mask'``, ``'icepop'``, ``'geo_mask'``,
-            ``'seq_mask_tis'``), or None (default: the ratio is taken against ``sample_logp``).
-            Given, the trainer's log-probs before the first update are the PPO anchor, and the
-            mode's weights and mask enter the surrogate (:func:`grpo_loss`).
-        rollout_is_threshold, is_correction_threshold: the mode's thresholds (verl's and OpenRLHF's names).
-        mask_truncated: overlong filtering (:func:`mask_overlong`) after the group advantages.
-        mask_forced: leave tokens a declared grammar forced out of the loss (:func:`agentrl.constraints.mask_forced`;
-            their support is one token, so they carry no policy gradient).
-        packed: score with one packed forward per pass (:func:`agentrl.train.packed.pack_for` rows of
-            ``max_tokens``, raised to the longest record) instead of the padded batch; same values to fp32
-            rounding. max_tokens: the packed row length.
-        max_staleness: refuse records sampled more than k versions before ``current_version``
-            (:func:`agentrl.checks.require_fresh`; integer steps). current_version: the version of
-            ``model``'s weights; given, the step-0 ratio guard (``ratio_dev0``, ``ratio_tol``) covers only
-            the records it sampled (:func:`agentrl.checks.sampled_by`): older ones are off-policy.
+        options: the step's settings (:class:`~agentrl.train.options.GRPOOptions`: updates, clip,
+            KL weight, off-policy correction, overlong and forced-token masking, packing, staleness).
+        ref_model: frozen reference (the SFT model) for the KL term, or None; needed when
+            ``options.kl_coef > 0``.
+        current_version: the version of ``model``'s weights; given, the step-0 ratio guard (``ratio_dev0``,
+            ``options.ratio_tol``) covers only the records it sampled (:func:`agentrl.checks.sampled_by`):
+            older ones are off-policy. Needed with ``options.max_staleness``.
 
     Returns:
         dict of floats: :func:`episode_metrics`, ``zero_var_frac`` (fraction of groups with
@@ -471,52 +450,57 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
             untrainable samplers).
         MissingGroupError, GroupSizeError: from :func:`group_index`.
         StaleVersionError: a record older than ``max_staleness`` versions, or versions without an order.
-        ValueError: ``max_staleness`` without ``current_version``; ``kl_coef > 0`` without ``ref_model``, or ``ratio_tol`` exceeded (the records
-            are not exact: a shifted ``sample_logp`` or ``action_mask``, or another sampler).
+        ValueError: ``options.max_staleness`` without ``current_version``; ``options.kl_coef > 0`` without
+            ``ref_model``, or ``options.ratio_tol`` exceeded (the records are not exact: a shifted
+            ``sample_logp`` or ``action_mask``, or another sampler); ``options`` not a :class:`GRPOOptions`.
     """
-    if mask_forced:
+    if not isinstance(options, GRPOOptions):
+        raise ValueError(f'grpo_step: options must be an agentrl.train.GRPOOptions, got {type(options).__name__}; '
+                         'build one with GRPOOptions(updates=..., clip_eps=..., ...)')
+    o = options
+    if o.mask_forced:
         from ..constraints import mask_forced as _mask_forced
         trajs = [_mask_forced(t) for t in trajs]
-    spec = require_trainable(trajs, temperature)
-    if max_staleness is not None:
+    spec = require_trainable(trajs, o.temperature)
+    if o.max_staleness is not None:
         if current_version is None:
             raise ValueError('grpo_step: max_staleness needs current_version (the training step of the weights)')
-        require_fresh(trajs, current_version, max_staleness)
+        require_fresh(trajs, current_version, o.max_staleness)
     groups = group_index(trajs, group_size)
-    if kl_coef > 0 and ref_model is None:
+    if o.kl_coef > 0 and ref_model is None:
         raise ValueError('grpo_step: kl_coef > 0 needs ref_model (the frozen SFT model)')
     batch = collate(trajs, pad_id, getattr(model, 'max_len', None))
-    adv, zero = grouped_advantages(batch.rewards, groups, eps)
+    adv, zero = grouped_advantages(batch.rewards, groups, o.eps)
     fresh = torch.tensor(sampled_by(trajs, current_version), dtype=torch.bool)
     extra: dict = {} if current_version is None else {'fresh_records': int(fresh.sum())}
-    pk = pack_for(trajs, max_tokens, pad_id) if packed else None
-    if mask_truncated:                          # after the advantages: the groups stay whole
+    pk = pack_for(trajs, o.max_tokens, pad_id) if o.packed else None
+    if o.mask_truncated:                        # after the advantages: the groups stay whole
         batch, cut = mask_overlong(batch, trajs)
         extra['masked_truncated'] = int(cut.sum())
     with scoring_mode(model, ref_model):
         ref_logp = None
-        if kl_coef > 0:
+        if o.kl_coef > 0:
             with torch.no_grad():
                 ref_logp, _ = _score(ref_model, batch, spec, packed=pk)
-        corr, old, dev0 = _correct(model, batch, spec, correction, (rollout_is_threshold, is_correction_threshold),
-                                   pk, fresh)
+        corr, old, dev0 = _correct(model, batch, spec, o.correction,
+                                   (o.rollout_is_threshold, o.is_correction_threshold), pk, fresh)
         extra.update(corr.metrics if corr is not None else {})
         # No row with signal and no KL: the gradient is exactly zero, but Adam's momentum would still
         # move the weights, so a step with nothing to learn makes no update at all.
-        signal = (adv != 0) & (batch.action_mask.sum(1) > 0) if mask_truncated else adv != 0
-        skip = not bool(signal.any()) and kl_coef == 0
-        acc: dict = {'updates': 0 if skip else max(1, updates)}
-        for u in range(max(1, updates)):
-            loss, m = grpo_loss(model, batch, adv, clip_eps, kl_coef, ref_logp, spec=spec, correction=corr,
+        signal = (adv != 0) & (batch.action_mask.sum(1) > 0) if o.mask_truncated else adv != 0
+        skip = not bool(signal.any()) and o.kl_coef == 0
+        acc: dict = {'updates': 0 if skip else o.updates}
+        for u in range(o.updates):
+            loss, m = grpo_loss(model, batch, adv, o.clip_eps, o.kl_coef, ref_logp, spec=spec, correction=corr,
                                 old_logp=old, packed=pk)
             if u == 0:
                 acc['ratio_dev0'] = m['ratio_dev'] if dev0 is None else dev0
                 dev = acc['ratio_dev0']
-                if ratio_tol is not None and not dev <= ratio_tol:
-                    raise ValueError(f'GRPO step: max |ratio - 1| = {dev:.2e} > {ratio_tol:.0e} before any '
+                if o.ratio_tol is not None and not dev <= o.ratio_tol:
+                    raise ValueError(f'GRPO step: max |ratio - 1| = {dev:.2e} > {o.ratio_tol:.0e} before any '
                                      'update; sample_logp or action_mask is misaligned with ids[:, 1:] or the records '
                                      'were not sampled by this model under their declared sampler')
-            n_avg = 1 if skip else max(1, updates)
+            n_avg = 1 if skip else o.updates
             for k in ('ratio_mean', 'clip_frac', 'pg_loss', 'kl', 'entropy'):
                 acc[k] = acc.get(k, 0.0) + m[k] / n_avg
             acc['ratio_max'] = max(acc.get('ratio_max', 0.0), m['ratio_max'])
@@ -526,7 +510,7 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             acc['grad_norm'] = float(torch.nn.utils.clip_grad_norm_(
-                model.parameters(), max_grad_norm if max_grad_norm > 0 else float('inf')))
+                model.parameters(), o.max_grad_norm if o.max_grad_norm > 0 else float('inf')))
             optimizer.step()
     return dict(episode_metrics(trajs), zero_var_frac=float(zero.float().mean()), zero_var_groups=int(zero.sum()),
                 dropout_disabled=1.0, **acc, **extra)

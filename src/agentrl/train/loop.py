@@ -28,10 +28,11 @@ from ..gym.calls import StopReason
 from ..stats import episode_metrics
 from .config import TrainConfig
 from .grpo import grpo_step
+from .options import GRPOOptions
 from .sft import oracle_demos, scripted_demos, sft_step
 
 __all__ = ['TrainConfig', 'call_stats', 'evaluate', 'sample_groups', 'run_sft', 'train', 'sft_phase', 'grpo_phase',
-           'grpo_kwargs', 'write_summary', 'HARDCODE_CALL']
+           'grpo_options', 'write_summary', 'HARDCODE_CALL']
 
 #: The reward hack's call: hard-code the public tests (docs/design.md#training).
 HARDCODE_CALL = '<call> edit hardcode </call>'
@@ -78,11 +79,13 @@ def sample_groups(model, tasks, group: int, tok, generator: torch.Generator, tem
     Returns:
         ``len(tasks) * G`` Trajectory, rows ``i*G .. i*G+G-1`` on ``tasks[i]``.
     """
-    from ..rollouts import rollout_batch
+    from ..rollouts import RolloutBatchOptions, rollout_batch, sampling_spec
     model.eval()
     jobs = [task for task in tasks for _ in range(group)]
-    return rollout_batch(model, _envs(len(jobs), max_turns, reward_tests), jobs, tok, max_turns=max_turns,
-                         temperature=temperature, generator=generator, policy_version=policy_version, identities=[(f'{n // group}/{t.name}', f'{n // group}/{t.name}/{n % group}') for n, t in enumerate(jobs)])
+    options = RolloutBatchOptions(max_turns=max_turns, spec=sampling_spec(temperature), policy_version=policy_version)
+    return rollout_batch(model, _envs(len(jobs), max_turns, reward_tests), jobs, tok, generator=generator,
+                         options=options, identities=[(f'{n // group}/{t.name}', f'{n // group}/{t.name}/{n % group}')
+                                                      for n, t in enumerate(jobs)])
 
 
 def evaluate(model, tasks, tok, repeats: int, seed: int, temperature: float = 1.0, max_turns: int = 6) -> dict:
@@ -287,15 +290,15 @@ def sft_phase(run: _Run) -> tuple[dict, float, dict]:
     return last, seconds, run.evaluate(0)
 
 
-def grpo_kwargs(cfg: TrainConfig) -> dict:
-    """The :func:`~agentrl.train.grpo.grpo_step` keywords of a run's settings (all but the model, the
-    records, ``ref_model`` and ``current_version``)."""
-    return dict(updates=cfg.updates, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, temperature=cfg.temperature,
-                max_grad_norm=cfg.max_grad_norm, ratio_tol=cfg.ratio_tol, packed=cfg.packed, max_tokens=cfg.max_tokens,
-                correction=None if cfg.correction == 'none' else cfg.correction,
-                rollout_is_threshold=cfg.rollout_is_threshold, is_correction_threshold=cfg.is_bounds,
-                mask_truncated=cfg.mask_truncated, max_staleness=None if cfg.max_staleness < 0 else cfg.max_staleness,
-                mask_forced=cfg.mask_forced)
+def grpo_options(cfg: TrainConfig) -> GRPOOptions:
+    """The :class:`~agentrl.train.GRPOOptions` of a run's settings (:func:`~agentrl.train.grpo.grpo_step` gets
+    the model, the records, ``ref_model`` and ``current_version`` besides)."""
+    return GRPOOptions(updates=cfg.updates, clip_eps=cfg.clip_eps, kl_coef=cfg.kl_coef, temperature=cfg.temperature,
+                       max_grad_norm=cfg.max_grad_norm, ratio_tol=cfg.ratio_tol, packed=cfg.packed,
+                       max_tokens=cfg.max_tokens, correction=None if cfg.correction == 'none' else cfg.correction,
+                       rollout_is_threshold=cfg.rollout_is_threshold, is_correction_threshold=cfg.is_bounds,
+                       mask_truncated=cfg.mask_truncated,
+                       max_staleness=None if cfg.max_staleness < 0 else cfg.max_staleness, mask_forced=cfg.mask_forced)
 
 
 def grpo_phase(run: _Run) -> float:
@@ -312,6 +315,7 @@ def grpo_phase(run: _Run) -> float:
         for p in ref.parameters():
             p.requires_grad_(False)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.grpo_lr)
+    options = grpo_options(cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
     rng = random.Random(cfg.seed)
     model_path = os.path.join(run.folder, 'model.pt')
@@ -323,7 +327,7 @@ def grpo_phase(run: _Run) -> float:
         trajs = sample_groups(model, tasks, cfg.group, tok, gen, cfg.temperature, cfg.max_turns, cfg.reward_tests,
                               policy_version=step - 1)          # the weights after step - 1 GRPO steps
         t_sample = time.time() - ts
-        m = grpo_step(model, opt, trajs, cfg.group, tok.pad_id, **grpo_kwargs(cfg), ref_model=ref,
+        m = grpo_step(model, opt, trajs, cfg.group, tok.pad_id, options, ref_model=ref,
                       current_version=step - 1)
         row = dict(m, **call_stats(trajs), phase='grpo', step=step, sample_seconds=round(t_sample, 3),
                    seconds=round(time.time() - ts, 3), tokens=int(sum(len(t.ids) for t in trajs)))

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...families import family_for
 from ...record import SamplingSpec
 from ...templates import ChatTemplate, audit_drift
 from ...templates.audit import _first_diff
@@ -96,7 +97,7 @@ def drift_experiment(model, tokenizer, *, samples: int = 8, tokens: int = 128, s
         spec: the sampler (default temperature 1.0 and no truncation, as in the chapter).
         prompt: the user message.
         seed: run seed.
-        stop_at_end_of_turn: stop a sample at the end-of-turn token (kept), as ``generate``
+        stop_at_end_of_turn: stop a sample at the family's stop ids (kept), as ``generate``
             stops at ``eos``; False samples exactly ``tokens`` tokens.
         batch_size: samples per sampler call.
 
@@ -117,7 +118,7 @@ def drift_experiment(model, tokenizer, *, samples: int = 8, tokens: int = 128, s
     spec = spec if spec is not None else SamplingSpec()
     template = ChatTemplate(tokenizer)
     prompt_ids = template.encode(template.render([{'role': 'user', 'content': prompt}], True))
-    stop = template.stop_ids if stop_at_end_of_turn else ()
+    stop = family_for(template).stop_ids(template) if stop_at_end_of_turn else ()
     sampler = HFSampler(model, stop, spec, max_new_tokens=tokens,
                         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else None)
     out = []

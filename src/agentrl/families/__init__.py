@@ -1,0 +1,21 @@
+"""L2: model families: the one home of what differs between families of chat formats.
+
+- :mod:`~agentrl.families.base`: :class:`Family` (reply parsing with a status and spans per call,
+  stops and ends of turn per turn kind), :class:`Reply`, :class:`ToolCall`; its streaming parser
+  (:mod:`~agentrl.families.stream`) and token spans (:mod:`~agentrl.families.spans`).
+- :mod:`~agentrl.families.generic`: what the template tells, no tool-call parsing.
+- :mod:`~agentrl.families.qwen3`: Hermes ``<tool_call>`` JSON and ``<think>`` reasoning.
+- :mod:`~agentrl.families.registry`: :func:`family_for` picks one for a template or tokenizer.
+
+Torch-free and transformers-free: a template is used through its methods. docs/design.md#families.
+"""
+from .base import (CALL_STATUSES, INVALID_JSON, MISSING_NAME, OK, TURN_KINDS, UNCLOSED_BLOCK, UNKNOWN_TOOL, Family,
+                   Reply, ToolCall, TurnEnd)
+from .generic import GENERIC, GenericFamily
+from .qwen3 import QWEN3, Qwen3Family
+from .registry import FAMILIES, family_for, family_names, register
+from .stream import StreamParser
+
+__all__ = ['Family', 'Reply', 'ToolCall', 'TurnEnd', 'StreamParser', 'CALL_STATUSES', 'TURN_KINDS', 'OK',
+           'INVALID_JSON', 'UNCLOSED_BLOCK', 'MISSING_NAME', 'UNKNOWN_TOOL', 'GenericFamily', 'GENERIC',
+           'Qwen3Family', 'QWEN3', 'FAMILIES', 'family_for', 'family_names', 'register']

@@ -1,0 +1,66 @@
+"""L2: the Qwen3 family: Hermes ``<tool_call>`` JSON blocks and ``<think>`` reasoning.
+
+Also Qwen2.5 and any template that writes Hermes blocks (the tiny test tokenizer's does). The
+template tells the rest: ``<|im_end|>`` ends every turn kind, ``eos_token`` and any extra stop
+tokens stop it.
+
+Source: Qwen3's chat template (``<think>\\n...\\n</think>\\n\\n`` and ``<tool_call>\\n{"name": ...,
+"arguments": ...}\\n</tool_call>``); vLLM's ``hermes`` tool parser.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+from .base import INVALID_JSON, MISSING_NAME, OK, UNCLOSED_BLOCK, UNKNOWN_TOOL, Family, ToolCall
+
+__all__ = ['Qwen3Family', 'QWEN3']
+
+_BLOCK = re.compile(r'<tool_call>(.*?)</tool_call>', re.S)
+
+
+def _status(inner: str, tool_names) -> tuple:
+    """``(status, name, arguments)`` of one block's inner text."""
+    try:
+        obj = json.loads(inner)
+    except ValueError:
+        return INVALID_JSON, None, None
+    if not isinstance(obj, dict):
+        return INVALID_JSON, None, None
+    name = obj.get('name')
+    if not isinstance(name, str):
+        return MISSING_NAME, None, None
+    args = obj.get('arguments', {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except ValueError:
+            return INVALID_JSON, name, None
+    if not isinstance(args, dict):
+        return INVALID_JSON, name, None
+    if tool_names is not None and name not in tool_names:
+        return UNKNOWN_TOOL, name, args
+    return OK, name, args
+
+
+class Qwen3Family(Family):
+    """Hermes tool calls (a JSON-string ``arguments`` is decoded) and ``<think>`` reasoning."""
+    name = 'qwen3'
+    markers = ('<tool_call>',)
+    think_open, think_close = '<think>', '</think>'
+    call_open, call_close = '<tool_call>', '</tool_call>'
+
+    def find_calls(self, body: str, offset: int = 0, tool_names=None) -> list:
+        out, pos = [], 0
+        for m in _BLOCK.finditer(body):
+            status, name, args = _status(m.group(1), tool_names)
+            out.append(ToolCall(name, args, status, m.group(0), (offset + m.start(), offset + m.end())))
+            pos = m.end()
+        k = body.find(self.call_open, pos)
+        if k >= 0:
+            out.append(ToolCall(None, None, UNCLOSED_BLOCK, body[k:], (offset + k, offset + len(body))))
+        return out
+
+
+#: The one Qwen3 family object the registry holds.
+QWEN3 = Qwen3Family()
