@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 from ..record import SamplingSpec
 
 __all__ = ['TurnRequest', 'TurnResult', 'Engine', 'EngineError', 'EngineUnreachable', 'EngineDied',
-           'BudgetExceeded', 'RequestRefused', 'STOPPED', 'CUT']
+           'BudgetExceeded', 'RequestRefused', 'STOPPED', 'CUT', 'check_request']
 
 #: :attr:`TurnResult.stop_reason` of a turn that ended on one of its stop ids (the id is its last).
 STOPPED = 'stop'
@@ -58,7 +58,7 @@ class TurnRequest:
         key: optional routing key (a session id): every request with the same key goes to the same
             server of a multi-server engine.
     """
-    prompt_ids: tuple
+    prompt_ids: list | tuple
     spec: SamplingSpec
     max_new_tokens: int
     seed: int
@@ -104,6 +104,10 @@ class Engine(Protocol):
         policy: ``Provenance.policy`` of the records (``'hf'``, ``'vllm'``).
         streams: :meth:`sample` calls ``request.on_token`` as tokens arrive.
         logp_mode: the log-prob mode the engine returns (None: the request spec's).
+
+    Episodes run on :func:`agentrl.engines.driver.drive_episodes` over the backend's
+    :class:`~agentrl.engines.driver.TurnBatch` (many turns at once): HF's ``RowBatch`` / ``RoundBatch``
+    over its sampler, vLLM's ``VLLMBatch`` over its servers.
     """
     tokenizer: object
     model_name: str
@@ -143,5 +147,3 @@ def check_request(request: TurnRequest, engine: str) -> None:
         raise BudgetExceeded(f'{engine}: a token budget of {request.max_new_tokens}; every turn needs at least one '
                              'token (stop the episode as truncated before sampling)')
 
-
-__all__ += ['check_request']

@@ -18,9 +18,8 @@ from __future__ import annotations
 import time
 from typing import Callable, Protocol
 
-from ..gym.calls import StopReason
 from .contract import EngineDied, TurnRequest
-from .episode import EpisodeState
+from .episode import EpisodeState, StopReason
 
 __all__ = ['TurnBatch', 'drive_episodes']
 
