@@ -14,7 +14,7 @@ variant on the same model, prompts and seeds:
   --heads 8 --kv-heads 4``, built in a temporary folder): ``--episodes`` BugFix episodes through
   real function calling, ``--turns`` turns of at most ``--new-tokens`` tokens, temperature 1.
 
-  - ``agentrl``: :func:`agentrl.engines.hf.bugfix_rollouts` (each episode keeps its KV cache row
+  - ``agentrl``: :func:`agentrl.jobs.bugfix.bugfix_rollouts` (each episode keeps its KV cache row
     across turns; continuous batching);
   - ``agentrl_reprefill``: the same with ``reuse_cache=False`` (each turn prefills the whole
     conversation; same records);
@@ -117,19 +117,21 @@ def multi_turn(model, tok, episodes: int, turns: int, new_tokens: int, seed: int
 
     import agentrl as arl
     from agentrl.engines import hf
+    from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts
     tasks_all = arl.make_tasks('all')
     tasks = [tasks_all[i % len(tasks_all)] for i in range(episodes)]
     template = arl.ChatTemplate(tok, tools=arl.TOOL_SCHEMAS)
     spec = arl.SamplingSpec()
-    kw = dict(template=template, seed=seed, max_turns=turns, batch_size=episodes)
+    kw = dict(seed=seed, max_turns=turns, batch_size=episodes)
     pad = hf.pad_token_id(tok, model)
-    hf.bugfix_rollouts(model, tok, tasks[:2], spec=spec, max_new_tokens=4, max_turns=2, template=template)  # warm-up
+    bugfix_rollouts(model, tok, tasks[:2], BugFixOptions(spec=spec, max_new_tokens=4, max_turns=2), template=template)  # warm-up
     out = {}
     for name, reuse in (('agentrl', True), ('agentrl_reprefill', False))[:2 if reprefill else 1]:
         prof: dict = {}
         s = hf.HFSampler(model, template.stop_ids, spec, max_new_tokens=new_tokens, pad_id=pad)
         t0 = time.perf_counter()
-        trajs = hf.bugfix_rollouts(model, tok, tasks, sampler=s, reuse_cache=reuse, profile=prof, **kw)
+        trajs = bugfix_rollouts(model, tok, tasks, BugFixOptions(reuse_cache=reuse, **kw), template=template, sampler=s,
+                                profile=prof)
         wall = time.perf_counter() - t0
         tot = prof['totals']
         out[name] = {'wall_s': wall, 'forward_s': tot['forward_s'], 'sample_s': tot['sample_s'],
@@ -149,7 +151,7 @@ def multi_turn(model, tok, episodes: int, turns: int, new_tokens: int, seed: int
     g = Gen(model, template.stop_ids, spec, max_new_tokens=new_tokens, pad_id=pad)
     clock = _ForwardClock(model)
     t0 = time.perf_counter()
-    trajs = hf.bugfix_rollouts(model, tok, tasks, sampler=g, **kw)
+    trajs = bugfix_rollouts(model, tok, tasks, BugFixOptions(**kw), template=template, sampler=g)
     wall = time.perf_counter() - t0
     clock.close()
     out['generate'] = {'wall_s': wall, 'forward_s': clock.seconds, 'sampled': sum(int(t.action_mask.sum()) for t in trajs),
@@ -165,6 +167,7 @@ def scaling(model, tok, episodes: int, turn_counts, new_tokens: int, seed: int =
     """Wall time against turns, with and without the cross-turn cache, scripted tool observations."""
     import agentrl as arl
     from agentrl.engines import hf
+    from agentrl.jobs.bugfix import bugfix_opening
     from agentrl.templates import ChatRecorder
     template = arl.ChatTemplate(tok, tools=arl.TOOL_SCHEMAS)
     tasks = arl.make_tasks('all')
@@ -178,7 +181,7 @@ def scaling(model, tok, episodes: int, turn_counts, new_tokens: int, seed: int =
     res = {'turns': list(turn_counts), 'agentrl': [], 'agentrl_reprefill': [], 'fed_agentrl': [], 'fed_reprefill': []}
     for n_turns in turn_counts:
         for name, reuse in (('agentrl', True), ('agentrl_reprefill', False)):
-            recs = [ChatRecorder(template, hf.bugfix_opening(tasks[i % len(tasks)].issue)) for i in range(episodes)]
+            recs = [ChatRecorder(template, bugfix_opening(tasks[i % len(tasks)].issue)) for i in range(episodes)]
             s = hf.HFSampler(model, template.stop_ids, arl.SamplingSpec(), max_new_tokens=new_tokens, pad_id=pad)
             prof: dict = {}
             t0 = time.perf_counter()

@@ -6,8 +6,8 @@ Run by hand (results go to bench/RESULTS.md)::
         [--long 200] [--repeats 3] [--json OUT] [--variants httptools/asyncio,h11/asyncio,httptools/uvloop]
 
 One process serves the gateway (uvicorn in a thread, ``Gateway`` over ``make_test_model``'s tiny Qwen3
-with the real tokenizer, ``--no-conformance``), once per engine: ``inproc`` (``HFUpstream`` in the
-gateway's process) and ``process`` (``HFProcessUpstream``: the same sampler in a child process over a
+with the real tokenizer, ``--no-conformance``), once per engine: ``inproc`` (``HFEngine`` in the
+gateway's process) and ``process`` (``HFProcessEngine``: the same sampler in a child process over a
 pipe). The clients are another process (aiohttp), so client work does not count as gateway work. The
 engine's own span is ``Sample.span`` (measured where it samples: in the gateway's process, or in the
 child), keyed by the call's seed.
@@ -148,7 +148,7 @@ def _load(url, sessions, turns, max_tokens, prefix, ids=False):
 
 
 def _timed(up):
-    """Note each ``sample``'s engine span (``Sample.span``: the engine's own start and end) by seed."""
+    """Note each ``sample``'s engine span (``TurnResult.span``: the engine's own start and end) by seed."""
     up.spans, orig = {}, up.sample
 
     def sample(*a, **k):
@@ -237,10 +237,11 @@ def _bare(up, journal: dict, calls: list, stop_ids, tmp: Path) -> list:
 
 
 def _engine(kind: str, model):
-    from agentrl.gateway import HFProcessUpstream, HFUpstream
+    from agentrl.engines.hf.engine import HFEngine
+    from agentrl.engines.hf.process import HFProcessEngine
     if kind == 'process':
-        return _timed(HFProcessUpstream(model, device='cpu', max_new_tokens=8, threads=1))
-    return _timed(HFUpstream(model, device='cpu', max_new_tokens=8))
+        return _timed(HFProcessEngine(model, device='cpu', max_new_tokens=8, threads=1))
+    return _timed(HFEngine(model, device='cpu', max_new_tokens=8))
 
 
 def main(argv=None) -> int:
@@ -253,7 +254,7 @@ def main(argv=None) -> int:
                     help='phase 1 rounds per engine, each the gateway then the bare server (fresh sessions)')
     ap.add_argument('--json', default=None)
     ap.add_argument('--engines', default='inproc,process',
-                    help='inproc (HFUpstream in the gateway process) and/or process (HFProcessUpstream, a child)')
+                    help='inproc (HFEngine in the gateway process) and/or process (HFProcessEngine, a child)')
     ap.add_argument('--variants', default='httptools/asyncio',
                     help='uvicorn HTTP/LOOP pairs for phase 1, run one after the other on the same engine')
     ap.add_argument('--switch-interval', type=float, default=None,

@@ -12,7 +12,7 @@ alternating round by round. The gateway's methods are wrapped to note epoch time
     client->serve   the client's send to the start of the call's serving (HTTP in, body, parse_request)
     serve->plan     to the start of ``Gateway.prepare`` (a hand-off to the state thread, or none)
     plan            ``Gateway.prepare``
-    engine end->ret the engine's own end (``Sample.span``) to the sample reaching the gateway's code
+    engine end->ret the engine's own end (``TurnResult.span``) to the sample reaching the gateway's code
     ret->complete   to the start of ``Gateway.complete``
     complete        ``Gateway.complete`` (decode, parse, the fsync'd journal line, apply)
     complete->resp  to the call's return to the HTTP handler
@@ -129,15 +129,17 @@ def main(argv=None) -> int:
     import torch
     torch.set_num_threads(1)
     from agentrl.engines import hf
-    from agentrl.gateway import Gateway, HFProcessUpstream, HFUpstream
+    from agentrl.engines.hf.engine import HFEngine
+    from agentrl.engines.hf.process import HFProcessEngine
+    from agentrl.gateway import Gateway
     from agentrl.gateway.server import Server
     from agentrl.templates.loading import find_tokenizer_dir
     variants = a.variants.split(',')
     T, res = {}, {v: [] for v in variants}
     with tempfile.TemporaryDirectory() as tmp:
         model = hf.make_test_model(Path(tmp) / 'm', find_tokenizer_dir('qwen3'), max_positions=1 << 15)
-        up = HFProcessUpstream(model, device='cpu', max_new_tokens=8, threads=1) if a.engine == 'process' else \
-            HFUpstream(model, device='cpu', max_new_tokens=8)
+        up = HFProcessEngine(model, device='cpu', max_new_tokens=8, threads=1) if a.engine == 'process' else \
+            HFEngine(model, device='cpu', max_new_tokens=8)
         use = _instrument(up, T)
         try:
             for k, v in enumerate(['current'] + [v for _ in range(a.rounds) for v in variants]):

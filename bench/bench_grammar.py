@@ -27,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
 def _records(episodes: int):
     import agentrl as arl
     from agentrl.constraints import tool_call_constraint
+    from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts
     from agentrl.engines import hf
     from agentrl.record import SamplingSpec
     from agentrl.templates import ChatTemplate
@@ -36,8 +37,7 @@ def _records(episodes: int):
     template = ChatTemplate(tok, tools=arl.TOOL_SCHEMAS)
     spec = SamplingSpec(constraint=tool_call_constraint(arl.TOOL_SCHEMAS, 'required', template.stop_ids))
     tasks = arl.make_tasks('all')[:episodes]
-    recs = hf.bugfix_rollouts(model, tok, tasks, spec=spec, max_new_tokens=32, max_turns=3, template=template,
-                              seed=11)
+    recs = bugfix_rollouts(model, tok, tasks, BugFixOptions(spec=spec, max_new_tokens=32, max_turns=3, seed=11), template=template)
     return model, tok, recs
 
 

@@ -9,7 +9,7 @@ Run by hand (it starts a vLLM CPU server, minutes on a loaded machine)::
    order, episodes concurrent, the same concurrency). Prefix caching is on (vLLM's default), so
    the first run warms it; the rounds alternate agentrl, raw, agentrl, raw and the best of each
    after the warm-up is kept. Goal: agentrl / raw <= 1.15 (wall).
-2. Engines: the same episodes with :func:`agentrl.engines.hf.bugfix_rollouts` (one batch, one
+2. Engines: the same episodes with :func:`agentrl.jobs.bugfix.bugfix_rollouts` (one batch, one
    torch thread) pinned to the server's core, episodes/s both ways; tokens prefilled per episode on
    the vLLM side (``vllm:prefix_cache_queries`` minus ``vllm:prefix_cache_hits`` from ``/metrics``)
    vs the record length.
@@ -81,8 +81,8 @@ def main(argv=None) -> int:
 
     import agentrl as arl
     from agentrl.engines import hf
-    from agentrl.engines.vllm import (VLLMServer, VLLMServerOptions, bugfix_template, bugfix_vllm_rollouts,
-                                      check_logp_mode)
+    from agentrl.engines.vllm import VLLMServer, VLLMServerOptions, check_logp_mode
+    from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts, bugfix_template, bugfix_vllm_rollouts
     from agentrl.record import SamplingSpec
     sys.path.insert(0, str(ROOT / 'tests'))
     from _tokenizers import tokenizer_path
@@ -106,9 +106,7 @@ def main(argv=None) -> int:
             responses: list = []
             m0 = metrics(srv.url)
             t, c = time.perf_counter(), time.process_time()
-            recs = bugfix_vllm_rollouts(ep, template, tasks, seeds=seeds, spec=spec,
-                                        max_new_tokens=a.new_tokens, max_turns=a.turns,
-                                        logp_mode=mode, responses=responses)
+            recs = bugfix_vllm_rollouts(ep, template, tasks, BugFixOptions(spec=spec, max_new_tokens=a.new_tokens, max_turns=a.turns, logp_mode=mode), seeds=seeds, responses=responses)
             dt, cpu = time.perf_counter() - t, time.process_time() - c
             m1 = metrics(srv.url)
             if r == 0:
@@ -144,8 +142,7 @@ def main(argv=None) -> int:
         os.sched_setaffinity(0, {int(c) for c in a.cpus.split(',')})
         model, tok = hf.load_model(model_dir)
         t = time.perf_counter()
-        hrecs = hf.bugfix_rollouts(model, tok, tasks, spec=spec, max_new_tokens=a.new_tokens, max_turns=a.turns,
-                                   seeds=seeds, batch_size=a.episodes, template=template)
+        hrecs = bugfix_rollouts(model, tok, tasks, BugFixOptions(spec=spec, max_new_tokens=a.new_tokens, max_turns=a.turns, batch_size=a.episodes), seeds=seeds, template=template)
         dt = time.perf_counter() - t
         res.update(hf_s=round(dt, 3), hf_episodes_per_s=round(a.episodes / dt, 3),
                    hf_record_len_mean=round(sum(len(x.ids) for x in hrecs) / len(hrecs), 1),

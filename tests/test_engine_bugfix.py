@@ -1,4 +1,4 @@
-"""The engine-agnostic episode parts: engines/episode.py and the BugFix adapter (engines/bugfix.py), torch-free."""
+"""The engine-agnostic episode parts: engines/episode.py and the BugFix adapter (jobs/bugfix.py), torch-free."""
 import json
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentrl.engines.bugfix import MALFORMED, BugFixAdapter, bugfix_opening, gym_call, parse_tool_calls
+from agentrl.jobs.bugfix import MALFORMED, BugFixAdapter, bugfix_opening, gym_call, parse_tool_calls
 from agentrl.engines.episode import EpisodeState, Reply
 from agentrl.gym import TOOL_SCHEMAS, scripted_policy
 from agentrl.record import StopReason
@@ -14,7 +14,7 @@ from agentrl.record import StopReason
 
 def test_episode_and_bugfix_modules_import_without_torch():
     code = ('import sys\n'
-            'import agentrl.engines.episode, agentrl.engines.bugfix\n'
+            'import agentrl.engines.episode, agentrl.jobs.bugfix\n'
             'bad = sorted(m for m in ("torch", "transformers") if m in sys.modules)\n'
             'assert not bad, bad\n'
             'print("ok")\n')

@@ -24,6 +24,7 @@ from agentrl.checks.replay import replay_logp  # noqa: E402
 from agentrl.engines import hf  # noqa: E402
 from agentrl.record import OWNER, SamplingSpec  # noqa: E402
 from agentrl.templates import ChatRecorder, ChatTemplate, tokenizer_fingerprint, turn_spans  # noqa: E402
+from agentrl.jobs.bugfix import BugFixOptions, bugfix_opening, bugfix_rollouts, gym_call, parse_tool_calls  # noqa: E402
 
 IM_END = 151645
 T1 = SamplingSpec()
@@ -63,8 +64,7 @@ def tasks():
 
 @pytest.fixture(scope='module')
 def episodes_t1(model, tok, template, tasks):
-    return hf.bugfix_rollouts(model, tok, tasks[:4], spec=T1, max_new_tokens=24, max_turns=4, template=template,
-                              seed=3)
+    return bugfix_rollouts(model, tok, tasks[:4], BugFixOptions(spec=T1, max_new_tokens=24, max_turns=4, seed=3), template=template)
 
 
 def prompts_of(template, n):
@@ -194,7 +194,7 @@ def test_bugfix_records_keep_every_sampled_turn_verbatim(model, tok, template, t
             return out
 
     spy = Spy(model, template.stop_ids, T1, max_new_tokens=16)
-    trajs = hf.bugfix_rollouts(model, tok, tasks[:3], sampler=spy, max_turns=3, template=template, seed=1)
+    trajs = bugfix_rollouts(model, tok, tasks[:3], BugFixOptions(max_turns=3, seed=1), sampler=spy, template=template)
     for i, traj in enumerate(trajs):
         spans = turn_spans(traj)
         assert len(spans) == len(traj.info['turn_tokens']) == traj.info['n_turns']
@@ -272,8 +272,7 @@ def test_function_calls_drive_the_gym(model, tok, template, tasks):
             self.calls += 1
             return super().sample(prompts, generators, teacher=[ids] * len(prompts))
 
-    trajs = hf.bugfix_rollouts(model, tok, [tasks[0]], sampler=Scripted(model, template.stop_ids, T1),
-                               template=template, max_new_tokens=64)
+    trajs = bugfix_rollouts(model, tok, [tasks[0]], BugFixOptions(max_new_tokens=64), sampler=Scripted(model, template.stop_ids, T1), template=template)
     traj = trajs[0]
     assert tasks[0].name == 'clamp' and traj.reward == 1.0 and traj.info['stop'] == 'submitted'
     assert traj.info['actions'] == ['<call> read </call>', '', '<call> edit swap_minmax </call>',
@@ -303,18 +302,18 @@ def test_function_calls_drive_the_gym(model, tok, template, tasks):
     ('<call> read </call>', [], None),
 ])
 def test_parse_tool_calls_and_gym_mapping(text, calls, gym):
-    assert hf.parse_tool_calls(text) == calls
-    assert hf.gym_call(calls) == gym
+    assert parse_tool_calls(text) == calls
+    assert gym_call(calls) == gym
 
 
 def test_context_limit_stops_the_episode_truncated(model, tok, template, tasks):
-    opening = len(ChatRecorder(template, hf.bugfix_opening(tasks[0].issue)).prompt_ids)
-    trajs = hf.bugfix_rollouts(model, tok, tasks[:1], max_new_tokens=16, template=template, max_context=opening + 40)
+    opening = len(ChatRecorder(template, bugfix_opening(tasks[0].issue)).prompt_ids)
+    trajs = bugfix_rollouts(model, tok, tasks[:1], BugFixOptions(max_new_tokens=16, max_context=opening + 40), template=template)
     t = trajs[0]
     assert t.info['stop'] == 'truncated' and t.reward == 0.0 and t.info['task'] == tasks[0].name
     assert len(t.ids) <= opening + 40 + 40
     with pytest.raises(ValueError, match='no room for a turn'):
-        hf.bugfix_rollouts(model, tok, tasks[:1], template=template, max_context=opening)
+        bugfix_rollouts(model, tok, tasks[:1], BugFixOptions(max_context=opening), template=template)
 
 
 # ---------------------------------------------------------------------------- the step-0 proof
@@ -330,7 +329,7 @@ def test_step0_plain_forward_matches_sample_logp_at_t1(model, episodes_t1):
 
 
 def test_step0_at_t07_top_p09(model, tok, template, tasks):
-    trajs = hf.bugfix_rollouts(model, tok, tasks[4:7], spec=T07, max_new_tokens=16, max_turns=3, template=template)
+    trajs = bugfix_rollouts(model, tok, tasks[4:7], BugFixOptions(spec=T07, max_new_tokens=16, max_turns=3), template=template)
     assert all(t.provenance.sampling == T07 for t in trajs)
     rep = checks.replay_records(trajs, hf_scorer(model))
     assert rep.ok and _max_abs(rep) < 1e-4

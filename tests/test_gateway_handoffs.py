@@ -55,10 +55,11 @@ def test_a_json_reply_is_one_sized_body_and_a_stream_stays_chunked(tmp_path):
         httpx = pytest.importorskip('httpx')
     from _tokenizers import tokenizer_path
     from agentrl.engines import hf
-    from agentrl.gateway import Gateway, HFUpstream
+    from agentrl.engines.hf.engine import HFEngine
+    from agentrl.gateway import Gateway
     from agentrl.gateway.server import Server
     model = hf.make_test_model(tmp_path / 'm', tokenizer_path('qwen3'))
-    srv = Server(Gateway(HFUpstream(model, device='cpu', max_new_tokens=4), tmp_path / 'run', conformance=False))
+    srv = Server(Gateway(HFEngine(model, device='cpu', max_new_tokens=4), tmp_path / 'run', conformance=False))
     srv.start()
     try:
         base = httpx.post(srv.url + '/sessions', json={}).json()['base_url']

@@ -7,9 +7,10 @@
 * Through the real openai SDK: the first deltas arrive while the engine is still sampling (the
   engine is slowed after each token), and the concatenated deltas equal the non-streaming message
   for the same seed: content, reasoning, tool calls (ids, names, arguments), finish reason, ids.
-* ``HFProcessUpstream`` samples the same ids and log-probs as ``HFUpstream`` for the same seed,
+* ``HFProcessEngine`` samples the same ids and log-probs as ``HFEngine`` for the same seed,
   streams, and its records replay with ``agentrl check``.
 """
+import dataclasses
 import time
 
 import pytest
@@ -113,11 +114,13 @@ class SlowForcing(ForcingHF):
         super().__init__(*a, **k)
         self.ends = []
 
-    def sample(self, prompt_ids, spec, max_new_tokens, seed, stop_ids, on_token=None):
+    def sample(self, request, teacher=None):
+        on_token = request.on_token
+
         def slow(ids):
             on_token(ids)
             time.sleep(self.delay)
-        s = super().sample(prompt_ids, spec, max_new_tokens, seed, stop_ids, on_token=slow if on_token else None)
+        s = super().sample(dataclasses.replace(request, on_token=slow if on_token else None))
         self.ends.append(time.time())
         return s
 
@@ -182,16 +185,17 @@ def test_sdk_stream_arrives_while_sampling_and_equals_the_message(server, upstre
 
 
 def test_process_engine_samples_what_the_in_process_engine_samples(model_dir, upstream, tmp_path):
-    from agentrl.gateway.engine import HFUpstream
-    from agentrl.gateway.engine_proc import HFProcessUpstream
+    from agentrl.engines.contract import TurnRequest
+    from agentrl.engines.hf.engine import HFEngine
+    from agentrl.engines.hf.process import HFProcessEngine
     from agentrl.record import SamplingSpec
-    proc = HFProcessUpstream(model_dir, device='cpu', max_new_tokens=16, threads=1)
+    proc = HFProcessEngine(model_dir, device='cpu', max_new_tokens=16, threads=1)
     try:
         prompt = upstream.tokenizer('<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n')['input_ids']
         spec, stop = SamplingSpec(temperature=0.9, top_p=0.95), frozenset({151645})
         seen = []
-        a = proc.sample(prompt, spec, 12, 7, stop, on_token=lambda ids: seen.append(list(ids)))
-        b = HFUpstream.sample(upstream, prompt, spec, 12, 7, stop)
+        a = proc.sample(TurnRequest(prompt, spec, 12, 7, stop, on_token=lambda ids: seen.append(list(ids))))
+        b = HFEngine.sample(upstream, TurnRequest(prompt, spec, 12, 7, stop))
         assert (a.ids, a.logp, a.truncated) == (b.ids, b.logp, b.truncated)
         assert seen == [a.ids[:k] for k in range(1, len(a.ids) + 1)]
         assert a.span[0] <= a.span[1] and proc.max_context == upstream.max_context

@@ -24,6 +24,7 @@ from agentrl.engines.scorer import hf_scorer  # noqa: E402
 from agentrl.record import OWNER, SamplingSpec  # noqa: E402
 from agentrl.store import read_trajectories, write_trajectories  # noqa: E402
 from agentrl.templates import ChatTemplate  # noqa: E402
+from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts  # noqa: E402
 
 REGEX = r'(read|test)\(\)'
 
@@ -51,8 +52,7 @@ def tasks():
 def rollout(lm, template, tasks, constraint, n=3, spec=SamplingSpec(), turns=2, tokens=24):
     model, tok = lm
     spec = dataclasses.replace(spec, constraint=constraint)
-    return hf.bugfix_rollouts(model, tok, tasks[:n], spec=spec, max_new_tokens=tokens, max_turns=turns,
-                              template=template, seed=5)
+    return bugfix_rollouts(model, tok, tasks[:n], BugFixOptions(spec=spec, max_new_tokens=tokens, max_turns=turns, seed=5), template=template)
 
 
 @pytest.fixture(scope='module')

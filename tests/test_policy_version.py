@@ -13,6 +13,7 @@ import agentrl as arl
 from agentrl import checks, interop, store
 from agentrl.record import Provenance, SamplingSpec, Trajectory, turn_records
 from agentrl.store.schema import _ROW_DIGEST_COLUMNS, row_digest
+from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts
 
 EOT, PAD = 7, 0
 
@@ -193,8 +194,7 @@ def test_tinyagent_and_hf_rollouts_take_policy_version(tmp_path, tasks, tok):
     from agentrl.engines import hf
     path = hf.make_test_model(tmp_path / 'm', TINY, layers=1, hidden=32, heads=2, kv_heads=1, max_positions=2048)
     hmodel, htok = hf.load_model(path)
-    recs = hf.bugfix_rollouts(hmodel, htok, tasks[:2], spec=SamplingSpec(), max_new_tokens=8, max_turns=1, seed=5,
-                              enable_thinking=False, policy_version='sha256:ab12')
+    recs = bugfix_rollouts(hmodel, htok, tasks[:2], BugFixOptions(spec=SamplingSpec(), max_new_tokens=8, max_turns=1, seed=5, enable_thinking=False, policy_version='sha256:ab12'))
     assert [r.provenance.policy_version for r in recs] == ['sha256:ab12'] * 2
     store.write_trajectories(tmp_path / 'h.parquet', recs)
     back = store.read_trajectories(tmp_path / 'h.parquet')

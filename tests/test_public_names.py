@@ -15,7 +15,10 @@ GOLDEN = json.loads((Path(__file__).parent / 'golden' / 'public_names.json').rea
 #: names removed on purpose, with the reason (docs/design.md#sampling: one sampler, no aliases of its functions)
 REMOVED = {
     'agentrl.engines.hf': {'draw': 'use agentrl.sampling.choose / agentrl.sampling.draw',
-                           'processed_log_probs': 'use agentrl.sampling.processed_logp'},
+                           'processed_log_probs': 'use agentrl.sampling.processed_logp',
+                           **dict.fromkeys(('bugfix_rollouts', 'bugfix_job', 'bugfix_opening', 'parse_tool_calls',
+                                            'gym_call'), 'the BugFix glue lives in agentrl.jobs.bugfix: engines do not '
+                                                         'import the gym (docs/design.md#engines)')},
     'agentrl.model': {'locate': 'use agentrl.sampling.draw',
                       'save_checkpoint': 'use agentrl.checkpoint.save_checkpoint (agentrl.checkpoint imports agentrl.model)',
                       'load_checkpoint': 'use agentrl.checkpoint.load_checkpoint (agentrl.checkpoint imports agentrl.model)'},

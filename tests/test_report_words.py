@@ -78,9 +78,10 @@ def test_report_of_a_gateway_run_has_no_gym_words(tmp_path, capsys):
     pytest.importorskip('transformers')
     from _tokenizers import tokenizer_path
     from agentrl.engines import hf
-    from agentrl.gateway import Gateway, HFUpstream, parse_request
+    from agentrl.engines.hf.engine import HFEngine
+    from agentrl.gateway import Gateway, parse_request
     model = hf.make_test_model(tmp_path / 'model', tokenizer_path('tiny'))
-    gw = Gateway(HFUpstream(model, device='cpu', max_new_tokens=24), tmp_path / 'run')
+    gw = Gateway(HFEngine(model, device='cpu', max_new_tokens=24), tmp_path / 'run')
     try:
         _, s = gw.open_session({})
         body = {'messages': [{'role': 'user', 'content': 'Fix clamp.'}], 'max_tokens': 3, 'seed': 1}

@@ -13,6 +13,7 @@ import agentrl.templates as tt  # noqa: E402
 from agentrl import checks  # noqa: E402
 from agentrl.record import OWNER, SamplingSpec  # noqa: E402
 from agentrl.templates import chat, loading  # noqa: E402
+from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts  # noqa: E402
 
 
 def test_tiny_tokenizer_is_small_and_qwen_style():
@@ -55,8 +56,7 @@ def test_hf_engine_episodes_on_the_tiny_tokenizer(tmp_path):
     tasks = arl.make_tasks('all')[:2]
 
     def run():
-        return hf.bugfix_rollouts(model, tok, tasks, spec=SamplingSpec(), max_new_tokens=12, max_turns=2, seed=5,
-                                  enable_thinking=False)
+        return bugfix_rollouts(model, tok, tasks, BugFixOptions(spec=SamplingSpec(), max_new_tokens=12, max_turns=2, seed=5, enable_thinking=False))
     a, b = run(), run()
     for x, y in zip(a, b):
         assert torch.equal(x.ids, y.ids) and torch.equal(x.sample_logp, y.sample_logp)     # one seed, one record

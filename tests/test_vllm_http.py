@@ -27,7 +27,7 @@ import agentrl  # noqa: E402
 from agentrl.engines.vllm import ServerDied, VLLMError, connect  # noqa: E402
 from agentrl.engines.vllm.client import complete, session  # noqa: E402
 from agentrl.engines.vllm.http import post, send, split_lines, stream_lines  # noqa: E402
-from agentrl.gateway.vllm import complete_ids, stream_ids  # noqa: E402
+from agentrl.engines.vllm.engine import complete_ids, stream_ids  # noqa: E402
 
 PROMPT = [5, 6, 7]
 TURN = {'choices': [{'token_ids': [11, 12, 2], 'logprobs': {'token_logprobs': [-0.5, -1.25, -0.125]},

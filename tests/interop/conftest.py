@@ -17,6 +17,7 @@ def lm(tmp_path_factory):
     pytest.importorskip('transformers')
     from _tokenizers import tokenizer_path
     from agentrl.engines import hf
+    from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts
     torch.set_num_threads(1)
     out = hf.make_test_model(tmp_path_factory.mktemp('tiny-qwen3'), tokenizer_path('qwen3'))
     model, tok = hf.load_model(out)
@@ -30,8 +31,7 @@ def records(lm):
     from agentrl.engines import hf
     _, model, tok = lm
     tasks = arl.make_tasks('all')
-    recs = hf.bugfix_rollouts(model, tok, [tasks[0], tasks[0], tasks[1], tasks[1]], max_new_tokens=16, max_turns=3,
-                              seed=5)
+    recs = bugfix_rollouts(model, tok, [tasks[0], tasks[0], tasks[1], tasks[1]], BugFixOptions(max_new_tokens=16, max_turns=3, seed=5))
     for i, r in enumerate(recs):
         r.provenance.group_id = f'g{i // 2}'
         r.reward = float(i in (0, 3))     # distinct rewards in each group: a non-zero GRPO advantage

@@ -21,9 +21,10 @@ except ImportError:
     httpx = pytest.importorskip('httpx')
 
 from agentrl import store  # noqa: E402
-from agentrl.gateway import Gateway, VLLMUpstream, read_journal  # noqa: E402
+from agentrl.engines.vllm.engine import VLLMEngine  # noqa: E402
+from agentrl.gateway import Gateway, read_journal  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
-from agentrl.gateway.vllm import complete_ids  # noqa: E402
+from agentrl.engines.vllm.engine import complete_ids  # noqa: E402
 from agentrl.gym import TOOL_SCHEMAS  # noqa: E402
 from agentrl.record import SamplingSpec  # noqa: E402
 from agentrl.templates.chat import function_tools  # noqa: E402
@@ -40,7 +41,7 @@ def f32(x: float) -> float:
 
 @pytest.fixture(scope='module')
 def upstream(server, model_dir):
-    return VLLMUpstream([server.url], model_dir, max_new_tokens=16, concurrency=8)
+    return VLLMEngine([server.url], model_dir, max_new_tokens=16, concurrency=8)
 
 
 @pytest.fixture(scope='module')

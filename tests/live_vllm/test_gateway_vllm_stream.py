@@ -21,9 +21,11 @@ except ImportError:
 
 from agentrl import store  # noqa: E402
 from agentrl.engines.vllm import ServerDied, VLLMError  # noqa: E402
-from agentrl.gateway import Gateway, VLLMUpstream, read_journal  # noqa: E402
+from agentrl.engines.contract import TurnRequest  # noqa: E402
+from agentrl.engines.vllm.engine import VLLMEngine  # noqa: E402
+from agentrl.gateway import Gateway, read_journal  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
-from agentrl.gateway.vllm import complete_ids, stream_ids  # noqa: E402
+from agentrl.engines.vllm.engine import complete_ids, stream_ids  # noqa: E402
 from agentrl.gym import TOOL_SCHEMAS  # noqa: E402
 from agentrl.record import SamplingSpec  # noqa: E402
 from agentrl.templates import ChatRecorder  # noqa: E402
@@ -41,7 +43,7 @@ def f32(x: float) -> float:
 
 @pytest.fixture(scope='module')
 def upstream(server, model_dir):
-    return VLLMUpstream([server.url], model_dir, max_new_tokens=48, concurrency=8)
+    return VLLMEngine([server.url], model_dir, max_new_tokens=48, concurrency=8)
 
 
 @pytest.fixture(scope='module')
@@ -64,12 +66,12 @@ def prompt(gateway):
 
 @pytest.fixture(scope='module')
 def long_seeds(upstream, prompt):
-    """``{seed: Sample}`` of the first 3 seeds whose unstreamed 24-token turn has 16+ tokens (the test model
+    """``{seed: TurnResult}`` of the first 3 seeds whose unstreamed 24-token turn has 16+ tokens (the test model
     often samples ``<|im_end|>`` early)."""
     ids, stops = prompt
     found = {}
     for seed in range(200):
-        s = upstream.sample(ids, SPEC, 24, seed, stops)
+        s = upstream.sample(TurnRequest(ids, SPEC, 24, seed, stops))
         if len(s.ids) >= 16:
             found[seed] = s
             if len(found) == 3:
@@ -81,7 +83,7 @@ def test_streamed_sample_is_the_unstreamed_sample_bit_for_bit(upstream, server, 
     ids, stops = prompt
     for seed, whole in long_seeds.items():
         seen = []
-        streamed = upstream.sample(ids, SPEC, 24, seed, stops, on_token=seen.append)
+        streamed = upstream.sample(TurnRequest(ids, SPEC, 24, seed, stops, on_token=seen.append))
         assert streamed == whole                              # ids, float logp bit for bit, truncated, seed, server
         assert whole.truncated == (whole.ids[-1] not in stops) and whole.server == server.url
         assert len(seen) > 1 and seen[-1] == whole.ids        # more than one chunk
@@ -97,7 +99,7 @@ def test_a_turn_that_stops_on_a_stop_id_streams_the_same_stop(upstream, prompt, 
     a, seen = complete_ids(upstream.urls[0], body), []
     b = stream_ids(upstream.urls[0], body, seen.append)
     assert a == b and a['ids'] == whole.ids[:k + 1] and (a['finish_reason'], a['stop_reason']) == ('stop', stop)
-    s = upstream.sample(ids, SPEC, 24, seed, stops | {stop}, on_token=lambda _: None)
+    s = upstream.sample(TurnRequest(ids, SPEC, 24, seed, stops | {stop}, on_token=lambda _: None))
     assert (s.ids, s.logp, s.truncated) == (whole.ids[:k + 1], whole.logp[:k + 1], False)
 
 
@@ -173,7 +175,7 @@ def test_latency_first_delta_vs_whole_turn(upstream, prompt, long_seeds):
     first, whole, chunks, tokens = [], [], [], []
     for seed, ref in long_seeds.items():
         t0, seen = time.time(), []
-        s = upstream.sample(ids, SPEC, 24, seed, stops, on_token=lambda x: seen.append((time.time() - t0, len(x))))
+        s = upstream.sample(TurnRequest(ids, SPEC, 24, seed, stops, on_token=lambda x: seen.append((time.time() - t0, len(x)))))
         whole.append(time.time() - t0)
         first.append(seen[0][0])
         chunks.append(len(seen))
@@ -218,7 +220,7 @@ def test_stream_errors_are_one_line(upstream, server, prompt):
     ids, stops = prompt
     url = upstream.urls[0]
     with pytest.raises(VLLMError, match=rf'^vllm server {url}: /v1/completions answered HTTP 400: .*maximum'):
-        upstream.sample([ids[0]] * 3000, SPEC, 4, 1, stops, on_token=lambda _: None)
+        upstream.sample(TurnRequest([ids[0]] * 3000, SPEC, 4, 1, stops, on_token=lambda _: None))
     body = upstream.body(ids, SPEC, 8, 1, stops, url)
     dead = 'http://127.0.0.1:9'
     with pytest.raises(ServerDied, match=rf'^vllm server {dead} died mid-run \(ConnectError: .*refused'):
@@ -240,7 +242,7 @@ def test_a_server_that_stops_answering_mid_stream_is_server_died(upstream, serve
     finally:
         os.killpg(server.pid, signal.SIGCONT)
     assert len(seen) == 1
-    assert upstream.sample(ids, SPEC, 4, 1, stops, on_token=lambda _: None).ids    # answering again
+    assert upstream.sample(TurnRequest(ids, SPEC, 4, 1, stops, on_token=lambda _: None)).ids    # answering again
 
 
 def test_sse_parser_reads_the_bytes_the_server_streamed(upstream, prompt):

@@ -16,6 +16,7 @@ from agentrl import checks
 from agentrl.engines import vllm
 from agentrl.engines.vllm import client as vclient
 from agentrl.record import OWNER, SamplingSpec
+from agentrl.jobs.bugfix import BugFixOptions, bugfix_template, bugfix_vllm_rollouts
 
 IM_END = 151645
 T1 = SamplingSpec()
@@ -27,7 +28,7 @@ def f32(x: float) -> float:
 
 @pytest.fixture(scope='session')
 def template(lm):
-    return vllm.bugfix_template(lm[1])
+    return bugfix_template(lm[1])
 
 
 @pytest.fixture(scope='session')
@@ -40,8 +41,7 @@ def run(server, template, tasks):
     """6 BugFix episodes (T=1, 24 tokens a turn, 3 turns) and every request/response pair."""
     responses = []
     seeds = [11, 12, 13, 14, 15, 16]
-    recs = vllm.bugfix_vllm_rollouts([server.endpoint], template, tasks[:6], seeds=seeds, spec=T1,
-                                     max_new_tokens=24, max_turns=3, responses=responses)
+    recs = bugfix_vllm_rollouts([server.endpoint], template, tasks[:6], BugFixOptions(spec=T1, max_new_tokens=24, max_turns=3), seeds=seeds, responses=responses)
     return recs, responses, seeds
 
 
@@ -132,8 +132,7 @@ def test_records_pass_check_and_replay_with_the_hf_model(run, lm, tmp_path, caps
 
 def test_the_same_seeds_give_the_same_records(run, server, template, tasks):
     recs, _, seeds = run
-    again = vllm.bugfix_vllm_rollouts([server.endpoint], template, tasks[:6][::-1], seeds=seeds[::-1], spec=T1,
-                                      max_new_tokens=24, max_turns=3)[::-1]
+    again = bugfix_vllm_rollouts([server.endpoint], template, tasks[:6][::-1], BugFixOptions(spec=T1, max_new_tokens=24, max_turns=3), seeds=seeds[::-1])[::-1]
     for a, b in zip(recs, again):
         assert torch.equal(a.ids, b.ids) and torch.equal(a.sample_logp, b.sample_logp)
         assert a.info['vllm'] == b.info['vllm']

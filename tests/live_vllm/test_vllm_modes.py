@@ -20,6 +20,7 @@ from agentrl.engines import vllm
 from agentrl.gym import TOOL_SCHEMAS
 from agentrl.record import SamplingSpec
 from agentrl.templates.chat import function_tools
+from agentrl.jobs.bugfix import BugFixOptions, bugfix_template, bugfix_vllm_rollouts
 
 T07 = SamplingSpec(temperature=0.7)
 
@@ -37,9 +38,8 @@ def raw_server(model_dir, vllm_py, tmp_path_factory):
 @pytest.fixture(scope='module')
 def raw_recs(raw_server, lm):
     """3 BugFix episodes at T=0.7 (raw != processed), the mode probed at start-up."""
-    template = vllm.bugfix_template(lm[1])
-    return vllm.bugfix_vllm_rollouts([raw_server.endpoint], template, arl.make_tasks('all')[:3], seeds=[21, 22, 23],
-                                     spec=T07, max_new_tokens=16, max_turns=2)
+    template = bugfix_template(lm[1])
+    return bugfix_vllm_rollouts([raw_server.endpoint], template, arl.make_tasks('all')[:3], BugFixOptions(spec=T07, max_new_tokens=16, max_turns=2), seeds=[21, 22, 23])
 
 
 def test_the_probe_answers_raw_on_a_raw_logprobs_server(raw_server, lm):

@@ -13,7 +13,7 @@ import argparse
 import os
 import sys
 
-from ..engines.vllm import VLLMError, VLLMServer, VLLMServerOptions
+from ..engines.factory import BACKENDS
 from ..io import folder_lock
 from .options import UserError
 
@@ -27,7 +27,7 @@ def register(sub) -> None:
                                    'branch leaves are stored in RUN/trajectories (check them with `agentrl check '
                                    'RUN --model DIR`). See docs/gateway.md.')
     p.add_argument('--out', required=True, metavar='RUN', help='run folder (created; an existing gateway run resumes)')
-    p.add_argument('--engine', choices=['hf', 'vllm'], default=None,
+    p.add_argument('--engine', choices=[n for n, b in BACKENDS.items() if b.engine], default=None,
                    help='engine: hf (a Hugging Face model in this process, the default) or vllm (starts a local vLLM '
                         'server from --vllm-python; stopped on exit). With --server: vllm')
     p.add_argument('--engine-process', action='store_true',
@@ -70,9 +70,10 @@ def register(sub) -> None:
 
 def run(args) -> int:
     """Run the subcommand for parsed ``args``; return the exit code (errors raise ``UserError``, one line)."""
+    from ..engines.factory import backend
     engine = args.engine or ('vllm' if args.server else 'hf')
-    if args.server and args.engine == 'hf':
-        raise UserError('--server is a vLLM server: drop --engine hf (or pass --engine vllm)')
+    if args.server and not backend(engine).servers:
+        raise UserError(f'--server is a vLLM server: drop --engine {engine} (or pass --engine vllm)')
     if not args.model:
         if args.server:
             raise UserError('--server needs --model DIR: the served model\'s folder (its tokenizer and fingerprint)')
@@ -114,30 +115,30 @@ class _Stopped(BaseException):
 
 
 def _upstream(args, engine: str, stack):
-    """The engine: HF in process, running vLLM servers, or a local vLLM server (stopped by ``stack``)."""
-    from ..gateway import HFUpstream
-    if engine == 'hf' and args.engine_process:
-        from ..gateway.engine_proc import HFProcessUpstream
-        up = HFProcessUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
-        stack.callback(up.close)
-        return up
-    if engine == 'hf':
-        return HFUpstream(args.model, device=args.device, max_new_tokens=args.max_new_tokens)
-    if args.engine_process:
-        raise UserError('--engine-process is for --engine hf (a vLLM server is already another process)')
-    from ..gateway.vllm import VLLMUpstream
+    """The engine of ``--engine`` (:func:`~agentrl.engines.factory.open_engine`); a local server it starts and
+    a child process are stopped by ``stack``."""
+    from ..engines.contract import EngineError
+    from ..engines.factory import backend, open_engine, start_server
+    b = backend(engine)
+    if args.engine_process and b.child is None:
+        raise UserError(f'--engine-process is for --engine hf (a {engine} server is already another process)')
     urls = [u.strip() for u in (args.server or '').split(',') if u.strip()]
     try:
-        if not urls:
+        if b.servers and not urls:
             py = args.vllm_python or os.environ.get('AGENTRL_VLLM_PYTHON') or None
             os.makedirs(args.out, exist_ok=True)
-            srv = stack.enter_context(VLLMServer(args.model, VLLMServerOptions(cpus=args.vllm_cpus), python=py,
-                                                 log_path=os.path.join(args.out, 'vllm-server.log')))
-            print(f'agentrl serve: vllm server {srv.url} (pid {srv.pid}) started', file=sys.stderr, flush=True)
+            srv = stack.enter_context(start_server(engine, args.model, cpus=args.vllm_cpus, python=py,
+                                                   log_path=os.path.join(args.out, f'{engine}-server.log')))
+            print(f'agentrl serve: {engine} server {srv.url} (pid {srv.pid}) started', file=sys.stderr, flush=True)
             urls = [srv.url]
-        return VLLMUpstream(urls, args.model, max_new_tokens=args.max_new_tokens, concurrency=args.concurrency)
-    except (VLLMError, ValueError) as e:
+        up = open_engine(engine, model=args.model, device=args.device, max_new_tokens=args.max_new_tokens,
+                         process=bool(args.engine_process), urls=urls, concurrency=args.concurrency)
+    except (EngineError, ValueError) as e:
+        if not b.servers:
+            raise
         raise UserError(str(e)) from None
+    stack.callback(up.close)
+    return up
 
 
 def _serve(args, upstream) -> int:

@@ -1,9 +1,10 @@
 """L4: engines that drive real models and scale-out backends; each is imported lazily.
 
-- :mod:`agentrl.engines.episode`: the engine-agnostic episode parts (``Reply``, ``EpisodeState``);
-  torch-free.
-- :mod:`agentrl.engines.bugfix`: the BugFix gym behind function calling for any engine
-  (``BugFixAdapter``, ``parse_tool_calls``, ``gym_call``, ``bugfix_opening``); torch-free.
+- :mod:`agentrl.engines.contract`: the turn-level engine contract (``TurnRequest``, ``TurnResult``,
+  ``Engine``, the error types); :mod:`agentrl.engines.factory`: the registry that picks a backend by
+  name (docs/design.md#engines).
+- :mod:`agentrl.engines.episode`: the engine-agnostic episode parts (``Reply``, ``EpisodeState``) and
+  :mod:`agentrl.engines.driver`: the one episode driver over a ``TurnBatch``; torch-free.
 - :mod:`agentrl.engines.hf`: token-in/token-out rollouts with a local Hugging Face causal LM
   (extra ``pip install agentrl[hf]``).
 - :mod:`agentrl.engines.ray`: a pool of Ray actors that runs chunks of episodes, replaces dead

@@ -1,8 +1,8 @@
 """L4: the engine-agnostic parts of a chat episode: what the environment answers, and each episode's books.
 
-Torch-free (no torch, no transformers): the HF engine (:func:`agentrl.engines.hf.run_chat_episodes`),
-the vLLM engine and a recording gateway drive their episodes with these, and an environment adapter
-(:class:`agentrl.engines.bugfix.BugFixAdapter`) answers with :class:`Reply`.
+Torch-free (no torch, no transformers): the episode driver (:func:`agentrl.engines.driver.drive_episodes`)
+keeps its books with these, and an environment adapter (:class:`agentrl.jobs.bugfix.BugFixAdapter`)
+answers with :class:`Reply`.
 
 Source: docs/design.md#hf-engine; book chapter 4 (``env.step``) and 5.6-5.8 (truncation gives reward 0
 and is recorded).

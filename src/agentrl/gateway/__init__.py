@@ -5,11 +5,12 @@ token-in/token-out from the session's recorded ids plus a template bridge, journ
 before its response is sent, and each branch leaf of a finished session becomes one
 :class:`~agentrl.record.Trajectory` in ``RUN/trajectories`` (checked by ``agentrl check RUN``).
 
+The engine behind it is any :class:`~agentrl.engines.contract.Engine`
+(:func:`agentrl.engines.factory.open_engine`); the gateway holds no engine code.
+
 Source: docs/gateway.md.
 """
 from .conformance import ConformanceError, conformance
-from .engine import HFUpstream, Sample, Upstream
-from .engine_proc import HFProcessUpstream
 from .journal import Journal, read_journal
 from .limits import Limits
 from .parse import message_deltas, normalize_assistant, parse_reply
@@ -17,9 +18,8 @@ from .stream import ReplyStream
 from .protocol import ChatRequest, GatewayError, parse_request
 from .service import Gateway, session_id
 from .sessions import FORK_CATEGORIES, Branch, Session, Turn
-from .vllm import VLLMUpstream
 
-__all__ = ['Gateway', 'HFUpstream', 'HFProcessUpstream', 'VLLMUpstream', 'Upstream', 'Sample', 'Limits',
+__all__ = ['Gateway', 'Limits',
            'Journal', 'read_journal', 'ChatRequest', 'GatewayError', 'parse_request', 'parse_reply', 'message_deltas',
            'ReplyStream', 'normalize_assistant', 'Session', 'Branch', 'Turn', 'FORK_CATEGORIES', 'session_id',
            'conformance', 'ConformanceError', 'create_app', 'Server']

@@ -29,11 +29,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..engines.contract import EngineDied, EngineError, TurnRequest, TurnResult
 from ..families import family_for
-from ..engines.vllm.errors import ServerDied, VLLMError
 from ..io import atomic_write
 from ..templates import ChatTemplate
-from .engine import Sample
 from .journal import Journal, read_journal
 from .limits import Limits
 from .parse import finish_reason, parse_reply
@@ -49,7 +48,7 @@ _IDENTITY = ('group_id', 'rollout_id', 'task')
 @dataclass
 class Pending:
     """A call between :meth:`Gateway.prepare` and :meth:`Gateway.complete`: its plan, template, turn
-    budget, seed, policy version (taken at dispatch), server (sticky routing) and dispatch time
+    budget, seed, policy version (taken at dispatch) and dispatch time
     ``t0``; or ``replay`` = ``(response, index, True)`` for a marked retry of an earlier call."""
     session: Session
     req: ChatRequest
@@ -60,7 +59,6 @@ class Pending:
     budget: int = 0
     seed: int | None = None
     version: str = '0'
-    server: str | None = None
     t0: float = 0.0
     replay: tuple | None = None
     think: bool = False
@@ -72,7 +70,7 @@ def session_id(token: str) -> str:
 
 
 class Gateway:
-    """Sessions in front of one :class:`~agentrl.gateway.engine.Upstream`, journalled in ``out``.
+    """Sessions in front of one :class:`~agentrl.engines.contract.Engine`, journalled in ``out``.
 
     Args:
         upstream: the engine. out: the run folder (created; an existing journal is replayed).
@@ -258,8 +256,6 @@ class Gateway:
             raise
         p.seed = req.seed if req.seed is not None else \
             int(hashlib.sha256(f'{session.sid}/{len(session.calls)}'.encode()).hexdigest()[:15], 16)
-        route = getattr(self.upstream, 'route', None)
-        p.server = route(session.sid) if route is not None else None
         return p
 
     def sample(self, p: 'Pending', on_token=None):
@@ -271,16 +267,15 @@ class Gateway:
             GatewayError: 502 when the engine refuses the request or fails (names the engine's
                 message); 503 when its server stopped answering.
         """
-        kw = {} if p.server is None else {'server': p.server}
-        if on_token is not None and getattr(self.upstream, 'streams', False):
-            kw['on_token'] = on_token
+        streams = on_token is not None and getattr(self.upstream, 'streams', False)
+        request = TurnRequest(p.plan.prompt_ids, p.req.spec, p.budget, p.seed, self.family.stop_ids(p.template),
+                              on_token=on_token if streams else None, key=p.session.sid)
         try:
-            return self.upstream.sample(p.plan.prompt_ids, p.req.spec, p.budget, p.seed,
-                                        self.family.stop_ids(p.template), **kw)
-        except ServerDied as e:
+            return self.upstream.sample(request)
+        except EngineDied as e:
             raise GatewayError(503, f'the engine server stopped answering: {e}', type='server_error',
                                code='upstream_unavailable') from None
-        except VLLMError as e:
+        except EngineError as e:
             raise GatewayError(502, f'the engine refused the call: {e}', type='server_error',
                                code='upstream_error') from None
 
@@ -325,7 +320,7 @@ class Gateway:
         return response, index, False
 
     def _apply(self, session, plan, sample, message, truncated, digest, response, req, version) -> None:
-        s = Sample(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed, server=sample.server)
+        s = TurnResult(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed, server=sample.server)
         if session.spec is None:
             session.spec = req.spec
         session.last_messages = req.messages
@@ -413,7 +408,7 @@ class Gateway:
                 req = ChatRequest.from_recorded(_full(ev['req'], s.last_messages))
                 plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True), self.template(req.tools),
                               self.family)
-                sample = Sample(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'],
+                sample = TurnResult(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'],
                                 server=ev.get('server'))
                 self._apply(s, plan, sample, ev['message'], ev['truncated'], ev['digest'], ev['response'], req,
                             ev.get('version', '0'))

@@ -310,7 +310,7 @@ class Session:
         """Add the sampled turn to the plan's branch (attaching a new branch) and note the call.
 
         Args:
-            plan: from :meth:`plan`. sample: the engine's :class:`~agentrl.gateway.engine.Sample`.
+            plan: from :meth:`plan`. sample: the engine's :class:`~agentrl.engines.contract.TurnResult`.
             message: the returned assistant message. call: the call's journal fields (digest, ...).
         """
         b = plan.branch

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..constraints import backend_version, response_format_constraint, tool_call_constraint
+from ..engines.factory import BACKENDS, ENGINES as FACTORY_ENGINES, backend
 from ..fields import check_fields, flag_of, option  # noqa: F401 - check_fields, flag_of: their old home
 from ..record import SamplingSpec
 from ..sampling import episode_seed
@@ -33,7 +34,7 @@ POLICIES = ('oracle', 'blind', 'random', 'hacker', 'model')
 #: The scripted policies (:func:`agentrl.gym.scripted_policy`).
 SCRIPTED = ('oracle', 'blind', 'random', 'hacker')
 #: Engines of the ``model`` policy.
-ENGINES = ('tinyagent', 'hf', 'vllm')
+ENGINES = FACTORY_ENGINES
 #: The run manifest inside the run folder.
 MANIFEST = 'run.json'
 #: The shard folder inside the run folder.
@@ -143,7 +144,8 @@ class RolloutOptions:
 
     def __post_init__(self):
         if self.policy is None:
-            self.policy = ['model'] if self.engine in ('hf', 'vllm') else list(POLICIES)
+            known = BACKENDS.get(self.engine)                   # an unknown name: validate() refuses it
+            self.policy = ['model'] if known is not None and known.model_only else list(POLICIES)
         elif isinstance(self.policy, str):
             self.policy = [p.strip() for p in self.policy.split(',')]     # validate refuses an empty name
         else:
@@ -180,17 +182,18 @@ class RolloutOptions:
             raise ValueError('--address joins a Ray cluster for the workers; add --workers N (N >= 1)')
         if self.resume and not os.path.isdir(self.resume):
             raise ValueError(f'--resume {self.resume!r} is not a folder; pass the --out folder of a run')
-        if not self.resume and self.engine in ('hf', 'vllm') and 'model' not in self.policy:
+        b = backend(self.engine)
+        if not self.resume and b.model_only and 'model' not in self.policy:
             raise ValueError(f'--engine {self.engine} samples only --policy model (got {",".join(self.policy)}); '
                              'drop --engine/--model for scripted policies, or add model to --policy')
-        if self.engine in ('hf', 'vllm'):
+        if b.model_dir:
             if not self.model:
                 raise ValueError(f'--engine {self.engine} needs --model DIR with config.json (a save_pretrained '
                                  'folder); `agentrl make-test-model OUT` builds a small one')
             if not os.path.isfile(os.path.join(self.model, 'config.json')):
                 raise ValueError(f'--engine {self.engine} needs --model DIR with config.json (got {self.model!r}); '
                                  '`agentrl make-test-model OUT` builds a small one')
-        if self.engine == 'vllm' and not self.server:
+        if b.servers and not self.server:
             from ..engines.vllm.server import VLLMError, check_head_dim, default_python
             try:
                 check_head_dim(self.model)      # the head size vLLM CPU cannot run, and the fix

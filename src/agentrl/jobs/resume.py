@@ -16,6 +16,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Callable
 
+from ..engines.factory import backend
 from ..fields import check_fields, field_default, flag_of
 from .plan import MANIFEST, POLICIES, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions
 from .runner import RunSpec
@@ -236,9 +237,10 @@ def _expected_provenance(spec: RunSpec, tok) -> Callable[[EpisodeJob], dict]:
     sampling = spec.sampling.to_dict()
     word = {'tokenizer': tok.fingerprint, 'template': tok.template_fingerprint()}
     vllm_sampling = None
-    if opts.engine == 'vllm':            # what the servers declared: the probed log-prob mode (RunSpec.logp_mode)
-        from ..engines.vllm.episodes import checked_spec
-        vllm_sampling = checked_spec(spec.sampling, spec.logp_mode or spec.sampling.logp_mode).to_dict()
+    b = backend(opts.engine)
+    if b.servers:            # what the servers declared: the probed log-prob mode (RunSpec.logp_mode)
+        from ..engines.vllm.engine import record_spec
+        vllm_sampling = record_spec(spec.sampling, spec.logp_mode or spec.sampling.logp_mode).to_dict()
     hf: dict = {}
 
     def hf_fingerprints() -> dict:
@@ -255,12 +257,11 @@ def _expected_provenance(spec: RunSpec, tok) -> Callable[[EpisodeJob], dict]:
     def expected(job: EpisodeJob) -> dict:
         if job.policy != 'model':
             return dict(policy=job.policy, model='', sampling=None, logp_placeholder=True, **word, seed=job.seed)
-        fps = hf_fingerprints() if opts.engine in ('hf', 'vllm') else word
-        policy = opts.engine if opts.engine in ('hf', 'vllm') else 'model'
-        declared = vllm_sampling if policy == 'vllm' else sampling
-        if opts.engine in ('hf', 'vllm') and (opts.tool_choice or opts.response_format):   # docs/grammar.md
+        fps = hf_fingerprints() if b.chat else word
+        declared = vllm_sampling if b.servers else sampling
+        if b.grammar and (opts.tool_choice or opts.response_format):   # docs/grammar.md
             declared = dict(declared, constraint=opts.constraint(stops[0]).to_dict())
-        return dict(policy=policy, model=spec.model_id, sampling=declared, logp_placeholder=False, **fps,
+        return dict(policy=b.policy, model=spec.model_id, sampling=declared, logp_placeholder=False, **fps,
                     seed=job.seed)
     return expected
 

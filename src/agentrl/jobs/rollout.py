@@ -43,6 +43,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..engines.vllm.client import ServerDied
+from ..engines.factory import backend
+from ..engines.fingerprint import model_fingerprint
 from ..fields import check_fields
 from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
 from .plan import MANIFEST, SUMMARY, TRAJECTORY_DIR, RolloutOptions, plan_episodes, public_options
@@ -78,30 +80,6 @@ RunLockedError = FolderLockedError
 
 #: ``run_lock(folder)``: hold ``folder/.lock`` for the block (:func:`agentrl.io.folder_lock`).
 run_lock = folder_lock
-
-
-def model_fingerprint(path: str | os.PathLike) -> str:
-    """A short content fingerprint of a checkpoint file or a model folder: 12 hex digits of sha256.
-
-    A file's is the sha256 of its bytes. A folder's fingerprint covers ``config.json`` and its weight files (``*.safetensors``,
-    ``*.bin``, ``*.pt``), by name and content, so a copy on another machine has the same one.
-
-    Raises:
-        FileNotFoundError: nothing at ``path``.
-    """
-    p = Path(path)
-    h = hashlib.sha256()
-    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.is_file() and (
-        f.name == 'config.json' or f.suffix in ('.safetensors', '.bin', '.pt')))
-    if not p.exists():
-        raise FileNotFoundError(f'no model at {str(p)!r}')
-    for f in files:
-        if p.is_dir():
-            h.update(f.name.encode() + b'\0')
-        with open(f, 'rb') as fh:
-            for block in iter(lambda: fh.read(1 << 20), b''):
-                h.update(block)
-    return h.hexdigest()[:12]
 
 
 def _checkpoint_bytes(net) -> bytes:
@@ -197,7 +175,7 @@ def prepare(opts: RolloutOptions) -> Prepared:
     tasks = gym.make_tasks(opts.split)
     tok = gym.bugfix_tokenizer()
     if manifest is None:
-        _refuse_a_run_in(out, opts, 'model' in opts.policy and opts.engine == 'tinyagent' and not opts.checkpoint)
+        _refuse_a_run_in(out, opts, 'model' in opts.policy and not backend(opts.engine).model_dir and not opts.checkpoint)
     weights, model, model_bytes = _policy_model(opts, manifest, tok)
     if manifest is not None and manifest.get('model') and model and manifest['model'] != model:
         raise ValueError(f'--resume {opts.out!r}: the run was sampled from {manifest["model"]["name"]}@'
@@ -237,7 +215,7 @@ def _policy_model(opts: RolloutOptions, manifest: dict | None, tok) -> tuple[dic
     out = Path(opts.out)
     if 'model' not in opts.policy:
         return None, None, None
-    if opts.engine != 'tinyagent':
+    if backend(opts.engine).model_dir:
         return None, {'name': Path(opts.model).resolve().name, 'fingerprint': model_fingerprint(opts.model)}, None
     from ..checkpoint import load_checkpoint
     from ..model import TinyAgent
@@ -265,7 +243,7 @@ class _Tally:
 
     def __init__(self, p: Prepared):
         self.index = {j.key: j for j in p.jobs}
-        self.builders = {pol: SummaryBuilder(None if pol == 'model' and p.opts.engine in ('hf', 'vllm')
+        self.builders = {pol: SummaryBuilder(None if pol == 'model' and backend(p.opts.engine).chat
                                              else p.tok.unk_id)
                          for pol in p.opts.policy}
         self.hf_provenance = None
@@ -443,7 +421,7 @@ def summarise(p: Prepared, report: RunReport, tally: _Tally, seconds: float) -> 
         hp = tally.hf_provenance
         hf = {'model': hp.model, 'tokenizer': hp.tokenizer, 'template': hp.template,
               'sampling': hp.sampling.to_dict() if hp.sampling is not None else None}
-        if p.opts.engine == 'vllm':
+        if backend(p.opts.engine).servers:
             hf.update(servers=len(p.opts.server or [None]), logp_mode=p.logp_mode)
         if report.profiles:
             from ..engines.hf import merge_profiles

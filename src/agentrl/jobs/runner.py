@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..engines import ray as ray_pool
-from ..engines.vllm.client import ServerDied
+from ..engines.factory import backend
+from ..engines.vllm.errors import ServerDied
 from .plan import EpisodeJob, RolloutOptions, plan_chunks
 
 __all__ = ['RunSpec', 'EpisodeRunner', 'RunnerFactory', 'RunReport', 'run_chunks']
@@ -122,7 +123,8 @@ class EpisodeRunner:
     def _vllm_servers(self):
         """The ``vllm`` engine's (endpoints, template): ``options.server`` connected, ``--model``'s tokenizer; once."""
         if self._vllm is None:
-            from ..engines.vllm import bugfix_template, connect
+            from ..engines.vllm import connect
+            from .bugfix import bugfix_template
             self._vllm = (connect(self.spec.options.server), bugfix_template(self.spec.options.model))
         return self._vllm
 
@@ -131,7 +133,7 @@ class EpisodeRunner:
 
         TinyAgent episodes run together through ``rollout_batch`` (each with its own generator
         seeded by ``job.seed``); ``hf`` episodes together through
-        :func:`~agentrl.engines.hf.bugfix_rollouts` (seeds ``job.seed``); scripted ones one by
+        :func:`~agentrl.jobs.bugfix.bugfix_rollouts` (seeds ``job.seed``); scripted ones one by
         one, each policy object seeded by ``job.seed``.
 
         Args:
@@ -187,24 +189,24 @@ class EpisodeRunner:
         if policy != 'model':
             return [rollouts.scripted_rollout(gym.scripted_policy(policy, seed=j.seed), self._env(), t,
                                               self.tok, **kw) for j, t in zip(jobs, tasks)]
-        if opts.engine == 'hf':
-            from ..engines.hf import bugfix_rollouts
+        b = backend(opts.engine)
+        if b.chat:
+            from .bugfix import BugFixOptions, bugfix_rollouts, bugfix_vllm_rollouts
+            seeds = [j.seed for j in jobs]
+            if b.servers:
+                endpoints, template = self._vllm_servers()
+                o = BugFixOptions(spec=self._sampling(template), max_new_tokens=opts.max_new_tokens,
+                                  reward_tests=opts.reward_tests, model_name=self.spec.model_id,
+                                  logp_mode=self.spec.logp_mode or None, **kw)
+                return bugfix_vllm_rollouts(endpoints, template, tasks, o, seeds=seeds)
             model, template = self._hf_model()
             prof = {} if opts.profile else None
-            recs = bugfix_rollouts(model, template.tokenizer, tasks, spec=self._sampling(template),
-                                   max_new_tokens=opts.max_new_tokens, reward_tests=opts.reward_tests,
-                                   seeds=[j.seed for j in jobs], batch_size=len(jobs), template=template,
-                                   model_name=self.spec.model_id, profile=prof, **kw)
+            o = BugFixOptions(spec=self._sampling(template), max_new_tokens=opts.max_new_tokens,
+                              reward_tests=opts.reward_tests, batch_size=len(jobs), model_name=self.spec.model_id, **kw)
+            recs = bugfix_rollouts(model, template.tokenizer, tasks, o, seeds=seeds, template=template, profile=prof)
             if prof:
                 self.profiles.append(prof)
             return recs
-        if opts.engine == 'vllm':
-            from ..engines.vllm import bugfix_vllm_rollouts
-            endpoints, template = self._vllm_servers()
-            return bugfix_vllm_rollouts(endpoints, template, tasks, seeds=[j.seed for j in jobs],
-                                        spec=self._sampling(template), max_new_tokens=opts.max_new_tokens,
-                                        reward_tests=opts.reward_tests, model_name=self.spec.model_id,
-                                        logp_mode=self.spec.logp_mode or None, **kw)
         if self.model is None:
             raise ValueError('EpisodeRunner.run: a model episode but no weights; pass the weights '
                              'of the model policy')

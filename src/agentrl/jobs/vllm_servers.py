@@ -10,6 +10,8 @@ from __future__ import annotations
 import contextlib
 from dataclasses import replace
 
+from ..engines.factory import backend
+
 __all__ = ['vllm_run_spec', 'server_died_line']
 
 
@@ -26,11 +28,11 @@ def vllm_run_spec(prepared):
             different or logits log-prob modes. ValueError: a URL given twice.
     """
     opts = prepared.opts
-    if opts.engine != 'vllm' or 'model' not in opts.policy:
+    if not backend(opts.engine).servers or 'model' not in opts.policy:
         yield prepared.spec
         return
-    from ..engines.bugfix import BugFixAdapter
-    from ..engines.vllm import VLLMServer, VLLMServerOptions, bugfix_template, check_logp_mode, connect
+    from ..engines.vllm import VLLMServer, VLLMServerOptions, check_logp_mode, connect
+    from .bugfix import BugFixAdapter, bugfix_template
     from ..templates import ChatRecorder
     with contextlib.ExitStack() as stack:
         urls = list(opts.server or [])

@@ -7,9 +7,9 @@
 - :func:`run_chat_episodes`: multi-turn episodes recorded with :class:`~agentrl.templates.ChatRecorder`,
   answered by any ``respond`` (no gym in it); each episode keeps its KV cache row across turns
   (continuous batching); ``profile=`` gives the time split (:mod:`.profile`).
-- :func:`bugfix_rollouts`, :func:`bugfix_job`: the BugFix gym through real function calling, on the
-  engine-agnostic :class:`~agentrl.engines.bugfix.BugFixAdapter` (re-exported here with
-  :func:`parse_tool_calls`, :func:`gym_call`, :func:`bugfix_opening`).
+- :class:`HFEngine`, :class:`HFProcessEngine`: the turn-level engine contract (:mod:`agentrl.engines.contract`)
+  in this process and in a child process. The BugFix gym's glue lives above the engines, in
+  :mod:`agentrl.jobs.bugfix`.
 - :func:`score_rows`: logits at chosen rows from one plain forward pass (the scorer that
   :func:`agentrl.engines.scorer.hf_scorer` hands to :func:`agentrl.checks.replay_records`, the step-0
   proof).
@@ -22,9 +22,7 @@ naming the extra.
 Source: docs/design.md#hf-engine; book chapter 5.2-5.4 and 5.8.
 """
 from ...templates.chat import require_hf as require_transformers  # noqa: F401 (cli/drift.py's name; use templates' require_hf)
-from ..bugfix import BugFixAdapter, bugfix_opening, gym_call, parse_tool_calls
 from ..episode import EpisodeState, Reply
-from .bugfix import bugfix_job, bugfix_rollouts
 from .drift import DRIFT_PROMPT, DriftExperiment, DriftRate, DriftSample, drift_experiment, drift_rate
 from .episodes import run_chat_episodes
 from .models import default_tokenizer_dir, load_model, make_test_model, model_id, pad_token_id, score_rows
@@ -33,7 +31,6 @@ from .sampler import HFSampler, SampledTurn
 
 __all__ = ['HFSampler', 'SampledTurn',
            'Reply', 'EpisodeState', 'run_chat_episodes', 'format_profile', 'merge_profiles', 'PROFILE_KEYS',
-           'bugfix_rollouts', 'bugfix_job', 'BugFixAdapter', 'bugfix_opening', 'parse_tool_calls', 'gym_call',
            'score_rows',
            'drift_experiment', 'DriftExperiment', 'DriftSample', 'drift_rate', 'DriftRate', 'DRIFT_PROMPT',
            'make_test_model', 'load_model', 'default_tokenizer_dir', 'model_id', 'pad_token_id', 'require_transformers']

@@ -1,14 +1,14 @@
 """L4: the HF engine's per-turn time split (``run_chat_episodes(..., profile={})``): collect, merge, print."""
 from __future__ import annotations
 
-__all__ = ['PROFILE_KEYS', 'merge_profiles', 'format_profile']
+__all__ = ['PROFILE_KEYS', 'Profile', 'merge_profiles', 'format_profile']
 
 #: Per-turn time split keys of :func:`~agentrl.engines.hf.run_chat_episodes` ``profile`` (seconds ``_s``, counts otherwise).
 PROFILE_KEYS = ('prefill_tokens', 'prefill_s', 'rebuilt_tokens', 'decode_tokens', 'decode_s', 'sample_s',
                 'template_s', 'gym_s')
 
 
-class TurnProfile:
+class Profile:
     """Per-turn accumulators of the time split (see :data:`PROFILE_KEYS`)."""
 
     def __init__(self):

@@ -105,6 +105,7 @@ class HFSampler:
         self.tokens_generated = 0
         self.stats = dict.fromkeys(STAT_KEYS, 0)
         self.scratch = Scratch()        # [2, rows, V] float64 sampling buffers (sampling.choose)
+        self._on_token = None           # sample()'s streaming hook while a call runs
 
     # ------------------------------------------------------------------ model calls
     @property
@@ -215,7 +216,7 @@ class HFSampler:
         return budgets
 
     @torch.no_grad()
-    def sample(self, prompts, generators=None, *, max_new_tokens=None, teacher=None) -> list:
+    def sample(self, prompts, generators=None, *, max_new_tokens=None, teacher=None, on_token=None) -> list:
         """Sample one turn for each prompt (a batch of episodes).
 
         Args:
@@ -227,6 +228,8 @@ class HFSampler:
             teacher: optional B id lists to score instead of sampling (teacher forcing through
                 the same path: the returned log-probs are those of these ids; a row stops at an
                 end-of-turn id or at the end of its list).
+            on_token: optional ``on_token(b, ids)`` called after each sampled token of prompt ``b`` with
+                that turn's ids so far (``[k]`` ints, a copy): the streaming hook.
 
         Returns:
             B :class:`SampledTurn`, in prompt order.
@@ -247,10 +250,14 @@ class HFSampler:
             raise ValueError(f'sample: {len(generators)} generators for {len(prompts)} prompts; pass one per episode')
         budgets = self._budgets(prompts, max_new_tokens, teacher)
         out = [SampledTurn(prompt_len=len(p)) for p in prompts]
-        if self.cache:
-            self._sample_cached(prompts, budgets, generators, teacher, out)
-        else:
-            self._sample_recompute(prompts, budgets, generators, teacher, out)
+        self._on_token = on_token
+        try:
+            if self.cache:
+                self._sample_cached(prompts, budgets, generators, teacher, out)
+            else:
+                self._sample_recompute(prompts, budgets, generators, teacher, out)
+        finally:
+            self._on_token = None
         for t in out:
             t.truncated = not (t.ids and t.ids[-1] in self.stop_ids)
             self.tokens_generated += len(t.ids)
@@ -272,6 +279,9 @@ class HFSampler:
             out[r].ids.append(i)
             out[r].logp.append(lp)
             go.append(i not in self.stop_ids and step + 1 < budgets[r])
+        if self._on_token is not None:
+            for r in rows:
+                self._on_token(r, list(out[r].ids))
         return go
 
     def _tick(self, key: str, t0: float, tokens: int = 0) -> float:

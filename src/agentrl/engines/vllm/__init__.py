@@ -2,7 +2,8 @@
 
 - :mod:`.server`: :class:`VLLMServer` (a local server from the vLLM venv), :func:`connect` (running ones).
 - :mod:`.client`: one turn = one async ``/v1/completions`` request on token ids; :func:`turn_seed`.
-- :mod:`.episodes`: :func:`vllm_rollouts` (chat episodes over a ``ChatRecorder``), :func:`bugfix_vllm_rollouts`.
+- :mod:`.engine`: :class:`VLLMEngine`, the turn-level engine contract over running servers.
+- :mod:`.episodes`: :func:`vllm_rollouts` (chat episodes over a ``ChatRecorder`` on the one driver).
 - :mod:`.http`: the package's one HTTP client (httpx2); :mod:`.errors`: :class:`VLLMError`, :class:`ServerDied`.
 
 ``server`` and ``client`` import only the standard library; :mod:`.episodes` (torch, templates) is
@@ -12,7 +13,7 @@ from .client import ServerDied, probe_logp_mode, request_body, turn_seed
 from .server import (CPU_HEAD_DIMS, LOGPROBS_MODES, Endpoint, VLLMError, VLLMServer, VLLMServerOptions,
                      check_head_dim, connect, default_python, diagnose_log)
 
-_LAZY = {'VLLMTurn', 'vllm_rollouts', 'run_vllm_episodes', 'bugfix_vllm_rollouts', 'bugfix_template', 'checked_spec',
+_LAZY = {'VLLMTurn', 'VLLMBatch', 'vllm_rollouts', 'run_vllm_episodes', 'checked_spec',
          'route', 'check_logp_mode'}
 
 __all__ = ['CPU_HEAD_DIMS', 'LOGPROBS_MODES', 'Endpoint', 'VLLMError', 'VLLMServer', 'VLLMServerOptions', 'ServerDied',

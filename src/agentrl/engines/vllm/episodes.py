@@ -11,20 +11,20 @@ Source: docs/vllm.md, docs/design.md#hf-engine.
 from __future__ import annotations
 
 import asyncio
-import os
+import concurrent.futures
+import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from ...gym import TOOL_SCHEMAS
 from ...record import Provenance, SamplingSpec
-from ...templates import ChatRecorder, ChatTemplate, load_tokenizer
-from ..bugfix import BugFixAdapter
-from ..episode import Reply, SampledTurn
+from ..driver import drive_episodes
+from ..episode import SampledTurn
 from .client import (Completion, ServerDied, checked_spec, complete, probe_logp_mode, request_body, session,
                      turn_seed)
-from .server import Endpoint, VLLMError
+from .errors import VLLMError
+from .server import Endpoint
 
-__all__ = ['VLLMTurn', 'vllm_rollouts', 'run_vllm_episodes', 'bugfix_vllm_rollouts', 'bugfix_template', 'checked_spec',
+__all__ = ['VLLMTurn', 'VLLMBatch', 'vllm_rollouts', 'run_vllm_episodes', 'checked_spec',
            'route', 'check_logp_mode']
 
 @dataclass
@@ -57,11 +57,86 @@ async def _check_modes(http, endpoints, prompt) -> str:
     return next(iter(modes.values()))
 
 
-async def run_vllm_episodes(endpoints, recorders: list, respond: Callable, *, seeds, spec: SamplingSpec,
-                            max_new_tokens: int = 256, max_turns: int = 6, model_name: str = '',
-                            concurrency: int = 64, on_done: Callable | None = None, responses: list | None = None,
-                            logp_mode: str | None = None) -> list:
-    """Drive chat episodes on vLLM servers concurrently (async): the coroutine behind :func:`vllm_rollouts`.
+class VLLMBatch:
+    """The vLLM :class:`~agentrl.engines.driver.TurnBatch`: every submitted turn is one request in flight.
+
+    The requests run on an event loop in a thread of their own (one HTTP session, at most
+    ``concurrency`` in flight); :meth:`collect` waits for the first to finish. An episode stays on
+    ``endpoints[route(seed)]``; turn ``k`` sends ``seed = turn_seed(episode seed, k)``.
+
+    Args:
+        endpoints: the servers. concurrency: requests in flight at once.
+        responses: optional list; gets ``(i, turn, body, raw bytes)`` for every answer.
+    """
+
+    def __init__(self, endpoints, concurrency: int = 64, responses: list | None = None):
+        self.endpoints, self.responses = list(endpoints), responses
+        self.limit = max(1, int(concurrency))
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name='agentrl-vllm-turns')
+        self.thread.start()
+        self.http = self._wait(self._open())
+        self.pending: dict = {}
+
+    async def _open(self):
+        self.gate = asyncio.Semaphore(self.limit)
+        return await session(limit=self.limit).__aenter__()
+
+    def _wait(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
+
+    def endpoint(self, seed: int) -> Endpoint:
+        """The server of an episode (sticky)."""
+        return self.endpoints[route(seed, len(self.endpoints))]
+
+    async def _one(self, url: str, body: dict) -> Completion:
+        async with self.gate:
+            return await complete(self.http, url, body)
+
+    def submit(self, episode: int, turn: int, request) -> None:
+        """Send the turn's request (:func:`~agentrl.engines.vllm.request_body`) now."""
+        ep = self.endpoint(request.seed)
+        s = turn_seed(request.seed, turn)
+        body = request_body(ep.model, request.prompt_ids, request.spec, max_tokens=request.max_new_tokens,
+                            stop_ids=request.stop_ids, seed=s)
+        fut = asyncio.run_coroutine_threadsafe(self._one(ep.url, body), self.loop)
+        self.pending[fut] = (episode, turn, body, len(request.prompt_ids), request.stop_ids, s)
+
+    def release(self, episode: int) -> None:
+        """Nothing held between turns."""
+
+    def collect(self) -> list:
+        """Wait for the first answers: ``[(episode, turn, VLLMTurn or the error that lost the episode)]``."""
+        if not self.pending:
+            return []
+        done, _ = concurrent.futures.wait(list(self.pending), return_when=concurrent.futures.FIRST_COMPLETED)
+        out = []
+        for fut in sorted(done, key=lambda f: self.pending[f][:2]):
+            i, k, body, prompt_len, stop_ids, s = self.pending.pop(fut)
+            try:
+                c = fut.result()
+                if self.responses is not None:
+                    self.responses.append((i, k, body, c.raw))
+                out.append((i, k, _turn(c, prompt_len, stop_ids, s)))
+            except Exception as e:  # noqa: BLE001 - the episode's error; the driver keeps the others going
+                out.append((i, k, e))
+        return out
+
+    def close(self) -> None:
+        """Close the HTTP session and stop the loop's thread."""
+        for fut in list(self.pending):
+            fut.cancel()
+        self._wait(self.http.close())
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        self.loop.close()
+
+
+def run_vllm_episodes(endpoints, recorders: list, respond: Callable, *, seeds, spec: SamplingSpec,
+                      max_new_tokens: int = 256, max_turns: int = 6, model_name: str = '',
+                      concurrency: int = 64, on_done: Callable | None = None, responses: list | None = None,
+                      logp_mode: str | None = None) -> list:
+    """Drive chat episodes on vLLM servers concurrently: :func:`~agentrl.engines.driver.drive_episodes` on a :class:`VLLMBatch`.
 
     Args:
         endpoints: :class:`~agentrl.engines.vllm.Endpoint` s (``connect`` or ``VLLMServer.endpoint``).
@@ -97,78 +172,29 @@ async def run_vllm_episodes(endpoints, recorders: list, respond: Callable, *, se
     if max_turns < 1 or not endpoints:
         raise ValueError(f'run_vllm_episodes: need max_turns >= 1 (got {max_turns}) and at least one server')
     seeds = [int(s) for s in seeds]
-    gate = asyncio.Semaphore(max(1, int(concurrency)))
-    finished: dict = {}
-    async with session(limit=max(1, int(concurrency))) as http:
-        if logp_mode is None and recorders:
-            logp_mode = await _check_modes(http, endpoints, recorders[0].prompt_ids)
-        declared = checked_spec(spec, logp_mode or spec.logp_mode)
+    if logp_mode is None and recorders:
+        logp_mode = check_logp_mode(endpoints, recorders[0].prompt_ids)
+    declared = checked_spec(spec, logp_mode or spec.logp_mode)
+    batch = VLLMBatch(endpoints, concurrency, responses)
+    ep = lambda i: batch.endpoint(seeds[i])  # noqa: E731
 
-        async def episode(i: int):
-            ep = endpoints[route(seeds[i], len(endpoints))]
-            rec = await _episode(http, gate, ep, recorders[i], lambda t, x: respond(i, t, x), seeds[i], spec,
-                                 max_new_tokens, max_turns, declared, model_name or ep.model, responses, i)
-            finished[i] = rec
-            if on_done is not None:
-                on_done(i, rec)
-            return rec
-
-        out = await asyncio.gather(*[episode(i) for i in range(n)], return_exceptions=True)
-    errors = [e for e in out if isinstance(e, BaseException)]
-    died = [e for e in errors if isinstance(e, ServerDied)]
-    others = [e for e in errors if not isinstance(e, ServerDied)]
-    if others:
-        raise others[0]
-    if died:
-        urls = sorted({e.url for e in died})
-        err = ServerDied(', '.join(urls), f'{len(died)} of {n} episodes lost; {died[0].detail}')
-        err.finished = dict(sorted(finished.items()))
-        raise err
-    return out
-
-
-async def _episode(http, gate, ep: Endpoint, rec: ChatRecorder, respond, seed, spec, max_new_tokens, max_turns,
-                   declared, model_name, responses, i):
-    """One episode on one server: turns until ``Reply.done``, ``max_turns`` or no room; its record."""
-    stop_ids = rec.template.stop_ids
-    limit = ep.max_model_len or 1 << 30
-    st = {'actions': [], 'truncated_turns': [], 'turn_tokens': [], 'reward': 0.0, 'info': None}
-    vinfo = {'server': ep.url, 'turn_seeds': [], 'finish_reasons': [], 'logp_mode': declared.logp_mode}
-    for k in range(max_turns):
-        prompt = rec.prompt_ids
-        room = limit - len(prompt)
-        if room < 1:
-            st['info'] = dict(st['info'] or {}, stop='truncated')
-            break
-        s = turn_seed(seed, k)
-        body = request_body(ep.model, prompt, spec, max_tokens=min(max_new_tokens, room), stop_ids=stop_ids, seed=s)
-        async with gate:
-            c: Completion = await complete(http, ep.url, body)
-        if responses is not None:
-            responses.append((i, k, body, c.raw))
-        turn = _turn(c, len(prompt), stop_ids, s)
-        text = rec.add_turn(turn.ids, turn.logp)
-        vinfo['turn_seeds'].append(s)
-        vinfo['finish_reasons'].append(c.finish_reason)
-        st['turn_tokens'].append(len(turn.ids))
-        if turn.truncated:
-            st['truncated_turns'].append(k)
-        reply: Reply = respond(turn, text)
-        st['actions'].append(reply.action)
-        if reply.done:
-            st.update(reward=float(reply.reward), info=dict(reply.info or {}))
-            break
-        if k + 1 >= max_turns:
-            st['info'] = dict(reply.info or {}, stop='truncated')
-            break
-        if not reply.messages:
-            raise ValueError(f'run_vllm_episodes: respond returned no messages for running episode {i} (turn {k}); '
-                             'answer each turn with a tool or user message, or done=True')
-        rec.add_messages(reply.messages)
-    prov = Provenance(policy='vllm', sampling=declared, model=model_name, seed=seed)
-    info = dict(st['info'] or {}, actions=st['actions'], truncated_turns=st['truncated_turns'],
-                turn_tokens=st['turn_tokens'], vllm=vinfo)
-    return rec.finish(reward=st['reward'], info=info, provenance=prov)
+    def vllm_info(i, turns) -> dict:
+        return {'vllm': {'server': ep(i).url, 'turn_seeds': [t.seed for t in turns],
+                         'finish_reasons': [t.finish_reason for t in turns], 'logp_mode': declared.logp_mode}}
+    try:
+        return drive_episodes(batch, recorders, respond, seeds=seeds, spec=spec,
+                              max_turns=max_turns, max_new_tokens=max_new_tokens,
+                              max_context=lambda i: ep(i).max_model_len or 1 << 30,
+                              provenance=lambda i: Provenance(policy='vllm', sampling=declared,
+                                                              model=model_name or ep(i).model, seed=seeds[i]),
+                              extra_info=vllm_info, on_done=on_done, caller='run_vllm_episodes')
+    except ServerDied as e:
+        urls = sorted({x.url for x in e.lost})
+        err = ServerDied(', '.join(urls), f'{len(e.lost)} of {n} episodes lost; {e.lost[0].detail}')
+        err.finished = e.finished
+        raise err from None
+    finally:
+        batch.close()
 
 
 def _turn(c: Completion, prompt_len: int, stop_ids, seed) -> VLLMTurn:
@@ -210,56 +236,8 @@ def check_logp_mode(endpoints, prompt_ids) -> str:
 
 def vllm_rollouts(endpoints, recorders: list, respond: Callable, *, seeds, spec: SamplingSpec | None = None,
                   **kw) -> list:
-    """Blocking :func:`run_vllm_episodes` (one ``asyncio.run``); same arguments, returns and errors.
+    """:func:`run_vllm_episodes` with a default spec; same arguments, returns and errors.
 
-    Raises:
-        RuntimeError: called from a running event loop (await :func:`run_vllm_episodes` there).
     """
-    return asyncio.run(run_vllm_episodes(endpoints, recorders, respond, seeds=seeds,
-                                         spec=spec if spec is not None else SamplingSpec(), **kw))
-
-
-def bugfix_vllm_rollouts(endpoints, template: ChatTemplate, tasks, *, seeds, spec: SamplingSpec | None = None,
-                         max_new_tokens: int = 256, max_turns: int = 6, reward_tests: str = 'hidden',
-                         model_name: str = '', **kw) -> list:
-    """BugFix episodes on vLLM servers: the gym wiring of :func:`agentrl.engines.hf.bugfix_rollouts`, one function.
-
-    Args:
-        endpoints: the servers. template: a :class:`~agentrl.templates.ChatTemplate` with the
-            gym's ``TOOL_SCHEMAS`` as tools (as the hf engine's runner builds it).
-        tasks: one task per episode. seeds: one episode seed per task (``job.seed``).
-        spec, max_new_tokens, max_turns, model_name, ``**kw``: as :func:`run_vllm_episodes`.
-        reward_tests: ``'hidden'`` or ``'public'``.
-
-    Returns:
-        The records, with ``info['tool_calls']`` as the hf engine's.
-
-    Raises:
-        As :func:`run_vllm_episodes`; ValueError for ``seeds`` of another length than ``tasks``.
-    """
-    if len(seeds) != len(tasks):
-        raise ValueError(f'bugfix_vllm_rollouts: {len(seeds)} seeds for {len(tasks)} tasks; pass one per task')
-    adapter = BugFixAdapter(tasks, max_turns=max_turns, reward_tests=reward_tests)
-    recorders = [ChatRecorder(template, messages) for messages in adapter.openings()]
-    on_done = kw.pop('on_done', None)
-
-    def done(i, rec):                      # finished as the others before it is streamed (or kept by ServerDied)
-        adapter.finish_one(i, rec)
-        if on_done is not None:
-            on_done(i, rec)
-
-    return vllm_rollouts(endpoints, recorders, adapter.respond, seeds=seeds, spec=spec, max_new_tokens=max_new_tokens,
-                         max_turns=max_turns, model_name=model_name, on_done=done, **kw)
-
-
-def bugfix_template(tokenizer, **options) -> ChatTemplate:
-    """The BugFix chat template: a tokenizer (or its folder, e.g. the served model's) with the gym's ``TOOL_SCHEMAS``.
-
-    The same template ``--engine hf`` builds (its fingerprint goes into the records).
-
-    Raises:
-        ImportError: without the ``hf`` extra. OSError: a folder without tokenizer files.
-    """
-    if isinstance(tokenizer, (str, os.PathLike)):
-        tokenizer = load_tokenizer(str(tokenizer))
-    return ChatTemplate(tokenizer, tools=TOOL_SCHEMAS, **options)
+    return run_vllm_episodes(endpoints, recorders, respond, seeds=seeds,
+                             spec=spec if spec is not None else SamplingSpec(), **kw)

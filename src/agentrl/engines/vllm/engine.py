@@ -1,35 +1,34 @@
-"""L5: the gateway's vLLM upstream: one ``/v1/completions`` request on token ids per call.
+"""L4: the vLLM backend of the engine contract: one ``/v1/completions`` request on token ids per call.
 
-:class:`VLLMUpstream` implements :class:`~agentrl.gateway.engine.Upstream` over one or more
+:class:`VLLMEngine` implements :class:`~agentrl.engines.contract.Engine` over one or more
 running vLLM servers (``agentrl serve --server URL[,URL...]``, or the one ``--engine vllm``
 starts). Every call is :func:`agentrl.engines.vllm.request_body`: the prompt as token ids, every
 sampling field explicit, ``seed`` = the call's seed, ``stop_token_ids`` = the template's stop ids
 (``ignore_eos``), ``return_token_ids`` and the sampled token's log-prob. The answer's
 ``token_ids`` and ``logprobs.token_logprobs`` are the turn as they are (docs/vllm.md#token-api).
-A session is sticky: all its calls go to one server (:meth:`VLLMUpstream.route`).
+A session is sticky: all calls with one ``TurnRequest.key`` go to one server (:meth:`VLLMEngine.route`).
 
 A ``stream: true`` call is the same body streamed (:func:`stream_ids`): ``on_token`` gets the ids
 so far after each SSE chunk, and the turn is the unstreamed one bit for bit (docs/gateway.md#streaming).
 
-Requests are blocking (:mod:`agentrl.engines.vllm.http`, the package's one HTTP client) so that the
-gateway runs many of them at once from its engine threads (:attr:`VLLMUpstream.concurrency`); the
-log-prob mode is probed once per server at start (:func:`agentrl.engines.vllm.probe_logp_mode`) and
-declared on every record.
+Requests are blocking (:mod:`agentrl.engines.vllm.http`, the package's one HTTP client) so that a caller
+runs many of them at once from its own threads (:attr:`VLLMEngine.concurrency`); the log-prob mode is
+probed once per server at start (:func:`agentrl.engines.vllm.probe_logp_mode`) and declared on every record.
 
 Source: docs/gateway.md#engines; docs/vllm.md.
 """
 from __future__ import annotations
 
 import hashlib
-from pathlib import Path
 
-from ..engines.vllm.client import checked_spec, parse_completion, parse_stream, request_body, stream_body
-from ..engines.vllm.http import post, stream_lines
-from ..engines.vllm.server import VLLMError
-from ..record import SamplingSpec
-from .engine import Sample
+from ...record import SamplingSpec
+from ..contract import TurnRequest, TurnResult, check_request
+from ..fingerprint import model_name
+from .client import checked_spec, parse_completion, parse_stream, request_body, stream_body
+from .errors import ServerDied, VLLMError
+from .http import post, stream_lines
 
-__all__ = ['VLLMUpstream', 'complete_ids', 'stream_ids']
+__all__ = ['VLLMEngine', 'complete_ids', 'stream_ids']
 
 
 def _answer(c) -> dict:
@@ -76,8 +75,8 @@ def stream_ids(url: str, body: dict, on_token, timeout: float = 600.0) -> dict:
     return _answer(c)
 
 
-class VLLMUpstream:
-    """Running vLLM servers as the gateway's engine (``agentrl serve --server URL[,URL...] --model DIR``).
+class VLLMEngine:
+    """Running vLLM servers as an engine (``agentrl serve --server URL[,URL...] --model DIR``).
 
     Args:
         urls: the servers' base URLs (each checked with one real completion: :func:`agentrl.engines.vllm.connect`).
@@ -100,12 +99,11 @@ class VLLMUpstream:
     def __init__(self, urls, model_dir, *, max_new_tokens: int = 256, concurrency: int = 64, timeout: float = 600.0):
         from transformers import AutoTokenizer
 
-        from ..engines.vllm import connect
-        from ..jobs.rollout import model_fingerprint
+        from .server import connect
         self.endpoints = connect(list(urls))
         self.urls = [ep.url for ep in self.endpoints]
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.model_name = f'{Path(model_dir).resolve().name}@{model_fingerprint(model_dir)}'
+        self.model_name = model_name(model_dir)
         lens = [ep.max_model_len for ep in self.endpoints if ep.max_model_len]
         self.max_context = int(min(lens)) if lens else 1 << 30
         self.max_new_tokens, self.concurrency, self.timeout = int(max_new_tokens), int(concurrency), float(timeout)
@@ -114,8 +112,8 @@ class VLLMUpstream:
     def _probe(self) -> str:
         import asyncio
 
-        from ..engines.vllm.client import probe_logp_mode, session
-        from ..templates import ChatRecorder, ChatTemplate
+        from ...templates import ChatRecorder, ChatTemplate
+        from .client import probe_logp_mode, session
         ids = ChatRecorder(ChatTemplate(self.tokenizer), [{'role': 'user', 'content': 'Say hello.'}],
                            history='sampled').prompt_ids
 
@@ -134,7 +132,8 @@ class VLLMUpstream:
         return self.urls[h % len(self.urls)]
 
     def record_spec(self, spec: SamplingSpec) -> SamplingSpec:
-        """``spec`` as the records declare it: the probed log-prob mode; ``penalty_semantics='vllm'`` when penalized."""
+        """``spec`` as the records declare it (:func:`~agentrl.engines.vllm.client.checked_spec` with the probed
+        log-prob mode)."""
         return checked_spec(spec, self.logp_mode)
 
     def body(self, prompt_ids, spec: SamplingSpec, max_new_tokens: int, seed: int, stop_ids, server: str) -> dict:
@@ -142,19 +141,21 @@ class VLLMUpstream:
         model = next(ep.model for ep in self.endpoints if ep.url == server)
         return request_body(model, prompt_ids, spec, max_tokens=max_new_tokens, stop_ids=stop_ids, seed=seed)
 
-    def sample(self, prompt_ids, spec: SamplingSpec, max_new_tokens: int, seed: int, stop_ids,
-               server: str | None = None, on_token=None) -> Sample:
-        """One turn from ``server`` (default the first); thread-safe.
+    def sample(self, request: TurnRequest) -> TurnResult:
+        """One turn from the server of ``request.key`` (:meth:`route`; the first without a key); thread-safe.
 
-        ``on_token(ids)``: when given, the request is streamed (:func:`stream_ids`) and it is called
-        with the turn's ids so far (``[k]`` ints) as each chunk arrives; the Sample is the same.
+        With ``request.on_token`` the request is streamed (:func:`stream_ids`) and it is called with
+        the turn's ids so far (``[k]`` ints) as each chunk arrives; the result is the same.
 
         Raises:
-            ServerDied, VLLMError: as :func:`complete_ids` / :func:`stream_ids`; VLLMError also for an
-                empty turn or ``finish_reason`` ``stop`` without a stop id last.
+            ServerDied (an EngineDied), VLLMError: as :func:`complete_ids` / :func:`stream_ids`; VLLMError
+                also for an empty turn or ``finish_reason`` ``stop`` without a stop id last.
+            RequestRefused / BudgetExceeded: an empty prompt, a budget below 1.
         """
-        url = server or self.urls[0]
-        body = self.body(prompt_ids, spec, max_new_tokens, seed, stop_ids, url)
+        check_request(request, 'VLLMEngine.sample')
+        url = self.urls[0] if request.key is None else self.route(request.key)
+        stop_ids, seed, on_token = request.stop_ids, request.seed, request.on_token
+        body = self.body(request.prompt_ids, request.spec, request.max_new_tokens, seed, stop_ids, url)
         c = complete_ids(url, body, self.timeout) if on_token is None else stream_ids(url, body, on_token, self.timeout)
         ids = c['ids']
         if not ids:
@@ -163,4 +164,7 @@ class VLLMUpstream:
         if c['finish_reason'] not in ('stop', 'length') or (c['finish_reason'] == 'stop' and not stopped):
             raise VLLMError(f'vllm server {url}: finish_reason {c["finish_reason"]!r} with last id {ids[-1]} '
                             f'(stop ids {sorted(stop_ids)}); fix: a server that honours stop_token_ids / ignore_eos')
-        return Sample(ids=ids, logp=c['logp'], truncated=not stopped, seed=int(seed), server=url)
+        return TurnResult(ids=ids, logp=c['logp'], truncated=not stopped, seed=int(seed), server=url)
+
+    def close(self) -> None:
+        """Nothing to release (every request opens its own connection)."""
