@@ -19,7 +19,8 @@ import time
 from typing import Callable, Protocol
 
 from .contract import EngineDied, TurnRequest
-from .episode import EpisodeState, StopReason
+from ..record import StopReason
+from .episode import EpisodeState
 
 __all__ = ['TurnBatch', 'drive_episodes']
 

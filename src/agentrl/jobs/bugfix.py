@@ -20,8 +20,7 @@ from typing import Callable
 from ..engines.episode import Reply
 from ..families import QWEN3
 from ..gym import TOOL_SCHEMAS, BugFixEnv
-from ..gym.calls import StopReason
-from ..record import Provenance, SamplingSpec
+from ..record import Provenance, SamplingSpec, StopReason
 from ..sampling import episode_seed
 
 __all__ = ['BugFixAdapter', 'parse_tool_calls', 'gym_call', 'bugfix_opening', 'MALFORMED', 'BugFixOptions',
