@@ -72,6 +72,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session):
+    if hasattr(session.config, 'workerinput'):   # a pytest-xdist worker: the controller sees every report and writes
+        return
     path = session.config.getoption('--record-durations')
     ran = {k: v for k, v in _RUN_SECONDS.items() if k not in _SKIPPED}
     if path and ran:
