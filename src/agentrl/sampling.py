@@ -3,8 +3,7 @@
 Every engine (TinyAgent, Hugging Face) and every replay (checks, trainer) uses this module, so a
 record's ``sample_logp`` and its replay come from the same arithmetic.
 
-The episode seed rule lives here too: one formula for every engine and every scale
-(in process, one Ray worker, many), so ``--workers 0/1/2`` give the same records.
+The episode seed rule (docs/design.md#seeds) lives here too: :func:`episode_seed`.
 """
 from __future__ import annotations
 
@@ -401,8 +400,7 @@ def choose(logits: torch.Tensor, spec: SamplingSpec, uniforms, *, context: Penal
     Raises:
         ValueError: a row with no distribution (:func:`draw`); penalties without ``context``.
 
-    Source: inverse-CDF sampling with one uniform per token, so a row draws the same id whichever
-    batch it is in; docs/design.md#hf-engine.
+    Source: docs/design.md#sampling (the draw), so a row draws the same id whichever batch it is in.
     """
     if dtype == torch.float32 and _fast32(spec):
         x = logits.float()

@@ -1,16 +1,14 @@
 """L3: replay each sampled token under the declared sampler and compare with the stored log-prob.
 
-Two log-prob modes (:data:`agentrl.record.LOGP_MODES`): ``processed`` is the log-prob under the
-distribution actually sampled from (penalties, temperature, then top-k / top-p / min-p support,
-renormalised); ``raw`` is ``log_softmax`` of the unmodified logits. A stored log-prob is never
-rescaled: moving between modes needs the logits (:func:`convert_logp` raises without them). The
+The two log-prob modes (:data:`agentrl.record.LOGP_MODES`) are docs/design.md#sampling's. A stored
+log-prob is never rescaled: moving between modes needs the logits (:func:`convert_logp` raises without them). The
 arithmetic is :mod:`agentrl.sampling`'s, the very code that sampled.
 
 The one replay, :func:`replay_records`, runs over a *scorer*: any callable
 ``score(ids [B, T] int64, attention_mask [B, T] int64, rows) -> logits`` (see :class:`Scorer`),
 so TinyAgent checkpoints and Hugging Face models replay the same way
-(:func:`agentrl.engines.scorer.load_scorer`). Records with per-turn ``turn_contexts`` (templates
-that are not prefix-stable) are scored turn by turn, each turn in the context it was sampled in.
+(:func:`agentrl.engines.scorer.load_scorer`). Records with per-turn ``turn_contexts`` are scored turn by turn
+(docs/design.md#replay).
 
 The per-token kinds (``match`` ... ``non_finite``) and the sampler-fit search are
 :mod:`agentrl.checks.classify`; the gates :func:`require_sampled` / :func:`require_trainable` are

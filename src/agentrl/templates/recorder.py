@@ -2,7 +2,7 @@
 
 :class:`ChatRecorder` keeps the ids the policy sampled, never re-encodes them, and appends
 everything else as a **bridge** (:mod:`agentrl.templates.bridge`: the ids the template writes
-between the end of a sampled turn and the next generation prompt, owned by whoever wrote them).
+between the end of a sampled turn and the next generation prompt; owners per docs/design.md#ownership).
 """
 from __future__ import annotations
 
