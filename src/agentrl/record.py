@@ -36,7 +36,7 @@ OWNER_NAMES = tuple(sorted(OWNER, key=OWNER.get))
 class StopReason(str, enum.Enum):
     """Why an episode ended (``info['stop']``); str-valued, so stored records keep their strings.
 
-    Source: book chapter 4 (the gym's stops) and 5.8 (truncation gives reward 0 and is recorded).
+    Source: docs/design.md#stops; book chapter 4 (the gym's stops).
     """
     SUBMITTED = 'submitted'     #: the policy called ``submit``
     BUDGET = 'budget'           #: the turn budget ran out

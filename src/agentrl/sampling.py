@@ -26,10 +26,8 @@ _SEED_DOMAIN = b'agentrl/episode-seed/v1'
 def episode_seed(run_seed: int, group_id: str, rollout_id: str) -> int:
     """The sampling seed of one episode, from the run seed and the episode's identity.
 
-    A stable hash (blake2b, 8 bytes, top bit cleared), not Python's ``hash()``: the same on every
-    machine, process and Python version, and independent of which worker runs the episode or
-    which other episodes share its batch. The attempt is not part of it: a retry after a lost
-    worker samples the episode the lost attempt would have sampled.
+    The rule is docs/design.md#seeds: blake2b (8 bytes, top bit cleared), not Python's ``hash()``, so the same
+    on every machine, process and Python version.
 
     Args:
         run_seed: the run's ``--seed``.

@@ -479,9 +479,8 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, p
     packed path) or right-padded, ``batch_size`` rows per call; the logits at each action row are
     replayed under the record's own
     :class:`~agentrl.record.SamplingSpec` (penalties against each turn's context and the turn's
-    ids so far). A record with ``turn_contexts`` is scored turn by turn, each turn after the
-    context it was sampled in (one report entry per turn, key ``'... turn k'``). For the model
-    that sampled the records every ratio is 1 within float error (the step-0 proof).
+    ids so far). A record with ``turn_contexts`` is scored turn by turn (docs/design.md#replay; one
+    report entry per turn, key ``'... turn k'``).
 
     Args:
         records: sampled :class:`~agentrl.record.Trajectory` records.
@@ -530,9 +529,8 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, p
 def replay_check(records, model, *, tol: float = 1e-4, batch_size: int = 1, packed: bool = True) -> ReplayReport:
     """Replay every record's trained tokens with ``model`` under each record's declared sampler.
 
-    For an unchanged model every ratio ``exp(replayed - stored)`` is 1 (within float error);
-    mismatches are classified by cause (module docstring). Stored log-probs are never rescaled.
-    Records with per-turn ``turn_contexts`` are scored turn by turn (:func:`replay_records`).
+    The step-0 ratio and the classes of a mismatch are docs/design.md#replay's (the classes in detail:
+    :mod:`agentrl.checks.classify`); records with ``turn_contexts`` go turn by turn (:func:`replay_records`).
 
     Args:
         records: iterable of sampled :class:`~agentrl.record.Trajectory`.
