@@ -3,8 +3,9 @@
 A GRPO step samples a group (docs/design.md#names) per task, scores each episode relative to its
 group, and takes clipped policy-gradient steps on the action tokens (docs/design.md#training). The
 importance ratio ``exp(logp - sample_logp)`` is 1 before the first update of a step when the records are
-exact (docs/design.md#replay; book chapter 5.7, "max |recomputed - sampled| = 9.5e-07"). A shifted ``sample_logp`` or ``action_mask`` breaks that at once, which
-is why :func:`max_ratio_deviation` is the first check of every run.
+exact (docs/design.md#replay; book chapter 5.7, "max |recomputed - sampled| = 9.5e-07"). A shifted
+``sample_logp`` or ``action_mask`` breaks that at once, which is why :func:`max_ratio_deviation` is the first
+check of every run.
 
 Normalisation is docs/design.md#training's token mean (used by :func:`clipped_surrogate`; DAPO, Yu et al.
 2025). Why: every action token weighs the same, so a long episode's tokens are
