@@ -1,4 +1,4 @@
-"""Bounded, no hangs (issue 25 item 4): every reader, renderer and allocator has a documented bound
+"""Bounded, no hangs: every reader, renderer and allocator has a documented bound
 (docs/design.md#bounds) and refuses past it in one line, naming the file, row group, template or flag."""
 import os
 import subprocess

@@ -1,4 +1,4 @@
-"""The check's memory (issue 25): per-record state of a few tens of bytes (the compact
+"""The check's memory (docs/design.md#bounds): per-record state of a few tens of bytes (the compact
 :class:`agentrl.checks.Deduper`, the report's ``array('i')`` lists), and a row group within
 ``AGENTRL_MAX_ROW_GROUP_BYTES`` that this process has no memory for is one line naming it.
 """

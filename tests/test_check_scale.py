@@ -1,4 +1,4 @@
-"""The gate at scale (issue 25 item 9): the model-free check by columns gives the per-record verdicts,
+"""The gate at scale: the model-free check by columns gives the per-record verdicts,
 and model-free commands run without importing torch.
 
 The per-record rules (:func:`agentrl.checks.find_problems`, :func:`agentrl.store.scan`) are the reference:

@@ -1,4 +1,5 @@
-"""Grammar-constrained sampling (issue 26): the declared constraint, the HF engine under it, and its exact replay.
+"""Grammar-constrained sampling (docs/grammar.md): the declared constraint, the HF engine under it, and its
+exact replay.
 
 A small random Qwen3 (the real tokenizer) samples BugFix turns under xgrammar constraints; the replay rebuilds the
 grammar over each record's own ids. CPU only, fp32.

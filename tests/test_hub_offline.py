@@ -1,4 +1,4 @@
-"""A hub id while the Hugging Face hub is unreachable: the local cache only, refused at once (issue 25 item 6)."""
+"""A hub id while the Hugging Face hub is unreachable: the local cache only, refused at once."""
 import socket
 
 import pytest

@@ -1,4 +1,4 @@
-"""Issue 25, items 1-3: imported chat records pass, alignment slips are refused, values are what they claim.
+"""Imported chat records pass, alignment slips are refused, values are what they claim.
 
 1. A real ``--engine hf`` run (the small random Qwen3 of tests/test_engine_hf.py) that passes ``check``,
    exported to each of the six trainers and imported back with ``--tokenizer``, passes ``check``; the

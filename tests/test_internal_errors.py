@@ -1,4 +1,4 @@
-"""Issue 25 item 6, last bullet: inputs that reached the CLI's "internal error; rerun with --debug" line now get a
+"""Inputs that reached the CLI's "internal error; rerun with --debug" line now get a
 one-line message naming what is wrong (found by feeding every command hostile files and flag values)."""
 import json
 import shutil

@@ -238,7 +238,7 @@ def _wait_until_ready(proc, ready, what: str, timeout: float = 900.0) -> None:
 
 
 #: ``agentrl rollout ARGS`` held after its first shard until the test's signal has reached the job's handler
-#: (jobs.rollout._Signals): the job cannot finish first, however loaded the machine is (issue 25, item 8)
+#: (jobs.rollout._Signals): the job cannot finish first, however loaded the machine is
 _HELD_ROLLOUT = textwrap.dedent('''
     import signal, sys, time
     from pathlib import Path
@@ -698,7 +698,7 @@ def test_train_killed_mid_run_leaves_no_run_and_the_next_run_cleans_up(tmp_path)
     assert json.loads((out / 'summary.json').read_text())['sft']['steps'] == 2
 
 
-#: ``agentrl train`` (its own SIGTERM handler) held at SFT step 2 until the signal ends it (issue 25, item 8)
+#: ``agentrl train`` (its own SIGTERM handler) held at SFT step 2 until the signal ends it
 _HELD_TRAIN = textwrap.dedent('''
     import sys, time
     from pathlib import Path

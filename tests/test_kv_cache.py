@@ -1,4 +1,4 @@
-"""KV-cached rollouts (issue 7) against the KV-free reference, the ragged cache, the fast collate."""
+"""KV-cached rollouts (docs/design.md#hf-engine) against the KV-free reference, the ragged cache, the fast collate."""
 import pytest
 import torch
 import torch.nn as nn

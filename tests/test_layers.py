@@ -36,6 +36,7 @@ def _module_name(path: Path) -> str:
 
 
 MODULES = {_module_name(p): p for p in SRC.rglob('*.py')}
+TESTS = Path(__file__).resolve().parent
 
 
 def _imports(path: Path):
@@ -216,9 +217,12 @@ def test_no_lazy_shims():
 
 
 def test_no_docstring_cites_an_issue_number():
-    """Docstrings and comments say what holds, not which ticket asked for it (docs/design.md#layers)."""
+    """Docstrings and comments say what holds, not which ticket asked for it (docs/design.md#layers), in the
+    package and in its tests alike."""
+    files = {**{m: path for m, path in MODULES.items()},
+             **{str(path.relative_to(TESTS.parent)): path for path in TESTS.rglob('*.py')}}
     bad = []
-    for m, path in MODULES.items():
+    for m, path in files.items():
         text = path.read_text()
         for n in ast.walk(ast.parse(text)):
             if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -227,7 +231,29 @@ def test_no_docstring_cites_an_issue_number():
                     bad.append(f'{m}: docstring of {getattr(n, "name", "the module")}')
         bad += [f'{m}:{i}: comment' for i, line in enumerate(text.splitlines(), 1)
                 if re.search(r'#.*\bissues? #?\d', line, re.I)]
+    assert len(files) > len(MODULES)
     assert not bad, '\n'.join(bad)
+
+
+def test_every_cited_design_anchor_exists():
+    """Every ``docs/design.md#<section>`` cited in the package, the tests, the examples and the docs names a section
+    of docs/design.md (its ``## anchor`` headings), so a citation never points at a rule that moved."""
+    root = TESTS.parent
+    design = (root / 'docs' / 'design.md').read_text()
+    anchors = set(re.findall(r'^## (\S+)$', design, re.M))
+    files = [*SRC.rglob('*.py'), *TESTS.rglob('*.py'), *(root / 'examples').rglob('*.py'),
+             *(root / 'docs').glob('*.md'), root / 'README.md']
+    cited, bad = 0, []
+    for path in files:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for anchor in re.findall(r'design\.md#([a-z0-9_-]+)', line):
+                cited += 1
+                if anchor not in anchors:
+                    bad.append(f'{path.relative_to(root) if root in path.parents else path}:{i}: design.md#{anchor}')
+    bad += [f'docs/design.md: (#{a})' for a in re.findall(r'\]\(#([a-z0-9_-]+)\)', design) if a not in anchors]
+    assert cited > 50, f'only {cited} citations found: is the scan reading the right tree?'
+    assert not bad, 'cited anchors with no section in docs/design.md (sections: ' + ', '.join(sorted(anchors)) + \
+        '):\n' + '\n'.join(bad)
 
 
 def test_gym_has_no_torch():

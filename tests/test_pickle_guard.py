@@ -1,4 +1,4 @@
-"""Issue 25 item 7 at library level: ``interop.load_export`` / ``import_records`` never unpickle a verl ``.dp``
+"""At library level: ``interop.load_export`` / ``import_records`` never unpickle a verl ``.dp``
 file unless ``trust_pickle=True``; the refusal comes before anything is unpickled (a hostile pickle that would
 create a marker file leaves none)."""
 import importlib.util

@@ -1,5 +1,5 @@
-"""Policy versions (issue 24): per-turn versions round-trip through the store and the exporters; staleness refusal;
-the step-0 ratio guard covers only records sampled by the current weights."""
+"""Policy versions (docs/design.md#training): per-turn versions round-trip through the store and the
+exporters; staleness refusal; the step-0 ratio guard covers only records sampled by the current weights."""
 import copy
 import json
 import re

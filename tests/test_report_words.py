@@ -1,4 +1,4 @@
-"""Issue 25 item 6: ``agentrl report`` speaks of stop reasons, not BugFix words, for imported and gateway records
+"""``agentrl report`` speaks of stop reasons, not BugFix words, for imported and gateway records
 (as ``agentrl check`` does); its truncation rate counts turns cut at ``max_tokens`` (``unterminated_turns``).
 Gym runs keep their page (``solved``, ``submitted``)."""
 import json

@@ -1,4 +1,4 @@
-"""Issue 25, items 5-7: run folders say what they hold, words that fit, pickle stays out (exact cases)."""
+"""Run folders say what they hold, words that fit, pickle stays out (exact cases)."""
 import json
 import shutil
 from pathlib import Path

@@ -1,5 +1,5 @@
-"""Packed training (issue 24): a packed SFT or GRPO step equals the padded one; `agentrl train --packed` gives the
-same step-0 metrics; per-record attention equals the dense document mask."""
+"""Packed training (docs/design.md#training): a packed SFT or GRPO step equals the padded one;
+`agentrl train --packed` gives the same step-0 metrics; per-record attention equals the dense document mask."""
 import copy
 import json
 

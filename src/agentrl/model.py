@@ -341,8 +341,8 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, generator: torch
         to ``log_softmax`` to about 1e-7), the log-prob a trainer recomputes with
         :func:`sequence_log_probs` at T = 1.
 
-    Sampling is by inversion: one uniform draw per row (``torch.rand(B)`` from ``generator``)
-    located in the row's cumulative distribution (:func:`agentrl.sampling.draw`). It samples the
+    Sampling is docs/design.md#sampling's draw (:func:`agentrl.sampling.draw`, ``torch.rand(B)`` from
+    ``generator``). It samples the
     same categorical distribution as ``torch.multinomial`` (which draws one exponential per
     vocabulary entry, V times as many random numbers: at ``[256, 316]`` it took 1.9 ms against
     0.25 ms here); a token of probability 0 is never drawn.

@@ -4,9 +4,8 @@
 tensor is padding. :func:`collate_packed` lays several records end to end in one row instead, with
 position ids restarting at 0 per record, so a model that masks attention by document (TinyAgent's
 ``forward(ids, position_ids=...)``, transformers' packed-sequence masks, flash-attention's
-``cu_seqlens``) scores every record exactly as if it stood alone. The shift rule is the one of
-:class:`~agentrl.record.Trajectory`: column j of the ``[R, N-1]`` fields is the prediction of
-``ids[:, j+1]``; the column that would predict a record's first token from the previous record's
+``cu_seqlens``) scores every record exactly as if it stood alone. The ``[R, N-1]`` fields follow
+docs/design.md#shift; the column that would predict a record's first token from the previous record's
 last one is never a target (action mask 0, sample log-prob 0, turn -1).
 """
 from __future__ import annotations

@@ -36,7 +36,7 @@ OWNER_NAMES = tuple(sorted(OWNER, key=OWNER.get))
 class StopReason(str, enum.Enum):
     """Why an episode ended (``info['stop']``); str-valued, so stored records keep their strings.
 
-    Source: book chapter 4 (the gym's stops) and 5.8 (truncation gives reward 0 and is recorded).
+    Source: docs/design.md#stops; book chapter 4 (the gym's stops).
     """
     SUBMITTED = 'submitted'     #: the policy called ``submit``
     BUDGET = 'budget'           #: the turn budget ran out
@@ -51,8 +51,7 @@ class StopReason(str, enum.Enum):
         return repr(self.value)
 
 
-#: ``processed``: log-prob under the distribution actually sampled from (after temperature and
-#: truncation); ``raw``: log-softmax of the unmodified logits.
+#: The two log-prob modes (docs/design.md#sampling).
 LOGP_MODES = ('processed', 'raw')
 #: Which engine's penalty rules a :class:`SamplingSpec` follows (see its attributes).
 PENALTY_SEMANTICS = ('transformers', 'vllm')
@@ -172,8 +171,7 @@ class Provenance:
         model: model or checkpoint id ('' when none).
         logp_placeholder: True when ``sample_logp`` is a placeholder (scripted policies):
             such a record must never enter an importance ratio.
-        group_id, rollout_id, attempt: identity; a retry that samples again is a new attempt,
-            a resend keeps its identity.
+        group_id, rollout_id, attempt: identity (docs/design.md#integrity: retry vs resend).
         seed: the episode's own sampling seed, when it has one.
         agentrl_version: the library version that wrote the record.
         policy_version: the weights that sampled it, an int training step or a str checkpoint fingerprint;
@@ -263,7 +261,7 @@ class Trajectory:
             context of every turn.
 
     Positional order matches the book (``Trajectory(ids, action_mask, sample_logp, reward,
-    info, owner, turn)``). Build records with :meth:`from_tokens`, where the shift happens.
+    info, owner, turn)``). Build records with :meth:`from_tokens` (docs/design.md#shift).
     """
     ids: torch.Tensor
     action_mask: torch.Tensor
@@ -405,9 +403,8 @@ class TokenLog:
     """The one token writer: ids, owner, turn and sampling log-prob of an episode, a span at a time.
 
     Every writer of a record (:class:`agentrl.rollouts.Episode`, :class:`agentrl.templates.ChatRecorder`)
-    appends through :meth:`append`, so the four per-token lists can never disagree in length or be
-    written one without the others; :meth:`freeze` hands them to :meth:`Trajectory.from_tokens`,
-    where the shift to ``ids[1:]`` happens.
+    appends through :meth:`append` (docs/design.md#ownership), so the four per-token lists can never
+    disagree in length; :meth:`freeze` hands them to :meth:`Trajectory.from_tokens` (docs/design.md#shift).
 
     Attributes:
         ids: ``[T]`` list of int token ids.

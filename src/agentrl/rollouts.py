@@ -3,7 +3,7 @@
 Token-in/token-out: the policy's sampled ids are appended as they were sampled (with their
 log-probs), decoded only to hand text to ``env.step``; the observation is encoded once and
 appended between ``<obs>`` and ``</obs>`` template tokens. Records are frozen through
-:meth:`agentrl.record.Trajectory.from_tokens`, the one place the shift to ``ids[1:]`` happens.
+:meth:`agentrl.record.Trajectory.from_tokens` (docs/design.md#shift).
 """
 from __future__ import annotations
 

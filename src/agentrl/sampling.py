@@ -3,8 +3,7 @@
 Every engine (TinyAgent, Hugging Face) and every replay (checks, trainer) uses this module, so a
 record's ``sample_logp`` and its replay come from the same arithmetic.
 
-The episode seed rule lives here too: one formula for every engine and every scale
-(in process, one Ray worker, many), so ``--workers 0/1/2`` give the same records.
+The episode seed rule (docs/design.md#seeds) lives here too: :func:`episode_seed`.
 """
 from __future__ import annotations
 
@@ -27,10 +26,8 @@ _SEED_DOMAIN = b'agentrl/episode-seed/v1'
 def episode_seed(run_seed: int, group_id: str, rollout_id: str) -> int:
     """The sampling seed of one episode, from the run seed and the episode's identity.
 
-    A stable hash (blake2b, 8 bytes, top bit cleared), not Python's ``hash()``: the same on every
-    machine, process and Python version, and independent of which worker runs the episode or
-    which other episodes share its batch. The attempt is not part of it: a retry after a lost
-    worker samples the episode the lost attempt would have sampled.
+    The rule is docs/design.md#seeds: blake2b (8 bytes, top bit cleared), not Python's ``hash()``, so the same
+    on every machine, process and Python version.
 
     Args:
         run_seed: the run's ``--seed``.
@@ -401,8 +398,7 @@ def choose(logits: torch.Tensor, spec: SamplingSpec, uniforms, *, context: Penal
     Raises:
         ValueError: a row with no distribution (:func:`draw`); penalties without ``context``.
 
-    Source: inverse-CDF sampling with one uniform per token, so a row draws the same id whichever
-    batch it is in; docs/design.md#hf-engine.
+    Source: docs/design.md#sampling (the draw), so a row draws the same id whichever batch it is in.
     """
     if dtype == torch.float32 and _fast32(spec):
         x = logits.float()

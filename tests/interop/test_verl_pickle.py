@@ -1,4 +1,4 @@
-"""Issue 25 item 7 with verl installed: a .dp file is read through verl's DataProto loader only with --trust-pickle."""
+"""With verl installed: a .dp file is read through verl's DataProto loader only with --trust-pickle."""
 import pytest
 import torch
 

@@ -1,6 +1,6 @@
-"""Grammar-constrained sampling on the session's vLLM server (issue 26): ``--tool-choice required`` and a JSON-schema
-``--response-format`` go to ``/v1/completions`` as ``structured_outputs``, and ``check --model`` replays the records
-at ratio 1 under the same xgrammar masks."""
+"""Grammar-constrained sampling on the session's vLLM server (docs/grammar.md): ``--tool-choice required``
+and a JSON-schema ``--response-format`` go to ``/v1/completions`` as ``structured_outputs``, and
+``check --model`` replays the records at ratio 1 under the same xgrammar masks."""
 import json
 
 import pytest

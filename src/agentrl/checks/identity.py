@@ -1,12 +1,7 @@
 """L3: retry and resend identity of rollout records.
 
-A record's identity is ``(group_id, rollout_id, attempt)`` from its provenance. A **retry**
-samples again: it is a new attempt (``attempt + 1``, so a new identity) and never replaces a
-record that was already scored. A **resend** delivers a completed result again: it keeps its
-identity and content and is stored once. Same identity with different content is neither; it is
-refused (:class:`~agentrl.checks.errors.IdentityConflictError`).
-
-Source: docs/design.md#integrity.
+Identity, retry and resend are those of docs/design.md#integrity; a conflict is an
+:class:`~agentrl.checks.errors.IdentityConflictError`.
 """
 from __future__ import annotations
 

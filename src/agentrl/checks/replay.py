@@ -1,16 +1,14 @@
 """L3: replay each sampled token under the declared sampler and compare with the stored log-prob.
 
-Two log-prob modes (:data:`agentrl.record.LOGP_MODES`): ``processed`` is the log-prob under the
-distribution actually sampled from (penalties, temperature, then top-k / top-p / min-p support,
-renormalised); ``raw`` is ``log_softmax`` of the unmodified logits. A stored log-prob is never
-rescaled: moving between modes needs the logits (:func:`convert_logp` raises without them). The
+The two log-prob modes (:data:`agentrl.record.LOGP_MODES`) are docs/design.md#sampling's. A stored
+log-prob is never rescaled: moving between modes needs the logits (:func:`convert_logp` raises without them). The
 arithmetic is :mod:`agentrl.sampling`'s, the very code that sampled.
 
 The one replay, :func:`replay_records`, runs over a *scorer*: any callable
 ``score(ids [B, T] int64, attention_mask [B, T] int64, rows) -> logits`` (see :class:`Scorer`),
 so TinyAgent checkpoints and Hugging Face models replay the same way
-(:func:`agentrl.engines.scorer.load_scorer`). Records with per-turn ``turn_contexts`` (templates
-that are not prefix-stable) are scored turn by turn, each turn in the context it was sampled in.
+(:func:`agentrl.engines.scorer.load_scorer`). Records with per-turn ``turn_contexts`` are scored turn by turn
+(docs/design.md#replay).
 
 The per-token kinds (``match`` ... ``non_finite``) and the sampler-fit search are
 :mod:`agentrl.checks.classify`; the gates :func:`require_sampled` / :func:`require_trainable` are
@@ -481,9 +479,8 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, p
     packed path) or right-padded, ``batch_size`` rows per call; the logits at each action row are
     replayed under the record's own
     :class:`~agentrl.record.SamplingSpec` (penalties against each turn's context and the turn's
-    ids so far). A record with ``turn_contexts`` is scored turn by turn, each turn after the
-    context it was sampled in (one report entry per turn, key ``'... turn k'``). For the model
-    that sampled the records every ratio is 1 within float error (the step-0 proof).
+    ids so far). A record with ``turn_contexts`` is scored turn by turn (docs/design.md#replay; one
+    report entry per turn, key ``'... turn k'``).
 
     Args:
         records: sampled :class:`~agentrl.record.Trajectory` records.
@@ -532,9 +529,8 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, p
 def replay_check(records, model, *, tol: float = 1e-4, batch_size: int = 1, packed: bool = True) -> ReplayReport:
     """Replay every record's trained tokens with ``model`` under each record's declared sampler.
 
-    For an unchanged model every ratio ``exp(replayed - stored)`` is 1 (within float error);
-    mismatches are classified by cause (module docstring). Stored log-probs are never rescaled.
-    Records with per-turn ``turn_contexts`` are scored turn by turn (:func:`replay_records`).
+    The step-0 ratio and the classes of a mismatch are docs/design.md#replay's (the classes in detail:
+    :mod:`agentrl.checks.classify`); records with ``turn_contexts`` go turn by turn (:func:`replay_records`).
 
     Args:
         records: iterable of sampled :class:`~agentrl.record.Trajectory`.

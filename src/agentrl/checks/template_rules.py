@@ -8,10 +8,10 @@ added/control ids) and ``content_text`` (``'plain'`` or ``'refuse'``). Records w
 word-level toy stack, hand-made records) are not checked by these rules.
 
 - :func:`turn_closed`: every policy turn ends with the end-of-turn id, is followed by it, or ends
-  the record (a final turn cut off by a length limit). A turn the engine stopped at another stop
-  id must be closed by the template (its end-of-turn follows, template-owned).
-- :func:`control_ids_not_in_content`: no control id is owned by a tool, user or system message (the
-  message's text would have forged a turn boundary or a role header inside the policy's context).
+  the record (a final turn cut off by a length limit); a turn stopped at another stop id is closed
+  as docs/design.md#policy-positions says.
+- :func:`control_ids_not_in_content`: no control id is owned by a tool, user or system message
+  (docs/design.md#data-is-text).
   Records imported without a tokenizer (:func:`unchecked_template_owners`) are skipped: their owners
   come from a trainer's mask, which does not keep template tokens apart from content.
 

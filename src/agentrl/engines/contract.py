@@ -72,7 +72,7 @@ class TurnResult:
     """One sampled turn.
 
     Attributes:
-        ids: ``[n]`` int sampled ids (the stop id last when the turn stopped on one).
+        ids: ``[n]`` int sampled ids (the stop id last when the turn stopped on one; docs/design.md#stops).
         logp: ``[n]`` float log-probs in nats under the (declared) spec.
         truncated: the turn was cut at its budget (no stop id); :attr:`stop_reason` says it in words.
         seed: the draw's seed.

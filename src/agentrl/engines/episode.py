@@ -42,16 +42,13 @@ class SampledTurn:
     """One sampled assistant turn.
 
     Attributes:
-        ids: sampled token ids, in order; the end-of-turn token is the last one when the turn
-            stopped on it (it was sampled, so it is policy-owned and kept).
-        logp: ``len(ids)`` float sampling log-probs (nats) under the sampler's spec
-            (``processed`` mode: after temperature and truncation, renormalised).
+        ids: sampled token ids, in order; the stop id last when the turn stopped on one
+            (docs/design.md#stops).
+        logp: ``len(ids)`` float sampling log-probs (nats) under the sampler's spec (``processed`` mode,
+            docs/design.md#sampling).
         truncated: True when the turn was cut at its token budget (``max_new_tokens`` or the
-            context limit): then ``ids`` holds no end-of-turn token.
+            context limit).
         prompt_len: number of prompt ids the turn was sampled after.
-
-    Source: book chapter 5.8 ("Problem: stop-token handling": keep the sampled stop token; a turn
-    cut at the limit stays unterminated).
     """
     ids: list = field(default_factory=list)
     logp: list = field(default_factory=list)
@@ -91,7 +88,7 @@ class EpisodeState:
         """Take the environment's answer to turn ``k``; True when the episode goes on.
 
         A reply with ``done`` ends the episode with its reward and info; a running episode at
-        ``max_turns`` turns stops as :attr:`StopReason.TRUNCATED`, reward 0.
+        ``max_turns`` turns ends as docs/design.md#stops says (:attr:`StopReason.TRUNCATED`, reward 0).
 
         Raises:
             ValueError: a reply without messages for an episode that goes on (names ``caller``,

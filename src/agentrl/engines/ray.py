@@ -6,8 +6,8 @@ each actor; the result's ``run(chunk)`` returns the chunk's records) and a ``sin
 records)`` called on the driver, in completion order, for every finished chunk.
 
 Faults: when an actor dies (its process is killed, its node is lost), every chunk it had in
-flight runs again on another actor as a **new attempt** (:func:`agentrl.checks.new_attempt`: a
-new record identity, the same episode seed); the chunks it finished were already given to the
+flight runs again on another actor as a new attempt (:func:`agentrl.checks.new_attempt`;
+docs/design.md#scale-out, docs/design.md#seeds); the chunks it finished were already given to the
 sink, so nothing is lost or stored twice. A dead actor is replaced (up to ``max_replacements``).
 
 Ray is an extra (``pip install 'agentrl[ray]'``), imported only when a run starts.

@@ -2,11 +2,9 @@
 
 A run is planned once, before anything runs, as a list of episodes (policy, task, repeat) with
 their record identities (``group_id = '{seed}/{policy}/{task}'``, ``rollout_id = group_id +
-'/{repeat}'``) and their sampling seeds (:func:`agentrl.sampling.episode_seed`, the one seed
-rule), then cut into fixed **chunks** of at most ``chunk_size`` consecutive episodes of one
-policy. The cut depends only on the plan, never on the number of workers, so a chunk is batched
-the same way wherever it runs and the records of ``--workers 0``, ``1`` and ``2`` are equal bit
-for bit.
+'/{repeat}'``) and their sampling seeds (:func:`agentrl.sampling.episode_seed`, docs/design.md#seeds),
+then cut into fixed **chunks** of at most ``chunk_size`` consecutive episodes of one
+policy. The cut depends only on the plan, never on the number of workers (docs/design.md#scale-out).
 
 The manifest ``OUT/run.json`` and the resume rules are in :mod:`agentrl.jobs.resume` (which imports
 this module); the option-field machinery (``check_fields``, ``flag_of``) is

@@ -1,7 +1,7 @@
 """L5: a run folder's manifest and its resume rules: what ``--resume OUT`` keeps, checks and refuses.
 
 ``OUT/run.json`` (:func:`manifest_of`) records the plan: the options that define the episodes, the
-chunk size and the model's ``name@fingerprint`` (never a local path). :func:`resume_options`
+chunk size and the model's ``name@fingerprint`` (docs/design.md#scale-out). :func:`resume_options`
 finishes a run with that plan and this command's scale-out flags; :func:`stored_records` yields
 the records a resume finds, each checked against what the manifest fixes; :func:`refuse_if_complete`
 raises :class:`RunComplete` when there is nothing left to run. Reads only: the rollout job

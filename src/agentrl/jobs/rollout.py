@@ -14,19 +14,15 @@ scale (``--workers 0``: this process; ``N``: Ray actors). Every path writes the 
     OUT/trajectories/part-*.parquet one shard per chunk, written as chunks finish
     OUT/summary.json                written last: a run with a summary is complete
 
-and the same records: the plan, the chunks and every episode's seed depend only on the options,
-never on where a chunk runs. Memory is bounded by the chunk: records go to disk as each chunk
-finishes and the summary is accumulated on the way.
+and the same records wherever a chunk runs (docs/design.md#scale-out, docs/design.md#seeds). Memory is
+bounded by the chunk: records go to disk as each chunk finishes and the summary is accumulated on the way.
 
 Nothing is written before every refusal check has passed (options, checkpoint, an existing run
 in ``OUT``, Ray installed). A run that fails before its first shard leaves ``OUT`` as it found
-it; after that it is resumable: ``--resume OUT`` runs only the missing episodes, after checking that
-the records already there are of this plan (the provenance run.json fixes); it writes nothing when
-the run is already complete. Ctrl-C finishes the chunk in hand, keeps every finished shard and
-raises :class:`RunInterrupted` naming the command that resumes (a second Ctrl-C stops at once);
+it; after that it resumes as docs/design.md#scale-out says. Ctrl-C finishes the chunk in hand, keeps every
+finished shard and raises :class:`RunInterrupted` naming the command that resumes (a second Ctrl-C stops at once);
 SIGTERM stops at once (within seconds, whatever the chunk in hand is doing: docs/design.md#bounds),
-keeps every finished shard (the chunk in hand runs again on resume) and raises the same. ``run.json`` names a ``--checkpoint`` or ``--model`` by ``name@fingerprint``, never by
-its path, so a resume of such a run passes that flag again.
+keeps every finished shard (the chunk in hand runs again on resume) and raises the same.
 """
 from __future__ import annotations
 

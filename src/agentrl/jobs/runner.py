@@ -1,9 +1,8 @@
 """L5: run chunks of planned episodes (a scripted, TinyAgent or Hugging Face policy) and stream them to shards.
 
 The same :class:`EpisodeRunner` runs in this process (``--workers 0``) and inside every Ray
-actor (:mod:`agentrl.engines.ray`), so a chunk gives the same records wherever it runs: every
-episode samples from its own ``torch.Generator`` seeded with its
-:func:`~agentrl.sampling.episode_seed`, and a chunk is one batch. :func:`run_chunks` runs a
+actor (:mod:`agentrl.engines.ray`), so a chunk gives the same records wherever it runs
+(docs/design.md#seeds; a chunk is one batch). :func:`run_chunks` runs a
 plan's chunks (in this process or on the actor pool) and writes each as one shard.
 """
 from __future__ import annotations

@@ -5,14 +5,9 @@ Parquet metadata carries ``agentrl.schema_version``. Files are readable by pyarr
 ``datasets.load_dataset('parquet', data_files=...)``; reading back through :func:`read_trajectories`
 is exact (ids, owners, turns, masks, float32 log-probs bit for bit, float64 rewards).
 
-Durability: every file is written under a hidden temporary name in the same folder (a name that
-starts with ``.`` and does not end in ``.parquet``, so no reader or glob sees it), flushed to disk,
-then renamed into place. A process killed mid-write leaves at most a hidden temporary file; every
-shard that was visible before stays readable. :class:`ShardWriter` appends numbered shards and
-stores a resent record once (identity ``(group_id, rollout_id, attempt)``), while a retry (a new
-attempt) is a new row.
-
-Source: docs/design.md#integrity.
+Durability follows docs/design.md#storage (files written atomically, temporary files hidden from every
+reader); :class:`ShardWriter` appends numbered shards and keeps retries and resends apart as
+docs/design.md#integrity says.
 
 Modules: :mod:`~agentrl.store.schema` (the columns, the digest column, records -> table),
 :mod:`~agentrl.store.rows` (table -> records, validated), :mod:`~agentrl.store.read` (files,

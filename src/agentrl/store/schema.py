@@ -28,14 +28,9 @@ turn_policy_versions    string              JSON list of ``provenance.turn_polic
 digest                  string              ``v2:<content>:<row>`` (see below)
 ======================  ==================  ===============================================
 
-The ``digest`` of a row written by this version is ``'v2:' + content + ':' + row``: ``content`` is
-:func:`agentrl.checks.record_digest` (ids, owner, turn, action_mask, sample_logp, reward; what
-deduplication compares) and ``row`` is sha256 (32 hex digits) of ``content`` and the sorted-key
-JSON of every other stored column (provenance, ``task``, ``info``, ``turn_contexts``) as stored, so
-an edit of any cell is a :class:`~agentrl.checks.errors.DigestMismatchError`. The two policy-version
-columns enter that JSON only when not null, so rows without versions (and files written before the
-columns existed, which read them as null) keep their digests. Files written before
-digest version 2 store the bare 32-digit content digest; such a row is verified with that rule.
+The ``digest`` column follows docs/design.md#integrity: ``content`` is :func:`agentrl.checks.record_digest`
+and ``row`` is sha256 (32 hex digits) of ``content`` and the sorted-key JSON of every other stored column as
+stored (:func:`row_digest`); a cell edited after writing is a :class:`~agentrl.checks.errors.DigestMismatchError`.
 """
 from __future__ import annotations
 

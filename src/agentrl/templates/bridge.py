@@ -3,7 +3,7 @@
 A **bridge** is what the template writes between the end of a sampled turn and the next
 generation prompt (role headers, tool-result wrappers, the generation prompt, plus the tool or
 user content inside). It is found by rendering the template, so it works for any family; its
-tokens are owned by whoever wrote them. :class:`~agentrl.templates.ChatRecorder` appends them.
+tokens' owners follow docs/design.md#ownership. :class:`~agentrl.templates.ChatRecorder` appends them.
 """
 from __future__ import annotations
 

@@ -70,9 +70,8 @@ class ChatTemplate:
         the stop set, so it is never written twice);
         control_ids (frozenset[int]): ids of the tokenizer's added (control) tokens.
 
-    A turn whose sampled stop is not the end-of-turn (e.g. Qwen3's ``<|endoftext|>``) keeps that id
-    (policy-owned, trained) and the template still closes the turn: its end-of-turn follows,
-    template-owned (mask 0, log-prob 0).
+    A turn whose sampled stop is not the end-of-turn (e.g. Qwen3's ``<|endoftext|>``) is closed as
+    docs/design.md#stops says.
 
     Raises:
         ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).

@@ -2,9 +2,9 @@
 
 The template is treated as a black box. Each message is located by re-rendering the
 conversation with that message's content replaced by a unique sentinel and diffing the two
-renderings: the stretch that changes is the message's text. An assistant turn is policy from
-the end of the template's own generation prompt through the end-of-turn token; everything no
-message accounts for is template. No role header, delimiter or model name is hard-coded.
+renderings: the stretch that changes is the message's text. An assistant turn's policy positions
+are docs/design.md#policy-positions'; everything no message accounts for is template. No role header,
+delimiter or model name is hard-coded.
 """
 from __future__ import annotations
 

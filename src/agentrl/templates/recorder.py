@@ -2,7 +2,7 @@
 
 :class:`ChatRecorder` keeps the ids the policy sampled, never re-encodes them, and appends
 everything else as a **bridge** (:mod:`agentrl.templates.bridge`: the ids the template writes
-between the end of a sampled turn and the next generation prompt, owned by whoever wrote them).
+between the end of a sampled turn and the next generation prompt; owners per docs/design.md#ownership).
 """
 from __future__ import annotations
 
@@ -130,10 +130,8 @@ class ChatRecorder:
         """Append one sampled policy turn, ids exactly as the engine produced them.
 
         Args:
-            ids: ``[n]`` sampled token ids, including the stop token the engine stopped at
-                (policy-owned and trained). A turn without one was cut off. When that stop is not the
-                template's end-of-turn (e.g. Qwen3's ``<|endoftext|>``), it is kept and the template
-                still closes the turn: its end-of-turn follows, template-owned (mask 0, log-prob 0).
+            ids: ``[n]`` sampled token ids, including the stop id the engine stopped at; a turn without
+                one was cut off (docs/design.md#stops, e.g. Qwen3's ``<|endoftext|>``).
             logp: ``[n]`` float sampling log-probs (nats) of ``ids``; None records zeros and
                 marks the record's provenance ``logp_placeholder``.
             message: the turn as a parsed assistant message (e.g. with ``tool_calls``), used
@@ -315,8 +313,8 @@ class ChatRecorder:
             for every turn when any turn was sampled after a context that is not a prefix of
             ``ids`` (None otherwise).
 
-        A last turn that stopped at a stop id other than the template's end-of-turn is closed
-        here: the end-of-turn id follows it, template-owned (mask 0, log-prob 0).
+        A last turn that stopped at a stop id other than the template's end-of-turn is closed here
+        (docs/design.md#stops).
         ``info['template']`` reports ``unterminated_turns`` (cut off, no stop id),
         ``closed_by_template`` (stopped at another stop id), ``render_matches`` and
         ``chat_tokens``: the end-of-turn, stop and control ids and the ``content_text`` choice

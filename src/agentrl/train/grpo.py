@@ -1,16 +1,14 @@
 """GRPO on collated batches: group-relative advantages, token-level ratios, PPO clipping (ch. 9).
 
-A GRPO step samples a **group** of G episodes per task, scores each episode relative to its
-group, and takes clipped policy-gradient steps on the action tokens. The importance ratio
-``exp(logp - sample_logp)`` compares the trainer's recomputed log-probs with the ones stored at
-sampling time: before the first update of a step the policy has not moved, so every ratio is 1
-up to float rounding when the records are exact (book chapter 5.7, "max |recomputed -
-sampled| = 9.5e-07"). A shifted ``sample_logp`` or ``action_mask`` breaks that at once, which
-is why :func:`max_ratio_deviation` is the first check of every run.
+A GRPO step samples a group (docs/design.md#names) per task, scores each episode relative to its
+group, and takes clipped policy-gradient steps on the action tokens (docs/design.md#training). The
+importance ratio ``exp(logp - sample_logp)`` is 1 before the first update of a step when the records are
+exact (docs/design.md#replay; book chapter 5.7, "max |recomputed - sampled| = 9.5e-07"). A shifted
+``sample_logp`` or ``action_mask`` breaks that at once, which is why :func:`max_ratio_deviation` is the first
+check of every run.
 
-Normalisation (stated once, used by :func:`clipped_surrogate`): the policy-gradient term is a
-**token-level mean** over the action tokens of the rows that carry signal (non-zero advantage),
-as in DAPO (Yu et al. 2025). Every action token weighs the same, so a long episode's tokens are
+Normalisation is docs/design.md#training's token mean (used by :func:`clipped_surrogate`; DAPO, Yu et al.
+2025). Why: every action token weighs the same, so a long episode's tokens are
 not down-weighted as with GRPO's original per-sequence mean (Shao et al. 2024), whose length
 bias Dr. GRPO (Liu et al. 2025) points out; and rows of zero-variance groups are left out of
 the denominator as well as the numerator (they carry no signal; keeping them would shrink the

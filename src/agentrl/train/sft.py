@@ -1,9 +1,8 @@
 """SFT warm start: masked next-token NLL on oracle demonstrations (book chapter 6).
 
 An untrained TinyAgent earns reward 0 on every episode, so every GRPO advantage is zero
-(book chapter 5.7). The warm start imitates the scripted oracle's calls: the loss is the
-negative log-likelihood of the tokens the policy owns (``action_mask == 1``), never of the
-prompt, template or tool tokens. Scripted records carry a placeholder ``sample_logp``; SFT
+(book chapter 5.7). The warm start imitates the scripted oracle's calls: the loss is
+docs/design.md#training's masked NLL (``action_mask == 1``). Scripted records carry a placeholder ``sample_logp``; SFT
 does not read it (it is not an importance-weighted loss), so they are valid demonstrations.
 """
 from __future__ import annotations

@@ -3,8 +3,7 @@
 A :class:`Strip` is built once from a record (:func:`build_strip`) and rendered by the HTML,
 SVG and terminal views, so the three pictures always agree on text, owner, mask and folds.
 
-Alignment (book chapter 5.6): the action mask and the sampling log-probs are aligned to
-``ids[1:]``. Cell ``i`` (token ``ids[i]``) therefore shows ``action_mask[i-1]`` and
+Alignment is docs/design.md#shift (book chapter 5.6): cell ``i`` (token ``ids[i]``) shows ``action_mask[i-1]`` and
 ``sample_logp[i-1]``; cell 0 is never predicted and has neither. The mask drawn under a cell is
 the record's *stored* mask, not one recomputed from the owner, so a mask bug is visible: a cell
 whose stored mask disagrees with its owner is flagged ``mask_mismatch``.

@@ -2,8 +2,7 @@
 
 - :class:`HFSampler`: one assistant turn per episode from prompt **ids**, batched with left
   padding, correct ``position_ids`` and a KV cache; sampled ids plus their log-probs under the
-  declared :class:`~agentrl.record.SamplingSpec` (``processed`` mode); stops at the template's
-  end-of-turn token (kept) or at ``max_new_tokens`` (the turn is marked truncated).
+  declared :class:`~agentrl.record.SamplingSpec` (``processed`` mode); stops as docs/design.md#stops says.
 - :func:`run_chat_episodes`: multi-turn episodes recorded with :class:`~agentrl.templates.ChatRecorder`,
   answered by any ``respond`` (no gym in it); each episode keeps its KV cache row across turns
   (continuous batching); ``profile=`` gives the time split (:mod:`.profile`).

@@ -15,7 +15,7 @@ transformers' ``create_causal_mask`` returns as given (a prepared 4-D mask).
 :func:`agentrl.engines.hf.run_chat_episodes` drives it.
 
 Sampling is per-episode reproducible: each episode may bring its own ``torch.Generator``, which
-supplies exactly one uniform number per sampled token (inverse-CDF sampling), so an episode
+supplies exactly one uniform number per sampled token (the draw of docs/design.md#sampling), so an episode
 consumes the same random numbers whether it is sampled alone or in a batch, and draws the same
 ids unless a draw lands within fp32 rounding of a CDF boundary (the batched logits differ from
 the single-row ones by ~1e-7; with a peaked distribution this is rare, with the near-uniform

@@ -60,7 +60,7 @@ def request_body(model: str, prompt_ids, spec, *, max_tokens: int, stop_ids, see
         spec: the :class:`~agentrl.record.SamplingSpec` (temperature, top_k (0 = off), top_p,
             min_p, the three penalties).
         max_tokens: the turn's token budget (>= 1).
-        stop_ids: the template's stop ids; ``ignore_eos`` is on, so the server stops at exactly these.
+        stop_ids: the turn's stop ids (``ignore_eos`` is on: docs/design.md#stops).
         seed: the request seed (:func:`turn_seed`), or None.
 
     Returns:
