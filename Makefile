@@ -5,6 +5,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.agentrl-installed
 EXTRAS ?= hf,ray,dev,vllm,serve,grammar
+# the main suite runs on pytest-xdist workers (one per core of the 2-core CI machine; tests/durations.json, README)
+WORKERS ?= 2
 
 # the interop tests run the real TRL, verl and OpenRLHF in their own venv (verl pins transformers < 5.11)
 IVENV  ?= .venv-interop
@@ -38,7 +40,7 @@ demo: $(STAMP)
 
 # every suite runs even when an earlier one fails; each one's result is printed; the exit status is non-zero if any failed
 test: $(STAMP)
-	@main=0; interop=0; $(PY) -m pytest -q --ignore=tests/live_vllm || main=$$?; $(MAKE) test-interop || interop=$$?; \
+	@main=0; interop=0; $(PY) -m pytest -q -n $(WORKERS) --ignore=tests/live_vllm || main=$$?; $(MAKE) test-interop || interop=$$?; \
 	echo "suite results: main exit $$main; interop exit $$interop"; [ $$main -eq 0 ] && [ $$interop -eq 0 ]
 
 $(ISTAMP): pyproject.toml
