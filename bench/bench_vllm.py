@@ -4,7 +4,7 @@ Run by hand (it starts a vLLM CPU server, minutes on a loaded machine)::
 
     .venv/bin/python bench/bench_vllm.py [--episodes 32] [--turns 4] [--new-tokens 32] [--cpus 1]
 
-1. Overhead: ``bugfix_vllm_rollouts`` on N BugFix episodes (template, recorder, gym, records) vs the
+1. Overhead: ``bugfix_server_rollouts`` on N BugFix episodes (template, recorder, gym, records) vs the
    very same token-id request bodies replayed straight at the same server (each episode's turns in
    order, episodes concurrent, the same concurrency). Prefix caching is on (vLLM's default), so
    the first run warms it; the rounds alternate agentrl, raw, agentrl, raw and the best of each
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
     import agentrl as arl
     from agentrl.engines import hf
     from agentrl.engines.vllm import VLLMServer, VLLMServerOptions, check_logp_mode
-    from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts, bugfix_template, bugfix_vllm_rollouts
+    from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts, bugfix_server_rollouts, bugfix_template
     from agentrl.record import SamplingSpec
     sys.path.insert(0, str(ROOT / 'tests'))
     from _tokenizers import tokenizer_path
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
             responses: list = []
             m0 = metrics(srv.url)
             t, c = time.perf_counter(), time.process_time()
-            recs = bugfix_vllm_rollouts(ep, template, tasks, BugFixOptions(spec=spec, max_new_tokens=a.new_tokens, max_turns=a.turns, logp_mode=mode), seeds=seeds, responses=responses)
+            recs = bugfix_server_rollouts('vllm', ep, template, tasks, BugFixOptions(spec=spec, max_new_tokens=a.new_tokens, max_turns=a.turns, logp_mode=mode), seeds=seeds, responses=responses)
             dt, cpu = time.perf_counter() - t, time.process_time() - c
             m1 = metrics(srv.url)
             if r == 0:

@@ -16,7 +16,7 @@ from agentrl import checks
 from agentrl.engines import vllm
 from agentrl.engines.vllm import client as vclient
 from agentrl.record import OWNER, SamplingSpec
-from agentrl.jobs.bugfix import BugFixOptions, bugfix_template, bugfix_vllm_rollouts
+from agentrl.jobs.bugfix import BugFixOptions, bugfix_server_rollouts, bugfix_template
 
 IM_END = 151645
 T1 = SamplingSpec()
@@ -41,7 +41,7 @@ def run(server, template, tasks):
     """6 BugFix episodes (T=1, 24 tokens a turn, 3 turns) and every request/response pair."""
     responses = []
     seeds = [11, 12, 13, 14, 15, 16]
-    recs = bugfix_vllm_rollouts([server.endpoint], template, tasks[:6], BugFixOptions(spec=T1, max_new_tokens=24, max_turns=3), seeds=seeds, responses=responses)
+    recs = bugfix_server_rollouts('vllm', [server.endpoint], template, tasks[:6], BugFixOptions(spec=T1, max_new_tokens=24, max_turns=3), seeds=seeds, responses=responses)
     return recs, responses, seeds
 
 
@@ -132,7 +132,7 @@ def test_records_pass_check_and_replay_with_the_hf_model(run, lm, tmp_path, caps
 
 def test_the_same_seeds_give_the_same_records(run, server, template, tasks):
     recs, _, seeds = run
-    again = bugfix_vllm_rollouts([server.endpoint], template, tasks[:6][::-1], BugFixOptions(spec=T1, max_new_tokens=24, max_turns=3), seeds=seeds[::-1])[::-1]
+    again = bugfix_server_rollouts('vllm', [server.endpoint], template, tasks[:6][::-1], BugFixOptions(spec=T1, max_new_tokens=24, max_turns=3), seeds=seeds[::-1])[::-1]
     for a, b in zip(recs, again):
         assert torch.equal(a.ids, b.ids) and torch.equal(a.sample_logp, b.sample_logp)
         assert a.info['vllm'] == b.info['vllm']

@@ -20,7 +20,7 @@ from agentrl.engines import vllm
 from agentrl.gym import TOOL_SCHEMAS
 from agentrl.record import SamplingSpec
 from agentrl.templates.chat import function_tools
-from agentrl.jobs.bugfix import BugFixOptions, bugfix_template, bugfix_vllm_rollouts
+from agentrl.jobs.bugfix import BugFixOptions, bugfix_server_rollouts, bugfix_template
 
 T07 = SamplingSpec(temperature=0.7)
 
@@ -39,7 +39,7 @@ def raw_server(model_dir, vllm_py, tmp_path_factory):
 def raw_recs(raw_server, lm):
     """3 BugFix episodes at T=0.7 (raw != processed), the mode probed at start-up."""
     template = bugfix_template(lm[1])
-    return bugfix_vllm_rollouts([raw_server.endpoint], template, arl.make_tasks('all')[:3], BugFixOptions(spec=T07, max_new_tokens=16, max_turns=2), seeds=[21, 22, 23])
+    return bugfix_server_rollouts('vllm', [raw_server.endpoint], template, arl.make_tasks('all')[:3], BugFixOptions(spec=T07, max_new_tokens=16, max_turns=2), seeds=[21, 22, 23])
 
 
 def test_the_probe_answers_raw_on_a_raw_logprobs_server(raw_server, lm):

@@ -7,7 +7,7 @@ import pytest
 import agentrl as arl
 from agentrl.engines import vllm
 from agentrl.record import SamplingSpec
-from agentrl.jobs.bugfix import BugFixOptions, bugfix_template, bugfix_vllm_rollouts
+from agentrl.jobs.bugfix import BugFixOptions, bugfix_server_rollouts, bugfix_template
 
 
 def test_a_server_killed_mid_run_is_one_line_naming_it_and_finished_episodes_are_kept(server, lm):
@@ -21,7 +21,7 @@ def test_a_server_killed_mid_run_is_one_line_naming_it_and_finished_episodes_are
 
     with pytest.raises(vllm.ServerDied, match=rf'^vllm server {server.url} died mid-run \(\d+ of 12 episodes lost'
                                               r'.*finished episodes are kept') as err:
-        bugfix_vllm_rollouts([server.endpoint], template, tasks[:12], BugFixOptions(spec=SamplingSpec(), max_new_tokens=24, max_turns=6), seeds=list(range(12)), on_done=on_done)
+        bugfix_server_rollouts('vllm', [server.endpoint], template, tasks[:12], BugFixOptions(spec=SamplingSpec(), max_new_tokens=24, max_turns=6), seeds=list(range(12)), on_done=on_done)
     assert '\n' not in str(err.value)
     assert sorted(err.value.finished) == sorted(done) and done
     assert all(r.info['tool_calls'] is not None for r in err.value.finished.values())

@@ -11,10 +11,11 @@ Standard library only.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Callable
 
-__all__ = ['Backend', 'BACKENDS', 'ENGINES', 'backend', 'open_engine', 'start_server']
+__all__ = ['Backend', 'BACKENDS', 'ENGINES', 'Names', 'backend', 'open_engine', 'start_server', 'rollout_kit']
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,14 @@ class Backend:
         child: a loader returning the same engine's child-process class (None: none).
         server: a loader returning the function that starts a local server (a context manager with ``url``,
             ``pid``).
+        rollout: a server backend's loader returning its rollout kit, what ``agentrl rollout`` calls
+            (docs/design.md#engines): ``check_local(model, python)``, ``start(model, *, cpus, python, name)``,
+            ``connect(urls) -> endpoints``, ``probe(endpoints, prompt_ids) -> logp_mode``,
+            ``record_spec(spec, logp_mode)`` and ``episodes(endpoints, recorders, respond, *, seeds, spec,
+            max_new_tokens, max_turns, model_name, concurrency, on_done, responses, logp_mode)``, which
+            runs the driver over the backend's ``TurnBatch``, and ``ServerDied(url, detail, message)``,
+            the :class:`~agentrl.engines.contract.EngineDied` its episodes raise (with ``url``,
+            ``detail`` and ``finished``: episode index -> record of every episode that had ended).
     """
     name: str
     policy: str
@@ -46,6 +55,7 @@ class Backend:
     engine: Callable[[], type] | None = None
     child: Callable[[], type] | None = None
     server: Callable[[], Callable] | None = None
+    rollout: Callable[[], object] | None = None
 
 
 def _hf_engine():
@@ -68,14 +78,52 @@ def _vllm_server():
     return local_server
 
 
+def _vllm_rollout():
+    from .vllm import rollout
+    return rollout
+
+
 #: The backends by name; a new one is one entry here plus its module (docs/design.md#engines).
 BACKENDS = {b.name: b for b in (
     Backend('tinyagent', policy='model', model_dir=False, chat=False, model_only=False, grammar=False),
     Backend('hf', policy='hf', engine=_hf_engine, child=_hf_child),
-    Backend('vllm', policy='vllm', servers=True, engine=_vllm_engine, server=_vllm_server),
+    Backend('vllm', policy='vllm', servers=True, engine=_vllm_engine, server=_vllm_server, rollout=_vllm_rollout),
 )}
+
+
+class Names(Sequence):
+    """The registry's names whose entry passes ``test``, in registry order, read at each use.
+
+    A live view, so an option's ``engines=`` (:mod:`agentrl.fields`) and the ``--engine`` choices
+    follow every entry of :data:`BACKENDS`, one added later included; equal to the tuple of its names.
+
+    Args:
+        test: ``test(Backend) -> bool`` (default: every entry).
+    """
+
+    def __init__(self, test: Callable[[Backend], bool] = lambda b: True):
+        self.test = test
+
+    def _names(self) -> tuple:
+        return tuple(n for n, b in BACKENDS.items() if self.test(b))
+
+    def __getitem__(self, i):
+        return self._names()[i]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __eq__(self, other) -> bool:
+        return self._names() == (tuple(other) if isinstance(other, (Names, list, tuple)) else other)
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(self._names())
+
+
 #: ``--engine`` choices, in registry order.
-ENGINES = tuple(BACKENDS)
+ENGINES = Names()
 
 
 def backend(name: str) -> Backend:
@@ -133,3 +181,15 @@ def start_server(name: str, model, *, cpus: str | None = None, python=None, log_
     if b.server is None:
         raise ValueError(f'--engine {name} starts no server; drop --server')
     return b.server()(model, cpus=cpus, python=python, log_path=log_path)
+
+
+def rollout_kit(name: str):
+    """The rollout kit of server backend ``name`` (:attr:`Backend.rollout`).
+
+    Raises:
+        ValueError: an unknown name; a backend that samples on no servers.
+    """
+    b = backend(name)
+    if b.rollout is None:
+        raise ValueError(f'--engine {name} samples on no servers; drop --server')
+    return b.rollout()

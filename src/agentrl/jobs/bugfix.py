@@ -4,8 +4,8 @@
 episode's opening messages, answers each decoded turn with a :class:`~agentrl.engines.episode.Reply`
 (its call parsed from the text, never encoded again), and finishes the records with the parsed
 calls and the gym's final info. :func:`bugfix_rollouts` (a Hugging Face model), :func:`bugfix_job`
-(a model folder) and :func:`bugfix_vllm_rollouts` (vLLM servers) run BugFix episodes on the one
-episode driver (:mod:`agentrl.engines.driver`), every option in one :class:`BugFixOptions`. The
+(a model folder) and :func:`bugfix_server_rollouts` (the servers of any server backend) run BugFix
+episodes on the one episode driver (:mod:`agentrl.engines.driver`), every option in one :class:`BugFixOptions`. The
 engines never import the gym; this module, above them, joins the two. Torch-free at import (the
 templates and the engines are imported by the functions that need them).
 
@@ -24,7 +24,7 @@ from ..record import Provenance, SamplingSpec, StopReason
 from ..sampling import episode_seed
 
 __all__ = ['BugFixAdapter', 'parse_tool_calls', 'gym_call', 'bugfix_opening', 'MALFORMED', 'BugFixOptions',
-           'bugfix_rollouts', 'bugfix_job', 'bugfix_vllm_rollouts', 'bugfix_template']
+           'bugfix_rollouts', 'bugfix_job', 'bugfix_server_rollouts', 'bugfix_template']
 
 #: Given to the gym for a turn without a valid call: it answers ``MESSAGES['malformed']``.
 MALFORMED = ''
@@ -183,15 +183,15 @@ class BugFixOptions:
         reward_tests: ``'hidden'`` or ``'public'`` (see :class:`~agentrl.gym.BugFixEnv`).
         seed: run seed; without explicit ``seeds``, episode ``i`` of task ``t`` samples with
             :func:`agentrl.sampling.episode_seed` ``(seed, f'{seed}/hf/{t.name}', f'{seed}/hf/{t.name}/{i}')``.
-        model_name: ``Provenance.model`` (HF default: the folder the model was loaded from; vLLM: the served name).
+        model_name: ``Provenance.model`` (HF default: the folder the model was loaded from; servers: the served name).
         policy_version: every record's ``provenance.policy_version`` (None: not recorded; HF only).
         batch_size: HF: episodes sampled at once (rows of the cache).
         cache: HF: use the KV cache (False: recompute every step).
         reuse_cache: HF: keep each episode's KV cache row across turns (:func:`~agentrl.engines.hf.run_chat_episodes`).
         max_context: HF: context limit (default the model's ``max_position_embeddings``).
         enable_thinking: HF without a ``template``: passed to the template when not None.
-        concurrency: vLLM: requests in flight at once.
-        logp_mode: vLLM: skip the probe and declare this mode (one already checked on these servers).
+        concurrency: servers: requests in flight at once.
+        logp_mode: servers: skip the probe and declare this mode (one already checked on these servers).
     """
     spec: SamplingSpec = field(default_factory=SamplingSpec)
     max_new_tokens: int = 256
@@ -297,39 +297,46 @@ def bugfix_job(model_dir, tasks, options: BugFixOptions = BugFixOptions(), *, de
     return bugfix_rollouts(model, tok, tasks, options, on_done=on_done, profile=profile)
 
 
-def bugfix_vllm_rollouts(endpoints, template: ChatTemplate, tasks, options: BugFixOptions = BugFixOptions(), *,
-                         seeds, on_done: Callable | None = None, responses: list | None = None) -> list:
-    """BugFix episodes on vLLM servers (:func:`~agentrl.engines.vllm.run_vllm_episodes` with a :class:`BugFixAdapter`).
+def bugfix_server_rollouts(engine: str, endpoints, template: ChatTemplate, tasks,
+                           options: BugFixOptions = BugFixOptions(), *, seeds, on_done: Callable | None = None,
+                           responses: list | None = None) -> list:
+    """BugFix episodes on the servers of backend ``engine``: its rollout kit's ``episodes`` with a :class:`BugFixAdapter`.
+
+    The backend is asked through the registry (:func:`~agentrl.engines.factory.rollout_kit`,
+    docs/design.md#engines); e.g. ``'vllm'`` runs :func:`~agentrl.engines.vllm.run_vllm_episodes`.
 
     Args:
-        endpoints: the servers. template: a :class:`~agentrl.templates.ChatTemplate` with the gym's
-            ``TOOL_SCHEMAS`` as tools (:func:`bugfix_template`).
+        engine: a registry name of a backend with ``servers``.
+        endpoints: its servers (the kit's ``connect``). template: a :class:`~agentrl.templates.ChatTemplate`
+            with the gym's ``TOOL_SCHEMAS`` as tools (:func:`bugfix_template`).
         tasks: one task per episode. options: :class:`BugFixOptions` (``spec``, ``max_new_tokens``,
             ``max_turns``, ``reward_tests``, ``model_name``, ``concurrency``, ``logp_mode``).
         seeds: one episode seed per task. on_done: ``on_done(i, record)`` as each episode ends (its
-            ``info['tool_calls']`` already added). responses: as ``run_vllm_episodes``.
+            ``info['tool_calls']`` already added). responses: optional list of the servers' answers (tests, audits).
 
     Returns:
         The records, with ``info['tool_calls']`` as :func:`bugfix_rollouts`'s.
 
     Raises:
-        As :func:`~agentrl.engines.vllm.run_vllm_episodes`; ValueError for ``seeds`` of another length than ``tasks``.
+        ValueError: an unknown ``engine`` or one without servers; ``seeds`` of another length than ``tasks``.
+        As the kit's ``episodes`` (an ``EngineDied`` with ``finished`` for a server that died).
     """
-    from ..engines.vllm.episodes import vllm_rollouts
+    from ..engines.factory import rollout_kit
     from ..templates import ChatRecorder
+    kit = rollout_kit(engine)
     o = options
-    seeds = _seeds(tasks, o, seeds, 'bugfix_vllm_rollouts')
+    seeds = _seeds(tasks, o, seeds, 'bugfix_server_rollouts')
     adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests)
     recorders = [ChatRecorder(template, messages) for messages in adapter.openings()]
 
-    def done(i, rec):                      # finished as the others before it is streamed (or kept by ServerDied)
+    def done(i, rec):                      # finished as the others before it is streamed (or kept by EngineDied)
         adapter.finish_one(i, rec)
         if on_done is not None:
             on_done(i, rec)
 
-    return vllm_rollouts(endpoints, recorders, adapter.respond, seeds=seeds, spec=o.spec,
-                         max_new_tokens=o.max_new_tokens, max_turns=o.max_turns, model_name=o.model_name or '',
-                         concurrency=o.concurrency, on_done=done, responses=responses, logp_mode=o.logp_mode)
+    return kit.episodes(endpoints, recorders, adapter.respond, seeds=seeds, spec=o.spec,
+                        max_new_tokens=o.max_new_tokens, max_turns=o.max_turns, model_name=o.model_name or '',
+                        concurrency=o.concurrency, on_done=done, responses=responses, logp_mode=o.logp_mode)
 
 
 def bugfix_template(tokenizer, **options) -> ChatTemplate:

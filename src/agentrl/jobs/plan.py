@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..constraints import backend_version, response_format_constraint, tool_call_constraint
-from ..engines.factory import BACKENDS, ENGINES as FACTORY_ENGINES, backend
+from ..engines.factory import BACKENDS, ENGINES as FACTORY_ENGINES, Names, backend, rollout_kit
 from ..fields import check_fields, flag_of, option  # noqa: F401 - check_fields, flag_of: their old home
 from ..record import SamplingSpec
 from ..sampling import episode_seed
@@ -33,6 +33,15 @@ POLICIES = ('oracle', 'blind', 'random', 'hacker', 'model')
 SCRIPTED = ('oracle', 'blind', 'random', 'hacker')
 #: Engines of the ``model`` policy.
 ENGINES = FACTORY_ENGINES
+#: The engines each flag applies to, from the registry's facts (docs/design.md#engines): live views,
+#: so a backend added to the registry gets the flags of its facts.
+TINYAGENT_WEIGHTS = Names(lambda b: not b.model_dir)          # --checkpoint: the run's TinyAgent weights
+TINYAGENT_LOOP = Names(lambda b: not b.chat)                   # --no-batch: TinyAgent's batched loop
+MODEL_DIR = Names(lambda b: b.model_dir)                       # --model DIR
+SERVERS = Names(lambda b: b.servers)                           # --server, --vllm-python, --vllm-cpus
+CHAT = Names(lambda b: b.chat)                                 # --max-new-tokens: a chat engine's turn budget
+GRAMMAR = Names(lambda b: b.grammar)                           # --tool-choice, --response-format
+IN_PROCESS = Names(lambda b: b.model_dir and not b.servers)    # --profile: the in-process model's time split
 #: The run manifest inside the run folder.
 MANIFEST = 'run.json'
 #: The shard folder inside the run folder.
@@ -90,14 +99,14 @@ class RolloutOptions:
                     metavar='DIR')
     checkpoint: str | None = option(None, 'TinyAgent checkpoint (model.pt from `agentrl train`); default: an '
                                         'untrained TinyAgent saved as OUT/model.pt', metavar='FILE',
-                                  engines=('tinyagent',))
+                                  engines=TINYAGENT_WEIGHTS)
     temperature: float = option(1.0, 'model sampling temperature; 0 = greedy, whose stored log-prob is the argmax '
                                    'at temperature 1', min=0.0, max=100.0)
     max_turns: int = option(6, 'turn budget per episode', min=1, max=1000)
     reward_tests: str = option('hidden', 'reward on hidden+public tests (default) or public only (hackable)',
                              choices=('hidden', 'public'))
     batch: bool = option(True, 'sample TinyAgent episodes one by one with rollout() instead of rollout_batch()',
-                       flag='--no-batch', engines=('tinyagent',))
+                       flag='--no-batch', engines=TINYAGENT_LOOP)
     workers: int = option(0, 'Ray actors to run the chunks on (needs agentrl[ray]); 0 = this process; the '
                            'records are the same', min=0, max=4096)
     address: str | None = option(None, 'Ray cluster to join with --workers: auto or HOST:PORT (default: a local '
@@ -112,33 +121,33 @@ class RolloutOptions:
                          choices=ENGINES)
     model: str | None = option(None, 'save_pretrained folder for --engine hf or vllm (`agentrl make-test-model OUT` '
                                    'builds one); with --engine vllm its tokenizer and template, and the model of a '
-                                   'local server when no --server is given', metavar='DIR', engines=('hf', 'vllm'),
+                                   'local server when no --server is given', metavar='DIR', engines=MODEL_DIR,
                              wrong_engine='--model is the Hugging Face model of --engine hf or vllm; add --engine hf '
                                           '(or use --checkpoint for a TinyAgent)')
     server: list | None = option(None, 'running vLLM servers for --engine vllm (repeatable or comma-separated '
                                      'URLs; an episode stays on one server); default: start one from --model',
-                                 parse='list', repeatable=True, metavar='URL', engines=('vllm',))
+                                 parse='list', repeatable=True, metavar='URL', engines=SERVERS)
     vllm_python: str | None = option(None, 'python of the vLLM venv for the local server of --engine vllm '
-                                         '(default: .venv-vllm/bin/python)', metavar='PATH', engines=('vllm',))
+                                         '(default: .venv-vllm/bin/python)', metavar='PATH', engines=SERVERS)
     vllm_cpus: str | None = option(None, 'taskset -c cores of the local vLLM server (default: not pinned)',
-                                   metavar='LIST', engines=('vllm',))
+                                   metavar='LIST', engines=SERVERS)
     # top_k/top_p/min_p ranges are SamplingSpec's own (checked by sampling_spec, which names the field)
     top_k: int = option(0, 'sampler top-k, 0 = off', min=0, max=2 ** 31 - 1)
     top_p: float = option(1.0, 'sampler nucleus mass in (0, 1], 1 = off')
     min_p: float = option(0.0, 'sampler min-p in [0, 1), 0 = off')
     max_new_tokens: int = option(256, 'token budget of one hf or vllm turn; a turn cut there is truncated', min=1,
-                               max=1 << 20, engines=('hf', 'vllm'),
+                               max=1 << 20, engines=CHAT,
                                wrong_engine='--max-new-tokens applies to --engine hf, not --engine tinyagent; drop '
                                             '--max-new-tokens or choose --engine hf (or vllm)')
     tool_choice: str | None = option(None, "constrain every policy turn to tool calls with xgrammar: 'required' (one "
                                            'or more) or a tool name (one call of it); docs/grammar.md',
-                                     metavar='CHOICE', engines=('hf', 'vllm'))
+                                     metavar='CHOICE', engines=GRAMMAR)
     response_format: str | None = option(None, 'JSON file of an OpenAI response_format ({"type": "json_schema", '
                                                '"json_schema": {"name": ..., "schema": {...}}}) constraining every '
                                                'policy turn with xgrammar; docs/grammar.md', metavar='FILE',
-                                         engines=('hf', 'vllm'))
+                                         engines=GRAMMAR)
     profile: bool = option(False, "print the hf engine's per-turn time split (prefill, decode, sampling, template, "
-                                'gym) and store it in summary.json (in this process: --workers 0)', engines=('hf',))
+                                'gym) and store it in summary.json (in this process: --workers 0)', engines=IN_PROCESS)
 
     def __post_init__(self):
         if self.policy is None:
@@ -191,17 +200,8 @@ class RolloutOptions:
             if not os.path.isfile(os.path.join(self.model, 'config.json')):
                 raise ValueError(f'--engine {self.engine} needs --model DIR with config.json (got {self.model!r}); '
                                  '`agentrl make-test-model OUT` builds a small one')
-        if b.servers and not self.server:
-            from ..engines.vllm.server import VLLMError, check_head_dim, default_python
-            try:
-                check_head_dim(self.model)      # the head size vLLM CPU cannot run, and the fix
-            except VLLMError as e:
-                raise ValueError(f'--model {self.model!r}: {e}') from None
-            py = self.vllm_python or str(default_python())
-            if not os.path.isfile(py):
-                raise ValueError(f'--engine vllm without --server starts a local server with {py!r}, which does not '
-                                 'exist; build .venv-vllm (docs/vllm.md#install), pass --vllm-python PATH, or '
-                                 '--server URL of a running server')
+        if b.servers and not self.server:     # the local server the job would start: refused now if it cannot
+            rollout_kit(self.engine).check_local(self.model, self.vllm_python)
         self.constraint(())                   # --tool-choice / --response-format: the file, the names, the backend
         if self.profile and self.workers:
             raise ValueError('--profile times the hf engine in this process; drop --workers')

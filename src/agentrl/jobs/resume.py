@@ -16,7 +16,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Callable
 
-from ..engines.factory import backend
+from ..engines.factory import backend, rollout_kit
 from ..fields import check_fields, field_default, flag_of
 from .plan import MANIFEST, POLICIES, SUMMARY, TRAJECTORY_DIR, EpisodeJob, RolloutOptions
 from .runner import RunSpec
@@ -44,7 +44,7 @@ def resume_command(out: str, checkpoint: str | None = None, model: str | None = 
 
     A run sampled from ``--checkpoint FILE`` or ``--model DIR`` stores the model's name, not its
     path, so its resume passes the flag again (shell-quoted when needed); ``server``: the
-    ``--server`` URLs of a vllm run (any live servers of that model will do: seeds are per request).
+    ``--server`` URLs of a server backend's run (any live servers of that model will do: seeds are per request).
     """
     cmd = f'agentrl rollout --resume {shlex.quote(str(out))}'
     for flag, path in (('--checkpoint', checkpoint), ('--model', model)):
@@ -236,11 +236,11 @@ def _expected_provenance(spec: RunSpec, tok) -> Callable[[EpisodeJob], dict]:
     opts = spec.options
     sampling = spec.sampling.to_dict()
     word = {'tokenizer': tok.fingerprint, 'template': tok.template_fingerprint()}
-    vllm_sampling = None
+    server_sampling = None
     b = backend(opts.engine)
     if b.servers:            # what the servers declared: the probed log-prob mode (RunSpec.logp_mode)
-        from ..engines.vllm.engine import record_spec
-        vllm_sampling = record_spec(spec.sampling, spec.logp_mode or spec.sampling.logp_mode).to_dict()
+        kit = rollout_kit(opts.engine)
+        server_sampling = kit.record_spec(spec.sampling, spec.logp_mode or spec.sampling.logp_mode).to_dict()
     hf: dict = {}
 
     def hf_fingerprints() -> dict:
@@ -258,7 +258,7 @@ def _expected_provenance(spec: RunSpec, tok) -> Callable[[EpisodeJob], dict]:
         if job.policy != 'model':
             return dict(policy=job.policy, model='', sampling=None, logp_placeholder=True, **word, seed=job.seed)
         fps = hf_fingerprints() if b.chat else word
-        declared = vllm_sampling if b.servers else sampling
+        declared = server_sampling if b.servers else sampling
         if b.grammar and (opts.tool_choice or opts.response_format):   # docs/grammar.md
             declared = dict(declared, constraint=opts.constraint(stops[0]).to_dict())
         return dict(policy=b.policy, model=spec.model_id, sampling=declared, logp_placeholder=False, **fps,

@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from ..engines.vllm.client import ServerDied
-from ..engines.factory import backend
+from ..engines.contract import EngineDied
+from ..engines.factory import BACKENDS, backend, rollout_kit
 from ..engines.fingerprint import model_fingerprint
 from ..fields import check_fields
 from ..io import LOCK, FolderLockedError, atomic_write, folder_lock
@@ -48,7 +48,7 @@ from .resume import RunComplete, holds_run, manifest_of, refuse_if_complete, res
     stored_records
 from ..stats import SummaryBuilder
 from .runner import RunReport, RunSpec, run_chunks
-from .vllm_servers import server_died_line, vllm_run_spec
+from .servers import server_died_line, server_run_spec
 
 __all__ = ['RunReport', 'RunInterrupted', 'RunComplete', 'RunLockedError', 'run_chunks', 'rollout_job', 'run_lock',
            'model_fingerprint', 'resume_command', 'LOCK', 'Prepared', 'prepare', 'run', 'summarise', 'RunSummary',
@@ -136,7 +136,7 @@ class Prepared:
         model: ``{'name', 'fingerprint'}`` of the model policy (None without one).
         model_bytes: the untrained TinyAgent to save as ``OUT/model.pt`` (None otherwise).
         tok: agentrl's word-level tokenizer.
-        logp_mode: the vllm servers' probed log-prob mode (set by :func:`run`; '' otherwise).
+        logp_mode: a server backend's probed log-prob mode (set by :func:`run`; '' otherwise).
     """
     opts: RolloutOptions
     manifest: dict | None
@@ -243,6 +243,7 @@ class _Tally:
                                              else p.tok.unk_id)
                          for pol in p.opts.policy}
         self.hf_provenance = None
+        self.chat_policies = {b.policy for b in BACKENDS.values() if b.chat}   # records of a chat engine's model
 
     def add(self, recs) -> None:
         by_policy: dict = {}
@@ -252,7 +253,7 @@ class _Tally:
                 ts, order = by_policy.setdefault(j.policy, ([], []))
                 ts.append(t)
                 order.append(j.index)
-            if self.hf_provenance is None and t.provenance.policy in ('hf', 'vllm'):
+            if self.hf_provenance is None and t.provenance.policy in self.chat_policies:
                 self.hf_provenance = t.provenance
         for pol, (ts, order) in by_policy.items():
             self.builders[pol].add(ts, order)
@@ -279,8 +280,8 @@ def run(p: Prepared, tally: _Tally, written: list, *, on_chunk: Callable | None 
         atomic_write(out / MANIFEST, _json(manifest_of(opts, len(p.jobs), p.model)))
     shard_dir = out / TRAJECTORY_DIR
     command = resume_command(opts.out, opts.checkpoint, opts.model, opts.server)
-    # a local vllm server starts before the signal handlers (Ctrl-C while it starts stops it) and stops after them
-    with vllm_run_spec(p) as spec, _Signals() if handle_signals else contextlib.nullcontext() as sig:
+    # a local server starts before the signal handlers (Ctrl-C while it starts stops it) and stops after them
+    with server_run_spec(p) as spec, _Signals() if handle_signals else contextlib.nullcontext() as sig:
         if p.manifest is not None and shard_dir.is_dir():
             for batch in stored_records(shard_dir, p.jobs, spec, p.tok):   # what a resume finds, provenance checked
                 tally.add(batch)
@@ -293,8 +294,11 @@ def run(p: Prepared, tally: _Tally, written: list, *, on_chunk: Callable | None 
                                 chunk_size=opts.chunk_size, resume=p.manifest is not None, progress=progress,
                                 on_chunk=on_chunk, on_records=lambda c, r: tally.add(r),
                                 should_stop=(lambda: sig.stop) if sig is not None else None, **pool)
-        except ServerDied as err:                   # one line naming the server; the finished shards are kept
-            raise ServerDied(err.url, err.detail, server_died_line(err, str(opts.out), len(p.jobs), command)) from None
+        except EngineDied as err:                   # one line naming the server; the finished shards are kept
+            if not backend(opts.engine).servers:
+                raise
+            line = server_died_line(err, str(opts.out), len(p.jobs), command)
+            raise rollout_kit(opts.engine).ServerDied(err.url, err.detail, line) from None
         except _Terminated:                         # SIGTERM: finished shards are kept, the chunk in hand is not
             from ..store import stored_identities
             stored = len(stored_identities(shard_dir))

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from ..engines import ray as ray_pool
-from ..engines.factory import backend
-from ..engines.vllm.errors import ServerDied
+from ..engines.contract import EngineDied
+from ..engines.factory import backend, rollout_kit
 from .plan import EpisodeJob, RolloutOptions, plan_chunks
 
 __all__ = ['RunSpec', 'EpisodeRunner', 'RunnerFactory', 'RunReport', 'run_chunks']
@@ -36,8 +36,8 @@ class RunSpec:
         model_id: ``provenance.model`` of model records: the model's name and fingerprint
             (``model.pt@1a2b3c4d5e6f``), never a local path.
         threads: torch intra-op threads while a chunk runs (1: reproducible, one core per worker).
-        logp_mode: the ``vllm`` engine's servers' log-prob mode, probed once at the job's start
-            (:func:`~agentrl.engines.vllm.check_logp_mode`); '' for other engines. The servers are
+        logp_mode: a server backend's log-prob mode, probed once at the job's start (its rollout kit's
+            ``probe``, :func:`~agentrl.jobs.servers.server_run_spec`); '' for other engines. The servers are
             ``options.server`` (a local server's URL is set there once it runs).
     """
     options: RolloutOptions = field(default_factory=RolloutOptions)
@@ -66,7 +66,7 @@ def _threads(n: int):
 class EpisodeRunner:
     """Runs chunks of episodes in one process (a Ray actor, or the driver with ``workers=0``).
 
-    The ``vllm`` engine's servers are ``spec.options.server`` (connected at its first model chunk)
+    A server backend's servers are ``spec.options.server`` (connected at its first model chunk)
     and its log-prob mode ``spec.logp_mode``; the tokenizer and template come from ``options.model``.
 
     Args:
@@ -87,7 +87,7 @@ class EpisodeRunner:
         self.tok = gym.bugfix_tokenizer()
         self.model = None
         self._hf = None
-        self._vllm = None
+        self._servers = None
         self.profiles: list = []            # the hf engine's time split per chunk (options.profile)
         if weights is not None:
             from ..model import TinyAgent
@@ -119,13 +119,14 @@ class EpisodeRunner:
             self._hf = (model, ChatTemplate(tok, tools=TOOL_SCHEMAS))
         return self._hf
 
-    def _vllm_servers(self):
-        """The ``vllm`` engine's (endpoints, template): ``options.server`` connected, ``--model``'s tokenizer; once."""
-        if self._vllm is None:
-            from ..engines.vllm import connect
+    def _server_endpoints(self):
+        """A server backend's (endpoints, template): ``options.server`` connected by its rollout kit,
+        ``--model``'s tokenizer; once."""
+        if self._servers is None:
             from .bugfix import bugfix_template
-            self._vllm = (connect(self.spec.options.server), bugfix_template(self.spec.options.model))
-        return self._vllm
+            kit = rollout_kit(self.spec.options.engine)
+            self._servers = (kit.connect(self.spec.options.server), bugfix_template(self.spec.options.model))
+        return self._servers
 
     def run(self, jobs: Sequence[EpisodeJob]) -> list:
         """Run one chunk and return its records, in chunk order, with their identities set.
@@ -144,7 +145,7 @@ class EpisodeRunner:
 
         Raises:
             ValueError: see the class.
-            ServerDied: a vLLM server stopped answering; ``err.finished`` maps chunk position ->
+            EngineDied: a server stopped answering; ``err.finished`` maps chunk position ->
                 record (identities set) of every episode of the chunk that had ended.
         """
         jobs = list(jobs)
@@ -157,8 +158,8 @@ class EpisodeRunner:
         try:
             with _threads(self.spec.threads):
                 recs = self._run(jobs[0].policy, jobs)
-        except ServerDied as err:                 # the episodes that ended are kept: give them their identities
-            for i, rec in err.finished.items():
+        except EngineDied as err:                 # the episodes that ended are kept: give them their identities
+            for i, rec in getattr(err, 'finished', {}).items():
                 self._identify(rec, jobs[i])
             raise
         for rec, job in zip(recs, jobs):
@@ -190,14 +191,14 @@ class EpisodeRunner:
                                               self.tok, **kw) for j, t in zip(jobs, tasks)]
         b = backend(opts.engine)
         if b.chat:
-            from .bugfix import BugFixOptions, bugfix_rollouts, bugfix_vllm_rollouts
+            from .bugfix import BugFixOptions, bugfix_rollouts, bugfix_server_rollouts
             seeds = [j.seed for j in jobs]
             if b.servers:
-                endpoints, template = self._vllm_servers()
+                endpoints, template = self._server_endpoints()
                 o = BugFixOptions(spec=self._sampling(template), max_new_tokens=opts.max_new_tokens,
                                   reward_tests=opts.reward_tests, model_name=self.spec.model_id,
                                   logp_mode=self.spec.logp_mode or None, **kw)
-                return bugfix_vllm_rollouts(endpoints, template, tasks, o, seeds=seeds)
+                return bugfix_server_rollouts(opts.engine, endpoints, template, tasks, o, seeds=seeds)
             model, template = self._hf_model()
             prof = {} if opts.profile else None
             o = BugFixOptions(spec=self._sampling(template), max_new_tokens=opts.max_new_tokens,
@@ -295,7 +296,7 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
         ValueError: ``workers < 0``; without ``resume`` a folder that already holds planned
             episodes (fix: ``--resume DIR``, or a new ``--out``).
         ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
-        ServerDied: a vLLM server stopped answering (in process): the chunk's finished episodes
+        EngineDied: a server stopped answering (in process): the chunk's finished episodes
             are written as a shard first; ``err.stored`` counts the episodes stored.
     """
     from .. import store
@@ -330,8 +331,9 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
             for n, chunk in enumerate(chunks):
                 try:
                     recs = runner.run(chunk)
-                except ServerDied as err:         # keep the chunk's finished episodes, then stop with the one line
-                    kept = [err.finished[i] for i in sorted(err.finished)]
+                except EngineDied as err:         # keep the chunk's finished episodes, then stop with the one line
+                    finished = getattr(err, 'finished', {})
+                    kept = [finished[i] for i in sorted(finished)]
                     if kept:
                         sink(chunk, kept)
                     err.stored = state.done + len(kept)

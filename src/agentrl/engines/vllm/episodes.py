@@ -126,7 +126,7 @@ class VLLMBatch:
         """Close the HTTP session and stop the loop's thread."""
         for fut in list(self.pending):
             fut.cancel()
-        self._wait(self.http.close())
+        self._wait(self.http.aclose())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=10)
         self.loop.close()
