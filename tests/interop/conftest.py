@@ -17,7 +17,6 @@ def lm(tmp_path_factory):
     pytest.importorskip('transformers')
     from _tokenizers import tokenizer_path
     from agentrl.engines import hf
-    from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts
     torch.set_num_threads(1)
     out = hf.make_test_model(tmp_path_factory.mktemp('tiny-qwen3'), tokenizer_path('qwen3'))
     model, tok = hf.load_model(out)
@@ -28,7 +27,7 @@ def lm(tmp_path_factory):
 def records(lm):
     """4 BugFix episodes at temperature 1 (processed log-probs), groups of 2 in order (g0 g0 g1 g1), rewards 1 0 0 1."""
     import agentrl as arl
-    from agentrl.engines import hf
+    from agentrl.jobs.bugfix import BugFixOptions, bugfix_rollouts
     _, model, tok = lm
     tasks = arl.make_tasks('all')
     recs = bugfix_rollouts(model, tok, [tasks[0], tasks[0], tasks[1], tasks[1]], BugFixOptions(max_new_tokens=16, max_turns=3, seed=5))
