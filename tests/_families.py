@@ -1,0 +1,113 @@
+"""Shared by the model-family tests: real chat templates and tokenizers that carry a family's control tokens.
+
+- :func:`trl_template`: a chat template from TRL's installed wheel (``trl/chat_templates/NAME.jinja``,
+  read from the installed files, trl is not imported); the test is skipped, saying how to install it,
+  when trl is absent. Templates are never copied into this repository.
+- :data:`KITS` / :func:`kit_dir`: a tokenizer folder for one family, built once per process in a
+  temporary folder. Where the family's own tokenizer is in ``../shared/tokenizers`` it is used as is;
+  otherwise a base tokenizer (Qwen3's) gets the family's control tokens added as special tokens, its
+  ``eos_token`` set and the template installed, and ``generation_config.json`` is written with the
+  family's ``eos_token_id`` list, as the model's repository ships it. Such a tokenizer splits ordinary
+  text as Qwen3 does: it tests formats, stops and ownership, not the family's vocabulary.
+- A template that no registry package ships (Kimi K2, DeepSeek V3.1) is a small fixture of our own
+  under ``tests/assets/templates/``, written here in the family's format (its header says so).
+"""
+import atexit
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+from _tokenizers import tokenizer_path
+
+ASSETS = Path(__file__).resolve().parent / 'assets' / 'templates'
+
+
+def trl_template(name: str) -> str:
+    """The text of TRL's shipped ``chat_templates/NAME.jinja``, or skip (trl not installed / no such template)."""
+    try:
+        dist = metadata.distribution('trl')
+    except metadata.PackageNotFoundError:
+        pytest.skip("TRL's wheel ships the chat templates these tests read: pip install -e '.[dev]' (trl)")
+    path = Path(dist.locate_file(f'trl/chat_templates/{name}.jinja'))
+    if not path.is_file():
+        pytest.skip(f'trl {dist.version} ships no chat_templates/{name}.jinja')
+    return path.read_text()
+
+
+@dataclass(frozen=True)
+class Kit:
+    """How to build one family's test tokenizer.
+
+    Attributes:
+        base: the tokenizer in ``../shared/tokenizers`` it starts from (``'qwen3'``, ``'deepseek-v3'``,
+            ``'llama3'``). template: ``('trl', NAME)`` for TRL's shipped template, ``('asset', FILE)`` for
+            one of ours under ``tests/assets/templates``, or None to keep the base tokenizer's own.
+        specials: control tokens to add (as special tokens) when the base lacks them.
+        eos: the ``eos_token`` to set (None keeps the base's).
+        generation_eos: the ``eos_token_id`` list of ``generation_config.json``, as token texts (empty
+            writes no file).
+    """
+    base: str = 'qwen3'
+    template: tuple | None = None
+    specials: tuple = ()
+    eos: str | None = None
+    generation_eos: tuple = ()
+
+
+#: One entry per family under test; a family's helper adds its entry here.
+KITS = {
+    'qwen3': Kit(generation_eos=('<|im_end|>', '<|endoftext|>')),
+}
+
+_BUILT: dict = {}
+_ROOT: list = []
+
+
+def _root() -> Path:
+    if not _ROOT:
+        _ROOT.append(Path(tempfile.mkdtemp(prefix='agentrl-family-kits-')))
+        atexit.register(shutil.rmtree, _ROOT[0], True)
+    return _ROOT[0]
+
+
+def kit_dir(name: str) -> Path:
+    """The tokenizer folder of ``KITS[name]`` (built once per process; skipped when its base is absent)."""
+    if name in _BUILT:
+        return _BUILT[name]
+    kit = KITS[name]
+    base = tokenizer_path(kit.base)
+    out = _root() / name
+    shutil.copytree(base, out)
+    if kit.template is not None or kit.specials or kit.eos is not None:
+        from transformers import AddedToken, AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(str(out))
+        have = set(tok.get_vocab())
+        new = [AddedToken(t, special=True, normalized=False) for t in kit.specials if t not in have]
+        if new:
+            tok.add_tokens(new, special_tokens=True)
+        if kit.eos is not None:
+            tok.eos_token = kit.eos
+        if kit.template is not None:
+            where, what = kit.template
+            tok.chat_template = trl_template(what) if where == 'trl' else (ASSETS / what).read_text()
+        for f in ('chat_template.jinja', 'tokenizer.json', 'tokenizer_config.json'):
+            (out / f).unlink(missing_ok=True)
+        tok.save_pretrained(str(out))
+    if kit.generation_eos:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(str(out))
+        ids = [tok.convert_tokens_to_ids(t) for t in kit.generation_eos]
+        (out / 'generation_config.json').write_text(json.dumps({'eos_token_id': ids}))
+    _BUILT[name] = out
+    return out
+
+
+def kit_tokenizer(name: str):
+    """The Hugging Face tokenizer of :func:`kit_dir` (a fresh load)."""
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(str(kit_dir(name)))

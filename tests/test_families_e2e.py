@@ -1,0 +1,119 @@
+"""Every model family end to end: ``agentrl serve`` over a test model with the family's template and tokenizer.
+
+Per family (:data:`CASES`): a small random model is built on the family's test tokenizer
+(``tests/_families.py``), served by the recording gateway, and driven by the ``openai`` SDK through a
+three-turn tool loop (two tool-call turns, then an answer). A random model cannot write a tool call,
+so each turn is teacher-forced through the real engine (``tests/_gateway.ForcingHF``: the ids are
+given, the log-probs are the model's). The gateway must parse each forced call in the family's own
+format into ``tool_calls``, the stored record must hold exactly the forced ids as its policy turns,
+and ``agentrl check RUN --model M`` must pass.
+"""
+import json
+from dataclasses import dataclass
+
+import pytest
+
+pytest.importorskip('transformers')
+pytest.importorskip('starlette')
+pytest.importorskip('uvicorn')
+openai = pytest.importorskip('openai')
+
+from _families import kit_dir  # noqa: E402
+from _gateway import ForcingHF  # noqa: E402
+from agentrl import store  # noqa: E402
+from agentrl.cli.main import main as agentrl  # noqa: E402
+from agentrl.gateway import Gateway  # noqa: E402
+from agentrl.gateway.server import Server  # noqa: E402
+from agentrl.gym import TOOL_SCHEMAS  # noqa: E402
+from agentrl.templates.chat import function_tools  # noqa: E402
+
+try:                       # openai >= 3 ships httpx2; older versions use httpx
+    import httpx2 as httpx
+except ImportError:
+    httpx = pytest.importorskip('httpx')
+
+TOOLS = function_tools(TOOL_SCHEMAS)
+USER = [{'role': 'user', 'content': 'Fix clamp in clamp.py.'}]
+#: the loop's two calls and their results, the same for every family
+CALLS = [('read', {'path': 'clamp.py'}), ('run_tests', {})]
+RESULTS = ['def clamp(x, lo, hi):\n    return max(lo, x)', '1 failed: test_upper']
+
+
+@dataclass(frozen=True)
+class Case:
+    """One family's loop.
+
+    Attributes:
+        kit: the ``tests/_families.KITS`` entry. family: the family name the gateway must pick.
+        turns: the three forced turn texts (two calls in the family's format, then an answer), each
+            ending with the stop token the model would sample.
+        answer: the ``content`` the answer turn must come back as.
+        template_options: the gateway's ``template_options``.
+    """
+    kit: str
+    family: str
+    turns: tuple
+    answer: str
+    template_options: tuple = ()
+
+
+def _hermes(name, args):
+    return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call><|im_end|>'
+
+
+#: One entry per family; a family's helper adds its case here.
+CASES = {
+    'qwen3': Case('qwen3', 'qwen3', (_hermes(*CALLS[0]), _hermes(*CALLS[1]), 'Fixed: use min(hi, ...).<|im_end|>'),
+                  'Fixed: use min(hi, ...).', (('enable_thinking', False),)),
+}
+
+
+@pytest.fixture(scope='module', params=sorted(CASES))
+def served(request, tmp_path_factory):
+    from agentrl.engines import hf
+    case = CASES[request.param]
+    tok_dir = kit_dir(case.kit)
+    model_dir = hf.make_test_model(tmp_path_factory.mktemp(f'{case.kit}-model'), tok_dir)
+    up = ForcingHF(model_dir, device='cpu', max_new_tokens=24)
+    run = tmp_path_factory.mktemp(f'{case.kit}-run') / 'run'
+    gw = Gateway(up, run, template_options=dict(case.template_options))
+    srv = Server(gw, stream_interval=0.02, pause_wait=0.5).start()
+    yield case, gw, up, srv, run, model_dir
+    srv.stop()
+
+
+def test_three_turn_tool_loop_is_recorded_and_checks(served):
+    case, gw, up, srv, run, model_dir = served
+    assert gw.family.name == case.family
+    h = httpx.Client(timeout=120)
+    r = h.post(srv.url + '/sessions', json={'group_id': case.kit, 'rollout_id': 'r0'})
+    assert r.status_code == 201, r.text
+    sess = r.json()
+    c = openai.OpenAI(api_key='unused', base_url=sess['base_url'])
+    msgs = list(USER)
+    for k, text in enumerate(case.turns):
+        up.force.append(text)
+        resp = c.chat.completions.create(model='m', messages=msgs, tools=TOOLS, seed=k)
+        m = resp.choices[0].message
+        if k < len(CALLS):
+            name, args = CALLS[k]
+            assert resp.choices[0].finish_reason == 'tool_calls', (k, m)
+            assert [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls] == [(name, args)]
+            msgs.append(m.model_dump(exclude_none=True))
+            msgs.append({'role': 'tool', 'tool_call_id': m.tool_calls[0].id, 'content': RESULTS[k]})
+        else:
+            assert (resp.choices[0].finish_reason, m.content, m.tool_calls) == ('stop', case.answer, None)
+    r = h.post(f'{srv.url}/sessions/{sess["token"]}/finish', json={'reward': 1.0})
+    assert r.status_code == 200 and r.json()['records'] == 1, r.text
+    [t] = [t for t in store.read_trajectories(run / 'trajectories')
+           if t.info['gateway']['session'] == sess['session']]
+    ids, mask = t.ids.tolist(), t.action_mask.tolist()
+    turns, cur = [], []
+    for j, on in enumerate(mask):                 # the policy turns: runs of trained ids (mask over ids[1:])
+        if on:
+            cur.append(ids[j + 1])
+        elif cur:
+            turns, cur = turns + [cur], []
+    turns += [cur] if cur else []
+    assert turns == [up.tokenizer(x, add_special_tokens=False)['input_ids'] for x in case.turns]
+    assert agentrl(['check', str(run), '--model', str(model_dir)]) == 0
