@@ -35,7 +35,7 @@ except ImportError:
 TOOLS = function_tools(TOOL_SCHEMAS)
 USER = [{'role': 'user', 'content': 'Fix clamp in clamp.py.'}]
 #: the loop's two calls and their results, the same for every family
-CALLS = [('read', {'path': 'clamp.py'}), ('run_tests', {})]
+CALLS = [('read', {'path': 'clamp.py'}), ('edit', {'op': 'swap_minmax'})]
 RESULTS = ['def clamp(x, lo, hi):\n    return max(lo, x)', '1 failed: test_upper']
 
 

@@ -1,0 +1,22 @@
+"""vLLM's own tool and reasoning parsers, run in the vLLM venv, for cross-checking agentrl's families."""
+import json
+import subprocess
+from pathlib import Path
+
+from .conftest import vllm_python
+
+RUNNER = Path(__file__).resolve().parent / '_vllm_parse.py'
+
+
+def vllm_parse(tokenizer_dir, texts, *, tool_parser=None, reasoning_parser=None, tools=None) -> list:
+    """Parse ``texts`` with vLLM's parsers (see ``_vllm_parse.py``): one ``{reasoning, content, calls}`` per text.
+
+    Raises:
+        AssertionError: the runner failed (its stderr's last lines are in the message).
+    """
+    job = {'tokenizer': str(tokenizer_dir), 'tool_parser': tool_parser, 'reasoning_parser': reasoning_parser,
+           'tools': tools or [], 'texts': list(texts)}
+    p = subprocess.run([str(vllm_python()), str(RUNNER)], input=json.dumps(job), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout)
