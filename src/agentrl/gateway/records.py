@@ -10,6 +10,10 @@ Source: docs/gateway.md#records; docs/design.md#integrity.
 """
 from __future__ import annotations
 
+import json
+
+from ..families import family_for
+from ..families.record_calls import record_calls, tool_names
 from ..record import OWNER, Provenance
 from ..templates import ChatRecorder
 
@@ -40,7 +44,15 @@ def _recorder(branch):
     return rec
 
 
-def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=None) -> list:
+def _tool_names(tools_key: str):
+    """The function names of a branch's tools (its ``tools_key``: the request's ``tools`` as JSON), or None."""
+    try:
+        return tool_names(json.loads(tools_key))
+    except (TypeError, ValueError):
+        return None
+
+
+def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=None, family=None) -> list:
     """One record per branch leaf with a delivered turn, in branch order.
 
     ``policy`` is ``Provenance.policy`` (the upstream's); ``spec_of(spec)`` gives the declared
@@ -50,7 +62,10 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
     id); with several leaves, branch ``k > 0`` gets ``rollout_id + '/b' + k``. ``info`` holds the
     harness's info plus ``gateway``: session, branch, leaves, its fork (or None), the calls and
     seeds of its turns, the echo variants noted on them, ``aborted``, ``task`` (and ``servers`` when an
-    engine server sampled them).
+    engine server sampled them); ``turn_calls``: every call block of each turn with its status and
+    token span in the record's ids (:func:`agentrl.families.record_calls.record_calls`; ``family`` is the
+    gateway's, default :func:`agentrl.families.family_for` of the branch's template; a call outside the
+    branch's tools is ``unknown_tool``; blocks are parsed whatever the request's ``tool_choice``).
 
     Raises:
         ValueError: as :meth:`~agentrl.templates.ChatRecorder.finish`.
@@ -79,7 +94,10 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
         prov = Provenance(policy=policy, sampling=spec, model=model_name, group_id=str(group),
                           rollout_id=str(rollout) if b.index == 0 or len(leaves) == 1 else f'{rollout}/b{b.index}',
                           seed=seeds[0] if seeds else None)
-        out.append(rec.finish(reward=0.0 if session.aborted else float(session.reward), info=info, provenance=prov))
+        traj = rec.finish(reward=0.0 if session.aborted else float(session.reward), info=info, provenance=prov)
+        fam = family if family is not None else family_for(b.template)
+        traj.info['turn_calls'] = record_calls(traj, fam, b.template, _tool_names(b.tools_key))
+        out.append(traj)
     return out
 
 
