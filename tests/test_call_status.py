@@ -214,10 +214,10 @@ def test_cli_export_masks_malformed_calls_and_report_counts_them(qwen, tmp_path,
     assert 'mask_malformed_calls' not in json.loads((tmp_path / 'plain' / 'manifest.json').read_text())
     assert store.read_trajectories(tmp_path / 'run' / 'trajectories.parquet')[0].action_mask.tolist() == \
         traj.action_mask.tolist()                           # the record itself is unchanged
-    assert main(['report', str(tmp_path / 'run')]) == 0
-    out = capsys.readouterr().out
-    assert ('tool calls: 1 ok, 1 invalid_json, 1 unclosed_block, 1 unknown_tool, 1 call inside the reasoning '
-            '(in 1 record)') in out.splitlines()
+    from agentrl.jobs.report import ReportOptions, write_report
+    res = write_report(ReportOptions(str(tmp_path / 'run')))
+    assert res.calls == ('1 ok, 1 invalid_json, 1 unclosed_block, 1 unknown_tool, 1 call inside the reasoning '
+                         '(in 1 record)')
     html = (tmp_path / 'run' / 'report.html').read_text()
     assert ('tool calls <b>1 ok, 1 invalid_json, 1 unclosed_block, 1 unknown_tool, 1 call inside the reasoning '
             '(in 1 record)</b>') in html

@@ -45,6 +45,4 @@ def run(args) -> int:
     Console().print(printable(f'wrote {res.out}: {res.episodes} episodes, {policies}, '
                               f'{res.bytes / 1024:.0f} KB in {time.time() - t0:.1f} s{note}'),
                     highlight=False, markup=False, soft_wrap=True)
-    if res.calls:
-        Console().print(printable(f'tool calls: {res.calls}'), highlight=False, markup=False, soft_wrap=True)
     return 0
