@@ -256,6 +256,38 @@ def test_gateway_records_store_each_turns_call_statuses(qwen):
     assert checks.find_problems(traj) == []
 
 
+def test_a_forks_shared_turn_keeps_its_calls_in_the_parent_row_only(qwen):
+    from agentrl.engines.contract import TurnResult
+    from agentrl.gateway.parse import parse_reply
+    from agentrl.gateway.records import session_records, train_shared_once
+    from agentrl.gateway.sessions import Session
+    tok, template = qwen
+    eot = tok.convert_tokens_to_ids('<|im_end|>')
+    tools_key = json.dumps(TOOLS, sort_keys=True)
+    s = Session('sid', {'group_id': 'g', 'rollout_id': 'r'})
+    s.spec = SamplingSpec()
+    user = [{'role': 'user', 'content': 'Fix clamp.'}]
+
+    def turn(msgs, text, k):
+        plan = s.plan(msgs, tools_key, template, QWEN3)
+        ids = tok.encode(text, add_special_tokens=False) + [eot]
+        message = parse_reply(text, QWEN3, id_seed=f'sid/{k}', think_open=False)
+        s.commit(plan, TurnResult(ids=ids, logp=[-0.5] * len(ids), truncated=False, seed=k), message,
+                 {'index': k, 'digest': str(k), 'seed': k, 'response': {}, 'version': '0'})
+        return message
+
+    m0 = turn(user, TURNS[0], 0)
+    turn(user + [m0, {'role': 'tool', 'content': 'result 0'}], TURNS[1], 1)
+    turn(user + [m0, {'role': 'tool', 'content': 'result 0, edited'}], OK_CALL, 2)     # forks, replaying turn 0
+    parent, fork = session_records(s, 'm', family=QWEN3)
+    assert fork.info['gateway']['fork']['shared_sampled_tokens'] > 0
+    assert [[c['status'] for c in per] for per in fork.info['turn_calls']] == [['in_reasoning', 'ok'], ['ok']]
+    shared = train_shared_once([parent, fork])
+    assert shared[1].info['turn_calls'] == [[], fork.info['turn_calls'][1]]
+    assert shared[0].info['turn_calls'] == parent.info['turn_calls']
+    assert [checks.find_problems(r) for r in shared] == [[], []]
+
+
 def test_bugfix_adapter_stores_statuses_when_given_the_template(qwen, tasks):
     from agentrl.jobs.bugfix import BugFixAdapter, bugfix_template
     from agentrl.templates import ChatRecorder

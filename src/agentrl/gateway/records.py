@@ -136,6 +136,14 @@ def run_metrics(sessions, records_by_session: dict) -> dict:
             'forks': forks}
 
 
+def _untrained(call, policy) -> bool:
+    """Whether a stored call's token span (``info['turn_calls']``) covers a token no longer policy-owned."""
+    tokens = call.get('tokens') if isinstance(call, dict) else None
+    if not isinstance(tokens, list) or len(tokens) != 2:
+        return False
+    return not bool(policy[tokens[0]:tokens[1]].all())
+
+
 def train_shared_once(records) -> list:
     """Train each sampled token of a gateway session once: a fork's replayed parent turns become context.
 
@@ -144,7 +152,8 @@ def train_shared_once(records) -> list:
     ``info.gateway.session``), the fork row's first n policy-owned tokens are relabelled as context
     (``template`` for control ids, per the record's ``info.template.chat_tokens``, else ``prompt``), so
     ``action_mask`` (``owner[1:] == policy``) is 0 there and the acceptance rules still hold;
-    ``info.gateway.shared_untrained`` = n. By induction over a chain of forks every sampled token is
+    ``info.gateway.shared_untrained`` = n, and the relabelled turns' stored calls (``info.turn_calls``) are
+    dropped from the fork row (the parent row holds them). By induction over a chain of forks every sampled token is
     in the loss of exactly one row. Records of other runs, roots, and forks whose parent row is
     absent are returned as they are. ``agentrl export`` applies it to every target (each takes a
     per-token mask).
@@ -197,5 +206,9 @@ def train_shared_once(records) -> list:
         owner[pos] = torch.where(ctl, OWNER['template'], OWNER['prompt'])
         info = copy.deepcopy(r.info)
         info['gateway']['shared_untrained'] = n
+        if isinstance(info.get('turn_calls'), list):     # calls of the relabelled turns are the parent row's
+            pol = owner == OWNER['policy']
+            info['turn_calls'] = [[c for c in per if not _untrained(c, pol)] if isinstance(per, list) else per
+                                  for per in info['turn_calls']]
         out[i] = dataclasses.replace(r, owner=owner, action_mask=(owner[1:] == OWNER['policy']).float(), info=info)
     return out
