@@ -53,7 +53,7 @@ def _span(c) -> tuple | None:
 
 
 def _faults(calls, owner: list, turn: list) -> list:
-    """``[(field, what)]``: every stored call entry that is not well-formed or whose span is not its turn's sampled ids."""
+    """``[(field, what)]``: every stored call entry that is malformed or whose span is not its turn's sampled ids."""
     if not isinstance(calls, list):
         return [(f'info.{INFO_KEY}', f'is {type(calls).__name__}, not a list with one list of calls per turn')]
     out, T, pol = [], len(owner), OWNER['policy']
@@ -77,9 +77,10 @@ def _faults(calls, owner: list, turn: list) -> list:
                 continue
             bad = next((j for j in range(a, b) if owner[j] != pol), None)
             if bad is not None:
-                out.append((f'{where}.tokens', f'is [{a}, {b}], but ids[{bad}] is owned by '
-                                               f'{OWNER_NAMES[owner[bad]] if 0 <= owner[bad] < len(OWNER_NAMES) else owner[bad]}'
-                                               ', not sampled by the policy'))
+                o = owner[bad]
+                who = OWNER_NAMES[o] if 0 <= o < len(OWNER_NAMES) else o
+                out.append((f'{where}.tokens', f'is [{a}, {b}], but ids[{bad}] is owned by {who}, not sampled by '
+                                               'the policy'))
                 continue
             other = next((j for j in range(a, b) if turn[j] != k), None)
             if other is not None:
