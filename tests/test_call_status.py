@@ -5,6 +5,7 @@ from collections import Counter
 from dataclasses import replace
 
 import pytest
+import torch
 
 from _tokenizers import load
 
@@ -212,6 +213,12 @@ def test_cli_export_masks_malformed_calls_and_report_counts_them(qwen, tmp_path,
     manifest = json.loads((tmp_path / 'sft' / 'manifest.json').read_text())
     assert manifest['mask_malformed_calls'] == {'records': 1, 'calls': 4, 'action_tokens': n}
     assert 'mask_malformed_calls' not in json.loads((tmp_path / 'plain' / 'manifest.json').read_text())
+    from agentrl import interop                             # an RL target: verl's response_mask
+    for out, flag in (('v0', []), ('v1', ['--mask-malformed-calls'])):
+        assert main(['export', str(tmp_path / 'run'), '--to', 'verl', '--out', str(tmp_path / out), '--no-trim',
+                     *flag]) == 0
+    v0, v1 = (interop.load_export(tmp_path / out, 'verl')['batch']['response_mask'] for out in ('v0', 'v1'))
+    assert int(v0[0].sum()) - int(v1[0].sum()) == n and torch.equal(v0[1], v1[1])
     assert store.read_trajectories(tmp_path / 'run' / 'trajectories.parquet')[0].action_mask.tolist() == \
         traj.action_mask.tolist()                           # the record itself is unchanged
     from agentrl.jobs.report import ReportOptions, write_report
