@@ -42,6 +42,7 @@ from .errors import (EndOfTurnNotTrainedError, InfiniteLogProbError, LengthMisma
                      PolicyFirstTokenError, PositiveLogProbError, RecordError, TemplateMismatchError,
                      TokenIdError, TokenizerMismatchError, UnknownOwnerError)
 
+from .calls import call_spans_valid, malformed_call_rows, stored_calls
 from .template_rules import chat_tokens, control_ids_not_in_content, turn_closed
 
 __all__ = ['Expected', 'Facts', 'Rule', 'RULES', 'validate', 'find_problems', 'POSITIVE_LOGP_TOL']
@@ -166,6 +167,8 @@ class Facts:
         eot_untrained: ``[T-1]`` bool, a sampled end-of-turn token with mask 0.
         forced_untrained: ``[T-1]`` bool, a token the declared grammar forced (stored log-prob 0.0) with mask 0:
             left out of the loss on purpose (``--mask-forced``, docs/grammar.md).
+        call_untrained: ``[T-1]`` bool, a token of a stored tool call whose status is not ``ok`` with mask 0:
+            left out of the loss on purpose (``--mask-malformed-calls``, :mod:`agentrl.checks.calls`).
     """
 
     def __init__(self, record: Trajectory, exp: Expected, require_provenance: bool):
@@ -217,6 +220,17 @@ class Facts:
         if spec is None or spec.constraint is None or r.sample_logp is None or len(r.sample_logp) != len(zeros):
             return zeros
         return self.policy & (self.mask == 0) & (torch.as_tensor(r.sample_logp) == 0)
+
+    @cached_property
+    def call_untrained(self) -> torch.Tensor:
+        zeros = torch.zeros(max(self.T - 1, 0), dtype=torch.bool)
+        if stored_calls(self.record) is None:
+            return zeros
+        try:
+            rows = malformed_call_rows(self.record)
+        except (RecordError, TypeError, ValueError):     # a bad entry: call_spans_valid refuses it
+            return zeros
+        return rows & (self.mask == 0) if len(rows) == len(zeros) else zeros
 
     @cached_property
     def eot_untrained(self) -> torch.Tensor:
@@ -368,7 +382,8 @@ def mask_off_context(r: Facts) -> list:
 def mask_on_actions(r: Facts) -> list:
     """``action_mask`` is 1 where ``ids[j+1]`` was sampled by the policy."""
     want = r.policy.float()
-    return r.at(MaskMissingOnPolicyError, (r.mask == 0) & r.policy & ~r.eot_untrained & ~r.forced_untrained,
+    return r.at(MaskMissingOnPolicyError, (r.mask == 0) & r.policy & ~r.eot_untrained & ~r.forced_untrained
+                & ~r.call_untrained,
                 lambda j: f'is 0 but ids[{j + 1}] was sampled by the policy; the action would get no gradient.'
                           + _shift_hint(r.mask, want), 'action_mask', _FIX_MASK)
 
@@ -478,6 +493,7 @@ RULES: tuple[Rule, ...] = (
     Rule('reward_finite', reward_finite),
     Rule('turn_closed', turn_closed),
     Rule('control_ids_not_in_content', control_ids_not_in_content),
+    Rule('call_spans_valid', call_spans_valid),
     Rule('provenance_present', provenance_present),
     Rule('sampling_declared', sampling_declared),
     Rule('tokenizer_expected', tokenizer_expected),
@@ -539,8 +555,8 @@ def validate(record: Trajectory, expected=None, *, require_provenance: bool = Tr
     NaNLogProbError, InfiniteLogProbError, PositiveLogProbError); a reward that is not a finite
     number (NonFiniteRewardError); no provenance or no sampling spec (MissingProvenanceError); a
     tokenizer or template fingerprint other than expected (TokenizerMismatchError,
-    TemplateMismatchError, both FingerprintMismatchError). Each message names the field, the
-    position and the fix.
+    TemplateMismatchError, both FingerprintMismatchError); a stored tool-call span outside the ids or
+    over non-policy tokens (CallSpanError). Each message names the field, the position and the fix.
 
     Args:
         record: the record (see :func:`find_problems`).

@@ -9,7 +9,8 @@ the reference refuses (tests/test_check_scale.py: a property test over mutated f
 
 Not covered here, left to the reference (the caller sends such rows there): records whose ``info``
 carries ``template`` (the chat rules :func:`~agentrl.checks.template_rules.turn_closed`,
-:func:`~agentrl.checks.template_rules.control_ids_not_in_content` and cut turns), records with
+:func:`~agentrl.checks.template_rules.control_ids_not_in_content` and cut turns) or ``turn_calls``
+(:func:`~agentrl.checks.calls.call_spans_valid`), records with
 ``turn_contexts``, and batches whose per-token fields disagree in length. Standard library and
 numpy only (no torch). Source: docs/design.md#integrity.
 """
@@ -31,6 +32,7 @@ COVERED_RULES = frozenset({
     'mask_binary', 'padding_untrained', 'end_of_turn_trained', 'mask_off_context', 'mask_on_actions',
     'logp_present', 'logp_not_nan', 'logp_finite', 'logp_not_positive', 'reward_finite',
     'turn_closed', 'control_ids_not_in_content',      # rows with chat-template info go to the reference
+    'call_spans_valid',                               # rows with info['turn_calls'] go to the reference
     'provenance_present', 'sampling_declared', 'tokenizer_expected', 'template_expected'})
 
 _POLICY = OWNER['policy']

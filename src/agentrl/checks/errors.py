@@ -20,6 +20,7 @@ __all__ = [
     'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError', 'MalformedRowError',
     'NotReplayableError',
     'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError', 'ConstrainedSupportError',
+    'CallSpanError',
 ]
 
 
@@ -238,3 +239,8 @@ class ConstrainedSupportError(RecordError):
     """The record's declared grammar constraint cannot be rebuilt (unknown backend or version, a text that does not
     compile, no tokenizer) or rejects the record's own ids: its allowed-token support is unknown, so it never enters
     an importance ratio (docs/grammar.md)."""
+
+
+class CallSpanError(RecordError):
+    """A stored tool-call status (``info['turn_calls']``) is unknown, or its token span is outside the ids, over
+    tokens the policy did not sample, or over another turn (:mod:`agentrl.checks.calls`)."""

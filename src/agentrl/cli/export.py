@@ -50,6 +50,8 @@ class ExportOptions:
         rollout_is_threshold, is_correction_threshold: the correction's thresholds (verl's C; OpenRLHF's
             ``LOW,HIGH`` band). device: where ``model`` runs. no_packed: score right-padded batches.
         mask_forced: zero the action mask at grammar-forced tokens (:func:`agentrl.constraints.mask_forced`).
+        mask_malformed_calls: zero the action mask over every stored tool call whose status is not ``ok``
+            (:func:`agentrl.checks.calls.mask_malformed_calls`); the records on disk are unchanged.
     """
     run: str = option(None, 'run folder, trajectories .parquet file or shard folder', positional=True, metavar='RUN')
     to: str = option(None, 'target framework (required)', choices=FRAMEWORKS)
@@ -78,6 +80,9 @@ class ExportOptions:
     no_packed: bool = option(False, 'score the --model right-padded instead of packed (same numbers)')
     mask_forced: bool = option(False, 'leave the tokens a declared grammar forced (support of one token, no policy '
                                       'gradient) out of the loss mask (docs/grammar.md)')
+    mask_malformed_calls: bool = option(False, "leave every tool call whose stored status is not ok (invalid_json, "
+                                               'unclosed_block, missing_name, unknown_tool, in_reasoning) out of the '
+                                               'loss mask; manifest.json counts them (docs/design.md#families)')
 
     def source(self) -> str:
         """The trajectory file or shard folder inside ``run``."""
@@ -157,6 +162,22 @@ def _refuse_placeholders(opts: ExportOptions, records) -> None:
             '(agentrl rollout --policy model)').at(where)
 
 
+def _mask_malformed_calls(records) -> tuple:
+    """``(records with non-ok calls out of the loss, manifest entry)``: the entry counts the records, the
+    calls and the action tokens masked (:func:`agentrl.checks.calls.mask_malformed_calls`)."""
+    from ..checks.calls import call_counts, mask_malformed_calls
+    from ..families.base import OK
+    out, rows, calls, tokens = [], 0, 0, 0
+    for r in records:
+        m, n = mask_malformed_calls(r)
+        bad = sum(v for k, v in call_counts(r).items() if k != OK)
+        rows += bad > 0
+        calls += bad
+        tokens += n
+        out.append(m)
+    return out, {'records': rows, 'calls': calls, 'action_tokens': tokens}
+
+
 def _check_pad_id(pad_id: int, records) -> None:
     """Refuse a ``--pad-id`` outside the vocabulary of the records' tokenizer (when it is agentrl's word-level one).
 
@@ -192,6 +213,9 @@ def run(args) -> int:
     if opts.mask_forced:
         from ..constraints import mask_forced
         records = [mask_forced(r) for r in records]
+    masked_calls = None
+    if opts.mask_malformed_calls:
+        records, masked_calls = _mask_malformed_calls(records)
     if opts.to not in ('sft', 'skyrl-sft'):
         _refuse_placeholders(opts, records)
     _check_pad_id(opts.pad_id, records)
@@ -210,6 +234,8 @@ def run(args) -> int:
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,
                        prompt_length=opts.prompt_length, response_length=opts.response_length,
                        split_turns=opts.split_turns, correction=corr)
+    if masked_calls is not None:
+        _add_to_manifest(opts.out, mask_malformed_calls=masked_calls)
     note = incomplete_note(opts.run, records)
     if note:                                    # the manifest and stderr say so; the export itself stands
         _add_to_manifest(opts.out, incomplete=note)
@@ -217,6 +243,9 @@ def run(args) -> int:
         warnings.warn(f'{opts.run!r} is {note}; the export holds only those records (manifest.json says '
                       '"incomplete")')
     print(f"wrote {m['records']} records for {opts.to} to {opts.out}: {', '.join(m['files'])}, manifest.json")
+    if masked_calls is not None:
+        print(f"  --mask-malformed-calls: {masked_calls['action_tokens']} action tokens of {masked_calls['calls']} "
+              f"calls not ok, in {masked_calls['records']} records, left out of the loss")
     c = m.get('correction')
     if c:
         w = c['weights']

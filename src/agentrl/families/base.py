@@ -18,15 +18,17 @@ from dataclasses import dataclass
 from .spans import TokenSpans
 from .stream import StreamParser, held_suffix
 
-__all__ = ['CALL_STATUSES', 'OK', 'INVALID_JSON', 'UNCLOSED_BLOCK', 'MISSING_NAME', 'UNKNOWN_TOOL', 'TURN_KINDS',
-           'ToolCall', 'Reply', 'TurnEnd', 'Family']
+__all__ = ['CALL_STATUSES', 'OK', 'INVALID_JSON', 'UNCLOSED_BLOCK', 'MISSING_NAME', 'UNKNOWN_TOOL', 'IN_REASONING',
+           'TURN_KINDS', 'ToolCall', 'Reply', 'TurnEnd', 'Family']
 
 OK, INVALID_JSON, UNCLOSED_BLOCK, MISSING_NAME, UNKNOWN_TOOL = \
     'ok', 'invalid_json', 'unclosed_block', 'missing_name', 'unknown_tool'
 #: What a parsed call can be: ``ok``; ``invalid_json`` (the block is not a JSON object, or its
 #: arguments are not an object); ``unclosed_block`` (the block opens and the reply ends);
-#: ``missing_name`` (no string ``name``); ``unknown_tool`` (a name outside the request's tools).
-CALL_STATUSES = (OK, INVALID_JSON, UNCLOSED_BLOCK, MISSING_NAME, UNKNOWN_TOOL)
+#: ``missing_name`` (no string ``name``); ``unknown_tool`` (a name outside the request's tools);
+#: ``in_reasoning`` (a block inside the reasoning: never a call, :meth:`Family.reasoning_calls`).
+IN_REASONING = 'in_reasoning'
+CALL_STATUSES = (OK, INVALID_JSON, UNCLOSED_BLOCK, MISSING_NAME, UNKNOWN_TOOL, IN_REASONING)
 #: The kinds of assistant turn whose end a family names: a final answer, a turn that calls tools.
 TURN_KINDS = ('answer', 'tool_call')
 
@@ -231,6 +233,29 @@ class Family:
         calls = tuple(ToolCall(c.name, c.arguments, c.status, c.text, c.chars,
                                (ends.first_token(c.chars[0]), ends.last_token(c.chars[1]))) for c in reply.calls)
         return Reply(reply.content, reply.reasoning, calls, text)
+
+    def reasoning_calls(self, reply: Reply, think_open: bool | None = None) -> list:
+        """The call blocks written inside ``reply``'s reasoning, each with status ``in_reasoning``.
+
+        They are never calls (:meth:`parse_text` reads calls after the reasoning only); a trainer may
+        still want to count or mask them. ``think_open`` is the one ``reply`` was parsed with.
+
+        Returns:
+            ``[ToolCall]`` with character spans in ``reply.text`` (no token spans); ``[]`` when the
+            reply has no reasoning or the family parses no calls.
+        """
+        r = reply.reasoning
+        if not r or self.call_open is None or self.call_open not in r:
+            return []
+        text, base = reply.text, 0
+        if not think_open:                            # after the open mark, else from the start (a lone close)
+            head = text.lstrip()
+            if head.startswith(self.think_open):
+                base = len(text) - len(head) + len(self.think_open)
+        at = text.find(r, base)                       # reasoning is the block stripped of newlines only
+        if at < 0:
+            return []
+        return [ToolCall(c.name, c.arguments, IN_REASONING, c.text, c.chars) for c in self.find_calls(r, at)]
 
     def strict_calls(self, text: str) -> list | None:
         """The calls of a reply that must hold only well-formed calls (a gym step), or None.

@@ -10,6 +10,10 @@ Source: docs/gateway.md#records; docs/design.md#integrity.
 """
 from __future__ import annotations
 
+import json
+
+from ..families import family_for
+from ..families.record_calls import record_calls, tool_names
 from ..record import OWNER, Provenance
 from ..templates import ChatRecorder
 
@@ -40,7 +44,15 @@ def _recorder(branch):
     return rec
 
 
-def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=None) -> list:
+def _tool_names(tools_key: str):
+    """The function names of a branch's tools (its ``tools_key``: the request's ``tools`` as JSON), or None."""
+    try:
+        return tool_names(json.loads(tools_key))
+    except (TypeError, ValueError):
+        return None
+
+
+def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=None, family=None) -> list:
     """One record per branch leaf with a delivered turn, in branch order.
 
     ``policy`` is ``Provenance.policy`` (the upstream's); ``spec_of(spec)`` gives the declared
@@ -50,7 +62,10 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
     id); with several leaves, branch ``k > 0`` gets ``rollout_id + '/b' + k``. ``info`` holds the
     harness's info plus ``gateway``: session, branch, leaves, its fork (or None), the calls and
     seeds of its turns, the echo variants noted on them, ``aborted``, ``task`` (and ``servers`` when an
-    engine server sampled them).
+    engine server sampled them); ``turn_calls``: every call block of each turn with its status and
+    token span in the record's ids (:func:`agentrl.families.record_calls.record_calls`; ``family`` is the
+    gateway's, default :func:`agentrl.families.family_for` of the branch's template; a call outside the
+    branch's tools is ``unknown_tool``; blocks are parsed whatever the request's ``tool_choice``).
 
     Raises:
         ValueError: as :meth:`~agentrl.templates.ChatRecorder.finish`.
@@ -79,7 +94,10 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
         prov = Provenance(policy=policy, sampling=spec, model=model_name, group_id=str(group),
                           rollout_id=str(rollout) if b.index == 0 or len(leaves) == 1 else f'{rollout}/b{b.index}',
                           seed=seeds[0] if seeds else None)
-        out.append(rec.finish(reward=0.0 if session.aborted else float(session.reward), info=info, provenance=prov))
+        traj = rec.finish(reward=0.0 if session.aborted else float(session.reward), info=info, provenance=prov)
+        fam = family if family is not None else family_for(b.template)
+        traj.info['turn_calls'] = record_calls(traj, fam, b.template, _tool_names(b.tools_key))
+        out.append(traj)
     return out
 
 
@@ -118,6 +136,14 @@ def run_metrics(sessions, records_by_session: dict) -> dict:
             'forks': forks}
 
 
+def _untrained(call, policy) -> bool:
+    """Whether a stored call's token span (``info['turn_calls']``) covers a token no longer policy-owned."""
+    tokens = call.get('tokens') if isinstance(call, dict) else None
+    if not isinstance(tokens, list) or len(tokens) != 2:
+        return False
+    return not bool(policy[tokens[0]:tokens[1]].all())
+
+
 def train_shared_once(records) -> list:
     """Train each sampled token of a gateway session once: a fork's replayed parent turns become context.
 
@@ -126,7 +152,8 @@ def train_shared_once(records) -> list:
     ``info.gateway.session``), the fork row's first n policy-owned tokens are relabelled as context
     (``template`` for control ids, per the record's ``info.template.chat_tokens``, else ``prompt``), so
     ``action_mask`` (``owner[1:] == policy``) is 0 there and the acceptance rules still hold;
-    ``info.gateway.shared_untrained`` = n. By induction over a chain of forks every sampled token is
+    ``info.gateway.shared_untrained`` = n, and the relabelled turns' stored calls (``info.turn_calls``) are
+    dropped from the fork row (the parent row holds them). By induction over a chain of forks every sampled token is
     in the loss of exactly one row. Records of other runs, roots, and forks whose parent row is
     absent are returned as they are. ``agentrl export`` applies it to every target (each takes a
     per-token mask).
@@ -179,5 +206,9 @@ def train_shared_once(records) -> list:
         owner[pos] = torch.where(ctl, OWNER['template'], OWNER['prompt'])
         info = copy.deepcopy(r.info)
         info['gateway']['shared_untrained'] = n
+        if isinstance(info.get('turn_calls'), list):     # calls of the relabelled turns are the parent row's
+            pol = owner == OWNER['policy']
+            info['turn_calls'] = [[c for c in per if not _untrained(c, pol)] if isinstance(per, list) else per
+                                  for per in info['turn_calls']]
         out[i] = dataclasses.replace(r, owner=owner, action_mask=(owner[1:] == OWNER['policy']).float(), info=info)
     return out

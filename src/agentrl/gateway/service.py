@@ -368,7 +368,7 @@ class Gateway:
 
     def _commit(self, session: Session) -> dict:
         recs = session_records(session, self.upstream.model_name, policy=getattr(self.upstream, 'policy', 'hf'),
-                               spec_of=getattr(self.upstream, 'record_spec', None))
+                               spec_of=getattr(self.upstream, 'record_spec', None), family=self.family)
         if recs:
             self.writer().write(recs)
         self.journal.append({'ev': 'committed', 'sid': session.sid, 'records': len(recs)})

@@ -19,6 +19,7 @@ from typing import Callable
 
 from ..engines.episode import Reply
 from ..families import QWEN3
+from ..families.record_calls import record_calls, tool_names
 from ..gym import TOOL_SCHEMAS, BugFixEnv
 from ..record import Provenance, SamplingSpec, StopReason
 from ..sampling import episode_seed
@@ -102,9 +103,13 @@ class BugFixAdapter:
         tasks: one task per episode (repeat a task for a group).
         max_turns: the gym's turn budget (stop ``budget``); pass the driver the same limit.
         reward_tests: ``'hidden'`` or ``'public'`` (see :class:`~agentrl.gym.BugFixEnv`).
+        template: the chat template the episodes are recorded with; given, :meth:`finish` stores each
+            turn's call statuses and token spans as ``info['turn_calls']``
+            (:func:`agentrl.families.record_calls.record_calls`, family :attr:`family`).
 
     Attributes:
-        tools: ``TOOL_SCHEMAS``, for the chat template's ``tools=``.
+        tools: ``TOOL_SCHEMAS``, for the chat template's ``tools=``. family: the model family the
+            calls are read in (Qwen3's Hermes blocks, as :func:`parse_tool_calls`).
         tasks, envs: the tasks and their environments (episode ``i`` steps ``envs[i]``).
         tool_calls: per episode, the parsed calls of each turn (``[{'name', 'arguments'}]``, None
             when the turn's text did not parse or the turn was cut at its budget).
@@ -118,8 +123,10 @@ class BugFixAdapter:
     """
 
     tools = TOOL_SCHEMAS
+    family = QWEN3
 
-    def __init__(self, tasks, max_turns: int = 6, reward_tests: str = 'hidden'):
+    def __init__(self, tasks, max_turns: int = 6, reward_tests: str = 'hidden', template=None):
+        self.template = template
         self.tasks = list(tasks)
         self.max_turns = int(max_turns)
         self.envs = [BugFixEnv(max_turns=max_turns, reward_tests=reward_tests) for _ in self.tasks]
@@ -167,6 +174,8 @@ class BugFixAdapter:
         """:meth:`finish` for the record of episode ``i`` alone (e.g. the episodes that ended before
         a server died); returns ``traj``."""
         traj.info['tool_calls'] = self.tool_calls[i]
+        if self.template is not None:
+            traj.info['turn_calls'] = record_calls(traj, self.family, self.template, tool_names(self.tools))
         if traj.info.get('stop') == StopReason.TRUNCATED and 'task' not in traj.info:
             traj.info.update({k: v for k, v in self.envs[i].final_info(False).items() if k not in traj.info})
         return traj
@@ -245,7 +254,8 @@ def bugfix_rollouts(model, tokenizer, tasks, options: BugFixOptions = BugFixOpti
         One :class:`~agentrl.record.Trajectory` per task, in order, with provenance (policy ``'hf'``,
         tokenizer and template fingerprints, the spec, the model id, the episode seed); ``info`` = the
         gym's final info + ``actions`` (gym call text, '' for a malformed call), ``tool_calls`` (parsed
-        calls per turn, None if unparseable), ``truncated_turns``, ``turn_tokens`` and ``template``.
+        calls per turn, None if unparseable), ``turn_calls`` (every call block per turn with its status
+        and token span, :class:`BugFixAdapter`), ``truncated_turns``, ``turn_tokens`` and ``template``.
 
     Raises:
         ImportError: without the ``hf`` extra.
@@ -256,10 +266,10 @@ def bugfix_rollouts(model, tokenizer, tasks, options: BugFixOptions = BugFixOpti
     from ..engines.hf import HFSampler, model_id, pad_token_id, run_chat_episodes
     from ..templates import ChatRecorder, ChatTemplate
     o = options
-    adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests)
     if template is None:
         extra = {} if o.enable_thinking is None else {'enable_thinking': bool(o.enable_thinking)}
-        template = ChatTemplate(tokenizer, tools=adapter.tools, **extra)
+        template = ChatTemplate(tokenizer, tools=TOOL_SCHEMAS, **extra)
+    adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests, template=template)
     if sampler is None:
         sampler = HFSampler(model, template.stop_ids, o.spec, max_new_tokens=o.max_new_tokens, cache=o.cache,
                             pad_id=pad_token_id(template.tokenizer, model), tokenizer=template.tokenizer)
@@ -315,7 +325,7 @@ def bugfix_server_rollouts(engine: str, endpoints, template: ChatTemplate, tasks
             ``info['tool_calls']`` already added). responses: optional list of the servers' answers (tests, audits).
 
     Returns:
-        The records, with ``info['tool_calls']`` as :func:`bugfix_rollouts`'s.
+        The records, with ``info['tool_calls']`` and ``info['turn_calls']`` as :func:`bugfix_rollouts`'s.
 
     Raises:
         ValueError: an unknown ``engine`` or one without servers; ``seeds`` of another length than ``tasks``.
@@ -326,7 +336,7 @@ def bugfix_server_rollouts(engine: str, endpoints, template: ChatTemplate, tasks
     kit = rollout_kit(engine)
     o = options
     seeds = _seeds(tasks, o, seeds, 'bugfix_server_rollouts')
-    adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests)
+    adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests, template=template)
     recorders = [ChatRecorder(template, messages) for messages in adapter.openings()]
 
     def done(i, rec):                      # finished as the others before it is streamed (or kept by EngineDied)

@@ -328,7 +328,7 @@ def _repeat_problem(verdict: str, first, key: str):
 
 
 def _tally(rep: CheckReport, rec) -> None:
-    """Count an accepted-or-refused record's length, trained tokens, stop, truncation and policy."""
+    """Count a record's length, trained tokens, stop, truncation, policy and tool-call statuses."""
     prov = rec.provenance
     rep.lengths.append(len(rec.ids))
     if rec.action_mask is not None:
@@ -347,6 +347,10 @@ def _tally(rep: CheckReport, rec) -> None:
             rep.no_logp += 1
     from ..checks.consistency import unchecked_notes
     rep.unchecked.update(unchecked_notes(rec))
+    from ..checks.calls import call_counts, stored_calls
+    if stored_calls(rec) is not None:
+        rep.call_records += 1
+        rep.calls.update(call_counts(rec))
 
 
 def _ours(prov) -> bool:

@@ -50,6 +50,8 @@ class CheckReport:
             record (:func:`agentrl.checks.mismatch.context_drift`); reported, not refused (the replay
             scores those turns in the server's context).
         dtype, tol: the replay's dtype and tolerance.
+        calls: ``Counter`` of the stored tool-call statuses (``info['turn_calls']``, :mod:`agentrl.checks.calls`);
+            call_records: records that store them (records written before the field count in neither).
         versions: ``Counter`` of ``provenance.policy_version`` (``'(none)'`` when unstamped). spanning:
             records whose turns span several versions. staleness: ``Counter`` of steps behind
             ``--current-version`` (``'not a step'`` for a fingerprint version).
@@ -80,6 +82,8 @@ class CheckReport:
     spanning: int = 0
     staleness: Counter = field(default_factory=Counter)
     unchecked: Counter = field(default_factory=Counter)     # importer's note -> records (checks.consistency)
+    calls: Counter = field(default_factory=Counter)         # tool-call status -> calls (checks.calls)
+    call_records: int = 0
 
     def refuse(self, key: str, problems: list) -> None:
         """Count one refused row with its problems (RecordError list)."""
@@ -170,6 +174,10 @@ class CheckReport:
                  f'trained tokens   {format_stats(self.trained)}',
                  'stops            ' + ('  '.join(f'{p(k)} {v}' for k, v in sorted(self.stops.items())) or 'none'),
                  f'truncation rate  {self.truncated / n:.3f}  (episodes stopped truncated or with a turn cut at its budget)' if n else 'truncation rate  n/a']
+        if self.call_records:
+            from ..checks.calls import calls_line
+            n = self.call_records
+            lines.append(f'tool calls       {calls_line(self.calls)}  (stored in {n} record{"s" if n != 1 else ""})')
         if self.no_logp:
             lines.append(f'sampling logps   none in {self.no_logp} records: their source stored none (a server called '
                          'without logprobs); fine for SFT, but RL trainers and the replay need them: sample again '

@@ -93,7 +93,8 @@ class ReportResult:
     Attributes:
         out: the page's path. episodes: records on it (each identity once). policies: policies on it.
         bytes: the page's size in bytes. incomplete: the notes (unfinished run, duplicates; '' when none).
-        duplicates: repeated records left out.
+        duplicates: repeated records left out. calls: the tool-call statuses the records store
+            (:func:`agentrl.checks.calls.records_calls_line`; '' when none does).
     """
     out: str
     episodes: int
@@ -101,6 +102,7 @@ class ReportResult:
     bytes: int
     incomplete: str
     duplicates: int
+    calls: str = ''
 
 
 def _resume_of(run_dir: str) -> str:
@@ -185,6 +187,7 @@ def write_report(opts: ReportOptions, progress=None) -> ReportResult:
         OSError: the page could not be written.
     """
     from .. import viz
+    from ..checks.calls import records_calls_line
     trajs = _read_records(opts, progress)
     summary = _read_summary(opts.run_dir)
     trajs, n_dup = unique_records(trajs)
@@ -195,7 +198,8 @@ def write_report(opts: ReportOptions, progress=None) -> ReportResult:
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     atomic_write(out, html)
     return ReportResult(out=out, episodes=len(trajs), policies=len(viz.group_by_policy(trajs)),
-                        bytes=len(html.encode()), incomplete=notes, duplicates=n_dup)
+                        bytes=len(html.encode()), incomplete=notes, duplicates=n_dup,
+                        calls=records_calls_line(trajs))
 
 
 def unique_records(trajs: list) -> tuple[list, int]:

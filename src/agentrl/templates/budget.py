@@ -18,6 +18,7 @@ Source: Jinja ``Environment.concat`` and ``Template.render``; CPython ``PyThread
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 import time
 from typing import Callable
@@ -46,7 +47,9 @@ class _Watchdog:
     The rendering thread takes no lock the watchdog holds: an entry is claimed by whichever side pops
     it from ``armed`` first (``dict.pop`` is atomic), so an exception is sent only to a thread that has
     not finished, and a thread that finds its entry claimed waits until the exception is sent, then
-    drops it if it was not raised yet.
+    drops it if it was not raised yet. Arming wakes the watchdog only when it would otherwise wake after
+    the new deadline (``until``), so a render does not pay a thread switch; the watchdog sleeps until the
+    nearest deadline it saw, and a stale one (its render finished) costs one wake and a rescan.
     """
 
     def __init__(self):
@@ -55,16 +58,19 @@ class _Watchdog:
         self.wake = threading.Event()
         self.thread = None
         self.start_lock = threading.Lock()
+        self.until = -math.inf          # when the watchdog wakes next (inf: never); -inf while it scans
 
     def arm(self, seconds: float) -> object:
         token = object()
-        self.armed[token] = (time.monotonic() + seconds, threading.get_ident())
+        deadline = time.monotonic() + seconds
+        self.armed[token] = (deadline, threading.get_ident())
         if self.thread is None or not self.thread.is_alive():
             with self.start_lock:
                 if self.thread is None or not self.thread.is_alive():
                     self.thread = threading.Thread(target=self._run, name='agentrl-template-watchdog', daemon=True)
                     self.thread.start()
-        self.wake.set()
+        if deadline < self.until:       # it would wake after this deadline, or is scanning: wake it (else it
+            self.wake.set()             # wakes first and sees this entry; a render pays no thread switch)
         return token
 
     def finish(self, token) -> bool:
@@ -82,6 +88,8 @@ class _Watchdog:
 
     def _run(self) -> None:
         while True:
+            self.wake.clear()
+            self.until = -math.inf      # an entry armed from here on wakes the wait below, or is seen by the scan
             now, nearest = time.monotonic(), None
             for token, (deadline, tid) in list(self.armed.items()):
                 if deadline <= now:
@@ -90,8 +98,8 @@ class _Watchdog:
                         self.sent.add(token)
                 elif nearest is None or deadline < nearest:
                     nearest = deadline
+            self.until = math.inf if nearest is None else nearest
             self.wake.wait(None if nearest is None else nearest - now)
-            self.wake.clear()
 
 
 _WATCHDOG = _Watchdog()

@@ -6,6 +6,8 @@ between the end of a sampled turn and the next generation prompt; owners per doc
 """
 from __future__ import annotations
 
+import json
+
 import torch
 
 from ..record import OWNER, Provenance, TokenLog, Trajectory
@@ -23,6 +25,8 @@ __all__ = ['Bridge', 'ChatRecorder', 'template_bridge', 'HISTORY_MODES']
 HISTORY_MODES = ('template', 'sampled')
 #: Rounds (assistant turn + its observations) of recent history rendered to derive a bridge.
 _WINDOW_ROUNDS = 1
+#: Distinct opening conversations whose labelled ids a template keeps (:meth:`ChatRecorder._opening_labels`).
+_OPENINGS_CACHED = 256
 
 
 class ChatRecorder:
@@ -94,20 +98,51 @@ class ChatRecorder:
         self._unterminated: list[int] = []
         self._closed_by_template: list[int] = []   # turns stopped at a non-end-of-turn stop id
         self._placeholder = False
-        self._n_vocab = len(self.template.tokenizer)
+        self._n_vocab = self._vocab_size()
         self._start_opening()
+
+    # ------------------------------------------------------------------ per-template caches
+    # What depends only on the template (and the opening messages) is computed once per template and kept in
+    # its cache, so a recorder costs no tokenizer-wide call (``len(tokenizer)``: tens of ms on some
+    # transformers versions) and a repeated opening (a group's episodes, a gateway's branches and records)
+    # is labelled once.
+    def _vocab_size(self) -> int:
+        """``len(tokenizer)`` (ids are valid below it), computed once per template."""
+        cache = self.template._cache
+        if 'n_vocab' not in cache:
+            cache['n_vocab'] = len(self.template.tokenizer)
+        return cache['n_vocab']
+
+    def _opening_labels(self) -> tuple:
+        """``(ids, owners, text)`` of the opening rendered with the generation prompt, cached per template and
+        opening (the last :data:`_OPENINGS_CACHED` distinct openings)."""
+        try:
+            key = json.dumps(self._opening, sort_keys=True)
+        except (TypeError, ValueError):
+            key = None
+        cache = self.template._cache.setdefault('openings', {})
+        hit = cache.get(key) if key is not None else None
+        if hit is None:
+            lab = label_owners(self.template, self._opening, add_generation_prompt=True)
+            pol, prm, tmpl = OWNER['policy'], OWNER['prompt'], OWNER['template']
+            ctl = self.template.control_ids     # an opening assistant turn was not sampled here: its control
+            owners = tuple((tmpl if i in ctl else prm) if o == pol else o   # tokens are the template's, its
+                           for i, o in zip(lab.ids, lab.owner))             # text the prompt's
+            hit = (tuple(lab.ids), owners, lab.text)
+            if key is not None:
+                if len(cache) >= _OPENINGS_CACHED:
+                    cache.pop(next(iter(cache)))
+                cache[key] = hit
+        return hit
 
     # ------------------------------------------------------------------ state
     def _start_opening(self):
-        lab = label_owners(self.template, self._opening, add_generation_prompt=True)
-        pol, prm, tmpl = OWNER['policy'], OWNER['prompt'], OWNER['template']
-        ctl = self.template.control_ids     # an opening assistant turn was not sampled here: its control
-        self._log = TokenLog()              # tokens are the template's, its text the prompt's
-        self._log.append(lab.ids, [(tmpl if i in ctl else prm) if o == pol else o
-                                   for i, o in zip(lab.ids, lab.owner)], -1)
-        self._texts = [lab.text]
-        self._ctx = list(lab.ids)                  # context for the next turn
-        self._ctx_pieces = [(lab.text, len(lab.ids))]
+        ids, owners, text = self._opening_labels()
+        self._log = TokenLog()
+        self._log.append(list(ids), list(owners), -1)
+        self._texts = [text]
+        self._ctx = list(ids)                      # context for the next turn
+        self._ctx_pieces = [(text, len(ids))]
         self._ctx_is_prefix = True
 
     @property

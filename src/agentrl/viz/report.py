@@ -20,6 +20,7 @@ from html import escape
 import torch
 
 from .._version import __version__
+from ..checks.calls import records_calls_line
 from ..constraints import forced_rows
 from ..gym.policies import POLICY_KINDS
 from ..record import OWNER, Trajectory
@@ -139,7 +140,8 @@ def _plot(title: str, svg: str, note: str = '') -> str:
 
 
 def _facts(trajs: list, groups: dict, summary: dict) -> list:
-    """The heading's facts: counts, the run's options, the import's source, the tokenizer (HTML fragments)."""
+    """The heading's facts: counts, the run's options, the import's source, the tokenizer, the tool-call
+    statuses (HTML fragments)."""
     opts = summary.get('options') or {}
     facts = [f'<b>{len(trajs)}</b> episodes', f'<b>{len(groups)}</b> policies']
     for key, label in (('tasks', 'tasks'), ('seconds', 's rollout time')):
@@ -153,6 +155,9 @@ def _facts(trajs: list, groups: dict, summary: dict) -> list:
                      f'({escape(str(summary.get("source") or "unknown source"))})')
     if summary.get('tokenizer'):
         facts.append(f'tokenizer <b>{escape(str(summary["tokenizer"]))}</b>')
+    calls = records_calls_line(trajs)
+    if calls:
+        facts.append(f'tool calls <b>{escape(calls)}</b>')
     return facts
 
 
