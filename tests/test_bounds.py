@@ -53,6 +53,37 @@ def test_zip_bomb_shard_is_refused_from_its_footer_before_it_is_read(tmp_path, m
         store.read_trajectories(f)
 
 
+def test_zip_bomb_within_the_row_group_bound_is_refused_by_its_cell(tmp_path, monkeypatch):
+    """80 MB of zeros in one cell: under the row-group bound, over the cell bound; refused before conversion."""
+    f = tmp_path / 'bomb.parquet'
+    bomb(f, 'ids', np.zeros(20_000_000, dtype=np.int32))
+    monkeypatch.delenv('AGENTRL_MAX_ROW_GROUP_BYTES', raising=False)
+    monkeypatch.delenv('AGENTRL_MAX_CELL_BYTES', raising=False)
+    msg = (f"'{f}' row group 0 row 0: column 'ids' decodes to 80000000 bytes in one cell, over the bound of "
+           '67108864 bytes per cell (AGENTRL_MAX_CELL_BYTES): a compression bomb or a damaged file; remove it, or '
+           'raise AGENTRL_MAX_CELL_BYTES if you trust it')
+    with pytest.raises(ValueError) as e:
+        next(store.scan(f))
+    assert str(e.value) == msg
+    monkeypatch.setenv('AGENTRL_MAX_CELL_BYTES', str(10 << 20))      # the footer's mean cell (40 MB) is over it (its footer counts 20000001 values)
+    with pytest.raises(ValueError) as e:
+        store.read_trajectories(f)
+    assert str(e.value) == (f"'{f}' row group 0 a row: column 'ids' decodes to 40000002 bytes in one cell, over the "
+                            'bound of 10485760 bytes per cell (AGENTRL_MAX_CELL_BYTES): a compression bomb or a '
+                            'damaged file; remove it, or raise AGENTRL_MAX_CELL_BYTES if you trust it')
+
+
+def test_string_cell_bomb_is_refused_by_its_cell(tmp_path, monkeypatch):
+    f = tmp_path / 'info.parquet'
+    bomb(f, 'info', ['{"a": "' + 'x' * 3000 + '"}', '{}'])
+    monkeypatch.setenv('AGENTRL_MAX_CELL_BYTES', '2000')
+    with pytest.raises(ValueError, match=rf"^'{f}' row group 0 row 0: column 'info' decodes to 3009 bytes in one "
+                                         r'cell, over the bound of 2000 bytes per cell \(AGENTRL_MAX_CELL_BYTES\)'):
+        next(store.scan(f))
+    monkeypatch.setenv('AGENTRL_MAX_CELL_BYTES', '3009')
+    assert [r.row for r in next(store.scan(f, verify=False))] == [0, 1]
+
+
 def test_string_dictionary_bomb_is_counted_as_it_decodes(tmp_path, monkeypatch):
     """One 1 MB string repeated: the footer holds 1 MB, the rows decode to 300 MB; read as a dictionary, refused."""
     f = tmp_path / 'strings.parquet'
