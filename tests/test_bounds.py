@@ -314,6 +314,25 @@ def test_a_timed_out_render_leaves_the_thread_as_it_was(tmp_path):
     assert res.stdout.split('\n')[-3:] == ['refused True', 'traced 500500', '']
 
 
+def test_audit_stops_at_the_first_render_past_its_time(monkeypatch):
+    """Probes that note a bad render as a finding (end-of-turn, owners, prefix, bridges) re-raise a timeout: a
+    looping template costs one render budget, not one per probe."""
+    import agentrl.templates as tt
+    from agentrl.templates.budget import TemplateTimeoutError
+    tok = tiny()
+    calls = []
+    real = tok.apply_chat_template
+    monkeypatch.setattr(tok, 'apply_chat_template', lambda *a, **k: calls.append(1) or real(*a, **k), raising=False)
+    monkeypatch.setenv('AGENTRL_TEMPLATE_SECONDS', '0.2')
+    monkeypatch.setattr(tok, 'chat_template', NESTED_LOOPS)
+    with pytest.raises(TemplateTimeoutError) as e:
+        tt.audit_template(tok, HI + [{'role': 'assistant', 'content': 'Hello'}])
+    assert str(e.value) == (f"the chat template of {tok.name_or_path!r} took more than 0.2 s to render one call "
+                            '(AGENTRL_TEMPLATE_SECONDS): a loop in the template that does not end; fix the template, '
+                            'or raise AGENTRL_TEMPLATE_SECONDS if you trust it')
+    assert len(calls) == 1
+
+
 def test_template_writing_too_much_is_stopped_at_the_character_bound(monkeypatch):
     import agentrl.templates as tt
     tok = tiny()
@@ -335,7 +354,7 @@ def test_template_budget_holds_in_any_thread(monkeypatch):
     tok = tiny()
     monkeypatch.setenv('AGENTRL_TEMPLATE_SECONDS', '0.3')
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        bad = pool.submit(tt.ChatTemplate(tok, chat_template=NESTED_LOOPS).render, HI)
+        bad = pool.submit(lambda: tt.ChatTemplate(tok, chat_template=NESTED_LOOPS).render(HI))
         good = pool.submit(lambda: [tt.ChatTemplate(tok).render(HI) for _ in range(20)])
         with pytest.raises(ValueError, match='took more than 0.3 s'):
             bad.result(timeout=30)
