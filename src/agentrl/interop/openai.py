@@ -33,7 +33,7 @@ from ..constraints import request_constraint
 from ..io import read_json
 from ..record import OWNER, SamplingSpec, StopReason, Trajectory
 from ..templates import ChatRecorder
-from .common import check_ids, provenance_for_import
+from .common import check_ids, check_reward, provenance_for_import
 
 __all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes', 'check_episodes']
 
@@ -262,6 +262,7 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
         if sp is not None and sp.constraint is None:      # tool_choice / response_format / structured outputs
             sp = _with_constraint(sp, req0, tokenizer)
         meta = {'source': source, 'exchanges': len(ex), 'sampling_sources': sources}
+        reward = check_reward(ep.get('reward', 0.0), 'reward', f'{source} episode {n}')
         if 'messages' in req0:
             if tokenizer is None:
                 raise ValueError(f'episode {n}: chat exchanges need the tokenizer (--tokenizer) to rebuild owners '
@@ -276,7 +277,7 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             meta.update(context_drift=drift, finish=last['finish'])
             info = dict(ep.get('info') or {}, stop=ep.get('info', {}).get('stop', _stop(last['finish'])),
                         **{'import': meta})
-            traj = rec.finish(reward=float(ep.get('reward', 0.0)), info=info, provenance=prov)
+            traj = rec.finish(reward=reward, info=info, provenance=prov)
             if traj.provenance.logp_placeholder:
                 traj.provenance.sampling = None
             if drift:
@@ -294,7 +295,7 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             info.setdefault('stop', _stop(last['finish']))
             if cut:     # what follows a turn cut at its budget was appended, not sampled (not trained)
                 info.setdefault('template', {})['unterminated_turns'] = cut
-            traj = Trajectory.from_tokens(ids, owner, turn, logp, float(ep.get('reward', 0.0)), info, provenance=prov)
+            traj = Trajectory.from_tokens(ids, owner, turn, logp, reward, info, provenance=prov)
         out.append(traj)
     return out
 
