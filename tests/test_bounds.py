@@ -233,14 +233,14 @@ files.export([record(0), record(1)], 'verl', {str(out)!r})
 
 # ------------------------------------------------------------------------------ sandbox: source size, result size
 
-def test_sandbox_refuses_a_huge_source_before_parsing_it():
-    import time
-
+def test_sandbox_refuses_a_huge_source_before_parsing_it(monkeypatch):
     from agentrl.gym import sandbox
     source = 'def f():\n    return 1\n' + 'x = 1\n' * 2_000_000           # 12 MB
-    t = time.perf_counter()
+    parsed = []
+    real_parse = sandbox.ast.parse
+    monkeypatch.setattr(sandbox.ast, 'parse', lambda src, *a, **k: parsed.append(len(src)) or real_parse(src, *a, **k))
     r = sandbox.run_tests(source, [((), 1)], 'f')
-    assert time.perf_counter() - t < 1.0
+    assert parsed == []                                             # refused before it was parsed (or sent anywhere)
     assert r == [sandbox.TestResult(False, None, f'refused: the source is {len(source)} characters, over '
                                                  'MAX_SOURCE_CHARS (100000)')]
     assert sandbox.check_source(source) == r[0].error
@@ -275,17 +275,13 @@ def tiny():
 
 
 def test_template_with_nested_loops_is_stopped_in_time(monkeypatch):
-    import time
-
     import agentrl.templates as tt
     tok = tiny()
     monkeypatch.setenv('AGENTRL_TEMPLATE_SECONDS', '0.3')
-    t = time.perf_counter()
     with pytest.raises(ValueError, match=r"^the chat template passed as chat_template= for '.*tiny-chat' took more "
                                          r'than 0.3 s to render one call \(AGENTRL_TEMPLATE_SECONDS\): a loop in the '
                                          'template that does not end; fix the template, or raise'):
         tt.ChatTemplate(tok, chat_template=NESTED_LOOPS).render(HI)
-    assert time.perf_counter() - t < 5
     ok = tt.ChatTemplate(tok)                                       # the thread renders normally afterwards
     assert ok.render(HI) == tok.apply_chat_template(HI, tokenize=False)
 
@@ -404,16 +400,13 @@ def test_sigterm_stops_a_rollout_in_the_middle_of_a_long_chunk(tmp_path):
         while not _catches_sigterm(proc.pid):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
-        t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - t
+        _, err = proc.communicate(timeout=300)       # a hang guard only: the chunk alone would take far longer
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130 and err == 'agentrl: interrupted\n', err
-    assert took < 10
-    assert not out.exists()                          # nothing finished: OUT is left as it was (it did not exist)
+    assert not out.exists()          # stopped inside the chunk: no shard was written, OUT is left as it was (absent)
 
 
 def test_an_interrupt_right_after_model_pt_is_renamed_still_leaves_out_as_it_was(tmp_path, monkeypatch):
