@@ -68,8 +68,8 @@ def test_zip_bomb_within_the_row_group_bound_is_refused_by_its_cell(tmp_path, mo
     monkeypatch.setenv('AGENTRL_MAX_CELL_BYTES', str(10 << 20))      # the footer's mean cell (40 MB) is over it (its footer counts 20000001 values)
     with pytest.raises(ValueError) as e:
         store.read_trajectories(f)
-    assert str(e.value) == (f"'{f}' row group 0 a row: column 'ids' decodes to 40000002 bytes in one cell, over the "
-                            'bound of 10485760 bytes per cell (AGENTRL_MAX_CELL_BYTES): a compression bomb or a '
+    assert str(e.value) == (f"'{f}' row group 0 (2 rows): column 'ids' decodes to 40000002 bytes per cell on average "
+                            '(its footer), over the bound of 10485760 bytes per cell (AGENTRL_MAX_CELL_BYTES): a compression bomb or a '
                             'damaged file; remove it, or raise AGENTRL_MAX_CELL_BYTES if you trust it')
 
 

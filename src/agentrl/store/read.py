@@ -168,14 +168,14 @@ def _check_cells(rb: pa.RecordBatch, first: int, cell: int, f: str, group: int) 
         top = pc.max(sizes).as_py() if sizes is not None and len(sizes) else None
         if top is not None and top > cell:
             row = first + pc.index(sizes, top).as_py()
-            raise _cell_too_big(f, group, row, rb.schema.names[k], top, cell)
+            raise _cell_too_big(f'{f!r} row group {group} row {row}', rb.schema.names[k], f'{top} bytes in one cell',
+                                cell)
 
 
-def _cell_too_big(f: str, group: int, row: int | None, column: str, size: int, cell: int) -> ValueError:
-    at = f'row {row}' if row is not None else 'a row'
-    return ValueError(f'{f!r} row group {group} {at}: column {column!r} decodes to {size} bytes in one cell, over the '
-                      f'bound of {cell} bytes per cell (AGENTRL_MAX_CELL_BYTES): a compression bomb or a damaged '
-                      'file; remove it, or raise AGENTRL_MAX_CELL_BYTES if you trust it')
+def _cell_too_big(where: str, column: str, size: str, cell: int) -> ValueError:
+    return ValueError(f'{where}: column {column!r} decodes to {size}, over the bound of {cell} bytes per cell '
+                      '(AGENTRL_MAX_CELL_BYTES): a compression bomb or a damaged file; remove it, or raise '
+                      'AGENTRL_MAX_CELL_BYTES if you trust it')
 
 
 def _footer_cells(f: str, group: int, rg, cell: int) -> None:
@@ -186,8 +186,8 @@ def _footer_cells(f: str, group: int, rg, cell: int) -> None:
         c = rg.column(k)
         n = c.num_values * _WIDTH.get(c.physical_type, 0)
         if n // rows > cell:
-            raise _cell_too_big(f, group, 0 if rg.num_rows == 1 else None, c.path_in_schema.split('.')[0],
-                                n // rows, cell)
+            raise _cell_too_big(f'{f!r} row group {group} ({rg.num_rows} rows)', c.path_in_schema.split('.')[0],
+                                f'{n // rows} bytes per cell on average (its footer)', cell)
 
 
 def _batches(pf: pq.ParquetFile, f: str, batch_size: int, bound: int | None = None,
