@@ -59,7 +59,7 @@ def test_zip_bomb_within_the_row_group_bound_is_refused_by_its_cell(tmp_path, mo
     bomb(f, 'ids', np.zeros(20_000_000, dtype=np.int32))
     monkeypatch.delenv('AGENTRL_MAX_ROW_GROUP_BYTES', raising=False)
     monkeypatch.delenv('AGENTRL_MAX_CELL_BYTES', raising=False)
-    msg = (f"'{f}' row group 0 row 0: column 'ids' decodes to 80000000 bytes in one cell, over the bound of "
+    msg = (f"'{f}' row 0 (row group 0): column 'ids' decodes to 80000000 bytes in one cell, over the bound of "
            '67108864 bytes per cell (AGENTRL_MAX_CELL_BYTES): a compression bomb or a damaged file; remove it, or '
            'raise AGENTRL_MAX_CELL_BYTES if you trust it')
     with pytest.raises(ValueError) as e:
@@ -75,11 +75,13 @@ def test_zip_bomb_within_the_row_group_bound_is_refused_by_its_cell(tmp_path, mo
 
 def test_string_cell_bomb_is_refused_by_its_cell(tmp_path, monkeypatch):
     f = tmp_path / 'info.parquet'
-    bomb(f, 'info', ['{"a": "' + 'x' * 3000 + '"}', '{}'])
+    bomb(f, 'info', ['{}', '{"a": "' + 'x' * 3000 + '"}'])
     monkeypatch.setenv('AGENTRL_MAX_CELL_BYTES', '2000')
-    with pytest.raises(ValueError, match=rf"^'{f}' row group 0 row 0: column 'info' decodes to 3009 bytes in one "
+    rows = store.scan(f, batch_size=1, verify=False)
+    assert [r.row for r in next(rows)] == [0]                          # row 1 is counted when its batch decodes
+    with pytest.raises(ValueError, match=rf"^'{f}' row 1 \(row group 0\): column 'info' decodes to 3009 bytes in one "
                                          r'cell, over the bound of 2000 bytes per cell \(AGENTRL_MAX_CELL_BYTES\)'):
-        next(store.scan(f))
+        next(rows)
     monkeypatch.setenv('AGENTRL_MAX_CELL_BYTES', '3009')
     assert [r.row for r in next(store.scan(f, verify=False))] == [0, 1]
 

@@ -162,14 +162,14 @@ def _cell_bytes(col) -> pa.Array | None:
 
 
 def _check_cells(rb: pa.RecordBatch, first: int, cell: int, f: str, group: int) -> None:
-    """Refuse a cell of ``rb`` (rows ``first``.. of row group ``group``) decoding to more than ``cell`` bytes."""
+    """Refuse a cell of ``rb`` (rows ``first``.. of the file, in row group ``group``) over ``cell`` bytes."""
     for k, col in enumerate(rb.columns):
         sizes = _cell_bytes(col)
         top = pc.max(sizes).as_py() if sizes is not None and len(sizes) else None
         if top is not None and top > cell:
             row = first + pc.index(sizes, top).as_py()
-            raise _cell_too_big(f'{f!r} row group {group} row {row}', rb.schema.names[k], f'{top} bytes in one cell',
-                                cell)
+            raise _cell_too_big(f'{f!r} row {row} (row group {group})', rb.schema.names[k],
+                                f'{top} bytes in one cell', cell)
 
 
 def _cell_too_big(where: str, column: str, size: str, cell: int) -> ValueError:
@@ -202,12 +202,12 @@ def _batches(pf: pq.ParquetFile, f: str, batch_size: int, bound: int | None = No
     """
     bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES) if bound is None else bound
     cell = env_bound('AGENTRL_MAX_CELL_BYTES', MAX_CELL_BYTES) if cell is None else cell
-    md, i = pf.metadata, 0
+    md, i, first = pf.metadata, 0, 0
     try:
         for i in range(md.num_row_groups):
             rg = md.row_group(i)
             _footer_cells(f, i, rg, cell)
-            used, where, first = _footer_bytes(rg, bound)[0], (f, i, rg.num_rows), 0
+            used, where = _footer_bytes(rg, bound)[0], (f, i, rg.num_rows)
             for rb in pf.iter_batches(batch_size=batch_size, row_groups=[i]):
                 rb, used = _decoded(rb, used, bound, where)
                 _check_cells(rb, first, cell, f, i)
@@ -282,7 +282,7 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
         ValueError: ``batch_size`` < 1; a file that is not a trajectory file, or is damaged; a row group
             that decodes to more than ``AGENTRL_MAX_ROW_GROUP_BYTES`` (docs/design.md#bounds), named by file and
             number, refused before it is read; a cell that decodes to more than ``AGENTRL_MAX_CELL_BYTES``,
-            named by file, row group, row and column, refused before it is converted.
+            named by file, row, row group and column, refused before it is converted.
         MemoryError: a row group within the bound that does not fit in this process's memory (names it).
     """
     for f, row, rb in record_batches(path, batch_size):
