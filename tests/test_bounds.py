@@ -53,6 +53,39 @@ def test_zip_bomb_shard_is_refused_from_its_footer_before_it_is_read(tmp_path, m
         store.read_trajectories(f)
 
 
+def test_zip_bomb_within_the_row_group_bound_is_refused_by_its_cell(tmp_path, monkeypatch):
+    """80 MB of zeros in one cell: under the row-group bound, over the cell bound; refused before conversion."""
+    f = tmp_path / 'bomb.parquet'
+    bomb(f, 'ids', np.zeros(20_000_000, dtype=np.int32))
+    monkeypatch.delenv('AGENTRL_MAX_ROW_GROUP_BYTES', raising=False)
+    monkeypatch.delenv('AGENTRL_MAX_CELL_BYTES', raising=False)
+    msg = (f"'{f}' row 0 (row group 0): column 'ids' decodes to 80000000 bytes in one cell, over the bound of "
+           '67108864 bytes per cell (AGENTRL_MAX_CELL_BYTES): a compression bomb or a damaged file; remove it, or '
+           'raise AGENTRL_MAX_CELL_BYTES if you trust it')
+    with pytest.raises(ValueError) as e:
+        next(store.scan(f))
+    assert str(e.value) == msg
+    monkeypatch.setenv('AGENTRL_MAX_CELL_BYTES', str(10 << 20))      # the footer's mean cell (40 MB) is over it (its footer counts 20000001 values)
+    with pytest.raises(ValueError) as e:
+        store.read_trajectories(f)
+    assert str(e.value) == (f"'{f}' row group 0 (2 rows): column 'ids' decodes to 40000002 bytes per cell on average "
+                            '(its footer), over the bound of 10485760 bytes per cell (AGENTRL_MAX_CELL_BYTES): a compression bomb or a '
+                            'damaged file; remove it, or raise AGENTRL_MAX_CELL_BYTES if you trust it')
+
+
+def test_string_cell_bomb_is_refused_by_its_cell(tmp_path, monkeypatch):
+    f = tmp_path / 'info.parquet'
+    bomb(f, 'info', ['{}', '{"a": "' + 'x' * 3000 + '"}'])
+    monkeypatch.setenv('AGENTRL_MAX_CELL_BYTES', '2000')
+    rows = store.scan(f, batch_size=1, verify=False)
+    assert [r.row for r in next(rows)] == [0]                          # row 1 is counted when its batch decodes
+    with pytest.raises(ValueError, match=rf"^'{f}' row 1 \(row group 0\): column 'info' decodes to 3009 bytes in one "
+                                         r'cell, over the bound of 2000 bytes per cell \(AGENTRL_MAX_CELL_BYTES\)'):
+        next(rows)
+    monkeypatch.setenv('AGENTRL_MAX_CELL_BYTES', '3009')
+    assert [r.row for r in next(store.scan(f, verify=False))] == [0, 1]
+
+
 def test_string_dictionary_bomb_is_counted_as_it_decodes(tmp_path, monkeypatch):
     """One 1 MB string repeated: the footer holds 1 MB, the rows decode to 300 MB; read as a dictionary, refused."""
     f = tmp_path / 'strings.parquet'
@@ -202,14 +235,14 @@ files.export([record(0), record(1)], 'verl', {str(out)!r})
 
 # ------------------------------------------------------------------------------ sandbox: source size, result size
 
-def test_sandbox_refuses_a_huge_source_before_parsing_it():
-    import time
-
+def test_sandbox_refuses_a_huge_source_before_parsing_it(monkeypatch):
     from agentrl.gym import sandbox
     source = 'def f():\n    return 1\n' + 'x = 1\n' * 2_000_000           # 12 MB
-    t = time.perf_counter()
+    parsed = []
+    real_parse = sandbox.ast.parse
+    monkeypatch.setattr(sandbox.ast, 'parse', lambda src, *a, **k: parsed.append(len(src)) or real_parse(src, *a, **k))
     r = sandbox.run_tests(source, [((), 1)], 'f')
-    assert time.perf_counter() - t < 1.0
+    assert parsed == []                                             # refused before it was parsed (or sent anywhere)
     assert r == [sandbox.TestResult(False, None, f'refused: the source is {len(source)} characters, over '
                                                  'MAX_SOURCE_CHARS (100000)')]
     assert sandbox.check_source(source) == r[0].error
@@ -244,17 +277,13 @@ def tiny():
 
 
 def test_template_with_nested_loops_is_stopped_in_time(monkeypatch):
-    import time
-
     import agentrl.templates as tt
     tok = tiny()
     monkeypatch.setenv('AGENTRL_TEMPLATE_SECONDS', '0.3')
-    t = time.perf_counter()
     with pytest.raises(ValueError, match=r"^the chat template passed as chat_template= for '.*tiny-chat' took more "
                                          r'than 0.3 s to render one call \(AGENTRL_TEMPLATE_SECONDS\): a loop in the '
                                          'template that does not end; fix the template, or raise'):
         tt.ChatTemplate(tok, chat_template=NESTED_LOOPS).render(HI)
-    assert time.perf_counter() - t < 5
     ok = tt.ChatTemplate(tok)                                       # the thread renders normally afterwards
     assert ok.render(HI) == tok.apply_chat_template(HI, tokenize=False)
 
@@ -283,6 +312,25 @@ def test_a_timed_out_render_leaves_the_thread_as_it_was(tmp_path):
     assert res.stdout.split('\n')[-3:] == ['refused True', 'traced 500500', '']
 
 
+def test_audit_stops_at_the_first_render_past_its_time(monkeypatch):
+    """Probes that note a bad render as a finding (end-of-turn, owners, prefix, bridges) re-raise a timeout: a
+    looping template costs one render budget, not one per probe."""
+    import agentrl.templates as tt
+    from agentrl.templates.budget import TemplateTimeoutError
+    tok = tiny()
+    calls = []
+    real = tok.apply_chat_template
+    monkeypatch.setattr(tok, 'apply_chat_template', lambda *a, **k: calls.append(1) or real(*a, **k), raising=False)
+    monkeypatch.setenv('AGENTRL_TEMPLATE_SECONDS', '0.2')
+    monkeypatch.setattr(tok, 'chat_template', NESTED_LOOPS)
+    with pytest.raises(TemplateTimeoutError) as e:
+        tt.audit_template(tok, HI + [{'role': 'assistant', 'content': 'Hello'}])
+    assert str(e.value) == (f"the chat template of {tok.name_or_path!r} took more than 0.2 s to render one call "
+                            '(AGENTRL_TEMPLATE_SECONDS): a loop in the template that does not end; fix the template, '
+                            'or raise AGENTRL_TEMPLATE_SECONDS if you trust it')
+    assert len(calls) == 1
+
+
 def test_template_writing_too_much_is_stopped_at_the_character_bound(monkeypatch):
     import agentrl.templates as tt
     tok = tiny()
@@ -304,7 +352,7 @@ def test_template_budget_holds_in_any_thread(monkeypatch):
     tok = tiny()
     monkeypatch.setenv('AGENTRL_TEMPLATE_SECONDS', '0.3')
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
-        bad = pool.submit(tt.ChatTemplate(tok, chat_template=NESTED_LOOPS).render, HI)
+        bad = pool.submit(lambda: tt.ChatTemplate(tok, chat_template=NESTED_LOOPS).render(HI))
         good = pool.submit(lambda: [tt.ChatTemplate(tok).render(HI) for _ in range(20)])
         with pytest.raises(ValueError, match='took more than 0.3 s'):
             bad.result(timeout=30)
@@ -354,16 +402,13 @@ def test_sigterm_stops_a_rollout_in_the_middle_of_a_long_chunk(tmp_path):
         while not _catches_sigterm(proc.pid):
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.05)
-        t = time.monotonic()
         proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=60)
-        took = time.monotonic() - t
+        _, err = proc.communicate(timeout=300)       # a hang guard only: the chunk alone would take far longer
     finally:
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == 130 and err == 'agentrl: interrupted\n', err
-    assert took < 10
-    assert not out.exists()                          # nothing finished: OUT is left as it was (it did not exist)
+    assert not out.exists()          # stopped inside the chunk: no shard was written, OUT is left as it was (absent)
 
 
 def test_an_interrupt_right_after_model_pt_is_renamed_still_leaves_out_as_it_was(tmp_path, monkeypatch):

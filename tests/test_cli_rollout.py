@@ -248,8 +248,29 @@ def test_engine_vllm_flags_are_checked_before_anything_runs(tmp_path, capsys):
     assert main(['rollout', '--engine', 'vllm', '--model', str(model), '--server', 'http://a:1', '--profile',
                  '--out', str(tmp_path / 'run')]) == 2
     assert '--profile applies to --engine hf, not --engine vllm' in capsys.readouterr().err
-    assert main(['make-test-model', str(tmp_path / 'm'), '--for-vllm']) == 2
+    assert main(['make-test-model', str(tmp_path / 'm'), '--heads', '4', '--for-vllm']) == 2
     assert capsys.readouterr().err == ('agentrl: error: --for-vllm: head_dim 16 (--hidden 64 / --heads 4) is not one '
                                        'vLLM CPU attention runs (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512); '
                                        'fix: --heads 2 --kv-heads 1 (head_dim 32)\n')
     assert not (tmp_path / 'm').exists()
+
+
+def test_make_test_model_for_vllm_picks_a_head_size_vllm_runs(tmp_path):
+    """Without --heads, --for-vllm picks the most heads whose head_dim vLLM CPU attention runs (64 / 2 = 32)."""
+    import json
+
+    from _tokenizers import tokenizer_path
+
+    from agentrl.cli.main import main
+    from agentrl.cli.make_test_model import MakeTestModelOptions
+    for hidden, kv_heads, heads in ((None, 1, 2), (128, 1, 4), (96, 1, 3), (None, 2, 2)):
+        opts = MakeTestModelOptions(out=str(tmp_path / 'none'), hidden=hidden, kv_heads=kv_heads, for_vllm=True)
+        opts.validate()
+        assert (opts.hidden, opts.heads) == (hidden or 64, heads)
+    opts = MakeTestModelOptions(out=str(tmp_path / 'none'))
+    opts.validate()
+    assert (opts.hidden, opts.heads, opts.kv_heads) == (64, 4, 2)            # without --for-vllm: as before
+    out = tmp_path / 'm'
+    assert main(['make-test-model', str(out), '--tokenizer', str(tokenizer_path('qwen3')), '--for-vllm']) == 0
+    cfg = json.loads((out / 'config.json').read_text())
+    assert (cfg['hidden_size'], cfg['num_attention_heads'], cfg['num_key_value_heads'], cfg['head_dim']) == (64, 2, 2, 32)

@@ -72,7 +72,6 @@ import random  # noqa: E402
 import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
-import time  # noqa: E402
 
 import pyarrow as pa  # noqa: E402
 import pyarrow.parquet as pq  # noqa: E402
@@ -368,11 +367,8 @@ def test_sandbox_c_level_work_cannot_hang():
     from agentrl.gym import sandbox
     src = ("def f():\n    a = (0,) * 1\n    b = (0,) * 1\n    for i in range(60):\n"
            "        a = (a, a)\n        b = (b, b)\n    return a == b\n")
-    start = time.perf_counter()
     res = sandbox.run_tests(src, [((), True)], 'f')
-    took = time.perf_counter() - start
     assert res == [sandbox.TestResult(False, None, 'SandboxLimit: time limit exceeded (hard deadline, worker killed)')]
-    assert sandbox.HARD_DEADLINE_S <= took < sandbox.HARD_DEADLINE_S + 1.5
     # the next call gets a fresh worker and the right answer
     assert sandbox.run_tests('def f(x):\n    return x + 1\n', [((1,), 2)], 'f') == [sandbox.TestResult(True, 2, None)]
     assert sandbox.run_tests('def f(x):\n    return range(x)\n', [((2,), 2)], 'f')[0].got == sandbox.Opaque('range(0, 2)')
@@ -436,7 +432,6 @@ def test_fuzz_every_reader_gives_one_line_and_exit_1(run_dir, tmp_path, capsys):
     rng = random.Random(16)
     t = table(run_dir)
     meta = t.schema.metadata
-    start = time.perf_counter()
     seen = set()
     for k in range(24):
         kind, bad = _corruptions(t, rng)
@@ -463,7 +458,7 @@ def test_fuzz_every_reader_gives_one_line_and_exit_1(run_dir, tmp_path, capsys):
                 assert code == 1 and '\n' not in err and err.startswith(f"agentrl: error: '{path}' row "), \
                     (kind, argv, err)
                 assert 'Traceback' not in err and '\x1b' not in err
-    assert len(seen) >= 6 and time.perf_counter() - start < 60
+    assert len(seen) >= 6
 
 
 def test_fuzz_damaged_bytes_are_one_line(run_dir, tmp_path, capsys):

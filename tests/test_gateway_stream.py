@@ -10,8 +10,7 @@
 * ``HFProcessEngine`` samples the same ids and log-probs as ``HFEngine`` for the same seed,
   streams, and its records replay with ``agentrl check``.
 """
-import dataclasses
-import time
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -107,21 +106,17 @@ def model_dir(tmp_path_factory):
 
 
 class SlowForcing(ForcingHF):
-    """ForcingHF that sleeps after each token and notes when each ``sample`` returned."""
-    delay = 0.03
+    """ForcingHF that, while ``hold`` is an Event, does not return from ``sample`` until the test sets it (after
+    the client got a chunk; at most 60 s): ``held`` notes, per sample, whether the client got one before the end."""
 
     def __init__(self, *a, **k):
         super().__init__(*a, **k)
-        self.ends = []
+        self.hold, self.held = None, []
 
     def sample(self, request, teacher=None):
-        on_token = request.on_token
-
-        def slow(ids):
-            on_token(ids)
-            time.sleep(self.delay)
-        s = super().sample(dataclasses.replace(request, on_token=slow if on_token else None))
-        self.ends.append(time.time())
+        s = super().sample(request, teacher)
+        if self.hold is not None:
+            self.held.append(self.hold.wait(60))
         return s
 
 
@@ -162,12 +157,14 @@ def test_sdk_stream_arrives_while_sampling_and_equals_the_message(server, upstre
                         r.finish_reason, r.model_extra['token_ids']))
             continue
         arrivals, content, reasoning, calls, last = [], '', '', {}, None
+        upstream.hold, upstream.held = threading.Event(), []
         for p in c.chat.completions.create(stream=True, **kw):
             if not p.choices:
                 continue
-            d, now = p.choices[0].delta, time.time()
+            d = p.choices[0].delta
             if d.content or d.model_extra.get('reasoning_content') or d.tool_calls:
-                arrivals.append(now)
+                arrivals.append(len(content) + len(reasoning))
+                upstream.hold.set()
             content += d.content or ''
             reasoning += d.model_extra.get('reasoning_content') or ''
             for t in d.tool_calls or ():
@@ -177,7 +174,8 @@ def test_sdk_stream_arrives_while_sampling_and_equals_the_message(server, upstre
             last = p.choices[0]
         got.append((content, reasoning, [tuple(e) for _, e in sorted(calls.items())], last.finish_reason,
                     last.model_extra['token_ids']))
-        assert len(arrivals) >= 3 and arrivals[0] < upstream.ends[-1] - 3 * upstream.delay   # before sampling ended
+        upstream.hold = None
+        assert len(arrivals) >= 3 and upstream.held == [True]     # a chunk reached the client before sampling ended
     assert got[0] == got[1]
     if forced:
         assert got[0][:4] == ('Reading.', 'I should read the file first, then edit it.',

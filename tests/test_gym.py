@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import inspect
 import sys
-import time
 from collections import Counter
 
 import pytest
@@ -452,9 +451,7 @@ HOSTILE = {
 @pytest.mark.parametrize('name', list(HOSTILE))
 def test_run_tests_hostile_code_gives_error_results(name):
     tests = [((1,), 1), ((2,), 2)]
-    start = time.perf_counter()
     results = run_tests(HOSTILE[name], tests, 'f')
-    assert time.perf_counter() - start < 3.0
     assert len(results) == 2
     assert all(not r.passed and r.error for r in results), results
     assert format_results(results, tests) == 'fail 1 -> error want 1\nfail 2 -> error want 2'

@@ -86,3 +86,46 @@ def test_turn_policy_versions_that_is_not_a_list_is_a_malformed_row(sampled, tmp
             'list of policy versions (one per turn). Fix: rewrite the file from its records with '
             'agentrl.store.write_trajectories') in out
     assert 'internal error' not in out
+
+
+def test_import_of_a_skyrl_reward_too_large_for_a_float(tmp_path, capsys):
+    data = {'prompt_token_ids': [[1, 2]], 'response_ids': [[3, 4]], 'rewards': [10 ** 400], 'loss_masks': [[1, 1]],
+            'stop_reasons': ['stop'], 'rollout_logprobs': [[-0.1, -0.2]],
+            'trajectory_ids': [{'instance_id': 'g', 'repetition_id': 0}]}
+    f = tmp_path / 'generator_output.json'
+    f.write_text(json.dumps(data))
+    code, line = _cli(capsys, 'import', f, '--from', 'skyrl', '--out', tmp_path / 'imp')
+    assert code == 1 and line == ('agentrl: error: rewards: from_skyrl row 0: is an integer of 401 digits, too large '
+                                  'for a float64 reward. Fix: store rewards as numbers within +-1.8e308 (a float64), '
+                                  'e.g. rescale them\n')
+    assert not (tmp_path / 'imp').exists()
+
+
+@pytest.mark.parametrize('vocab', [100, 400])
+def test_rollout_checkpoint_of_another_vocabulary(tmp_path, capsys, vocab):
+    from agentrl.checkpoint import save_checkpoint
+    from agentrl.model import TinyAgent
+    ckpt = tmp_path / 'other.pt'
+    save_checkpoint(TinyAgent(vocab), str(ckpt))
+    code, line = _cli(capsys, 'rollout', '--policy', 'model', '--split', 'heldout', '--repeats', '1', '--checkpoint',
+                      ckpt, '--out', tmp_path / 'run')
+    assert code == 2 and line == (f"agentrl: error: --checkpoint '{ckpt}': the model's vocab_size is {vocab} but the "
+                                  'BugFix tokenizer has 316 entries; pass a checkpoint of a TinyAgent built for this '
+                                  'tokenizer (the model.pt that `agentrl rollout` or `agentrl train` wrote)\n')
+    assert not (tmp_path / 'run').exists()
+
+
+@pytest.mark.parametrize('sizes,err', [
+    (['--hidden', '65536', '--heads', '1024', '--layers', '256'],
+     'make_test_model: layers 256 x hidden 65536 with the 151,669-token vocabulary make 8,810,361,421,824 parameters '
+     '(32821.2 GiB of float32), over the bound of 1,000,000,000 for a test model; lower hidden (--hidden) or layers '
+     '(--layers): hidden 64 and 2 layers make about 9.8M'),
+    (['--hidden', '6', '--heads', '2', '--kv-heads', '1'],
+     '--hidden 6 / --heads 2 gives head_dim 3, which is odd; rotary position embeddings rotate pairs of channels: '
+     'pass --hidden and --heads whose quotient is even (e.g. --hidden 64 --heads 4)')])
+def test_make_test_model_of_absurd_sizes(tmp_path, capsys, sizes, err):
+    from _tokenizers import tokenizer_path
+    tok = tokenizer_path('qwen3')
+    code, line = _cli(capsys, 'make-test-model', tmp_path / 'm', '--tokenizer', tok, *sizes)
+    assert code == 2 and line == f'agentrl: error: {err}\n'
+    assert not (tmp_path / 'm').exists()

@@ -306,6 +306,25 @@ def test_openai_completion_and_sglang_import():
     assert r.provenance.group_id == 'q1' and r.info['stop'] == 'truncated'
 
 
+def test_openai_library_import_is_strict_about_sampling_fields_by_default():
+    """As ``agentrl import``: a sampler field the request leaves out is refused, unless strict_sampling=False."""
+    ep = completion_episode()
+    ep['exchanges'][0]['request'] = {'prompt': [1, 2, 3], 'temperature': 0.8, 'model': 'm'}
+    ep['exchanges'][1]['request']['input_ids'] = ep['exchanges'][1]['request']['prompt']
+    with pytest.raises(ValueError) as e:
+        interop.from_openai([ep])
+    assert str(e.value) == ('episode 0 exchange 0: request: has no top_p, top_k, min_p, repetition_penalty, '
+                            'presence_penalty, frequency_penalty; the server filled them from its defaults, so the '
+                            'record cannot declare what ran. Fix: send every sampling field, or pass the sampler '
+                            '(--temperature/--top-p/... or spec=) or the generation_config.json the server read '
+                            '(--generation-config)')
+    [r] = interop.from_openai([ep], strict_sampling=False)
+    assert r.provenance.sampling == SamplingSpec(temperature=0.8, logp_mode='raw')
+    assert r.info['import']['sampling_sources'] == {'temperature': 'request', 'top_p': 'absent', 'top_k': 'absent',
+                                                    'min_p': 'absent', 'repetition_penalty': 'absent',
+                                                    'presence_penalty': 'absent', 'frequency_penalty': 'absent'}
+
+
 def test_openai_response_without_token_ids_refused():
     ep = completion_episode()
     del ep['exchanges'][0]['response']['choices'][0]['token_ids']
@@ -444,7 +463,7 @@ def test_vllm_chat_import_rebuilds_owners_from_the_template():
                          'response': resp(p0, s0, [-0.5] * len(s0))},
                         {'request': {'messages': msgs1, 'temperature': 1.0},
                          'response': resp(p1, s1, [-0.25] * len(s1))}], 'reward': 1.0, 'group_id': 'g'}
-    [r] = interop.from_openai([ep], tok)
+    [r] = interop.from_openai([ep], tok, strict_sampling=False)   # temperature only: the rest neutral
     assert torch.equal(r.ids, want.ids) and torch.equal(r.owner, want.owner)
     assert torch.equal(r.sample_logp, want.sample_logp) and int(r.action_mask.sum()) == len(s0) + len(s1)
     assert r.info['import']['context_drift'] == [] and r.turn_contexts is None
@@ -452,12 +471,12 @@ def test_vllm_chat_import_rebuilds_owners_from_the_template():
     # a server that re-tokenized history: its context for turn 1 is kept as that turn's context
     drifted = p1[:-3] + [p1[-1]]
     ep['exchanges'][1]['response'] = resp(drifted, s1, [-0.25] * len(s1))
-    [r] = interop.from_openai([ep], tok)
+    [r] = interop.from_openai([ep], tok, strict_sampling=False)
     assert r.info['import']['context_drift'] == [1]
     assert r.turn_contexts[1][1].tolist() == drifted and r.turn_contexts[0][1].tolist() == p0
     ep['exchanges'][1]['response']['choices'][0].pop('token_ids')
     with pytest.raises(E.MissingTokenIdsError, match='exchange 1 response has no output token ids'):
-        interop.from_openai([ep], tok)
+        interop.from_openai([ep], tok, strict_sampling=False)
 
 
 def test_per_turn_contexts_refused_or_split():

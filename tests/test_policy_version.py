@@ -160,6 +160,25 @@ def test_grpo_step_refuses_stale_records_by_name(sampled, tok):
     assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), model.state_dict().values()))
 
 
+def test_grpo_step_refuses_mixed_versions_without_the_current_one(sampled, tok):
+    model, trajs = sampled
+    mixed = [copy.copy(t) for t in trajs]
+    for t in mixed[::2]:
+        t.provenance = Provenance.from_dict(dict(t.provenance.to_dict(), policy_version=1))
+    m = copy.deepcopy(model)
+    opt = torch.optim.Adam(m.parameters(), lr=1e-3)
+    msg = ("provenance.policy_version: grpo_step: these records were sampled by 2 policy versions [0, 1] and no "
+           'current_version was given, so all would count as sampled by the weights being trained. Fix: pass '
+           'current_version= (the version of the weights being trained, e.g. 1) so older records count as '
+           'off-policy, or train on the records of one version')
+    with pytest.raises(checks.StaleVersionError) as e:
+        arl.train.grpo_step(m, opt, mixed, 4, tok.pad_id)
+    assert str(e.value) == msg
+    assert all(torch.equal(a, b) for a, b in zip(m.state_dict().values(), model.state_dict().values()))
+    out = arl.train.grpo_step(m, opt, mixed, 4, tok.pad_id, current_version=1)
+    assert out['fresh_records'] == 4
+
+
 def test_ratio_guard_covers_only_records_of_the_current_weights(sampled, tok):
     model, trajs = sampled
     moved = copy.deepcopy(model)

@@ -61,7 +61,7 @@ async def _completions(request):
             if model == 'cut':
                 raise RuntimeError('the engine process was killed')
             if model == 'stall':
-                await asyncio.sleep(3.0)
+                await asyncio.sleep(3600)             # never resumes: only the read timeout ends the stream
             for c in STREAM[1:]:
                 yield c
         return StreamingResponse(chunks(), media_type='text/event-stream')

@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import struct
+import threading
 import time
 
 import pytest
@@ -103,16 +104,18 @@ def test_a_turn_that_stops_on_a_stop_id_streams_the_same_stop(upstream, prompt, 
     assert (s.ids, s.logp, s.truncated) == (whole.ids[:k + 1], whole.logp[:k + 1], False)
 
 
-def _stream(client, kw):
-    """One streamed SDK call: (content, reasoning, calls, finish chunk, [(time, kind)] of the delta chunks)."""
+def _stream(client, kw, on_delta=lambda: None):
+    """One streamed SDK call: (content, reasoning, calls, finish chunk, the text received before each delta chunk);
+    ``on_delta()`` is called at each delta chunk."""
     content, reasoning, calls, arrivals, last = '', '', {}, [], None
     for p in client.chat.completions.create(stream=True, **kw):
         if not p.choices:
             continue
-        d, now = p.choices[0].delta, time.time()
+        d = p.choices[0].delta
         if p.choices[0].finish_reason is None and (d.content or d.model_extra.get('reasoning_content')
                                                    or d.tool_calls):
-            arrivals.append(now)
+            arrivals.append(len(content) + len(reasoning))
+            on_delta()
         content += d.content or ''
         reasoning += d.model_extra.get('reasoning_content') or ''
         for t in d.tool_calls or ():
@@ -139,7 +142,10 @@ def _record(run_dir, sid):
 
 
 @pytest.mark.parametrize('k', [0, 1])
-def test_sdk_stream_equals_the_message_byte_for_byte_and_records_match(gateway, run_dir, long_seeds, k):
+def test_sdk_stream_equals_the_message_byte_for_byte_and_records_match(gateway, upstream, run_dir, long_seeds, k,
+                                                                       monkeypatch):
+    """The streamed turn equals the unstreamed one; a delta reaches the client before the upstream turn ends
+    (the upstream's ``sample`` does not return until the client got one, at most 60 s: order, not timing)."""
     seed = list(long_seeds)[k]
     kw = dict(model='policy', messages=USER, tools=TOOLS, seed=seed, max_tokens=24, temperature=0.9, top_p=0.95,
               logprobs=True, extra_body={'return_token_ids': True})
@@ -148,18 +154,25 @@ def test_sdk_stream_equals_the_message_byte_for_byte_and_records_match(gateway, 
     r = ca.chat.completions.create(**kw).choices[0]
     whole_s = time.time() - t0
     sb, cb = _session(gateway, f'stream-{seed}')
+    got_delta, held, real = threading.Event(), [], upstream.sample
+
+    def sample(request, *a, **k):
+        s = real(request, *a, **k)
+        held.append(got_delta.wait(60))
+        return s
+    monkeypatch.setattr(upstream, 'sample', sample)
     t0 = time.time()
-    content, reasoning, calls, last, arrivals = _stream(cb, kw)
+    content, reasoning, calls, last, arrivals = _stream(cb, kw, got_delta.set)
     stream_s = time.time() - t0
+    monkeypatch.setattr(upstream, 'sample', real)
     m = r.message
     assert content == (m.content or '') and reasoning == (m.model_extra.get('reasoning_content') or '')
     assert calls == [(t.id, t.function.name, t.function.arguments) for t in m.tool_calls or ()]
     assert last.finish_reason == r.finish_reason and last.model_extra['token_ids'] == r.model_extra['token_ids']
     assert r.model_extra['token_ids'] == long_seeds[seed].ids      # the gateway's prompt is the fixture's
-    assert len(arrivals) > 1 and arrivals[0] - t0 < 0.6 * stream_s       # deltas before the end of the turn
-    print(f'\nseed {seed}: {len(r.model_extra["token_ids"])} tokens, {len(arrivals)} delta chunks; first delta '
-          f'{arrivals[0] - t0:.3f} s, last {arrivals[-1] - t0:.3f} s, streamed turn {stream_s:.3f} s, '
-          f'unstreamed turn {whole_s:.3f} s')
+    assert held == [True] and len(arrivals) > 1          # a delta reached the client before the upstream turn ended
+    print(f'\nseed {seed}: {len(r.model_extra["token_ids"])} tokens, {len(arrivals)} delta chunks; streamed turn '
+          f'{stream_s:.3f} s, unstreamed turn {whole_s:.3f} s')
     _finish(gateway, sa)
     _finish(gateway, sb)
     ta, tb = _record(run_dir, sa['session']), _record(run_dir, sb['session'])
@@ -170,7 +183,8 @@ def test_sdk_stream_equals_the_message_byte_for_byte_and_records_match(gateway, 
 
 
 def test_latency_first_delta_vs_whole_turn(upstream, prompt, long_seeds):
-    """The numbers docs/gateway.md#streaming quotes (``pytest -s -k latency``): the 16-24-token turns streamed."""
+    """The numbers docs/gateway.md#streaming quotes (``pytest -s -k latency``, printed, not asserted: they depend on
+    the machine's load): the 16-24-token turns streamed. Asserted: ``on_token`` sees growing prefixes of the turn."""
     ids, stops = prompt
     first, whole, chunks, tokens = [], [], [], []
     for seed, ref in long_seeds.items():
@@ -181,9 +195,10 @@ def test_latency_first_delta_vs_whole_turn(upstream, prompt, long_seeds):
         chunks.append(len(seen))
         tokens.append(len(s.ids))
         assert s == ref
+        lengths = [n for _, n in seen]
+        assert lengths == sorted(set(lengths)) and lengths[-1] == len(s.ids)
     print(f'\nvLLM upstream streamed: tokens {tokens}, chunks {chunks}, first chunk {[round(x, 3) for x in first]} s, '
           f'whole turn {[round(x, 3) for x in whole]} s')
-    assert max(first) < min(whole) / 2
 
 
 def test_dropped_stream_still_completes_and_is_undelivered(gateway, run_dir, long_seeds):

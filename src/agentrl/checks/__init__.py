@@ -68,7 +68,7 @@ __all__.append('Deduper')
 
 # policy-version staleness: agentrl.checks.staleness
 from .staleness import (StalenessReport, StaleVersionError, record_staleness, record_versions,  # noqa: E402
-                        require_fresh, sampled_by, staleness_report)
+                        require_fresh, require_one_version, sampled_by, staleness_report)
 
 __all__ += ['StaleVersionError', 'StalenessReport', 'record_versions', 'record_staleness', 'sampled_by',
-            'staleness_report', 'require_fresh']
+            'staleness_report', 'require_fresh', 'require_one_version']

@@ -18,11 +18,12 @@ from .errors import RecordError
 from .identity import record_key
 
 __all__ = ['StaleVersionError', 'record_versions', 'record_staleness', 'StalenessReport', 'staleness_report',
-           'require_fresh', 'sampled_by']
+           'require_fresh', 'sampled_by', 'require_one_version']
 
 
 class StaleVersionError(RecordError):
-    """A record sampled more than ``max_staleness`` policy versions ago, or a version without an order."""
+    """A record sampled more than ``max_staleness`` policy versions ago, a version without an order, or records
+    of several versions given without the current one (:func:`require_one_version`)."""
 
 
 def record_versions(record: Trajectory) -> tuple:
@@ -61,6 +62,27 @@ def sampled_by(records: list[Trajectory], current_version) -> list[bool]:
     if current_version is None:
         return [True] * len(records)
     return [all(v == current_version for v in record_versions(r)) for r in records]
+
+
+def require_one_version(records: list[Trajectory], caller: str) -> None:
+    """Refuse records sampled by more than one policy version when no current version is known.
+
+    Without the current version every record counts as sampled by the weights being trained, so the
+    step-0 ratio guard and the update would treat older samples as on-policy (docs/design.md#training).
+
+    Raises:
+        StaleVersionError: ``CALLER: these records were sampled by N policy versions [...] and no current_version
+            was given``, naming the versions (records without a version do not count).
+    """
+    seen = dict.fromkeys(v for r in records for v in record_versions(r))
+    if len(seen) < 2:
+        return
+    found = sorted(seen, key=lambda v: (isinstance(v, str), v))
+    raise StaleVersionError(
+        f'{caller}: these records were sampled by {len(found)} policy versions {found} and no current_version was '
+        'given, so all would count as sampled by the weights being trained', field='provenance.policy_version',
+        fix=f'pass current_version= (the version of the weights being trained, e.g. {found[-1]!r}) so older records '
+            'count as off-policy, or train on the records of one version')
 
 
 @dataclass

@@ -22,30 +22,33 @@ class MakeTestModelOptions:
         out: output folder (written with ``save_pretrained``; loadable by ``--model OUT``).
         tokenizer: tokenizer folder; None = ``$AGENTRL_TOKENIZERS/qwen3``, else
             ``../shared/tokenizers/qwen3`` (see :func:`agentrl.engines.hf.default_tokenizer_dir`).
-        layers: decoder layers. hidden: hidden size (divisible by ``heads``). heads: attention
-            heads. kv_heads: key/value heads (GQA).
+        layers: decoder layers. hidden: hidden size (divisible by ``heads``; None: 64). heads: attention
+            heads (None: 4, or with ``for_vllm`` the most heads whose head_dim vLLM CPU attention runs,
+            2 at hidden 64). kv_heads: key/value heads (GQA). :meth:`validate` fills the Nones in.
         seed: initialisation seed.
         end_of_turn_rate: about this probability of the end-of-turn token per sampled token at
             temperature 1 (so turns end); 0 = a plain random init.
         force: replace a model this command wrote into ``out`` (without it, such a folder is refused;
             any other non-empty folder is refused either way).
-        for_vllm: refuse a head size vLLM CPU attention cannot run
+        for_vllm: pick (no ``heads`` given) or else require a head size vLLM CPU attention runs
             (:data:`agentrl.engines.vllm.CPU_HEAD_DIMS`; the server would die at its first request).
     """
     out: str = option(None, 'output folder', positional=True, metavar='OUT')
     tokenizer: str | None = option(None, 'tokenizer folder (default: $AGENTRL_TOKENIZERS/qwen3 or '
                                        '../shared/tokenizers/qwen3)', metavar='DIR')
     layers: int = option(2, 'decoder layers', min=1, max=256)
-    hidden: int = option(64, 'hidden size', min=1, max=65536)
-    heads: int = option(4, 'attention heads', min=1, max=1024)
+    hidden: int | None = option(None, 'hidden size (default 64)', min=1, max=65536)
+    heads: int | None = option(None, 'attention heads (default 4; with --for-vllm the most heads whose head size '
+                                     'vLLM CPU attention runs: 2 at --hidden 64)', min=1, max=1024)
     kv_heads: int = option(2, 'key/value heads', min=1, max=1024)
     seed: int = option(0, 'initialisation seed', min=0, max=2 ** 63 - 1)
     end_of_turn_rate: float = option(0.05, 'probability of the end-of-turn token per sampled token at temperature '
                                          '1, so that turns end (0 = plain random init)', min=0.0, max=0.999999)
     force: bool = option(False, 'replace the model files of a folder OUT this command wrote (any other non-empty '
                               'folder is refused)')
-    for_vllm: bool = option(False, 'refuse a head size (hidden / heads) that vLLM CPU attention cannot run, so '
-                                 'the model serves with --engine vllm (e.g. --hidden 64 --heads 2 --kv-heads 1)')
+    for_vllm: bool = option(False, 'a head size (hidden / heads) that vLLM CPU attention runs, so the model serves '
+                                 'with --engine vllm: picked when --heads is not given, else a size it cannot '
+                                 'run is refused')
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix.
@@ -54,11 +57,18 @@ class MakeTestModelOptions:
         ``agentrl_test_model.json``) and ``force`` is set.
         """
         check_numbers(self)
+        self.hidden = 64 if self.hidden is None else self.hidden
+        if self.heads is None:
+            self.heads = _vllm_heads(self.hidden, self.kv_heads) if self.for_vllm else 4
         if self.tokenizer is not None and not os.path.isfile(os.path.join(self.tokenizer, 'tokenizer_config.json')):
             raise UserError(f'--tokenizer {self.tokenizer!r} has no tokenizer_config.json; pass a tokenizer folder')
         if self.hidden % self.heads or self.heads % self.kv_heads:
             raise UserError(f'--hidden {self.hidden} must be divisible by --heads {self.heads}, and --heads by '
                             f'--kv-heads {self.kv_heads}')
+        if (self.hidden // self.heads) % 2:
+            raise UserError(f'--hidden {self.hidden} / --heads {self.heads} gives head_dim {self.hidden // self.heads}, '
+                            'which is odd; rotary position embeddings rotate pairs of channels: pass --hidden and '
+                            '--heads whose quotient is even (e.g. --hidden 64 --heads 4)')
         if self.for_vllm:
             from ..engines.vllm.server import CPU_HEAD_DIMS
             hd = self.hidden // self.heads
@@ -78,6 +88,14 @@ class MakeTestModelOptions:
         if not self.force:
             raise UserError(f'{self.out!r} already holds a model (config.json); pass --force to replace it, or '
                             'choose another folder')
+
+
+def _vllm_heads(hidden: int, kv_heads: int) -> int:
+    """The most attention heads (a multiple of ``kv_heads``) whose head_dim ``hidden / heads`` vLLM CPU attention
+    runs; 4 when none does (validate then refuses the size, naming the fix)."""
+    from ..engines.vllm.server import CPU_HEAD_DIMS
+    fits = [h for h in range(kv_heads, hidden + 1, kv_heads) if hidden % h == 0 and hidden // h in CPU_HEAD_DIMS]
+    return max(fits) if fits else 4
 
 
 def _qwen3_tokenizer():

@@ -27,7 +27,7 @@ from ..record import OWNER, Provenance, SamplingSpec, Trajectory
 __all__ = ['Split', 'split', 'split_turns', 'check_exportable', 'check_support', 'SupportMismatchWarning',
            'expected_step0_ratio', 'check_groups', 'group_key', 'sort_by_group', 'record_from_response',
            'ResponseColumns', 'provenance_for_import', 'as_list', 'guess_source', 'source_fix', 'check_ids',
-           'check_mask', 'check_same']
+           'check_mask', 'check_same', 'check_reward']
 
 _POLICY = OWNER['policy']
 
@@ -358,6 +358,34 @@ def check_mask(values, name: str, where: str) -> list:
         raise E.MaskValueError(f'{where}: is {vals[bad[0]]!r}, not 0 or 1', field=name, position=bad[0],
                                count=len(bad), fix='masks are 0/1 (1: sampled by the policy)')
     return [int(v) for v in vals]
+
+
+def check_reward(value, name: str, where: str) -> float:
+    """``value`` (a number, or a list of per-token numbers summed, as SkyRL's) as a Python float, or a refusal:
+    every importer reads rewards through this.
+
+    Args:
+        value: the source's reward (JSON number, tensor item, list of numbers).
+        name: the source field (``'rewards'``), named in the error.
+        where: who and which row (``'from_skyrl row 3'``).
+
+    Returns:
+        the reward (float64; NaN and inf pass through to the acceptance checks, which refuse them).
+
+    Raises:
+        agentrl.checks.errors.NonFiniteRewardError: an integer too large for a float64 (a JSON number of
+            hundreds of digits), or a value that is not a number (text, None, a dict).
+    """
+    try:
+        return float(sum(value) if isinstance(value, (list, tuple)) else value)
+    except OverflowError:
+        digits = len(str(abs(int(sum(value) if isinstance(value, (list, tuple)) else value))))
+        raise E.NonFiniteRewardError(f'{where}: is an integer of {digits} digits, too large for a float64 reward',
+                                     field=name, fix='store rewards as numbers within +-1.8e308 (a float64), '
+                                                     'e.g. rescale them') from None
+    except (TypeError, ValueError):
+        raise E.NonFiniteRewardError(f'{where}: is {str(value)[:40]!r} ({type(value).__name__}), not a number',
+                                     field=name, fix='store each reward as a number (float)') from None
 
 
 def check_same(name: str, got, want, where: str, of: str) -> None:

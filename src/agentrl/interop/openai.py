@@ -33,7 +33,7 @@ from ..constraints import request_constraint
 from ..io import read_json
 from ..record import OWNER, SamplingSpec, StopReason, Trajectory
 from ..templates import ChatRecorder
-from .common import check_ids, provenance_for_import
+from .common import check_ids, check_reward, provenance_for_import
 
 __all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes', 'check_episodes']
 
@@ -221,7 +221,7 @@ def _completion_episode(ex):
 
 def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, tools=None, history: str = 'sampled',
                 logp_mode: str = 'raw', source: str = 'vllm', model: str = '', generation_config=None,
-                strict_sampling: bool = False, **template_options) -> list[Trajectory]:
+                strict_sampling: bool = True, **template_options) -> list[Trajectory]:
     """Import episodes of OpenAI-compatible exchanges as records (one per episode).
 
     Args:
@@ -238,9 +238,11 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
         generation_config: the model folder's ``generation_config.json`` (path or dict) the server
             filled absent fields from (a server without ``--generation-config vllm``); with ``spec`` None
             its temperature, top_p, top_k, min_p, repetition_penalty fill fields the request leaves out.
-        strict_sampling: refuse an episode whose first request leaves a sampler field out that
-            neither ``spec`` nor ``generation_config`` supplies (the server chose it; the record
-            could not declare what ran). ``info['import']['sampling_sources']`` says where each came from.
+        strict_sampling: True (the default, as ``agentrl import``): refuse an episode whose first request
+            leaves a sampler field out that neither ``spec`` nor ``generation_config`` supplies (the server
+            chose it; the record could not declare what ran). False: store the neutral value for such a
+            field (temperature 1, no top-k/top-p/min-p, no penalties), marked ``'absent'`` in
+            ``info['import']['sampling_sources']``, which says where each field came from.
         **template_options: ChatTemplate options (``enable_thinking=False`` ...).
 
     Returns:
@@ -250,7 +252,9 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
     Raises:
         agentrl.checks.errors.MissingTokenIdsError: a response (or completion prompt) without token ids.
         agentrl.checks.errors.LogProbLengthError: log-probs and ids of different lengths.
-        ValueError: an episode without exchanges, or chat exchanges without a tokenizer.
+        ValueError: an episode without exchanges, or chat exchanges without a tokenizer; with
+            ``strict_sampling``, a sampler field that neither the request, ``spec`` nor ``generation_config``
+            gives (``episode N exchange 0: request: has no top_p, ...``).
     """
     out = []
     for n, ep in enumerate(episodes):
@@ -262,6 +266,7 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
         if sp is not None and sp.constraint is None:      # tool_choice / response_format / structured outputs
             sp = _with_constraint(sp, req0, tokenizer)
         meta = {'source': source, 'exchanges': len(ex), 'sampling_sources': sources}
+        reward = check_reward(ep.get('reward', 0.0), 'reward', f'{source} episode {n}')
         if 'messages' in req0:
             if tokenizer is None:
                 raise ValueError(f'episode {n}: chat exchanges need the tokenizer (--tokenizer) to rebuild owners '
@@ -276,7 +281,7 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             meta.update(context_drift=drift, finish=last['finish'])
             info = dict(ep.get('info') or {}, stop=ep.get('info', {}).get('stop', _stop(last['finish'])),
                         **{'import': meta})
-            traj = rec.finish(reward=float(ep.get('reward', 0.0)), info=info, provenance=prov)
+            traj = rec.finish(reward=reward, info=info, provenance=prov)
             if traj.provenance.logp_placeholder:
                 traj.provenance.sampling = None
             if drift:
@@ -294,7 +299,7 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             info.setdefault('stop', _stop(last['finish']))
             if cut:     # what follows a turn cut at its budget was appended, not sampled (not trained)
                 info.setdefault('template', {})['unterminated_turns'] = cut
-            traj = Trajectory.from_tokens(ids, owner, turn, logp, float(ep.get('reward', 0.0)), info, provenance=prov)
+            traj = Trajectory.from_tokens(ids, owner, turn, logp, reward, info, provenance=prov)
         out.append(traj)
     return out
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 
 from ..record import OWNER, Provenance, SamplingSpec, Trajectory
-from .common import check_ids, check_len, check_mask, group_key, prepare_export, provenance_for_import, split
+from .common import (check_ids, check_len, check_mask, check_reward, group_key, prepare_export,
+                     provenance_for_import, split)
 from .owners import finish_import
 __all__ = ['to_prime_rl', 'from_prime_rl']
 
@@ -74,6 +75,6 @@ def from_prime_rl(samples, *, spec: SamplingSpec | None = None, tokenizer=None, 
             prov = provenance_for_import('prime-rl', spec=spec or (SamplingSpec(temperature=t) if t else None),
                                          rollout_id=str(b), tokenizer=tokenizer, model=model)
         info = json.loads(s['agentrl_info']) if s.get('agentrl_info') else {'source': 'prime-rl', 'row': b}
-        out.append(Trajectory.from_tokens(ids, owner, turn, list(s['logprobs']), float(s.get('reward', 0.0)), info,
-                                          provenance=prov))
+        reward = check_reward(s.get('reward', 0.0), 'reward', f'from_prime_rl row {b}')
+        out.append(Trajectory.from_tokens(ids, owner, turn, list(s['logprobs']), reward, info, provenance=prov))
     return finish_import(out, tokenizer, 'from_prime_rl')

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from ..record import Provenance, SamplingSpec, StopReason, Trajectory
-from .common import as_list, check_mask, check_same, group_key, prepare_export, provenance_for_import, \
+from .common import as_list, check_mask, check_reward, check_same, group_key, prepare_export, provenance_for_import, \
     record_from_response, ResponseColumns, split
 from .owners import finish_import
 __all__ = ['to_skyrl', 'from_skyrl']
@@ -88,8 +88,8 @@ def from_skyrl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model:
                 mask[-1] = 0          # the EOS SkyRL appended: not sampled
         info = json.loads(infos[b]) if infos[b] else {
             'source': 'skyrl', 'stop': StopReason.TRUNCATED if data['stop_reasons'][b] == 'length' else data['stop_reasons'][b]}
-        r = data['rewards'][b]
+        reward = check_reward(data['rewards'][b], 'rewards', f'from_skyrl row {b}')
         out.append(record_from_response(data['prompt_token_ids'][b], data['response_ids'][b], mask, lp,
-                                        reward=float(sum(r) if isinstance(r, (list, tuple)) else r), info=info,
+                                        reward=reward, info=info,
                                         provenance=prov, row=b, columns=_COLUMNS))
     return finish_import(out, tokenizer, 'from_skyrl')

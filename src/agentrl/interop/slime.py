@@ -19,7 +19,7 @@ import numbers
 
 from ..checks import errors as E
 from ..record import Provenance, SamplingSpec, StopReason, Trajectory
-from .common import (ResponseColumns, check_ids, group_key, prepare_export, provenance_for_import,
+from .common import (ResponseColumns, check_ids, check_reward, group_key, prepare_export, provenance_for_import,
                      record_from_response, split)
 from .owners import finish_import
 
@@ -114,7 +114,8 @@ def from_slime(samples, *, spec: SamplingSpec | None = None, tokenizer=None, mod
         info = json.loads(meta['agentrl_info']) if meta.get('agentrl_info') else {
             'source': 'slime', 'stop': StopReason.TRUNCATED if status == _SLIME_TRUNCATED else str(status)}
         reward = d.get('reward')
-        reward = float(reward if not isinstance(reward, dict) else next(iter(reward.values()), 0.0) or 0.0)
+        reward = check_reward(reward if not isinstance(reward, dict) else next(iter(reward.values()), 0.0) or 0.0,
+                              'reward', f'from_slime row {b}')
         out.append(record_from_response(tokens[:len(tokens) - R], tokens[len(tokens) - R:], mask, lp, reward=reward,
                                         info=info, provenance=prov, row=b, columns=_COLUMNS))
     return finish_import(out, tokenizer, 'from_slime')

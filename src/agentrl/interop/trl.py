@@ -26,7 +26,7 @@ import torch
 from ..batching import pad_rows
 from ..record import Provenance, SamplingSpec, Trajectory
 from ..checks import errors as E
-from .common import (as_list, check_ids, check_mask, check_same, prepare_export, provenance_for_import,
+from .common import (as_list, check_ids, check_mask, check_reward, check_same, prepare_export, provenance_for_import,
                      record_from_response, ResponseColumns, split)
 from .owners import finish_import
 
@@ -164,7 +164,7 @@ def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: s
             prov = provenance_for_import('trl', spec=spec, rollout_id=str(b), tokenizer=tokenizer, model=model,
                                          placeholder=lp is None)
         info = json.loads(infos[b]) if infos[b] else {'source': 'trl', 'row': b}
-        reward = float(rw[b]) if rw is not None else 0.0
+        reward = check_reward(rw[b], 'agentrl_reward', f'from_trl row {b}') if rw is not None else 0.0
         out.append(record_from_response(p, c, m, lp, reward=reward, info=info, provenance=prov, row=b,
                                         columns=columns))
     return finish_import(out, tokenizer, 'from_trl')

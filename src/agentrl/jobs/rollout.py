@@ -218,6 +218,7 @@ def _policy_model(opts: RolloutOptions, manifest: dict | None, tok) -> tuple[dic
     model_bytes = None
     if opts.checkpoint:
         net = load_checkpoint(opts.checkpoint)
+        _check_vocabulary(net, tok, f'--checkpoint {opts.checkpoint!r}')
         model = {'name': Path(opts.checkpoint).name, 'fingerprint': model_fingerprint(opts.checkpoint)}
     elif manifest is not None and (out / 'model.pt').exists():
         net = load_checkpoint(str(out / 'model.pt'))
@@ -229,6 +230,16 @@ def _policy_model(opts: RolloutOptions, manifest: dict | None, tok) -> tuple[dic
         model_bytes = _checkpoint_bytes(net)
         model = {'name': 'model.pt', 'fingerprint': hashlib.sha256(model_bytes).hexdigest()[:12]}
     return {'config': net.config(), 'state_dict': net.state_dict()}, model, model_bytes
+
+
+def _check_vocabulary(net, tok, where: str) -> None:
+    """Refuse a TinyAgent whose vocabulary is not the word-level tokenizer's: it would index past its embedding
+    (smaller) or sample ids the tokenizer cannot decode (larger)."""
+    v = net.config()['vocab_size']
+    if v != tok.vocab_size:
+        raise ValueError(f"{where}: the model's vocab_size is {v} but the BugFix tokenizer has {tok.vocab_size} "
+                         'entries; pass a checkpoint of a TinyAgent built for this tokenizer (the model.pt that '
+                         '`agentrl rollout` or `agentrl train` wrote)')
 
 
 # ----------------------------------------------------------------------------- phase 2: run

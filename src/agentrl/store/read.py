@@ -19,10 +19,14 @@ from ..record import Trajectory
 from .rows import decode_rows
 from .schema import check_schema
 
-__all__ = ['data_files', 'StoredRow', 'scan', 'read_trajectories', 'iter_batches', 'MAX_ROW_GROUP_BYTES']
+__all__ = ['data_files', 'StoredRow', 'scan', 'read_trajectories', 'iter_batches', 'MAX_ROW_GROUP_BYTES',
+           'MAX_CELL_BYTES']
 
 #: Default of ``AGENTRL_MAX_ROW_GROUP_BYTES``: decoded bytes one row group may hold (docs/design.md#bounds).
 MAX_ROW_GROUP_BYTES = 1 << 30
+#: Default of ``AGENTRL_MAX_CELL_BYTES``: decoded bytes one cell (one row's value of one column) may hold: 8 Mi
+#: int64 tokens, far past any context window (docs/design.md#bounds).
+MAX_CELL_BYTES = 64 << 20
 #: Decoded bytes per value of the fixed-width Parquet types (Arrow holds a boolean in one bit; counted as a byte).
 _WIDTH = {'BOOLEAN': 1, 'INT32': 4, 'INT64': 8, 'INT96': 12, 'FLOAT': 4, 'DOUBLE': 8}
 
@@ -147,21 +151,67 @@ def _decoded(rb: pa.RecordBatch, used: int, bound: int, where) -> tuple[pa.Recor
     return pa.RecordBatch.from_arrays(cols, names=rb.schema.names).replace_schema_metadata(rb.schema.metadata), used
 
 
-def _batches(pf: pq.ParquetFile, f: str, batch_size: int, bound: int | None = None) -> Iterator[pa.RecordBatch]:
+def _cell_bytes(col) -> pa.Array | None:
+    """Decoded bytes of each cell of column ``col`` (list of fixed-width values, or string), or None (scalars)."""
+    if pa.types.is_list(col.type) or pa.types.is_large_list(col.type):
+        width = col.type.value_type.byte_width if pa.types.is_primitive(col.type.value_type) else 8
+        return pc.multiply(pc.list_value_length(col).cast(pa.int64()), width)
+    if pa.types.is_string(col.type) or pa.types.is_binary(col.type) or pa.types.is_large_string(col.type):
+        return pc.binary_length(col).cast(pa.int64())
+    return None
+
+
+def _check_cells(rb: pa.RecordBatch, first: int, cell: int, f: str, group: int) -> None:
+    """Refuse a cell of ``rb`` (rows ``first``.. of the file, in row group ``group``) over ``cell`` bytes."""
+    for k, col in enumerate(rb.columns):
+        sizes = _cell_bytes(col)
+        top = pc.max(sizes).as_py() if sizes is not None and len(sizes) else None
+        if top is not None and top > cell:
+            row = first + pc.index(sizes, top).as_py()
+            raise _cell_too_big(f'{f!r} row {row} (row group {group})', rb.schema.names[k],
+                                f'{top} bytes in one cell', cell)
+
+
+def _cell_too_big(where: str, column: str, size: str, cell: int) -> ValueError:
+    return ValueError(f'{where}: column {column!r} decodes to {size}, over the bound of {cell} bytes per cell '
+                      '(AGENTRL_MAX_CELL_BYTES): a compression bomb or a damaged file; remove it, or raise '
+                      'AGENTRL_MAX_CELL_BYTES if you trust it')
+
+
+def _footer_cells(f: str, group: int, rg, cell: int) -> None:
+    """Refuse row group ``rg`` from its footer when a fixed-width column's mean cell (exact: ``num_values x
+    width`` over the rows) is already over ``cell`` bytes; strings are counted as they decode."""
+    rows = max(rg.num_rows, 1)
+    for k in range(rg.num_columns):
+        c = rg.column(k)
+        n = c.num_values * _WIDTH.get(c.physical_type, 0)
+        if n // rows > cell:
+            raise _cell_too_big(f'{f!r} row group {group} ({rg.num_rows} rows)', c.path_in_schema.split('.')[0],
+                                f'{n // rows} bytes per cell on average (its footer)', cell)
+
+
+def _batches(pf: pq.ParquetFile, f: str, batch_size: int, bound: int | None = None,
+             cell: int | None = None) -> Iterator[pa.RecordBatch]:
     """Record batches of ``pf``, row group by row group; a damaged file becomes a one-line ValueError naming it.
 
     Raises:
-        ValueError: a row group decodes to more than ``bound`` bytes (default ``AGENTRL_MAX_ROW_GROUP_BYTES``).
+        ValueError: a row group decodes to more than ``bound`` bytes (default ``AGENTRL_MAX_ROW_GROUP_BYTES``),
+            or one cell to more than ``cell`` bytes (default ``AGENTRL_MAX_CELL_BYTES``), before it is
+            converted to Python values (docs/design.md#bounds).
         MemoryError: a row group within the bound that this process has no memory for (names it).
     """
     bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES) if bound is None else bound
-    md, i = pf.metadata, 0
+    cell = env_bound('AGENTRL_MAX_CELL_BYTES', MAX_CELL_BYTES) if cell is None else cell
+    md, i, first = pf.metadata, 0, 0
     try:
         for i in range(md.num_row_groups):
             rg = md.row_group(i)
+            _footer_cells(f, i, rg, cell)
             used, where = _footer_bytes(rg, bound)[0], (f, i, rg.num_rows)
             for rb in pf.iter_batches(batch_size=batch_size, row_groups=[i]):
                 rb, used = _decoded(rb, used, bound, where)
+                _check_cells(rb, first, cell, f, i)
+                first += rb.num_rows
                 yield rb
     except UnicodeDecodeError as e:
         raise ValueError(f'{f!r} is damaged: its Parquet metadata is not UTF-8 (byte 0x{e.object[e.start]:02x} '
@@ -231,7 +281,8 @@ def scan(path: str | os.PathLike, batch_size: int = 256, *, verify: bool = True)
         FileNotFoundError: nothing at ``path``.
         ValueError: ``batch_size`` < 1; a file that is not a trajectory file, or is damaged; a row group
             that decodes to more than ``AGENTRL_MAX_ROW_GROUP_BYTES`` (docs/design.md#bounds), named by file and
-            number, refused before it is read.
+            number, refused before it is read; a cell that decodes to more than ``AGENTRL_MAX_CELL_BYTES``,
+            named by file, row, row group and column, refused before it is converted.
         MemoryError: a row group within the bound that does not fit in this process's memory (names it).
     """
     for f, row, rb in record_batches(path, batch_size):
@@ -251,12 +302,13 @@ def record_batches(path, batch_size: int) -> Iterator[tuple[str, int, pa.RecordB
     if batch_size < 1:
         raise ValueError(f'batch_size must be >= 1, got {batch_size}')
     bound = env_bound('AGENTRL_MAX_ROW_GROUP_BYTES', MAX_ROW_GROUP_BYTES)
+    cell = env_bound('AGENTRL_MAX_CELL_BYTES', MAX_CELL_BYTES)
     for f in data_files(path):
         pf = open_parquet(f)
         check_schema(pf.schema_arrow, repr(f))
         pf = _open_bounded(f, bound, pf)
         row = 0
-        for rb in _batches(pf, f, batch_size, bound):
+        for rb in _batches(pf, f, batch_size, bound, cell):
             yield f, row, rb
             row += rb.num_rows
 

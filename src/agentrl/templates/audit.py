@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..record import OWNER, owner_runs
+from .budget import TemplateTimeoutError
 from .chat import ChatTemplate, as_template, check_messages, common_prefix, tokenizer_fingerprint
 from .labels import coarse_shape, label_owners
 from .recorder import template_bridge
@@ -513,6 +514,8 @@ def audit_template(tokenizer, messages, *, tools=None, thinking: bool = True, **
 
     Raises:
         ValueError: malformed messages, or a template that cannot render them at all.
+        TemplateTimeoutError: the first render past ``AGENTRL_TEMPLATE_SECONDS`` ends the audit (never
+            listed as a problem and retried: docs/design.md#bounds).
 
     Source: book chapter 5.2-5.4 (one audit per hazard traced there).
     """
@@ -530,12 +533,16 @@ def audit_template(tokenizer, messages, *, tools=None, thinking: bool = True, **
     gen = messages[-1]['role'] != 'assistant'
     try:
         counts = label_owners(template, messages, add_generation_prompt=gen).counts()
+    except TemplateTimeoutError:
+        raise
     except ValueError as e:
         problems.append(str(e))
         counts = None
     plain = _plain_messages(messages)
     try:
         prefix = audit_prefix_stability(template, messages)
+    except TemplateTimeoutError:
+        raise
     except ValueError as e:
         problems.append(str(e))
         prefix = audit_prefix_stability(template, plain)
@@ -544,6 +551,8 @@ def audit_template(tokenizer, messages, *, tools=None, thinking: bool = True, **
         hist, new = _bridge_case(plain, role, content)
         try:
             bridges[role] = template_bridge(template, hist, new)
+        except TemplateTimeoutError:
+            raise
         except ValueError as e:
             bridges[role] = str(e)
     return TemplateAudit(owner_counts=counts, prefix=prefix, thinking=audit_thinking(template, plain[:1]),

@@ -25,7 +25,7 @@ from typing import Callable
 
 from ..io import env_bound
 
-__all__ = ['MAX_RENDER_CHARS', 'RENDER_SECONDS', 'RenderTimeout', 'bounded_render']
+__all__ = ['MAX_RENDER_CHARS', 'RENDER_SECONDS', 'RenderTimeout', 'TemplateTimeoutError', 'bounded_render']
 
 #: Default of ``AGENTRL_TEMPLATE_MAX_CHARS``: characters one render call may write.
 MAX_RENDER_CHARS = 16 << 20
@@ -35,6 +35,15 @@ RENDER_SECONDS = 10.0
 
 class RenderTimeout(BaseException):
     """Raised inside a render call past its time (a BaseException: no ``except Exception`` in Jinja swallows it)."""
+
+
+class TemplateTimeoutError(ValueError):
+    """A render call past ``AGENTRL_TEMPLATE_SECONDS`` (one line naming the template and the variable).
+
+    A ValueError like every bad-template error, but never taken for "this template cannot render that
+    shape": callers that probe shapes and note a ValueError as a finding re-raise this one, so a
+    command stops at the first render that runs past its time instead of paying it once per probe.
+    """
 
 
 class _OverChars(BaseException):
@@ -161,8 +170,9 @@ def bounded_render(render: Callable[[], str], source: str | None, name: str) -> 
         the rendered text (str), at most ``AGENTRL_TEMPLATE_MAX_CHARS`` characters.
 
     Raises:
-        ValueError: ``NAME wrote more than N characters in one render call (AGENTRL_TEMPLATE_MAX_CHARS) ...``
-            or ``NAME took more than S s to render one call (AGENTRL_TEMPLATE_SECONDS) ...``, one line each.
+        ValueError: ``NAME wrote more than N characters in one render call (AGENTRL_TEMPLATE_MAX_CHARS) ...``.
+        TemplateTimeoutError: ``NAME took more than S s to render one call (AGENTRL_TEMPLATE_SECONDS) ...``
+            (a ValueError), one line.
     """
     limit = env_bound('AGENTRL_TEMPLATE_MAX_CHARS', MAX_RENDER_CHARS)
     seconds = env_bound('AGENTRL_TEMPLATE_SECONDS', RENDER_SECONDS, kind=float)
@@ -182,7 +192,7 @@ def bounded_render(render: Callable[[], str], source: str | None, name: str) -> 
                          'AGENTRL_TEMPLATE_MAX_CHARS): a loop in the template, or messages far too long; fix the '
                          'template, or raise AGENTRL_TEMPLATE_MAX_CHARS if you trust it') from None
     if late:
-        raise ValueError(f'{name} took more than {seconds:g} s to render one call (AGENTRL_TEMPLATE_SECONDS): a '
+        raise TemplateTimeoutError(f'{name} took more than {seconds:g} s to render one call (AGENTRL_TEMPLATE_SECONDS): a '
                          'loop in the template that does not end; fix the template, or raise '
                          'AGENTRL_TEMPLATE_SECONDS if you trust it')
     if len(text) > limit:                    # a transformers whose template could not be given the counting concat

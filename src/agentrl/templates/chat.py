@@ -11,7 +11,7 @@ import json
 import re
 from typing import Any, Iterable, Sequence
 
-from .budget import bounded_render
+from .budget import TemplateTimeoutError, bounded_render
 from .loading import (TOKENIZER_FAMILIES, find_tokenizer_dir, load_tokenizer, require_hf,  # noqa: F401 - old place
                       tokenizer_family)
 from .messages import (PROMPT_ROLES, TOOL_ROLES, check_messages, common_prefix, common_suffix,  # noqa: F401
@@ -174,6 +174,8 @@ class ChatTemplate:
         probe = [{'role': 'user', 'content': 'Probe question.'}]
         try:
             full = self.render(probe + [{'role': 'assistant', 'content': 'Probe answer.'}], False, tools=None)
+        except TemplateTimeoutError:
+            raise
         except ValueError:
             return None
         k = full.rfind('Probe answer.')

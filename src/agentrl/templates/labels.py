@@ -13,6 +13,7 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 
 from ..record import OWNER, OWNER_NAMES, owner_runs
+from .budget import TemplateTimeoutError
 from .chat import ChatTemplate, as_template, check_messages, diff_span, owner_of_role
 
 __all__ = ['Region', 'OwnerLabels', 'label_owners', 'locate_messages', 'owners_from_regions',
@@ -245,6 +246,8 @@ def _locate_fast(template, messages: list, gen: bool, R: str) -> list | None:
             probe.append(m)
     try:
         S = template.render(probe, gen)
+    except TemplateTimeoutError:
+        raise
     except ValueError:
         return None
     found, seen = [], set()

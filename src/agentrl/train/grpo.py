@@ -25,7 +25,7 @@ import torch
 from ..batching import collate
 from ..checks.errors import GroupSizeError, MissingGroupError
 from ..checks.replay import require_trainable
-from ..checks.staleness import require_fresh, sampled_by
+from ..checks.staleness import require_fresh, require_one_version, sampled_by
 from ..record import Batch, SamplingSpec, Trajectory
 from ..sampling import token_logp
 from ..stats import episode_metrics, is_truncated
@@ -447,7 +447,8 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
             :func:`agentrl.checks.require_trainable` (placeholder records, no sampler, mixed or
             untrainable samplers).
         MissingGroupError, GroupSizeError: from :func:`group_index`.
-        StaleVersionError: a record older than ``max_staleness`` versions, or versions without an order.
+        StaleVersionError: a record older than ``max_staleness`` versions, or versions without an order; records
+            of several policy versions without ``current_version`` (:func:`agentrl.checks.require_one_version`).
         ValueError: ``options.max_staleness`` without ``current_version``; ``options.kl_coef > 0`` without
             ``ref_model``, or ``options.ratio_tol`` exceeded (the records are not exact: a shifted
             ``sample_logp`` or ``action_mask``, or another sampler); ``options`` not a :class:`GRPOOptions`.
@@ -464,6 +465,8 @@ def grpo_step(model, optimizer, trajs: list[Trajectory], group_size: int, pad_id
         if current_version is None:
             raise ValueError('grpo_step: max_staleness needs current_version (the training step of the weights)')
         require_fresh(trajs, current_version, o.max_staleness)
+    if current_version is None:
+        require_one_version(trajs, 'grpo_step')
     groups = group_index(trajs, group_size)
     if o.kl_coef > 0 and ref_model is None:
         raise ValueError('grpo_step: kl_coef > 0 needs ref_model (the frozen SFT model)')

@@ -17,7 +17,10 @@ import torch
 from ...templates.chat import find_tokenizer_dir, load_tokenizer, require_hf
 
 __all__ = ['load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id', 'score_rows',
-           'forward_kwargs', 'pad_token_id', 'TOKENIZER_FILES']
+           'forward_kwargs', 'pad_token_id', 'TOKENIZER_FILES', 'MAX_TEST_MODEL_PARAMS']
+
+#: Parameters a test model may have (about 3.7 GiB of float32), checked before it is allocated (docs/design.md#bounds).
+MAX_TEST_MODEL_PARAMS = 1_000_000_000
 
 #: Files copied from a tokenizer folder into a test model's folder (when present).
 TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'merges.txt', 'special_tokens_map.json',
@@ -134,6 +137,13 @@ def forward_kwargs(model) -> dict:
 default_tokenizer_dir = find_tokenizer_dir
 
 
+def _qwen3_parameters(vocab: int, layers: int, hidden: int, heads: int, kv_heads: int) -> int:
+    """Parameters of the test model's ``Qwen3ForCausalLM`` (tied embeddings, MLP ``2 * hidden`` wide)."""
+    hd = hidden // heads
+    attention = 2 * hidden * heads * hd + 2 * hidden * kv_heads * hd + 2 * hd
+    return vocab * hidden + layers * (attention + 3 * hidden * 2 * hidden + 2 * hidden) + hidden
+
+
 def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int = 64, heads: int = 4,
                     kv_heads: int = 2, seed: int = 0, end_of_turn_rate: float | None = 0.05,
                     token_rates: dict | None = None, max_positions: int = 4096) -> Path:
@@ -172,7 +182,8 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
     Raises:
         ImportError: without the ``hf`` extra.
         FileNotFoundError: no tokenizer folder (pass ``tokenizer_dir``).
-        ValueError: sizes that do not divide; a rate outside (0, 1), rates summing to 1 or more,
+        ValueError: sizes that do not divide, an odd head_dim, or more than :data:`MAX_TEST_MODEL_PARAMS`
+            parameters (refused before anything is allocated); a rate outside (0, 1), rates summing to 1 or more,
             or a ``token_rates`` key that is not one token; the tokenizer has no ``eos`` token.
 
     Example:
@@ -185,6 +196,10 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
     if hidden % heads or heads % kv_heads or layers < 1:
         raise ValueError(f'make_test_model: hidden ({hidden}) must be divisible by heads ({heads}), heads by '
                          f'kv_heads ({kv_heads}), and layers ({layers}) >= 1')
+    if (hidden // heads) % 2:
+        raise ValueError(f'make_test_model: hidden ({hidden}) / heads ({heads}) gives head_dim {hidden // heads}, '
+                         'which is odd; rotary position embeddings rotate pairs of channels: pass sizes whose '
+                         'quotient is even')
     tdir = Path(tokenizer_dir) if tokenizer_dir is not None else default_tokenizer_dir('qwen3')
     if not (tdir / 'tokenizer_config.json').is_file():
         raise FileNotFoundError(f'--tokenizer {str(tdir)!r} has no tokenizer_config.json; pass a tokenizer folder')
@@ -204,6 +219,12 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
         rates[ids[0]] = float(rate)
     if sum(rates.values()) >= 1.0:
         raise ValueError(f'make_test_model: token rates sum to {sum(rates.values())}; they must sum below 1')
+    n = _qwen3_parameters(len(tok), layers, hidden, heads, kv_heads)
+    if n > MAX_TEST_MODEL_PARAMS:
+        raise ValueError(f'make_test_model: layers {layers} x hidden {hidden} with the {len(tok):,}-token vocabulary '
+                         f'make {n:,} parameters ({n * 4 / 2 ** 30:.1f} GiB of float32), over the bound of '
+                         f'{MAX_TEST_MODEL_PARAMS:,} for a test model; lower hidden (--hidden) or layers (--layers): '
+                         'hidden 64 and 2 layers make about 9.8M')
     cfg = transformers.Qwen3Config(
         vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
         num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
