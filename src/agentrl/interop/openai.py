@@ -320,9 +320,10 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
 def _with_constraint(spec: SamplingSpec, request: dict, tokenizer) -> SamplingSpec:
     """``spec`` with the grammar the request asked for (:func:`agentrl.constraints.request_constraint`), ending on
     the request's ``stop_token_ids`` and, unless ``ignore_eos``, the tokenizer's EOS (vLLM's stop ids)."""
-    stops = [int(i) for i in request.get('stop_token_ids') or []]
+    sent = dict(request.get('sampling_params') or {}, **request)          # SGLang /generate: in sampling_params
+    stops = [int(i) for i in sent.get('stop_token_ids') or []]
     eos = getattr(tokenizer, 'eos_token_id', None)
-    if eos is not None and not request.get('ignore_eos'):
+    if eos is not None and not sent.get('ignore_eos'):
         stops.append(int(eos))
     c = request_constraint(request, stops)
     return spec if c is None else dataclasses.replace(spec, constraint=c)
