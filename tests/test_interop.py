@@ -298,7 +298,11 @@ def completion_episode():
 def test_openai_completion_and_sglang_import():
     ep = completion_episode()
     ep['exchanges'][1]['request']['input_ids'] = ep['exchanges'][1]['request']['prompt']
-    [r] = interop.from_openai([ep], source='vllm', strict_sampling=True)     # every sampling field sent
+    with pytest.raises(ValueError, match=r"^episode 0 exchange 1: response is an SGLang /generate response but --from "
+                                         r"is 'vllm', so the mode of its log-probs is not known; pass --from sglang, or "
+                                         r"--logp-mode processed, raw or scaled \(logp_mode=\)$"):
+        interop.from_openai([ep], source='vllm', strict_sampling=True)          # two servers, one default: unknown
+    [r] = interop.from_openai([ep], source='vllm', strict_sampling=True, logp_mode='raw')     # every field sent
     assert r.ids.tolist() == [1, 2, 3, 10, 11, EOT, 60, 61, 12, EOT]
     assert r.owner.tolist() == [1, 1, 1, 2, 2, 2, 3, 3, 2, 2]
     assert r.sample_logp.tolist() == [0, 0, -0.5, -0.25, -0.125, 0, 0, -1.0, -2.0]

@@ -25,8 +25,8 @@ from ._lazy import lazy_module
 
 torch = lazy_module('torch')
 
-__all__ = ['CONSTRAINT_KINDS', 'GRAMMAR_BACKENDS', 'Constraint', 'ConstraintError', 'GrammarRejection',
-           'tool_call_constraint', 'json_schema_constraint', 'response_format_constraint', 'backend_version',
+__all__ = ['CONSTRAINT_KINDS', 'GRAMMAR_BACKENDS', 'GRAMMAR_STARTS', 'Constraint', 'ConstraintError',
+           'GrammarRejection', 'tool_call_constraint', 'json_schema_constraint', 'response_format_constraint', 'backend_version',
            'request_constraint', 'Grammar', 'unpack_bitmask', 'apply_allowed', 'mask_logits', 'support_sizes', 'forced_rows', 'mask_forced']
 
 #: ``json_schema``: a JSON schema (text = the schema); ``regex``; ``grammar``: GBNF/EBNF (xgrammar's);
@@ -35,6 +35,9 @@ __all__ = ['CONSTRAINT_KINDS', 'GRAMMAR_BACKENDS', 'Constraint', 'ConstraintErro
 CONSTRAINT_KINDS = ('json_schema', 'regex', 'grammar', 'tool_call')
 #: Backends whose masks agentrl can rebuild.
 GRAMMAR_BACKENDS = ('xgrammar',)
+#: Where a server applies a constrained request's grammar in a turn: ``turn`` (from its first token) or
+#: ``reasoning`` (after the reasoning close mark: :attr:`Constraint.start_after`).
+GRAMMAR_STARTS = ('turn', 'reasoning')
 
 
 class ConstraintError(ValueError):
@@ -62,7 +65,8 @@ def backend_version(backend: str = 'xgrammar') -> str:
 
 @dataclass(frozen=True)
 class Constraint:
-    """The grammar in force over every policy turn (each turn starts the grammar afresh).
+    """The grammar in force over every policy turn (each turn starts the grammar afresh, at its first token or
+    after its reasoning, ``start_after``).
 
     Attributes:
         kind: one of :data:`CONSTRAINT_KINDS`.
@@ -71,9 +75,16 @@ class Constraint:
         stop_ids: the end-of-turn ids the grammar may end on (sorted ints).
         tool_choice: ``tool_call`` only: ``'required'`` or the forced tool's name.
         tools: ``tool_call`` only: the tool schemas as JSON text.
+        start_after: where the grammar starts in each turn. ``()`` (the default): at the turn's first sampled
+            token. Otherwise the ids of the reasoning close mark (Qwen3: ``(151668,)``, ``</think>``): the
+            turn's tokens up to and including the first complete occurrence of these ids are sampled
+            unconstrained, the grammar starts at the token after it, and a turn that never closes its
+            reasoning is unconstrained throughout (:meth:`grammar_start`). This is the two-phase structured
+            output of vLLM with a reasoning parser and of SGLang's reasoner grammar (docs/grammar.md).
 
     Raises:
-        ValueError: a kind or backend outside the lists, an empty text, ``tool_choice`` on another kind.
+        ValueError: a kind or backend outside the lists, an empty text, ``tool_choice`` on another kind,
+            a negative id in ``start_after``.
     """
     kind: str
     text: str
@@ -82,6 +93,7 @@ class Constraint:
     stop_ids: tuple = field(default=())
     tool_choice: str = ''
     tools: str = ''
+    start_after: tuple = field(default=())
 
     def __post_init__(self):
         if self.kind not in CONSTRAINT_KINDS:
@@ -93,19 +105,39 @@ class Constraint:
         if (self.tool_choice or self.tools) and self.kind != 'tool_call':
             raise ValueError(f'Constraint.tool_choice / tools belong to kind tool_call, not {self.kind!r}')
         object.__setattr__(self, 'stop_ids', tuple(sorted({int(i) for i in self.stop_ids})))
+        after = tuple(int(i) for i in self.start_after)
+        if any(i < 0 for i in after):
+            raise ValueError(f'Constraint.start_after must be token ids (>= 0), got {list(after)}')
+        object.__setattr__(self, 'start_after', after)
+
+    def grammar_start(self, turn_ids) -> int | None:
+        """Where the grammar starts in a turn: the index into ``turn_ids`` (the turn's sampled ids so far) of
+        its first constrained token; 0 without ``start_after``; None while the turn has not closed its
+        reasoning (every token so far, and the next one, unconstrained)."""
+        mark = self.start_after
+        if not mark:
+            return 0
+        ids, n = [int(i) for i in turn_ids], len(mark)
+        for p in range(len(ids) - n + 1):
+            if ids[p] == mark[0] and tuple(ids[p:p + n]) == mark:
+                return p + n
+        return None
 
     def to_dict(self) -> dict:
-        """JSON-serialisable form (``tool_choice`` / ``tools`` only for ``tool_call``)."""
+        """JSON-serialisable form (``tool_choice`` / ``tools`` only for ``tool_call``; ``start_after`` only when set,
+        so a constraint from the turn's first token keeps the bytes and digest it had before the field existed)."""
         d = {'kind': self.kind, 'text': self.text, 'backend': self.backend, 'version': self.version,
              'stop_ids': list(self.stop_ids)}
         if self.kind == 'tool_call':
             d.update(tool_choice=self.tool_choice, tools=self.tools)
+        if self.start_after:
+            d['start_after'] = list(self.start_after)
         return d
 
     @classmethod
     def from_dict(cls, d: dict) -> 'Constraint':
         """Inverse of :meth:`to_dict`. Raises ValueError on an unknown key (naming it)."""
-        known = ('kind', 'text', 'backend', 'version', 'stop_ids', 'tool_choice', 'tools')
+        known = ('kind', 'text', 'backend', 'version', 'stop_ids', 'tool_choice', 'tools', 'start_after')
         unknown = sorted(set(d) - set(known))
         if unknown:
             raise ValueError(f'Constraint: unknown key(s) {unknown}; known: {list(known)}')
@@ -300,9 +332,10 @@ class Grammar:
             turns: n id lists, each the turn's ids sampled so far (``[]`` at the turn's start).
 
         Returns:
-            ``[n, W]`` int32 xgrammar bitmask (:func:`mask_logits`, :func:`unpack_bitmask`). Matchers are kept
-            between calls (keyed by the turn's ids), so a step advances each row by its newest token;
-            :attr:`forced` counts the rows whose support is one token.
+            ``[n, W]`` int32 xgrammar bitmask (:func:`mask_logits`, :func:`unpack_bitmask`). A row whose turn
+            has not reached the grammar's start (:meth:`Constraint.grammar_start`: still inside its reasoning)
+            allows every token. Matchers are kept between calls (keyed by the turn's constrained ids), so a
+            step advances each row by its newest token; :attr:`forced` counts the rows whose support is one token.
 
         Raises:
             GrammarRejection: a row's ids include a token the grammar rejects (``position``: index in its turn).
@@ -310,14 +343,17 @@ class Grammar:
         bm = self._bitmask(len(turns))
         live, keep = self._live, {}
         for r, ids in enumerate(turns):
-            key = tuple(ids)
+            start = self.constraint.grammar_start(ids)
+            if start is None:                  # inside the reasoning: the row stays all-allowed
+                continue
+            key = tuple(ids[start:])
             m = live.pop(key[:-1], None) if key else None
             if m is not None:
-                _accept(m, key[-1], len(key) - 1)
+                _accept(m, key[-1], start + len(key) - 1)
             else:
                 m = self.matcher()
                 for p, t in enumerate(key):
-                    _accept(m, t, p)
+                    _accept(m, t, start + p)
             m.fill_next_token_bitmask(bm, r)
             keep[key] = m
         self._live = keep               # rows that ended this step leave with their matchers
@@ -336,18 +372,25 @@ class Grammar:
             rows: ``[n]`` increasing prediction rows ``>= start - 1`` (row j predicts ``ids[j+1]``).
 
         Returns:
-            ``[n, W]`` int32 bitmask.
+            ``[n, W]`` int32 bitmask; the rows that predict a token before the grammar's start
+            (:meth:`Constraint.grammar_start` over the turn's ids) allow every token.
 
         Raises:
-            GrammarRejection: the grammar rejects ``ids[p]`` for some ``start <= p <= rows[-1]``
-                (``position``: p in the sequence).
+            GrammarRejection: the grammar rejects ``ids[p]`` for some ``p`` from the grammar's start to
+                ``rows[-1]`` (``position``: p in the sequence).
         """
         rows = [int(r) for r in rows]
-        ids = [int(i) for i in ids[:rows[-1] + 1]] if rows else []
+        ids = [int(i) for i in ids[:rows[-1] + 2]] if rows else []
         bm = self._bitmask(len(rows))
+        g = self.constraint.grammar_start(ids[start:])
+        if g is None:
+            return bm                              # the turn never closed its reasoning: unconstrained
+        g += start
         m = self.matcher()
-        p = start
+        p = g
         for i, r in enumerate(rows):
+            if r < g - 1:                          # predicts a token before the grammar's start
+                continue
             while p <= r:                          # feed the turn's ids up to the predicted one
                 _accept(m, ids[p], p)
                 p += 1
@@ -402,10 +445,13 @@ def request_constraint(request: dict, stop_ids=()) -> Constraint | None:
     """The constraint an OpenAI-compatible request asked the server for, or None (unconstrained).
 
     Read in vLLM 0.32's order of precedence: ``structured_outputs`` (``json``, ``regex``, ``grammar``,
-    ``json_object``, ``structural_tag``; older servers' ``guided_json`` / ``guided_regex`` / ``guided_grammar``),
+    ``json_object``, ``structural_tag``; older servers' ``guided_json`` / ``guided_regex`` / ``guided_grammar``;
+    SGLang ``/generate``'s ``sampling_params`` ``json_schema`` / ``regex`` / ``ebnf`` / ``structural_tag``),
     then ``tool_choice`` (``'required'`` or ``{'type': 'function', 'function': {'name': ...}}``, with ``tools``: the
     hermes structural tag, :func:`tool_call_constraint`), then ``response_format``. ``'auto'`` / ``'none'`` constrain
     nothing. The version recorded is the installed xgrammar's (the server's must be the same, docs/grammar.md).
+    The constraint starts at the turn's first token; where the server applied it only after the reasoning, the
+    importer sets ``start_after`` (:func:`agentrl.interop.from_openai`, ``grammar_start``).
 
     Args:
         request: the request body. stop_ids: the ids the server's matcher stops on (vLLM: the request's
@@ -421,6 +467,11 @@ def request_constraint(request: dict, stop_ids=()) -> Constraint | None:
     for old, new in (('guided_json', 'json'), ('guided_regex', 'regex'), ('guided_grammar', 'grammar')):
         if request.get(old) is not None:
             so.setdefault(new, request[old])
+    sglang = request.get('sampling_params') or {}
+    for old, new in (('json_schema', 'json'), ('regex', 'regex'), ('ebnf', 'grammar'),
+                     ('structural_tag', 'structural_tag')):
+        if sglang.get(old) is not None:
+            so.setdefault(new, sglang[old])
     so = {k: v for k, v in so.items() if v is not None and v is not False and k in
           ('json', 'regex', 'grammar', 'json_object', 'structural_tag', 'choice')}
     stop_ids = tuple(stop_ids)

@@ -51,8 +51,9 @@ class StopReason(str, enum.Enum):
         return repr(self.value)
 
 
-#: The two log-prob modes (docs/design.md#sampling).
-LOGP_MODES = ('processed', 'raw')
+#: The log-prob modes (docs/design.md#sampling): ``processed`` (the distribution drawn from), ``raw`` (the
+#: unmodified logits), ``scaled`` (penalties and temperature, no truncation: SGLang's default).
+LOGP_MODES = ('processed', 'raw', 'scaled')
 #: Which engine's penalty rules a :class:`SamplingSpec` follows (see its attributes).
 PENALTY_SEMANTICS = ('transformers', 'vllm')
 
@@ -67,8 +68,10 @@ class SamplingSpec:
         top_k: keep the k most likely tokens; 0 disables.
         top_p: nucleus mass in (0, 1]; 1.0 disables.
         min_p: drop tokens whose probability is below ``min_p * max_prob``; 0.0 disables.
-        logp_mode: ``'processed'`` or ``'raw'`` (see :data:`LOGP_MODES`); ``raw`` is the
-            log-softmax of the model's logits before any penalty, temperature or truncation.
+        logp_mode: ``'processed'``, ``'raw'`` or ``'scaled'`` (see :data:`LOGP_MODES`); ``raw`` is the
+            log-softmax of the model's logits before any penalty, temperature or truncation; ``scaled`` the
+            log-softmax after the penalties and the temperature, over the whole vocabulary (no top-k / top-p /
+            min-p renormalisation: SGLang's ``/generate`` log-probs); without truncation it equals ``processed``.
         repetition_penalty: > 0; 1.0 disables (CTRL, Keskar et al. 2019): over the turn's context and its
             tokens so far, as transformers' ``RepetitionPenaltyLogitsProcessor`` and vLLM's ``apply_penalties``.
         presence_penalty, frequency_penalty: in ``[-2, 2]``; 0.0 disables; over the turn's sampled tokens only

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ._lazy import lazy_module
 
@@ -18,7 +18,7 @@ torch = lazy_module('torch')   # imported on first use (agentrl check runs witho
 from .record import SamplingSpec
 
 __all__ = ['episode_seed', 'support_mask', 'PenaltyContext', 'apply_penalties', 'processed_logp', 'stored_logp',
-           'draw', 'uniforms', 'Scratch', 'choose', 'sample', 'token_logp']
+           'untruncated', 'draw', 'uniforms', 'Scratch', 'choose', 'sample', 'token_logp']
 
 _SEED_DOMAIN = b'agentrl/episode-seed/v1'
 
@@ -237,8 +237,9 @@ def stored_logp(logits: torch.Tensor, ids: torch.Tensor, spec: SamplingSpec,
     """The log-prob a sampler with ``spec`` stores for the tokens ``ids``.
 
     ``logp_mode='processed'``: :func:`processed_logp` at ``ids``; ``'raw'``: the log-softmax of
-    the unmodified logits (before penalties and temperature) at ``ids``. Greedy specs store the
-    processed temperature-1 value either way.
+    the unmodified logits (before penalties and temperature) at ``ids``; ``'scaled'``: :func:`processed_logp`
+    of the spec without its truncation (penalties and temperature only). Greedy specs store the
+    processed temperature-1 value in every mode.
 
     Args:
         logits: ``[N, V]`` logits of the rows that predict ``ids``.
@@ -259,8 +260,15 @@ def stored_logp(logits: torch.Tensor, ids: torch.Tensor, spec: SamplingSpec,
     if spec.logp_mode == 'raw' and spec.temperature > 0:
         lp = torch.log_softmax(logits.double(), dim=-1)
     else:
-        lp = processed_logp(logits, spec, context)
+        lp = processed_logp(logits, untruncated(spec) if spec.logp_mode == 'scaled' else spec, context)
     return lp.gather(-1, ids[:, None]).squeeze(-1)
+
+
+def untruncated(spec: SamplingSpec) -> SamplingSpec:
+    """``spec`` without top-k / top-p / min-p (the distribution whose log-probs ``logp_mode='scaled'`` stores)."""
+    if not spec.truncated:
+        return spec
+    return replace(spec, top_k=0, top_p=1.0, min_p=0.0)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,8 +383,9 @@ def choose(logits: torch.Tensor, spec: SamplingSpec, uniforms, *, context: Penal
 
     Greedy (temperature 0) takes the argmax of the processed log-probs (no uniform used); every
     other spec inverts each row's CDF at its uniform (:func:`draw`); ``forced`` scores given ids
-    (teacher forcing). The stored log-prob is the processed one, or the raw ``log_softmax`` of the
-    unmodified logits with ``spec.logp_mode == 'raw'`` (greedy stores the processed one).
+    (teacher forcing). The stored log-prob is the processed one, the raw ``log_softmax`` of the
+    unmodified logits with ``spec.logp_mode == 'raw'``, or the untruncated one with ``'scaled'`` (greedy stores the
+    processed one).
 
     Args:
         logits: ``[n, V]`` float next-token logits.
@@ -423,6 +432,8 @@ def choose(logits: torch.Tensor, spec: SamplingSpec, uniforms, *, context: Penal
             lp = torch.log_softmax(logits.double(), dim=-1)
         else:                      # the processed values are no longer needed: reuse both buffers
             torch.log_softmax(spare.copy_(logits), dim=-1, out=lp)
+    elif spec.logp_mode == 'scaled' and spec.temperature > 0 and spec.truncated:
+        lp = processed_logp(logits, untruncated(spec), context)
     return ids, lp.gather(-1, ids[:, None]).squeeze(-1)
 
 

@@ -1,6 +1,8 @@
 """Grammar-constrained sampling on the session's vLLM server (docs/grammar.md): ``--tool-choice required``
 and a JSON-schema ``--response-format`` go to ``/v1/completions`` as ``structured_outputs``, and
-``check --model`` replays the records at ratio 1 under the same xgrammar masks."""
+``check --model`` replays the records at ratio 1 under the same xgrammar masks; vLLM's own reasoning gate (no server)
+applies a grammar where an imported record's ``start_after`` says."""
+import dataclasses
 import json
 
 import pytest
@@ -71,3 +73,35 @@ def test_json_schema_response_format_replays_at_ratio_1(server, model_dir, lm, t
     assert not rep2.ok and rep2.overall.max <= 1.0 + 1e-6
     assert set(rep2.record_kinds) == {'policy_change'}
     assert torch.isfinite(torch.tensor(rep2.overall.max))
+
+
+def test_vllms_reasoning_gate_applies_the_grammar_where_the_import_declares_it():
+    """vLLM's own structured-output gate with ``--reasoning-parser qwen3`` (run in the vLLM venv, no server): it masks
+    the steps and feeds the grammar the ids the imported record's ``start_after`` says (docs/grammar.md)."""
+    from _tokenizers import tokenizer_path
+    from agentrl.constraints import json_schema_constraint
+    from agentrl.interop.openai import grammar_start_of
+    from agentrl.templates import load_tokenizer
+    from .vllm_parsers import vllm_grammar_gate
+    tok_dir = tokenizer_path('qwen3')
+    tok = load_tokenizer(tok_dir)
+    prompt = [151644, 872, 198, 64, 30, 151645, 198, 151644, 77091, 198]             # user 'a?', generation prompt
+    two_phase = tok.encode('<think>\nok\n</think>{"op": "read", "line": 1}<|im_end|>', add_special_tokens=False)
+    unclosed = tok.encode('<think>\nok<|im_end|>', add_special_tokens=False)
+    off = tok.encode('{"op": "test", "line": 2}<|im_end|>', add_special_tokens=False)
+    off_prompt = prompt + tok.encode('<think>\n\n</think>\n\n', add_special_tokens=False)    # enable_thinking false
+    cases = [{'prompt': prompt, 'turn': two_phase}, {'prompt': prompt, 'turn': unclosed},
+             {'prompt': off_prompt, 'turn': off, 'chat_template_kwargs': {'enable_thinking': False}}]
+    theirs = vllm_grammar_gate(tok_dir, cases, reasoning_parser='qwen3')
+    c = json_schema_constraint(SCHEMA, [151645])
+    for case, t in zip(cases, theirs):
+        kwargs = case.get('chat_template_kwargs') or {}
+        ex = [{'request': {'messages': [], 'response_format': {'type': 'json_object'}, 'chat_template_kwargs': kwargs},
+               'response': {'choices': [{'message': {'reasoning': 'ok'}, 'token_ids': case['turn']}]}}]
+        declared = dataclasses.replace(c, start_after=grammar_start_of(0, ex, tok, c, None, kwargs))
+        turn = case['turn']
+        start = declared.grammar_start(turn)
+        assert t == {'masked': [declared.grammar_start(turn[:k]) is not None for k in range(len(turn))],
+                     'fed': turn[start:] if start is not None else []}, (case, t)
+    assert theirs[0]['masked'].count(False) == two_phase.index(151668) + 1 and theirs[1]['fed'] == []
+    assert all(theirs[2]['masked'])

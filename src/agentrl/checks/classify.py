@@ -2,13 +2,13 @@
 
 :func:`replay_logp` recomputes a token's log-prob under a declared sampler (the arithmetic is
 :mod:`agentrl.sampling`'s, the very code that sampled); :func:`convert_logp` moves a stored log-prob
-between the two modes (:data:`agentrl.record.LOGP_MODES`; never by rescaling: it needs the logits).
+between the modes (:data:`agentrl.record.LOGP_MODES`; never by rescaling: it needs the logits).
 
 A mismatch is classified per token, in this order:
 
 * ``match``: replayed and stored agree within ``tol`` (nats);
-* ``logp_mode_mismatch``: the stored value is the *other* mode's log-prob (e.g. raw stored while
-  ``processed`` is declared);
+* ``logp_mode_mismatch``: the stored value is another mode's log-prob (e.g. raw stored while
+  ``processed`` is declared, or SGLang's ``scaled`` values declared ``raw``);
 * ``support_mismatch``: the stored value is the token's probability renormalised over some other
   truncated support (a top-k / top-p / min-p prefix of the sorted distribution) than the declared
   one; the weights did not move;
@@ -37,7 +37,7 @@ from .._lazy import lazy_module
 torch = lazy_module('torch')
 
 from ..record import LOGP_MODES, SamplingSpec
-from ..sampling import PenaltyContext, apply_penalties, processed_logp, stored_logp, support_mask
+from ..sampling import PenaltyContext, apply_penalties, processed_logp, stored_logp, support_mask, untruncated
 from .errors import LogpConversionError
 
 __all__ = ['TOKEN_KINDS', 'MIN_FIT_TOKENS', 'FIT_BUDGET', 'support_mask', 'replay_logp', 'convert_logp',
@@ -70,7 +70,8 @@ def replay_logp(logits: torch.Tensor, ids: torch.Tensor, spec: SamplingSpec,
         ids: ``[N]`` int64 sampled token ids (or a scalar with ``[V]`` logits).
         spec: the declared sampler; ``logp_mode='raw'`` gives ``log_softmax(logits)[ids]``,
             ``'processed'`` the log-prob after penalties, temperature and the support of
-            :func:`support_mask`, renormalised (-inf for a token outside the support). Temperature
+            :func:`support_mask`, renormalised (-inf for a token outside the support), ``'scaled'`` the same
+            without the support. Temperature
             0 (greedy) gives the temperature-1 log-prob, as :func:`agentrl.sampling.sample` stores.
         context: the rows' :class:`~agentrl.sampling.PenaltyContext` (only with penalties).
 
@@ -102,7 +103,7 @@ def convert_logp(sample_logp: torch.Tensor, spec: SamplingSpec, to_mode: str, *,
     Args:
         sample_logp: ``[N]`` stored log-probs, in ``spec.logp_mode``.
         spec: the sampler they were stored under.
-        to_mode: ``'raw'`` or ``'processed'``.
+        to_mode: one of :data:`agentrl.record.LOGP_MODES`.
         logits: ``[N, V]`` the rows that predicted the tokens (required unless the mode is unchanged).
         ids: ``[N]`` the sampled ids (required with ``logits``).
         context: the rows' :class:`~agentrl.sampling.PenaltyContext` (only with penalties).
@@ -131,11 +132,13 @@ def convert_logp(sample_logp: torch.Tensor, spec: SamplingSpec, to_mode: str, *,
 
 
 def _mode_and_support(x, ids, stored, spec, context, tol):
-    """Per-token masks: the stored value is the other mode's / another truncated support's."""
-    other = replace(spec, logp_mode='raw' if spec.logp_mode == 'processed' else 'processed')
-    mode = (replay_logp(x, ids, other, context) - stored).abs() <= tol
+    """Per-token masks: the stored value is another mode's / another truncated support's."""
+    mode = torch.zeros_like(stored, dtype=torch.bool)
+    for m in LOGP_MODES:
+        if m != spec.logp_mode and (m != 'scaled' or spec.truncated):     # untruncated, scaled is processed
+            mode |= (replay_logp(x, ids, replace(spec, logp_mode=m), context) - stored).abs() <= tol
     # support: stored == log q_tok - log(mass of a sorted prefix containing the token)
-    scaled = processed_logp(x, replace(spec, top_k=0, top_p=1.0, min_p=0.0), context) if spec.temperature > 0 \
+    scaled = processed_logp(x, untruncated(spec), context) if spec.temperature > 0 \
         else torch.log_softmax(x.double(), dim=-1)
     tok_lp = scaled.gather(-1, ids[:, None])
     srt = scaled.sort(dim=-1, descending=True).values

@@ -46,14 +46,14 @@ def constrained_logits(spec: SamplingSpec, ids: torch.Tensor, rows: torch.Tensor
     Args:
         spec: the record's sampler (``spec.constraint`` None: the logits are returned as they are).
         ids: ``[L]`` int64 the scored sequence. rows: ``[n]`` int64 its action rows (row j predicts ``ids[j+1]``).
-        starts: ``[n]`` int64 the first policy position of each row's turn (the grammar starts afresh there),
-            or None (a record without owner / turn).
+        starts: ``[n]`` int64 the first policy position of each row's turn (the grammar starts afresh there, or
+            after the turn's reasoning with ``constraint.start_after``), or None (a record without owner / turn).
         logits: ``[n, V]`` float the rows' logits (masked in place when float32 / 16-bit).
         tokenizer: the ids' Hugging Face tokenizer. key: the record's label.
 
     Returns:
         ``(logits [n, V], support [n] int64 or None)``: ``-inf`` outside the allowed tokens; each row's number of
-        allowed tokens (None without a constraint).
+        allowed tokens (None without a constraint; ``V`` at a row before the grammar's start).
 
     Raises:
         ConstrainedSupportError: no tokenizer, a backend or version that is not installed, a text that does not
@@ -79,7 +79,8 @@ def constrained_logits(spec: SamplingSpec, ids: torch.Tensor, rows: torch.Tensor
                 f'record {key}: the declared {spec.constraint.kind} constraint rejects token {e.token}, so its '
                 'allowed-token support is unknown from there on', field='ids', position=e.position,
                 fix='the record was not sampled under this constraint (or was edited): declare the constraint it was '
-                    'sampled under, or drop it from RL') from None
+                    'sampled under (a server that applied it only after the reasoning: its start_after, '
+                    'docs/grammar.md), or drop it from RL') from None
         i = j
     bm = torch.cat(parts)
     return mask_logits(logits, bm), support_sizes(bm, logits.shape[-1])

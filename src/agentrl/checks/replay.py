@@ -1,6 +1,6 @@
 """L3: replay each sampled token under the declared sampler and compare with the stored log-prob.
 
-The two log-prob modes (:data:`agentrl.record.LOGP_MODES`) are docs/design.md#sampling's. A stored
+The log-prob modes (:data:`agentrl.record.LOGP_MODES`) are docs/design.md#sampling's. A stored
 log-prob is never rescaled: moving between modes needs the logits (:func:`convert_logp` raises without them). The
 arithmetic is :mod:`agentrl.sampling`'s, the very code that sampled.
 

@@ -6,12 +6,13 @@ from __future__ import annotations
 import json
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..fields import option
 
 from ..io import atomic_write
-from ..record import SamplingSpec
+from ..constraints import GRAMMAR_STARTS
+from ..record import LOGP_MODES, SamplingSpec
 from .options import UserError, add_fields, check_numbers, from_args
 
 SOURCES = ('verl', 'trl', 'slime', 'openrlhf', 'skyrl', 'prime-rl', 'vllm', 'sglang')
@@ -29,7 +30,11 @@ class ImportOptions:
             template ownership of trainer batches rebuilt from its chat tokens
             (:func:`agentrl.interop.owners.finish_import`), needed for chat exchanges.
         temperature, top_k, top_p, min_p, logp_mode: the sampler, when the source does not carry it
-            (``temperature`` None: not declared; ``logp_mode`` None: processed, or raw for vllm/sglang).
+            (``temperature`` None: not declared; ``logp_mode`` None: processed, or the server's default for
+            vllm/sglang, :func:`agentrl.interop.openai.server_logp_mode`, which also refuses a mode the server
+            cannot have returned).
+        grammar_start: vllm/sglang: where a constrained request's grammar started in each turn
+            (:data:`agentrl.constraints.GRAMMAR_STARTS`; None: as the exchanges say), docs/grammar.md.
         model: model id for the provenance.
         generation_config: vllm/sglang: the model folder's ``generation_config.json`` the server
             filled absent sampling fields from. Server imports are strict: a sampling field the first
@@ -51,8 +56,14 @@ class ImportOptions:
     top_k: int = option(0, 'sampler top_k (0 = off; with --temperature)', min=0)
     top_p: float = option(1.0, 'sampler top_p (1 = off; with --temperature)', gt=0.0, max=1.0)
     min_p: float = option(0.0, 'sampler min_p (0 = off; with --temperature)', min=0.0, max=0.999999)
-    logp_mode: str | None = option(None, "log-prob mode of the source (default: processed; vllm/sglang: raw, vLLM's "
-                                       'default)', choices=('processed', 'raw'))
+    logp_mode: str | None = option(None, 'log-prob mode of the source (default: processed; vllm: raw, the default '
+                                         "of vLLM's --logprobs-mode; sglang: scaled, log_softmax(logits / T) with no "
+                                         'top-k/top-p renormalisation, raw when the server ran with '
+                                         'SGLANG_RETURN_ORIGINAL_LOGPROB)', choices=LOGP_MODES)
+    grammar_start: str | None = option(None, 'vllm/sglang: where the server applied a constrained request\'s grammar '
+                                             'in each turn: turn (from the first token) or reasoning (after the '
+                                             'reasoning close mark: a server with a reasoning parser); default: as '
+                                             'the exchanges say', choices=GRAMMAR_STARTS)
     model: str | None = option(None, 'model id for the provenance')
     generation_config: str | None = option(None, "vllm/sglang: the model folder's generation_config.json the "
                                                  'server filled absent sampling fields from (without it, and '
@@ -78,7 +89,7 @@ class ImportOptions:
         if self.tokenizer and not os.path.isdir(self.tokenizer):
             raise UserError(f'--tokenizer {self.tokenizer!r} is not a folder; pass a tokenizer folder')
         for flag, v in (('--generation-config', self.generation_config),
-                        ('--chat-template-kwargs', self.chat_template_kwargs)):
+                        ('--chat-template-kwargs', self.chat_template_kwargs), ('--grammar-start', self.grammar_start)):
             if v is not None and self.source not in ('vllm', 'sglang'):
                 raise UserError(f'{flag} applies to --from vllm or sglang (server logs), not --from {self.source}; '
                                 f'drop {flag}')
@@ -126,16 +137,28 @@ class ImportOptions:
                             '\'{"enable_thinking": false}\'')
         return d
 
-    def mode(self) -> str:
-        """The declared log-prob mode (raw for servers, processed otherwise, unless given)."""
-        return self.logp_mode or ('raw' if self.source in ('vllm', 'sglang') else 'processed')
+    def server(self) -> bool:
+        """True for server logs (vllm, sglang)."""
+        return self.source in ('vllm', 'sglang')
 
     def spec(self):
-        """The declared :class:`~agentrl.record.SamplingSpec`, or None when ``--temperature`` is not given."""
+        """The declared :class:`~agentrl.record.SamplingSpec`, or None when ``--temperature`` is not given.
+
+        Raises:
+            UserError: a ``--logp-mode`` the server cannot have returned
+                (:func:`~agentrl.interop.openai.server_logp_mode`).
+        """
         if self.temperature is None:
             return None
-        return SamplingSpec(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
-                            logp_mode=self.mode())
+        spec = SamplingSpec(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p, min_p=self.min_p,
+                            logp_mode=self.logp_mode or 'processed')
+        if not self.server():
+            return spec
+        from ..interop.openai import server_logp_mode
+        try:
+            return replace(spec, logp_mode=server_logp_mode(self.source, self.logp_mode, spec))
+        except ValueError as e:
+            raise UserError(str(e)) from None
 
 
 def register(sub) -> None:
@@ -159,8 +182,8 @@ def run(args) -> int:
         tok = load_tokenizer(opts.tokenizer)
     kwargs = {'model': opts.model or ''}
     if opts.source in ('vllm', 'sglang'):     # strict: every sampling field from the request, --temperature or the file
-        kwargs.update(logp_mode=opts.mode(), strict_sampling=True, generation_config=opts.generation_config,
-                      **opts.template_kwargs())
+        kwargs.update(logp_mode=opts.logp_mode, strict_sampling=True, generation_config=opts.generation_config,
+                      grammar_start=opts.grammar_start, **opts.template_kwargs())
     if os.path.exists(opts.out) and (not os.path.isdir(opts.out) or os.listdir(opts.out)):
         raise UserError(f'--out {opts.out!r} exists and is not an empty folder; import into a new folder '
                         '(a run folder is never overwritten)')

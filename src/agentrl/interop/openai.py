@@ -29,13 +29,15 @@ import dataclasses
 import torch
 
 from ..checks import errors as E
-from ..constraints import request_constraint
+from ..constraints import GRAMMAR_STARTS, request_constraint
+from ..families import family_for
 from ..io import read_json
 from ..record import OWNER, SamplingSpec, StopReason, Trajectory
 from ..templates import ChatRecorder
 from .common import check_ids, check_reward, provenance_for_import
 
-__all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes', 'check_episodes']
+__all__ = ['parse_response', 'from_openai', 'spec_from_request', 'read_episodes', 'check_episodes', 'SERVER_LOGP_MODES',
+           'server_logp_mode', 'grammar_start_of']
 
 
 def parse_response(response: dict, request: dict | None = None, where: str = 'response') -> dict:
@@ -220,8 +222,9 @@ def _completion_episode(ex):
 
 
 def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, tools=None, history: str = 'sampled',
-                logp_mode: str = 'raw', source: str = 'vllm', model: str = '', generation_config=None,
-                strict_sampling: bool = True, **template_options) -> list[Trajectory]:
+                logp_mode: str | None = None, source: str = 'vllm', model: str = '', generation_config=None,
+                strict_sampling: bool = True, grammar_start: str | None = None,
+                **template_options) -> list[Trajectory]:
     """Import episodes of OpenAI-compatible exchanges as records (one per episode).
 
     Args:
@@ -232,7 +235,8 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
         tools: tool schemas, when the requests do not carry ``tools``.
         history: ChatRecorder history mode (``'sampled'``: each turn continues the sampled ids, as
             servers that keep token ids do).
-        logp_mode: ``'raw'`` (vLLM default) or ``'processed'``, when ``spec`` is None.
+        logp_mode: the mode of the server's log-probs, when ``spec`` is None (:func:`server_logp_mode`; None: the
+            server's default, :data:`SERVER_LOGP_MODES`).
         source: provenance policy name (``'vllm'``, ``'sglang'``).
         model: model id (default: the request's ``model``).
         generation_config: the model folder's ``generation_config.json`` (path or dict) the server
@@ -243,6 +247,11 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             chose it; the record could not declare what ran). False: store the neutral value for such a
             field (temperature 1, no top-k/top-p/min-p, no penalties), marked ``'absent'`` in
             ``info['import']['sampling_sources']``, which says where each field came from.
+        grammar_start: where the server applied a constrained request's grammar in each turn (one of
+            :data:`~agentrl.constraints.GRAMMAR_STARTS`): ``'turn'`` from the first token, ``'reasoning'`` after
+            the reasoning close mark (vLLM with a reasoning parser, SGLang's reasoner grammar); None: as the
+            exchanges say (:func:`grammar_start_of`). The record's ``constraint.start_after`` says it
+            (docs/grammar.md).
         **template_options: ChatTemplate options (``enable_thinking=False`` ...).
 
     Returns:
@@ -254,7 +263,9 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
         agentrl.checks.errors.LogProbLengthError: log-probs and ids of different lengths.
         ValueError: an episode without exchanges, or chat exchanges without a tokenizer; with
             ``strict_sampling``, a sampler field that neither the request, ``spec`` nor ``generation_config``
-            gives (``episode N exchange 0: request: has no top_p, ...``).
+            gives (``episode N exchange 0: request: has no top_p, ...``); a log-prob mode that cannot be known
+            or declared (:func:`server_logp_mode`, and responses of another server than ``source``); a grammar
+            start the exchanges do not say (:func:`grammar_start_of`).
     """
     out = []
     for n, ep in enumerate(episodes):
@@ -263,15 +274,22 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
             raise ValueError(f'episode {n} has no exchanges; give [{{"request": ..., "response": ...}}, ...]')
         req0 = ex[0]['request']
         sp, sources = _episode_spec(n, req0, spec, _generation_config(generation_config), logp_mode, strict_sampling)
+        if spec is None:
+            _same_server(n, ex, source, logp_mode)
+            sp = dataclasses.replace(sp, logp_mode=server_logp_mode(source, logp_mode, sp))
+        kwargs = _template_kwargs(ex, n)
         if sp is not None and sp.constraint is None:      # tool_choice / response_format / structured outputs
             sp = _with_constraint(sp, req0, tokenizer)
+            if sp.constraint is not None:
+                after = grammar_start_of(n, ex, tokenizer, sp.constraint, grammar_start,
+                                         dict(template_options, **kwargs))
+                sp = dataclasses.replace(sp, constraint=dataclasses.replace(sp.constraint, start_after=after))
         meta = {'source': source, 'exchanges': len(ex), 'sampling_sources': sources}
         reward = check_reward(ep.get('reward', 0.0), 'reward', f'{source} episode {n}')
         if 'messages' in req0:
             if tokenizer is None:
                 raise ValueError(f'episode {n}: chat exchanges need the tokenizer (--tokenizer) to rebuild owners '
                                  'from the chat template')
-            kwargs = _template_kwargs(ex, n)
             rec, server_ctx, drift, last = _chat_episode(ex, tokenizer, tools, history, dict(template_options, **kwargs))
             if kwargs:
                 meta['chat_template_kwargs'] = kwargs
@@ -307,15 +325,142 @@ def from_openai(episodes, tokenizer=None, *, spec: SamplingSpec | None = None, t
 def _with_constraint(spec: SamplingSpec, request: dict, tokenizer) -> SamplingSpec:
     """``spec`` with the grammar the request asked for (:func:`agentrl.constraints.request_constraint`), ending on
     the request's ``stop_token_ids`` and, unless ``ignore_eos``, the tokenizer's EOS (vLLM's stop ids)."""
-    stops = [int(i) for i in request.get('stop_token_ids') or []]
+    sent = dict(request.get('sampling_params') or {}, **request)          # SGLang /generate: in sampling_params
+    stops = [int(i) for i in sent.get('stop_token_ids') or []]
     eos = getattr(tokenizer, 'eos_token_id', None)
-    if eos is not None and not request.get('ignore_eos'):
+    if eos is not None and not sent.get('ignore_eos'):
         stops.append(int(eos))
     c = request_constraint(request, stops)
     return spec if c is None else dataclasses.replace(spec, constraint=c)
 
 
-def _episode_spec(n: int, req0: dict, spec, gen, logp_mode: str, strict: bool):
+#: The mode of each server's log-probs by default (docs/design.md#sampling): vLLM's ``--logprobs-mode raw_logprobs``;
+#: SGLang's ``log_softmax(logits / T)`` after its penalties, never renormalised over top-k / top-p / min-p
+#: (``scaled``; raw with ``SGLANG_RETURN_ORIGINAL_LOGPROB`` set).
+SERVER_LOGP_MODES = {'vllm': 'raw', 'sglang': 'scaled'}
+
+def server_logp_mode(source: str, declared: str | None, spec: SamplingSpec) -> str:
+    """The ``logp_mode`` a record imported from ``source`` declares for log-probs the server returned.
+
+    ``declared`` None takes the server's default (:data:`SERVER_LOGP_MODES`). ``scaled`` of a spec without
+    truncation (or greedy) is the same number as ``processed`` and is declared ``processed``.
+
+    Args:
+        source: ``'vllm'``, ``'sglang'`` or another server's name. declared: the mode the user states
+            (``--logp-mode``), or None. spec: the request's sampler.
+
+    Returns:
+        One of :data:`agentrl.record.LOGP_MODES`.
+
+    Raises:
+        ValueError: one line naming ``--logp-mode``: a server whose default is not known; ``scaled`` for vLLM (its
+            ``processed_logprobs`` are renormalised after top-k / top-p); ``processed`` for SGLang with top-k /
+            top-p / min-p (SGLang never renormalises); ``raw`` for SGLang with a penalty (its original log-probs are
+            taken after its penalties, agentrl's raw before them).
+    """
+    mode = declared if declared is not None else SERVER_LOGP_MODES.get(source)
+    if mode is None:
+        raise ValueError(f'the log-prob mode of {source!r} responses is not known; pass --logp-mode processed, raw '
+                         'or scaled (logp_mode=), the mode the server returned')
+    if source == 'vllm' and mode == 'scaled':
+        raise ValueError('--logp-mode scaled: vLLM has no such mode (--logprobs-mode processed_logprobs are '
+                         'renormalised over top-k / top-p: processed); pass --logp-mode raw or processed')
+    if source == 'sglang' and spec.temperature > 0:
+        if mode == 'processed' and spec.truncated:
+            raise ValueError('--logp-mode processed: SGLang never renormalises its log-probs over top-k / top-p / '
+                             'min-p (log_softmax(logits / T) by default: scaled; SGLANG_RETURN_ORIGINAL_LOGPROB '
+                             'set: raw); pass --logp-mode scaled or raw')
+        if mode == 'raw' and spec.penalized:
+            raise ValueError('--logp-mode raw: SGLang takes its original log-probs (SGLANG_RETURN_ORIGINAL_LOGPROB) '
+                             "after its penalties, agentrl's raw mode before them, so the record cannot declare "
+                             'them; import episodes sampled without penalties, or with the default (scaled) log-probs')
+    if mode == 'scaled' and (spec.temperature <= 0 or not spec.truncated):
+        return 'processed'
+    return mode
+
+
+def _same_server(n: int, ex, source: str, declared: str | None) -> None:
+    """Refuse (naming ``--logp-mode``) responses of another server than ``source`` when the mode is its default."""
+    if declared is not None:
+        return
+    for k, e in enumerate(ex):
+        shape = parse_response(e['response'], e['request'], f'exchange {k} response')['kind']
+        if shape == 'sglang' != source:
+            raise ValueError(f'episode {n} exchange {k}: response is an SGLang /generate response but --from is '
+                             f'{source!r}, so the mode of its log-probs is not known; pass --from sglang, or '
+                             '--logp-mode processed, raw or scaled (logp_mode=)')
+
+
+def _reasoning_declared(ex) -> bool | None:
+    """What the exchanges say of a two-phase grammar: True (SGLang ``require_reasoning`` / ``separate_reasoning``, or
+    a reply whose reasoning the server separated), False (``require_reasoning: false``), None (nothing)."""
+    for e in ex:
+        q = e['request']
+        if q.get('require_reasoning') is False:
+            return False
+        if q.get('require_reasoning') or q.get('separate_reasoning'):
+            return True
+        for c in e['response'].get('choices') or []:
+            msg = c.get('message') or {}
+            if msg.get('reasoning') is not None or msg.get('reasoning_content') is not None:
+                return True
+    return None
+
+
+def grammar_start_of(n: int, ex, tokenizer, constraint, grammar_start: str | None, template_kwargs: dict) -> tuple:
+    """The ``start_after`` of episode ``n``'s constraint: ``()`` (from each turn's first token) or the ids of the
+    family's reasoning close mark (the grammar starts after it), docs/grammar.md.
+
+    ``grammar_start`` None reads the exchanges: an SGLang request with ``require_reasoning`` or ``separate_reasoning``,
+    or a reply whose reasoning the server separated (``reasoning`` / ``reasoning_content``: it ran a reasoning
+    parser), is ``'reasoning'``; otherwise ``'turn'``. With thinking off (``chat_template_kwargs``
+    ``enable_thinking`` / ``thinking`` false) the reasoning has ended before the turn, so the grammar starts at the
+    first token either way (vLLM's and SGLang's reasoner grammars).
+
+    Args:
+        n: the episode's index. ex: its exchanges. tokenizer: the server's tokenizer (the close mark's ids).
+        constraint: the request's :class:`~agentrl.constraints.Constraint`. grammar_start: one of
+            :data:`~agentrl.constraints.GRAMMAR_STARTS` or None. template_kwargs: the chat-template options the
+            server rendered with.
+
+    Returns:
+        tuple of ids (``Constraint.start_after``).
+
+    Raises:
+        ValueError: ``'reasoning'`` without a tokenizer or for a template with no reasoning close mark; the
+            exchanges say nothing and a turn closes a reasoning block (naming ``--grammar-start``).
+    """
+    if grammar_start is not None and grammar_start not in GRAMMAR_STARTS:
+        raise ValueError(f'grammar_start must be one of {GRAMMAR_STARTS}, got {grammar_start!r}')
+    said = _reasoning_declared(ex)
+    mode = grammar_start or {True: 'reasoning', False: 'turn'}.get(said)
+    if template_kwargs.get('enable_thinking') is False or template_kwargs.get('thinking') is False:
+        return ()
+    if mode == 'turn':
+        return ()
+    if tokenizer is None:
+        if mode is None:
+            return ()
+        raise ValueError(f'episode {n}: a grammar after the reasoning needs the tokenizer (--tokenizer) for the '
+                         'reasoning close mark')
+    close = family_for(tokenizer).think_close
+    mark = tuple(tokenizer.encode(close, add_special_tokens=False)) if close else ()
+    if mode is None:
+        for k, e in enumerate(ex):
+            if mark and dataclasses.replace(constraint, start_after=mark).grammar_start(
+                    parse_response(e['response'], e['request'], f'exchange {k} response')['ids']) is not None:
+                raise ValueError(f'episode {n} exchange {k}: the turn closes a reasoning block ({close!r}) under a '
+                                 f'{constraint.kind} constraint, and the exchanges do not say whether the server '
+                                 'applied the grammar after the reasoning (a reasoning parser) or from the first '
+                                 'token; pass --grammar-start reasoning or turn (grammar_start=)')
+        return ()
+    if not mark:
+        raise ValueError(f'episode {n}: --grammar-start reasoning, but the chat template has no reasoning close '
+                         'mark; pass --grammar-start turn')
+    return mark
+
+
+def _episode_spec(n: int, req0: dict, spec, gen, logp_mode: str | None, strict: bool):
     """``(spec, sources)`` of episode ``n`` (see :func:`from_openai`); ValueError naming absent fields when strict."""
     sources = sampling_sources(req0, spec, gen)
     absent = [f for f, s in sources.items() if s == 'absent']
@@ -329,7 +474,7 @@ def _episode_spec(n: int, req0: dict, spec, gen, logp_mode: str, strict: bool):
     sent = dict(req0.get('sampling_params') or {}, **{k: v for k, v in req0.items() if k in _SAMPLER_FIELDS})
     p = dict({k: v for k, v in (gen or {}).items() if k in _SAMPLER_FIELDS},
              **{k: v for k, v in sent.items() if v is not None})
-    return _spec_of(p, logp_mode), sources
+    return _spec_of(p, logp_mode or 'raw'), sources
 
 
 def _stop(finish) -> str:

