@@ -450,8 +450,8 @@ def test_conformance_gate_passes_real_templates_and_refuses_a_counting_one(upstr
     from agentrl.gateway import ConformanceError, conformance
     from agentrl.templates import ChatTemplate
     tok = upstream.tokenizer
-    assert conformance(ChatTemplate(tok, tools=TOOLS)) == {'conversations': 2, 'turns': 7, 'bridges': 5,
-                                                           'history_rewrites': 0}
+    assert conformance(ChatTemplate(tok, tools=TOOLS), family=QWEN3) == {
+        'conversations': 2, 'turns': 7, 'bridges': 5, 'history_rewrites': 0, 'turn_rewrites': 0, 'tool_calls': 'parsed'}
     assert conformance(ChatTemplate(tok, enable_thinking=False))['history_rewrites'] == 5
     with pytest.raises(ConformanceError, match=r"conversation 0, after turn 3: the bridged record differs from the "
                                                r"full render at token 88: recorded '\\nResult 7: def', rendered "
@@ -460,6 +460,67 @@ def test_conformance_gate_passes_real_templates_and_refuses_a_counting_one(upstr
     with pytest.raises(ConformanceError, match='after turn 3'):
         Gateway(upstream, tmp_path / 'run', template_options={'chat_template': COUNTING})
     Gateway(upstream, tmp_path / 'run2', template_options={'chat_template': COUNTING}, conformance=False).pool.shutdown()
+
+
+#: Written here: a template that rewrites history like Kimi K2's (every turn up to the last final answer loses its
+#: reasoning, `<think></think>` kept) and writes Hermes calls; the reasoning of later tool-call turns is kept.
+KIMI_LIKE = ("{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'assistant' and not m.tool_calls %}"
+             "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
+             "{%- for m in messages %}{%- if m.role == 'assistant' %}<|im_start|>assistant\n"
+             "{%- if loop.index0 > ns.last and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>"
+             "{%- else %}<think></think>{%- endif %}{{ m.content }}{%- for c in m.tool_calls or [] %}<tool_call>"
+             "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>{%- endfor %}"
+             "<|im_end|>\n{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+             "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+#: Written here: calls as `CALL>name({...})`, a format no family parses.
+OWN_CALLS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{%- for c in m.tool_calls or [] %}"
+             "CALL>{{ c.function.name }}({{ c.function.arguments | tojson }}){%- endfor %}<|im_end|>\n{%- endfor %}"
+             "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+#: Written here: the generation prompt opens `assistant`, history writes `model`: no turn continues the prompt.
+OTHER_ROLE = ("{%- for m in messages %}{%- if m.role == 'assistant' %}<|im_start|>model\n{{ m.content }}<|im_end|>\n"
+              "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+              "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+
+def test_conformance_gate_tells_a_history_rewrite_from_a_template_that_cannot_be_served(upstream, tmp_path):
+    from agentrl.gateway import ConformanceError, conformance
+    from agentrl.templates import ChatTemplate
+    tok = upstream.tokenizer
+    kimi = ChatTemplate(tok, chat_template=KIMI_LIKE)
+    assert conformance(kimi, family=QWEN3) == {'conversations': 2, 'turns': 7, 'bridges': 5, 'history_rewrites': 0,
+                                               'turn_rewrites': 2, 'tool_calls': 'parsed'}
+    with pytest.raises(ConformanceError, match=r'rewrites earlier turns when it renders an assistant turn '
+                                               r'\(2 of 7 turns\), refused in strict mode'):
+        conformance(kimi, strict=True)
+    gw = Gateway(upstream, tmp_path / 'run', template_options={'chat_template': KIMI_LIKE})
+    gw.pool.shutdown()
+    assert gw.conformance_report['null']['turn_rewrites'] == 2
+    with pytest.raises(ConformanceError) as e:
+        Gateway(upstream, tmp_path / 'run2', template_options={'chat_template': OTHER_ROLE})
+    assert str(e.value) == (
+        "conformance: conversation 0, turn 0: the chat template passed as chat_template= for "
+        f"{tok.name_or_path!r} writes the assistant turn after no copy of its own generation prompt "
+        "'<|im_start|>assistant', so a sampled turn cannot be recorded as it renders; it cannot be served "
+        "token-in/token-out (fix the chat template)")
+
+
+def test_conformance_gate_parses_the_templates_tool_calls_back_with_the_family(upstream, tmp_path):
+    from agentrl.gateway import ConformanceError, conformance
+    from agentrl.templates import ChatTemplate
+    tok = upstream.tokenizer
+    with pytest.raises(ConformanceError) as e:
+        Gateway(upstream, tmp_path / 'run', template_options={'chat_template': OWN_CALLS})
+    assert str(e.value) == (
+        f"the chat template passed as chat_template= for {tok.name_or_path!r} writes tool calls as 'CALL>read({{}})' "
+        "(the qwen3 family reads no such calls); no model family parses them: pass --family NAME or add a family "
+        "module (docs/design.md#families)")
+    with pytest.raises(ConformanceError) as e:
+        Gateway(upstream, tmp_path / 'run2', family='generic')
+    assert str(e.value) == (
+        f"the chat template of {tok.name_or_path!r} writes tool calls as "
+        "'<tool_call>\\n{\"name\": \"read\", \"arguments\": {}}\\n</tool_call>' (the generic family reads no such "
+        "calls); the qwen3 family parses them: pass --family qwen3")
+    assert conformance(ChatTemplate(tok, chat_template=OWN_CALLS))['tool_calls'] == 'unchecked'     # no family
 
 
 def test_the_gateway_picks_the_model_family_or_takes_one_by_name(upstream, tmp_path):
