@@ -119,6 +119,13 @@ def test_parse_reply_splits_reasoning_tool_calls_and_keeps_leftover_text():
     (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}', 400,
      r'messages\[1\] is an assistant message'),
     (b'{"messages": [{"role": "user", "content": "' + b'x' * 300 + b'"}]}', 413, 'over the limit of 256'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": [1]}', 400,
+     '^chat_template_kwargs must be a JSON object of template options, got list$'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"chat_template": "x"}}', 400,
+     r'^chat_template_kwargs.chat_template cannot be honoured: the gateway renders with the template and options it '
+     r'serves; remove it$'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "extreme"}', 400,
+     '^reasoning_effort must be one of none, minimal, low, medium, high, xhigh, max, got "extreme"$'),
 ])
 def test_parse_request_refuses_with_one_message(body, status, message):
     with pytest.raises(GatewayError, match=message) as e:
@@ -425,6 +432,73 @@ def test_sampling_fields_are_fixed_per_session_and_identities_are_unique(gw):
         gw.open_session({'group_id': 'g', 'rollout_id': 'r'})
     with pytest.raises(GatewayError, match="unknown session field 'colour'"):
         gw.open_session({'colour': 'red'})
+
+
+def test_reasoning_effort_and_chat_template_kwargs_render_per_session_and_are_recorded(gw, upstream):
+    from agentrl import store
+    _, s = gw.open_session({'rollout_id': 'effort'})
+    req, _ = parse_request(json.dumps({'messages': USER, 'max_tokens': 4, 'reasoning_effort': 'none'}).encode(), 1 << 20)
+    assert (req.reasoning_effort, req.chat_template_kwargs) == ('none', {})
+    p = gw.prepare(s, req, 'd', 0)
+    gw.drop(p)
+    assert p.template.template_kwargs == {'enable_thinking': False}        # Qwen3's template reads no reasoning_effort
+    assert upstream.tokenizer.decode(p.plan.prompt_ids[-7:]) == '<|im_start|>assistant\n<think>\n\n</think>\n\n'
+    assert p.plan.prompt_ids[-4:] == [151667, 271, 151668, 271]
+    call(gw, s, USER, reasoning_effort='none')
+    more = USER + [{'role': 'assistant', 'content': 'x'}, {'role': 'user', 'content': 'y'}]
+    with pytest.raises(GatewayError) as e:
+        call(gw, s, more, reasoning_effort='high')
+    assert (e.value.status, e.value.param, e.value.message) == (
+        400, 'reasoning_effort', "reasoning_effort: enable_thinking=true differs from this session's first call "
+                                 "(enable_thinking=false): one session renders under one set of template options; "
+                                 "open a new session for another")
+    with pytest.raises(GatewayError) as e:
+        call(gw, s, more, chat_template_kwargs={'enable_thinking': True})
+    assert e.value.param == 'chat_template_kwargs.enable_thinking'
+    call(gw, s, more, chat_template_kwargs={'enable_thinking': False, 'unread_option': 1})   # unread: dropped
+    gw.finish(s, 1.0, {})
+    (rec,) = [r for r in store.read_trajectories(gw.out / 'trajectories') if r.provenance.rollout_id == 'effort']
+    assert rec.info['template']['template_kwargs'] == {'enable_thinking': False}
+    assert json.loads((gw.out / 'journal.jsonl').read_text().splitlines()[1])['req']['reasoning_effort'] == 'none'
+
+
+#: Written here: a template that reads ``reasoning_effort`` as gpt-oss's does (``Reasoning: high`` in the system turn)
+#: and ``enable_thinking`` (an empty think block after the generation prompt when it is false).
+EFFORT = ("{%- if reasoning_effort is defined and reasoning_effort %}<|im_start|>system\nReasoning: {{ reasoning_effort }}"
+          "<|im_end|>\n{% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+          "{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+          "{%- if enable_thinking is defined and enable_thinking is false %}<think></think>{%- endif %}{%- endif %}")
+
+
+def test_reasoning_effort_is_passed_to_a_template_that_reads_it_and_served_options_are_kept(upstream, tmp_path):
+    g = Gateway(upstream, tmp_path / 'run', template_options={'chat_template': EFFORT})
+    off = Gateway(upstream, tmp_path / 'run2', template_options={'enable_thinking': False}, conformance=False)
+    try:
+        assert g.conformance_report['null']['tool_calls'] == 'not rendered'
+        _, s = g.open_session({})
+        req, _ = parse_request(json.dumps({'messages': USER, 'reasoning_effort': 'high'}).encode(), 1 << 20)
+        assert g.request_options(req) == {'enable_thinking': True, 'reasoning_effort': 'high'}
+        p = g.prepare(s, req, 'd', 0)
+        g.drop(p)
+        assert upstream.tokenizer.decode(p.plan.prompt_ids) == (
+            '<|im_start|>system\nReasoning: high<|im_end|>\n<|im_start|>user\nFix clamp.<|im_end|>\n'
+            '<|im_start|>assistant')
+        assert g.conformance_report['null {"enable_thinking": true, "reasoning_effort": "high"}']['turns'] == 7
+        req, _ = parse_request(json.dumps({'messages': USER, 'reasoning_effort': 'none',
+                                           'chat_template_kwargs': {'enable_thinking': True}}).encode(), 1 << 20)
+        assert g.request_options(req) == {'enable_thinking': True, 'reasoning_effort': 'none'}   # the kwargs win
+        _, s = off.open_session({})
+        with pytest.raises(GatewayError) as e:
+            call(off, s, USER, chat_template_kwargs={'enable_thinking': True})
+        assert (e.value.param, e.value.message) == (
+            'chat_template_kwargs.enable_thinking', 'chat_template_kwargs.enable_thinking: enable_thinking=true cannot '
+            'be honoured: this gateway serves the template with enable_thinking=false; remove it')
+        assert off.request_options(parse_request(json.dumps({'messages': USER, 'reasoning_effort': 'none'}).encode(),
+                                                 1 << 20)[0]) == {'enable_thinking': False}
+    finally:
+        for x in (g, off):
+            x.pool.shutdown()
+            x.journal.close()
 
 
 def test_cli_serve_refuses_without_a_model(tmp_path, capsys):
