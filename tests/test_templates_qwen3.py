@@ -271,6 +271,27 @@ def test_stability_probe(qwen):
     assert not tt.probe_stability(t.with_options(enable_thinking=False), opening, ('tool',))
 
 
+def test_stability_is_probed_per_turn_kind_empty_think_included(qwen):
+    from agentrl.templates.bridge import probe_message, turn_kind
+    opening = [{'role': 'user', 'content': 'Fix clamp.'}]
+    t = tt.ChatTemplate(qwen)
+    kinds = {'call, reasoning': {'role': 'assistant', 'content': '', 'reasoning_content': 'hm', 'tool_calls': call('read')},
+             'call, empty': {'role': 'assistant', 'content': '', 'reasoning_content': '', 'tool_calls': call('read')},
+             'answer, empty': {'role': 'assistant', 'content': 'ok', 'reasoning_content': ''},
+             'decoded, reasoning': {'role': 'assistant', 'content': '<think>\nhm\n</think>\n\nok'},
+             'decoded, empty': {'role': 'assistant', 'content': '<think>\n\n</think>\n\nok'}}
+    got = {name: turn_kind(t, m) for name, m in kinds.items()}
+    assert got == {'call, reasoning': ('tool_call', 'text', ()), 'call, empty': ('tool_call', 'empty', ()),
+                   'answer, empty': ('answer', 'empty', (None,)),
+                   'decoded, reasoning': ('answer', 'none', ('<think>', None, '</think>', None)),
+                   'decoded, empty': ('answer', 'none', ('<think>', '\n\n', '</think>', None))}
+    assert probe_message(got['decoded, empty']) == {'role': 'assistant',
+                                                    'content': '<think>\n\n</think>Probe text 3.'}
+    stable = {name: tt.probe_stability(t, opening, ('tool',), turn=probe_message(k)) for name, k in got.items()}
+    assert stable == {'call, reasoning': True, 'call, empty': False, 'answer, empty': False,
+                      'decoded, reasoning': True, 'decoded, empty': False}
+
+
 def test_non_thinking_tool_loop_gets_turn_contexts(qwen):
     # in non-thinking mode the empty think block of each generation prompt is not kept in history
     rec = tt.ChatRecorder(qwen, [{'role': 'user', 'content': 'Fix clamp.'}], enable_thinking=False)
