@@ -7,6 +7,7 @@ the model's), so the records still replay with ratio 1.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,10 +28,12 @@ except ImportError:
     httpx = pytest.importorskip('httpx')
 H = httpx.Client(timeout=120)
 
+from _families import trl_template  # noqa: E402
 from _gateway import ForcingHF  # noqa: E402
 from agentrl.families import QWEN3  # noqa: E402
 from agentrl.gateway import Gateway, GatewayError, Limits, parse_reply, message_deltas  # noqa: E402
 from agentrl.gateway import parse_request, read_journal  # noqa: E402
+from agentrl.gateway.conformance import CORPUS as CONFORMANCE_CORPUS  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
 from agentrl.gym import TOOL_SCHEMAS  # noqa: E402
 from agentrl.templates.chat import function_tools  # noqa: E402
@@ -471,8 +474,13 @@ EFFORT = ("{%- if reasoning_effort is defined and reasoning_effort %}<|im_start|
 
 
 def test_reasoning_effort_is_passed_to_a_template_that_reads_it_and_served_options_are_kept(upstream, tmp_path):
-    g = Gateway(upstream, tmp_path / 'run', template_options={'chat_template': EFFORT})
-    off = Gateway(upstream, tmp_path / 'run2', template_options={'enable_thinking': False}, conformance=False)
+    opened = []
+
+    def gateway(name, **kw):
+        opened.append(Gateway(upstream, tmp_path / name, **kw))
+        return opened[-1]
+    g = gateway('run', template_options={'chat_template': EFFORT})
+    off = gateway('run2', template_options={'enable_thinking': False}, conformance=False)
     try:
         assert g.conformance_report['null']['tool_calls'] == 'not rendered'
         _, s = g.open_session({})
@@ -495,8 +503,18 @@ def test_reasoning_effort_is_passed_to_a_template_that_reads_it_and_served_optio
             'be honoured: this gateway serves the template with enable_thinking=false; remove it')
         assert off.request_options(parse_request(json.dumps({'messages': USER, 'reasoning_effort': 'none'}).encode(),
                                                  1 << 20)[0]) == {'enable_thinking': False}
+        # TRL's gpt-oss template reads reasoning_effort (default medium), not enable_thinking
+        oss = gateway('run3', template_options={'chat_template': trl_template('gptoss')}, conformance=False,
+                      family='generic')
+        _, s = oss.open_session({})
+        req, _ = parse_request(json.dumps({'messages': USER, 'reasoning_effort': 'high'}).encode(), 1 << 20)
+        assert oss.request_options(req) == {'reasoning_effort': 'high'}
+        p = oss.prepare(s, req, 'd', 0)
+        oss.drop(p)
+        prompt = upstream.tokenizer.decode(p.plan.prompt_ids)
+        assert 'Reasoning: high\n' in prompt and 'Reasoning: medium' not in prompt
     finally:
-        for x in (g, off):
+        for x in opened:
             x.pool.shutdown()
             x.journal.close()
 
@@ -525,8 +543,12 @@ def test_conformance_gate_passes_real_templates_and_refuses_a_counting_one(upstr
     from agentrl.templates import ChatTemplate
     tok = upstream.tokenizer
     assert conformance(ChatTemplate(tok, tools=TOOLS), family=QWEN3) == {
-        'conversations': 2, 'turns': 7, 'bridges': 5, 'history_rewrites': 0, 'turn_rewrites': 0, 'tool_calls': 'parsed'}
-    assert conformance(ChatTemplate(tok, enable_thinking=False))['history_rewrites'] == 5
+        'conversations': 2, 'turns': 7, 'bridges': 5, 'history_rewrites': 0, 'turn_rewrites': 0, 'tool_calls': 'parsed',
+        'found': 'conformance: 7 turns, 5 bridges: the bridged record equals the full render; tool calls parsed back '
+                 'by the qwen3 family'}
+    assert conformance(ChatTemplate(tok, enable_thinking=False))['found'] == (
+        'conformance: 7 turns, 5 bridges: 5 of 5 bridges follow a rewrite of earlier history (the template drops or '
+        'changes earlier text when a message is added), recorded as sampled')
     with pytest.raises(ConformanceError, match=r"conversation 0, after turn 3: the bridged record differs from the "
                                                r"full render at token 88: recorded '\\nResult 7: def', rendered "
                                                r"'\\nResult 9: def'"):
@@ -561,8 +583,11 @@ def test_conformance_gate_tells_a_history_rewrite_from_a_template_that_cannot_be
     from agentrl.templates import ChatTemplate
     tok = upstream.tokenizer
     kimi = ChatTemplate(tok, chat_template=KIMI_LIKE)
-    assert conformance(kimi, family=QWEN3) == {'conversations': 2, 'turns': 7, 'bridges': 5, 'history_rewrites': 0,
-                                               'turn_rewrites': 2, 'tool_calls': 'parsed'}
+    assert conformance(kimi, family=QWEN3) == {
+        'conversations': 2, 'turns': 7, 'bridges': 5, 'history_rewrites': 0, 'turn_rewrites': 2, 'tool_calls': 'parsed',
+        'found': "conformance: 7 turns, 5 bridges: 2 of 7 turns rewrite earlier turns when rendered (a final answer "
+                 "drops earlier reasoning, as Kimi K2's template does), recorded as sampled; tool calls parsed back by "
+                 "the qwen3 family"}
     with pytest.raises(ConformanceError, match=r'rewrites earlier turns when it renders an assistant turn '
                                                r'\(2 of 7 turns\), refused in strict mode'):
         conformance(kimi, strict=True)
@@ -576,6 +601,22 @@ def test_conformance_gate_tells_a_history_rewrite_from_a_template_that_cannot_be
         f"{tok.name_or_path!r} writes the assistant turn after no copy of its own generation prompt "
         "'<|im_start|>assistant', so a sampled turn cannot be recorded as it renders; it cannot be served "
         "token-in/token-out (fix the chat template)")
+    # recorded following the template (history='template'), each turn keeps the context it was sampled in
+    from agentrl.templates import ChatRecorder
+    from agentrl.templates.bridge import rendered_turn
+    opening, (t0, after0), (t1, _) = CONFORMANCE_CORPUS[1][0], *CONFORMANCE_CORPUS[1][1]
+    rec = ChatRecorder(kimi, opening)
+    rec.add_turn(kimi.encode(rendered_turn(kimi, opening, t0)[0]), message=t0)
+    assert rec.add_messages(after0) == kimi.encode(kimi.render(rec.messages, True))     # tool turns stay prefixes
+    text, how = rendered_turn(kimi, rec.messages, t1)
+    assert (text, how) == ('<think></think>All green.<|im_end|>', 'rewrites_history')
+    rec.add_turn(kimi.encode(text), message=t1)
+    ctx = rec.add_messages([{'role': 'user', 'content': 'Thanks.'}])
+    assert ctx == kimi.encode(kimi.render(rec.messages, True)) and 'Both.' not in kimi.decode(ctx)
+    rec.add_turn(kimi.encode('<think></think>Bye.<|im_end|>'))
+    traj = rec.finish()
+    assert not traj.info['template']['prefix_stable'] and traj.turn_contexts[2][1].tolist() == ctx
+    assert traj.ids[:len(ctx)].tolist() != ctx                      # the record keeps the sampled reasoning
 
 
 def test_conformance_gate_parses_the_templates_tool_calls_back_with_the_family(upstream, tmp_path):
@@ -595,6 +636,13 @@ def test_conformance_gate_parses_the_templates_tool_calls_back_with_the_family(u
         "'<tool_call>\\n{\"name\": \"read\", \"arguments\": {}}\\n</tool_call>' (the generic family reads no such "
         "calls); the qwen3 family parses them: pass --family qwen3")
     assert conformance(ChatTemplate(tok, chat_template=OWN_CALLS))['tool_calls'] == 'unchecked'     # no family
+    with pytest.raises(ConformanceError) as e:          # TRL's Qwen3.5 template: XML calls, not Hermes JSON
+        conformance(ChatTemplate(tok, chat_template=trl_template('qwen3_5_think')), family=QWEN3)
+    assert re.fullmatch(
+        f"the chat template passed as chat_template= for {re.escape(repr(tok.name_or_path))} writes tool calls as "
+        r"'<tool_call>\\n<function=read>\\n</function>\\n</tool_call>' \(the qwen3 family reads no such calls\); "
+        r'(no model family parses them: pass --family NAME or add a family module \(docs/design.md#families\)'
+        r'|the \w+ family parses them: pass --family \w+)', str(e.value)), str(e.value)
 
 
 def test_the_gateway_picks_the_model_family_or_takes_one_by_name(upstream, tmp_path):

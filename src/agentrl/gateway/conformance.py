@@ -116,9 +116,9 @@ def conformance(template, corpus=None, *, strict: bool = False, family=None) -> 
             None skips the tool-call check.
 
     Returns:
-        ``{'conversations', 'turns', 'bridges', 'history_rewrites', 'turn_rewrites'}`` (counts) and
+        ``{'conversations', 'turns', 'bridges', 'history_rewrites', 'turn_rewrites'}`` (counts),
         ``'tool_calls'``: ``'parsed'`` (by ``family``), ``'not rendered'`` (the template writes no
-        calls), or ``'unchecked'`` (no family given).
+        calls), or ``'unchecked'`` (no family given), and ``'found'``: the finding in one line.
 
     Raises:
         ConformanceError: the first refused difference: conversation, turn, token offset, the
@@ -175,5 +175,24 @@ def conformance(template, corpus=None, *, strict: bool = False, family=None) -> 
     if strict and turn_rewrites:
         raise ConformanceError(f'conformance: {template.name} rewrites earlier turns when it renders an assistant '
                                f'turn ({turn_rewrites} of {n_turns} turns), refused in strict mode')
-    return {'conversations': len(corpus), 'turns': n_turns, 'bridges': n_bridges, 'history_rewrites': rewrites,
-            'turn_rewrites': turn_rewrites, 'tool_calls': calls}
+    report = {'conversations': len(corpus), 'turns': n_turns, 'bridges': n_bridges, 'history_rewrites': rewrites,
+              'turn_rewrites': turn_rewrites, 'tool_calls': calls}
+    report['found'] = _found(report, family)
+    return report
+
+
+def _found(report: dict, family) -> str:
+    """The gate's finding in one line (``agentrl serve`` prints it)."""
+    n, b = report['turns'], report['bridges']
+    parts = []
+    if report['history_rewrites']:
+        parts.append(f"{report['history_rewrites']} of {b} bridges follow a rewrite of earlier history (the template "
+                     'drops or changes earlier text when a message is added)')
+    if report['turn_rewrites']:
+        parts.append(f"{report['turn_rewrites']} of {n} turns rewrite earlier turns when rendered (a final answer "
+                     'drops earlier reasoning, as Kimi K2\'s template does)')
+    head = (f'conformance: {n} turns, {b} bridges: ' +
+            ('; '.join(parts) + ', recorded as sampled' if parts else 'the bridged record equals the full render'))
+    tail = {'parsed': f'; tool calls parsed back by the {getattr(family, "name", "")} family',
+            'not rendered': '; the template writes no tool calls', 'unchecked': ''}[report['tool_calls']]
+    return head + tail

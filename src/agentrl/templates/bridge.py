@@ -336,18 +336,24 @@ def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, round
                     turn: dict | None = None) -> bool:
     """Whether appending messages with roles ``pattern`` after sampled turns keeps contexts prefixes.
 
-    Runs a ``rounds``-round probe episode: after each probe turn and bridge, the recorded text must
-    equal the template's rendering of the conversation with the generation prompt.
+    Runs a probe episode: the opening, a tool-call turn with reasoning and its tool result (what a
+    template drops first when it rewrites history; left out when the template cannot render it
+    after its generation prompt), then ``rounds`` rounds of ``turn`` and ``pattern``'s messages. After
+    each round the recorded text (the template's rendering before the rounds, then each turn's
+    :func:`rendered_turn` text and bridge) must equal the template's rendering of the conversation
+    with the generation prompt.
 
     Args:
         template: the :class:`ChatTemplate`.
         opening: the episode's opening messages.
         pattern: roles of the messages appended after each turn, e.g. ``('tool',)``.
+        rounds: probe rounds.
         turn: the probe assistant turn (:func:`probe_message` of the sampled turn's :func:`turn_kind`);
-            default an answer with reasoning. Its text is :func:`rendered_turn`'s.
+            default an answer with reasoning.
 
     Returns:
-        True when every probe context is a prefix of the next one.
+        True when every probe context is a prefix of the next one; False as well when rendering the
+        turn rewrites earlier turns (Kimi K2's final answer drops the reasoning before it).
 
     Raises:
         ValueError: the template cannot render the opening (a message the template drops in the
@@ -359,24 +365,31 @@ def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, round
     whose think block is empty, which its template drops from history).
     """
     turn = turn or {'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'}
-    found = rendered_turn(template, opening, turn)
-    if found is None or found[1] == 'rewrites_history':
-        return False
-    text, how = found
-    if how == 'without_reasoning':
-        turn = {k: v for k, v in turn.items() if k != 'reasoning_content'}
-    stop = next((t for t in template.stop_texts if text.endswith(t)), '')
-    recorded = template.render(opening, True)
     msgs = list(opening)
+    canary = {'role': 'assistant', 'content': '', 'reasoning_content': 'Probe canary.', 'tool_calls': [_PROBE_CALL]}
+    try:
+        found = rendered_turn(template, msgs, canary)
+        if found is not None and found[1] == 'verbatim':
+            msgs += [canary, {'role': 'tool', 'content': f'{_PROBE_TOOL} c'}]
+            template.render(msgs, True)
+    except ValueError:
+        msgs = list(opening)
+    recorded = template.render(msgs, True)
     for r in range(rounds):
+        found = rendered_turn(template, msgs, turn)
+        if found is None or found[1] == 'rewrites_history':
+            return False
+        text, how = found
+        said = turn if how == 'verbatim' else {k: v for k, v in turn.items() if k != 'reasoning_content'}
+        stop = next((t for t in template.stop_texts if text.endswith(t)), '')
         new = [{'role': role, 'content': _PROBE_USER if role in ('user', 'system') else f'{_PROBE_TOOL} {r}{q}'}
                for q, role in enumerate(pattern)]
         try:
-            bridge = template_bridge(template, msgs, new, terminated=bool(stop), turn=turn)
+            bridge = template_bridge(template, msgs, new, terminated=bool(stop), turn=said)
         except ValueError:
             return False
         recorded += text + bridge.text
-        msgs = msgs + [turn] + new
+        msgs = msgs + [said] + new
         if template.render(msgs, True) != recorded:
             return False
     return True
