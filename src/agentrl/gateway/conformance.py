@@ -28,27 +28,35 @@ from ..templates.bridge import rendered_turn
 
 __all__ = ['CORPUS', 'conformance', 'ConformanceError']
 
-_READ = {'type': 'function', 'function': {'name': 'read', 'arguments': {}}}
-_EDIT = {'type': 'function', 'function': {'name': 'edit', 'arguments': {'op': 'swap_minmax'}}}
-_TEST = {'type': 'function', 'function': {'name': 'test', 'arguments': {}}}
+def _call(name: str, arguments: dict, k: int) -> dict:
+    """Call ``k`` of a conversation, its id in the ``functions.NAME:IDX`` form a template may render back (Kimi K2)."""
+    return {'id': f'functions.{name}:{k}', 'type': 'function', 'function': {'name': name, 'arguments': arguments}}
+
+
+def _result(content: str, name: str, k: int) -> dict:
+    return {'role': 'tool', 'tool_call_id': f'functions.{name}:{k}', 'content': content}
+
+
+_SWAP = {'op': 'swap_minmax'}
 #: Conversations the gate records: (opening, [(assistant turn, following messages)]). Turns carry reasoning, as
 #: an agent's do: a template that drops an *empty* think block from history (Qwen3) rewrites history, which
 #: the gateway's sampled-history recording keeps on purpose; that is not a bridge fault.
 CORPUS = [
     ([{'role': 'user', 'content': 'Fix clamp: it returns hi when x < lo.'}],
-     [({'role': 'assistant', 'content': '', 'reasoning_content': 'Read it first.', 'tool_calls': [_READ]},
-       [{'role': 'tool', 'content': 'def clamp(x, lo, hi):\n    return max(hi, min(lo, x))'}]),
+     [({'role': 'assistant', 'content': '', 'reasoning_content': 'Read it first.', 'tool_calls': [_call('read', {}, 0)]},
+       [_result('def clamp(x, lo, hi):\n    return max(hi, min(lo, x))', 'read', 0)]),
       ({'role': 'assistant', 'content': 'Swapping.', 'reasoning_content': 'max and min are swapped.',
-        'tool_calls': [_EDIT]},
-       [{'role': 'tool', 'content': 'ok'}]),
-      ({'role': 'assistant', 'content': '', 'reasoning_content': 'Check.', 'tool_calls': [_TEST]},
-       [{'role': 'tool', 'content': 'passed 3/3'}]),
-      ({'role': 'assistant', 'content': '', 'reasoning_content': 'Look again.', 'tool_calls': [_READ]},
-       [{'role': 'tool', 'content': 'def clamp(x, lo, hi):\n    return max(lo, min(hi, x))'}]),
+        'tool_calls': [_call('edit', _SWAP, 1)]},
+       [_result('ok', 'edit', 1)]),
+      ({'role': 'assistant', 'content': '', 'reasoning_content': 'Check.', 'tool_calls': [_call('test', {}, 2)]},
+       [_result('passed 3/3', 'test', 2)]),
+      ({'role': 'assistant', 'content': '', 'reasoning_content': 'Look again.', 'tool_calls': [_call('read', {}, 3)]},
+       [_result('def clamp(x, lo, hi):\n    return max(lo, min(hi, x))', 'read', 3)]),
       ({'role': 'assistant', 'content': 'Done: the bounds were swapped.', 'reasoning_content': 'Tests pass.'}, [])]),
     ([{'role': 'system', 'content': 'You are a careful engineer.'}, {'role': 'user', 'content': 'Run the tests.'}],
-     [({'role': 'assistant', 'content': '', 'reasoning_content': 'Both.', 'tool_calls': [_READ, _EDIT]},
-       [{'role': 'tool', 'content': 'a'}, {'role': 'tool', 'content': 'b'}]),
+     [({'role': 'assistant', 'content': '', 'reasoning_content': 'Both.',
+        'tool_calls': [_call('read', {}, 0), _call('edit', _SWAP, 1)]},
+       [_result('a', 'read', 0), _result('b', 'edit', 1)]),
       ({'role': 'assistant', 'content': 'All green.', 'reasoning_content': 'Done.'}, [])]),
 ]
 

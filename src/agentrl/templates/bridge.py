@@ -19,7 +19,7 @@ __all__ = ['Bridge', 'template_bridge', 'bridge_shape', 'cached_bridge', 'probe_
 
 _PROBE_TOOL = 'Probe result.'
 _PROBE_USER = 'Probe question.'
-_PROBE_CALL = {'type': 'function', 'function': {'name': 'probe', 'arguments': {}}}
+_PROBE_CALL = {'id': 'functions.probe:0', 'type': 'function', 'function': {'name': 'probe', 'arguments': {}}}
 #: What a turn holds as reasoning, as :func:`turn_kind` tells it: no ``reasoning_content`` field, an empty one,
 #: a non-empty one (a template may keep an empty think block in history, or drop it: Qwen3 drops it).
 REASONING_STATES = ('none', 'empty', 'text')
