@@ -43,7 +43,8 @@ _SWAP = {'op': 'swap_minmax'}
 #: the gateway's sampled-history recording keeps on purpose; that is not a bridge fault.
 CORPUS = [
     ([{'role': 'user', 'content': 'Fix clamp: it returns hi when x < lo.'}],
-     [({'role': 'assistant', 'content': '', 'reasoning_content': 'Read it first.', 'tool_calls': [_call('read', {}, 0)]},
+     [({'role': 'assistant', 'content': '', 'reasoning_content': 'Read it first.',
+        'tool_calls': [_call('read', {}, 0)]},
        [_result('def clamp(x, lo, hi):\n    return max(hi, min(lo, x))', 'read', 0)]),
       ({'role': 'assistant', 'content': 'Swapping.', 'reasoning_content': 'max and min are swapped.',
         'tool_calls': [_call('edit', _SWAP, 1)]},
