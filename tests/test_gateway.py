@@ -7,6 +7,7 @@ the model's), so the records still replay with ratio 1.
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -27,10 +28,12 @@ except ImportError:
     httpx = pytest.importorskip('httpx')
 H = httpx.Client(timeout=120)
 
+from _families import trl_template  # noqa: E402
 from _gateway import ForcingHF  # noqa: E402
 from agentrl.families import QWEN3  # noqa: E402
 from agentrl.gateway import Gateway, GatewayError, Limits, parse_reply, message_deltas  # noqa: E402
 from agentrl.gateway import parse_request, read_journal  # noqa: E402
+from agentrl.gateway.conformance import CORPUS as CONFORMANCE_CORPUS  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
 from agentrl.gym import TOOL_SCHEMAS  # noqa: E402
 from agentrl.templates.chat import function_tools  # noqa: E402
@@ -119,6 +122,13 @@ def test_parse_reply_splits_reasoning_tool_calls_and_keeps_leftover_text():
     (b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"}]}', 400,
      r'messages\[1\] is an assistant message'),
     (b'{"messages": [{"role": "user", "content": "' + b'x' * 300 + b'"}]}', 413, 'over the limit of 256'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": [1]}', 400,
+     '^chat_template_kwargs must be a JSON object of template options, got list$'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "chat_template_kwargs": {"chat_template": "x"}}', 400,
+     r'^chat_template_kwargs.chat_template cannot be honoured: the gateway renders with the template and options it '
+     r'serves; remove it$'),
+    (b'{"messages": [{"role": "user", "content": "hi"}], "reasoning_effort": "extreme"}', 400,
+     '^reasoning_effort must be one of none, minimal, low, medium, high, xhigh, max, got "extreme"$'),
 ])
 def test_parse_request_refuses_with_one_message(body, status, message):
     with pytest.raises(GatewayError, match=message) as e:
@@ -427,6 +437,88 @@ def test_sampling_fields_are_fixed_per_session_and_identities_are_unique(gw):
         gw.open_session({'colour': 'red'})
 
 
+def test_reasoning_effort_and_chat_template_kwargs_render_per_session_and_are_recorded(gw, upstream):
+    from agentrl import store
+    _, s = gw.open_session({'rollout_id': 'effort'})
+    req, _ = parse_request(json.dumps({'messages': USER, 'max_tokens': 4, 'reasoning_effort': 'none'}).encode(), 1 << 20)
+    assert (req.reasoning_effort, req.chat_template_kwargs) == ('none', {})
+    p = gw.prepare(s, req, 'd', 0)
+    gw.drop(p)
+    assert p.template.template_kwargs == {'enable_thinking': False}        # Qwen3's template reads no reasoning_effort
+    assert upstream.tokenizer.decode(p.plan.prompt_ids[-7:]) == '<|im_start|>assistant\n<think>\n\n</think>\n\n'
+    assert p.plan.prompt_ids[-4:] == [151667, 271, 151668, 271]
+    call(gw, s, USER, reasoning_effort='none')
+    more = USER + [{'role': 'assistant', 'content': 'x'}, {'role': 'user', 'content': 'y'}]
+    with pytest.raises(GatewayError) as e:
+        call(gw, s, more, reasoning_effort='high')
+    assert (e.value.status, e.value.param, e.value.message) == (
+        400, 'reasoning_effort', "reasoning_effort: enable_thinking=true differs from this session's first call "
+                                 "(enable_thinking=false): one session renders under one set of template options; "
+                                 "open a new session for another")
+    with pytest.raises(GatewayError) as e:
+        call(gw, s, more, chat_template_kwargs={'enable_thinking': True})
+    assert e.value.param == 'chat_template_kwargs.enable_thinking'
+    call(gw, s, more, chat_template_kwargs={'enable_thinking': False, 'unread_option': 1})   # unread: dropped
+    gw.finish(s, 1.0, {})
+    (rec,) = [r for r in store.read_trajectories(gw.out / 'trajectories') if r.provenance.rollout_id == 'effort']
+    assert rec.info['template']['template_kwargs'] == {'enable_thinking': False}
+    assert json.loads((gw.out / 'journal.jsonl').read_text().splitlines()[1])['req']['reasoning_effort'] == 'none'
+
+
+#: Written here: a template that reads ``reasoning_effort`` as gpt-oss's does (``Reasoning: high`` in the system turn)
+#: and ``enable_thinking`` (an empty think block after the generation prompt when it is false).
+EFFORT = ("{%- if reasoning_effort is defined and reasoning_effort %}<|im_start|>system\nReasoning: {{ reasoning_effort }}"
+          "<|im_end|>\n{% endif %}{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+          "{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
+          "{%- if enable_thinking is defined and enable_thinking is false %}<think></think>{%- endif %}{%- endif %}")
+
+
+def test_reasoning_effort_is_passed_to_a_template_that_reads_it_and_served_options_are_kept(upstream, tmp_path):
+    opened = []
+
+    def gateway(name, **kw):
+        opened.append(Gateway(upstream, tmp_path / name, **kw))
+        return opened[-1]
+    g = gateway('run', template_options={'chat_template': EFFORT})
+    off = gateway('run2', template_options={'enable_thinking': False}, conformance=False)
+    try:
+        assert g.conformance_report['null']['tool_calls'] == 'not rendered'
+        _, s = g.open_session({})
+        req, _ = parse_request(json.dumps({'messages': USER, 'reasoning_effort': 'high'}).encode(), 1 << 20)
+        assert g.request_options(req) == {'enable_thinking': True, 'reasoning_effort': 'high'}
+        p = g.prepare(s, req, 'd', 0)
+        g.drop(p)
+        assert upstream.tokenizer.decode(p.plan.prompt_ids) == (
+            '<|im_start|>system\nReasoning: high<|im_end|>\n<|im_start|>user\nFix clamp.<|im_end|>\n'
+            '<|im_start|>assistant')
+        assert g.conformance_report['null {"enable_thinking": true, "reasoning_effort": "high"}']['turns'] == 7
+        req, _ = parse_request(json.dumps({'messages': USER, 'reasoning_effort': 'none',
+                                           'chat_template_kwargs': {'enable_thinking': True}}).encode(), 1 << 20)
+        assert g.request_options(req) == {'enable_thinking': True, 'reasoning_effort': 'none'}   # the kwargs win
+        _, s = off.open_session({})
+        with pytest.raises(GatewayError) as e:
+            call(off, s, USER, chat_template_kwargs={'enable_thinking': True})
+        assert (e.value.param, e.value.message) == (
+            'chat_template_kwargs.enable_thinking', 'chat_template_kwargs.enable_thinking: enable_thinking=true cannot '
+            'be honoured: this gateway serves the template with enable_thinking=false; remove it')
+        assert off.request_options(parse_request(json.dumps({'messages': USER, 'reasoning_effort': 'none'}).encode(),
+                                                 1 << 20)[0]) == {'enable_thinking': False}
+        # TRL's gpt-oss template reads reasoning_effort (default medium), not enable_thinking
+        oss = gateway('run3', template_options={'chat_template': trl_template('gptoss')}, conformance=False,
+                      family='generic')
+        _, s = oss.open_session({})
+        req, _ = parse_request(json.dumps({'messages': USER, 'reasoning_effort': 'high'}).encode(), 1 << 20)
+        assert oss.request_options(req) == {'reasoning_effort': 'high'}
+        p = oss.prepare(s, req, 'd', 0)
+        oss.drop(p)
+        prompt = upstream.tokenizer.decode(p.plan.prompt_ids)
+        assert 'Reasoning: high\n' in prompt and 'Reasoning: medium' not in prompt
+    finally:
+        for x in opened:
+            x.pool.shutdown()
+            x.journal.close()
+
+
 def test_cli_serve_refuses_without_a_model(tmp_path, capsys):
     from agentrl.cli.main import main
     assert main(['serve', '--out', str(tmp_path / 'r')]) == 2
@@ -450,9 +542,13 @@ def test_conformance_gate_passes_real_templates_and_refuses_a_counting_one(upstr
     from agentrl.gateway import ConformanceError, conformance
     from agentrl.templates import ChatTemplate
     tok = upstream.tokenizer
-    assert conformance(ChatTemplate(tok, tools=TOOLS)) == {'conversations': 2, 'turns': 7, 'bridges': 5,
-                                                           'history_rewrites': 0}
-    assert conformance(ChatTemplate(tok, enable_thinking=False))['history_rewrites'] == 5
+    assert conformance(ChatTemplate(tok, tools=TOOLS), family=QWEN3) == {
+        'conversations': 2, 'turns': 7, 'bridges': 5, 'history_rewrites': 0, 'turn_rewrites': 0, 'tool_calls': 'parsed',
+        'found': 'conformance: 7 turns, 5 bridges: the bridged record equals the full render; tool calls parsed back '
+                 'by the qwen3 family'}
+    assert conformance(ChatTemplate(tok, enable_thinking=False))['found'] == (
+        'conformance: 7 turns, 5 bridges: 5 of 5 bridges follow a rewrite of earlier history (the template drops or '
+        'changes earlier text when a message is added), recorded as sampled')
     with pytest.raises(ConformanceError, match=r"conversation 0, after turn 3: the bridged record differs from the "
                                                r"full render at token 88: recorded '\\nResult 7: def', rendered "
                                                r"'\\nResult 9: def'"):
@@ -460,6 +556,93 @@ def test_conformance_gate_passes_real_templates_and_refuses_a_counting_one(upstr
     with pytest.raises(ConformanceError, match='after turn 3'):
         Gateway(upstream, tmp_path / 'run', template_options={'chat_template': COUNTING})
     Gateway(upstream, tmp_path / 'run2', template_options={'chat_template': COUNTING}, conformance=False).pool.shutdown()
+
+
+#: Written here: a template that rewrites history like Kimi K2's (every turn up to the last final answer loses its
+#: reasoning, `<think></think>` kept) and writes Hermes calls; the reasoning of later tool-call turns is kept.
+KIMI_LIKE = ("{%- set ns = namespace(last=-1) %}{%- for m in messages %}{%- if m.role == 'assistant' and not m.tool_calls %}"
+             "{%- set ns.last = loop.index0 %}{%- endif %}{%- endfor %}"
+             "{%- for m in messages %}{%- if m.role == 'assistant' %}<|im_start|>assistant\n"
+             "{%- if loop.index0 > ns.last and m.reasoning_content %}<think>{{ m.reasoning_content }}</think>"
+             "{%- else %}<think></think>{%- endif %}{{ m.content }}{%- for c in m.tool_calls or [] %}<tool_call>"
+             "{{ {'name': c.function.name, 'arguments': c.function.arguments} | tojson }}</tool_call>{%- endfor %}"
+             "<|im_end|>\n{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+             "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+#: Written here: calls as `CALL>name({...})`, a format no family parses.
+OWN_CALLS = ("{%- for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}{%- for c in m.tool_calls or [] %}"
+             "CALL>{{ c.function.name }}({{ c.function.arguments | tojson }}){%- endfor %}<|im_end|>\n{%- endfor %}"
+             "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+#: Written here: the generation prompt opens `assistant`, history writes `model`: no turn continues the prompt.
+OTHER_ROLE = ("{%- for m in messages %}{%- if m.role == 'assistant' %}<|im_start|>model\n{{ m.content }}<|im_end|>\n"
+              "{%- else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{%- endif %}{%- endfor %}"
+              "{%- if add_generation_prompt %}<|im_start|>assistant\n{%- endif %}")
+
+
+def test_conformance_gate_tells_a_history_rewrite_from_a_template_that_cannot_be_served(upstream, tmp_path):
+    from agentrl.gateway import ConformanceError, conformance
+    from agentrl.templates import ChatTemplate
+    tok = upstream.tokenizer
+    kimi = ChatTemplate(tok, chat_template=KIMI_LIKE)
+    assert conformance(kimi, family=QWEN3) == {
+        'conversations': 2, 'turns': 7, 'bridges': 5, 'history_rewrites': 0, 'turn_rewrites': 2, 'tool_calls': 'parsed',
+        'found': "conformance: 7 turns, 5 bridges: 2 of 7 turns rewrite earlier turns when rendered (a final answer "
+                 "drops earlier reasoning, as Kimi K2's template does), recorded as sampled; tool calls parsed back by "
+                 "the qwen3 family"}
+    with pytest.raises(ConformanceError, match=r'rewrites earlier turns when it renders an assistant turn '
+                                               r'\(2 of 7 turns\), refused in strict mode'):
+        conformance(kimi, strict=True)
+    gw = Gateway(upstream, tmp_path / 'run', template_options={'chat_template': KIMI_LIKE})
+    gw.pool.shutdown()
+    assert gw.conformance_report['null']['turn_rewrites'] == 2
+    with pytest.raises(ConformanceError) as e:
+        Gateway(upstream, tmp_path / 'run2', template_options={'chat_template': OTHER_ROLE})
+    assert str(e.value) == (
+        "conformance: conversation 0, turn 0: the chat template passed as chat_template= for "
+        f"{tok.name_or_path!r} writes the assistant turn after no copy of its own generation prompt "
+        "'<|im_start|>assistant', so a sampled turn cannot be recorded as it renders; it cannot be served "
+        "token-in/token-out (fix the chat template)")
+    # recorded following the template (history='template'), each turn keeps the context it was sampled in
+    from agentrl.templates import ChatRecorder
+    from agentrl.templates.bridge import rendered_turn
+    opening, (t0, after0), (t1, _) = CONFORMANCE_CORPUS[1][0], *CONFORMANCE_CORPUS[1][1]
+    rec = ChatRecorder(kimi, opening)
+    rec.add_turn(kimi.encode(rendered_turn(kimi, opening, t0)[0]), message=t0)
+    assert rec.add_messages(after0) == kimi.encode(kimi.render(rec.messages, True))     # tool turns stay prefixes
+    text, how = rendered_turn(kimi, rec.messages, t1)
+    assert (text, how) == ('<think></think>All green.<|im_end|>', 'rewrites_history')
+    rec.add_turn(kimi.encode(text), message=t1)
+    ctx = rec.add_messages([{'role': 'user', 'content': 'Thanks.'}])
+    assert ctx == kimi.encode(kimi.render(rec.messages, True)) and 'Both.' not in kimi.decode(ctx)
+    rec.add_turn(kimi.encode('<think></think>Bye.<|im_end|>'))
+    traj = rec.finish()
+    assert not traj.info['template']['prefix_stable'] and traj.turn_contexts[2][1].tolist() == ctx
+    assert traj.ids[:len(ctx)].tolist() != ctx                      # the record keeps the sampled reasoning
+
+
+def test_conformance_gate_parses_the_templates_tool_calls_back_with_the_family(upstream, tmp_path):
+    from agentrl.gateway import ConformanceError, conformance
+    from agentrl.templates import ChatTemplate
+    tok = upstream.tokenizer
+    with pytest.raises(ConformanceError) as e:
+        Gateway(upstream, tmp_path / 'run', template_options={'chat_template': OWN_CALLS})
+    assert str(e.value) == (
+        f"the chat template passed as chat_template= for {tok.name_or_path!r} writes tool calls as 'CALL>read({{}})' "
+        "(the qwen3 family reads no such calls); no model family parses them: pass --family NAME or add a family "
+        "module (docs/design.md#families)")
+    with pytest.raises(ConformanceError) as e:
+        Gateway(upstream, tmp_path / 'run2', family='generic')
+    assert str(e.value) == (
+        f"the chat template of {tok.name_or_path!r} writes tool calls as "
+        "'<tool_call>\\n{\"name\": \"read\", \"arguments\": {}}\\n</tool_call>' (the generic family reads no such "
+        "calls); the qwen3 family parses them: pass --family qwen3")
+    assert conformance(ChatTemplate(tok, chat_template=OWN_CALLS))['tool_calls'] == 'unchecked'     # no family
+    with pytest.raises(ConformanceError) as e:          # TRL's Qwen3.5 template: XML calls, not Hermes JSON
+        conformance(ChatTemplate(tok, chat_template=trl_template('qwen3_5_think')), family=QWEN3)
+    assert re.fullmatch(
+        f"the chat template passed as chat_template= for {re.escape(repr(tok.name_or_path))} writes tool calls as "
+        r"'<tool_call>\\n<function=read>\\n</function>\\n</tool_call>' \(the qwen3 family reads no such calls\); "
+        r'(no model family parses them: pass --family NAME or add a family module \(docs/design.md#families\)'
+        r'|the \w+ family parses them: pass --family \w+)', str(e.value)), str(e.value)
 
 
 def test_the_gateway_picks_the_model_family_or_takes_one_by_name(upstream, tmp_path):

@@ -271,6 +271,27 @@ def test_stability_probe(qwen):
     assert not tt.probe_stability(t.with_options(enable_thinking=False), opening, ('tool',))
 
 
+def test_stability_is_probed_per_turn_kind_empty_think_included(qwen):
+    from agentrl.templates.bridge import probe_message, turn_kind
+    opening = [{'role': 'user', 'content': 'Fix clamp.'}]
+    t = tt.ChatTemplate(qwen)
+    kinds = {'call, reasoning': {'role': 'assistant', 'content': '', 'reasoning_content': 'hm', 'tool_calls': call('read')},
+             'call, empty': {'role': 'assistant', 'content': '', 'reasoning_content': '', 'tool_calls': call('read')},
+             'answer, empty': {'role': 'assistant', 'content': 'ok', 'reasoning_content': ''},
+             'decoded, reasoning': {'role': 'assistant', 'content': '<think>\nhm\n</think>\n\nok'},
+             'decoded, empty': {'role': 'assistant', 'content': '<think>\n\n</think>\n\nok'}}
+    got = {name: turn_kind(t, m) for name, m in kinds.items()}
+    assert got == {'call, reasoning': ('tool_call', 'text', ()), 'call, empty': ('tool_call', 'empty', ()),
+                   'answer, empty': ('answer', 'empty', (None,)),
+                   'decoded, reasoning': ('answer', 'none', ('<think>', None, '</think>', None)),
+                   'decoded, empty': ('answer', 'none', ('<think>', '\n\n', '</think>', None))}
+    assert probe_message(got['decoded, empty']) == {'role': 'assistant',
+                                                    'content': '<think>\n\n</think>Probe text 3.'}
+    stable = {name: tt.probe_stability(t, opening, ('tool',), turn=probe_message(k)) for name, k in got.items()}
+    assert stable == {'call, reasoning': True, 'call, empty': False, 'answer, empty': False,
+                      'decoded, reasoning': True, 'decoded, empty': False}
+
+
 def test_non_thinking_tool_loop_gets_turn_contexts(qwen):
     # in non-thinking mode the empty think block of each generation prompt is not kept in history
     rec = tt.ChatRecorder(qwen, [{'role': 'user', 'content': 'Fix clamp.'}], enable_thinking=False)
@@ -286,3 +307,31 @@ def test_non_thinking_tool_loop_gets_turn_contexts(qwen):
     assert ctx[1] == enc(qwen, t.render(msgs[:3], True)) and ctx[2] == enc(qwen, t.render(msgs, True))
     assert traj.turn_contexts is not None and traj.provenance.logp_placeholder
     assert [c.tolist() for _, c in traj.turn_contexts] == ctx[:2]
+
+
+# an empty think block in a tool-call turn: the template keeps a think block in history only when the reasoning is
+# non-empty, so the next context drops the block the policy sampled
+OPENING_IDS = [151644, 872, 198, 25958, 41904, 13, 151645, 198, 151644, 77091, 198]     # user 'Fix clamp.' + prompt
+EMPTY_THINK = [151667, 271, 151668, 271]                                                # '<think>\n\n</think>\n\n'
+READ_CALL = [151657, 198, 4913, 606, 788, 330, 878, 497, 330, 16370, 788, 4687, 532, 151658]  # the Hermes block
+RESULT = [750, 41904, 2075, 11, 775, 11, 15588, 1648, 12236]                # 'def clamp(x, lo, hi): ...\n'
+
+
+@pytest.mark.parametrize('parsed', [True, False], ids=['message', 'decoded'])
+def test_empty_think_tool_call_turn_gets_the_templates_context(qwen, parsed):
+    rec = tt.ChatRecorder(qwen, [{'role': 'user', 'content': 'Fix clamp.'}])
+    assert rec.prompt_ids == OPENING_IDS
+    first = EMPTY_THINK + READ_CALL + [IM_END]
+    msg = {'role': 'assistant', 'content': '', 'reasoning_content': '', 'tool_calls': call('read')}
+    rec.add_turn(first, [-0.5] * len(first), message=msg if parsed else None)
+    ctx = rec.add_messages([{'role': 'tool', 'content': 'def clamp(x, lo, hi): ...'}])
+    bridge = [198, 151644, 872, 198, 151665, 198] + RESULT + [151666, 151645, 198, 151644, 77091, 198]
+    assert rec.bridges[0].ids == bridge
+    want = OPENING_IDS + READ_CALL + [IM_END] + bridge          # the sampled empty think block is gone from history
+    assert ctx == want == rec.template.encode(rec.template.render(rec.messages, True))
+    second = enc(qwen, '<think>\nSwap.\n</think>\n\nDone.') + [IM_END]
+    rec.add_turn(second, [-0.25] * len(second))
+    traj = rec.finish()
+    assert not traj.info['template']['prefix_stable']
+    assert traj.ids.tolist() == OPENING_IDS + first + bridge + second          # the record keeps what was sampled
+    assert [(s, c.tolist()) for s, c in traj.turn_contexts] == [(11, OPENING_IDS), (11 + 19 + 21, want)]

@@ -86,3 +86,20 @@ def test_long_audit_on_its_structural_summary_equals_the_exact_audit(user_every)
     lab = tt.label_owners(t, msgs)
     from agentrl.templates.labels import locate_messages
     assert lab.regions == locate_messages(t, tt.labels.check_messages(msgs), fast=False)[1]
+
+
+def test_the_gate_and_the_turn_kind_probe_on_the_tiny_template():
+    from agentrl.families import QWEN3, family_for
+    from agentrl.gateway import conformance
+    from agentrl.templates.bridge import probe_message, turn_kind
+    t = tt.ChatTemplate(load('tiny'))
+    assert family_for(t) is QWEN3
+    assert conformance(t, family=QWEN3)['found'] == ('conformance: 7 turns, 5 bridges: the bridged record equals the '
+                                                     'full render; tool calls parsed back by the qwen3 family')
+    opening = [{'role': 'user', 'content': 'Fix clamp.'}]
+    empty = turn_kind(t, {'role': 'assistant', 'content': '<think>\n\n</think>\n\nok'})
+    full = turn_kind(t, {'role': 'assistant', 'content': '<think>\nhm\n</think>\n\nok'})
+    assert (empty, full) == (('answer', 'none', ('<think>', '\n\n', '</think>', None)),
+                             ('answer', 'none', ('<think>', None, '</think>', None)))
+    # the tiny template keeps assistant content verbatim: an empty think block stays in history (Qwen3's drops it)
+    assert [tt.probe_stability(t, opening, ('tool',), turn=probe_message(k)) for k in (empty, full)] == [True, True]

@@ -155,6 +155,8 @@ def _serve(args, upstream) -> int:
         srv = Server(gw, args.host, args.port, stream_interval=args.stream_interval, pause_wait=args.pause_wait)
         open_ = sum(s.state == 'open' for s in gw.sessions.values())
         mode = f'; vllm log-probs {upstream.logp_mode}' if getattr(upstream, 'logp_mode', None) else ''
+        for report in gw.conformance_report.values():        # the start-up gate's finding
+            print(report['found'], file=sys.stderr, flush=True)
         print(f'serving on {srv.url} (sessions: POST {srv.url}/sessions; run {args.out}; '
               f'{open_} open sessions resumed{mode})', flush=True)
         srv.run()

@@ -6,7 +6,8 @@ field); nothing is written for a refused request. Sampling fields map onto
 naming it, never ignored.
 
 Source: the OpenAI chat-completions API (fields, error JSON ``{"error": {message, type, param,
-code}}``); vLLM's extensions ``top_k``, ``min_p``, ``repetition_penalty``, ``return_token_ids``.
+code}}``); vLLM's extensions ``top_k``, ``min_p``, ``repetition_penalty``, ``return_token_ids``,
+``chat_template_kwargs`` and its ``reasoning_effort`` values and mapping (:func:`template_options`).
 """
 from __future__ import annotations
 
@@ -17,15 +18,23 @@ from dataclasses import dataclass, field
 from ..record import SamplingSpec
 from ..templates.chat import check_messages, function_tools
 
-__all__ = ['GatewayError', 'ChatRequest', 'parse_request', 'body_digest', 'error_body']
+__all__ = ['GatewayError', 'ChatRequest', 'parse_request', 'body_digest', 'error_body', 'REASONING_EFFORTS',
+           'template_options']
 
 #: Request fields accepted and ignored: they do not change what is sampled or recorded.
 _IGNORED = {'model', 'user', 'metadata', 'store', 'parallel_tool_calls', 'stream_options', 'service_tier',
-            'prompt_cache_key', 'safety_identifier', 'reasoning_effort'}
+            'prompt_cache_key', 'safety_identifier'}
+#: The ``reasoning_effort`` values vLLM accepts.
+REASONING_EFFORTS = ('none', 'minimal', 'low', 'medium', 'high', 'xhigh', 'max')
+#: ``chat_template_kwargs`` keys that are not template variables here: the template, tokenization and
+#: the rendering options the gateway sets itself (vLLM refuses the first two too).
+_NOT_TEMPLATE_KWARGS = ('chat_template', 'tokenize', 'tools', 'documents', 'add_generation_prompt',
+                        'continue_final_message', 'stop_tokens', 'content_text')
 _SAMPLING = {'temperature', 'top_p', 'top_k', 'min_p', 'presence_penalty', 'frequency_penalty',
              'repetition_penalty'}
 _OWN = {'messages', 'tools', 'tool_choice', 'max_tokens', 'max_completion_tokens', 'stop', 'stream', 'seed', 'n',
-        'logprobs', 'top_logprobs', 'return_token_ids', 'response_format', 'logit_bias', 'functions'}
+        'logprobs', 'top_logprobs', 'return_token_ids', 'response_format', 'logit_bias', 'functions',
+        'chat_template_kwargs', 'reasoning_effort'}
 
 
 class GatewayError(Exception):
@@ -62,6 +71,8 @@ class ChatRequest:
         max_tokens: the turn's token budget (None: the server's default).
         stop: stop strings (cut after the token that completes one; the string is not returned).
         stream, logprobs, return_token_ids: output options. seed: the sampling seed or None.
+        chat_template_kwargs: the request's template options (a dict, ``{}`` when absent).
+        reasoning_effort: one of :data:`REASONING_EFFORTS`, or None.
     """
     messages: list
     tools: list | None = None
@@ -74,17 +85,50 @@ class ChatRequest:
     logprobs: bool = False
     return_token_ids: bool = False
     seed: int | None = None
+    chat_template_kwargs: dict = field(default_factory=dict)
+    reasoning_effort: str | None = None
 
     def recorded(self) -> dict:
         """What the journal keeps of the request (enough to replay the session's state)."""
-        return {'messages': self.messages, 'tools': self.tools, 'tool_choice': self.tool_choice,
-                'spec': self.spec.to_dict(), 'max_tokens': self.max_tokens, 'stop': self.stop, 'seed': self.seed}
+        out = {'messages': self.messages, 'tools': self.tools, 'tool_choice': self.tool_choice,
+               'spec': self.spec.to_dict(), 'max_tokens': self.max_tokens, 'stop': self.stop, 'seed': self.seed}
+        if self.chat_template_kwargs:
+            out['chat_template_kwargs'] = self.chat_template_kwargs
+        if self.reasoning_effort is not None:
+            out['reasoning_effort'] = self.reasoning_effort
+        return out
 
     @classmethod
     def from_recorded(cls, d: dict) -> 'ChatRequest':
         """The inverse of :meth:`recorded` (output options off)."""
         return cls(messages=d['messages'], tools=d['tools'], tool_choice=d['tool_choice'],
-                   spec=SamplingSpec.from_dict(d['spec']), max_tokens=d['max_tokens'], stop=d['stop'], seed=d['seed'])
+                   spec=SamplingSpec.from_dict(d['spec']), max_tokens=d['max_tokens'], stop=d['stop'], seed=d['seed'],
+                   chat_template_kwargs=dict(d.get('chat_template_kwargs') or {}),
+                   reasoning_effort=d.get('reasoning_effort'))
+
+
+def template_options(req: ChatRequest, reads) -> dict:
+    """The template options a request renders under, mapped as vLLM maps them.
+
+    ``reasoning_effort`` sets ``enable_thinking = effort != 'none'`` unless ``chat_template_kwargs``
+    sets it, and is passed itself as ``reasoning_effort`` (gpt-oss renders ``Reasoning: high``);
+    ``chat_template_kwargs`` are passed as given. Only variables the template reads are kept (vLLM
+    drops the others too: they change nothing the template renders).
+
+    Args:
+        req: the parsed request. reads: the names the template's source reads (a container of str).
+
+    Returns:
+        ``{name: value}``, sorted by name (``{}`` for a request that sets none).
+
+    Source: vLLM's chat-completions request (``build_chat_params``, ``resolve_chat_template_kwargs``).
+    """
+    opts = {}
+    if req.reasoning_effort is not None:
+        opts['reasoning_effort'] = req.reasoning_effort
+        opts['enable_thinking'] = req.reasoning_effort != 'none'
+    opts.update(req.chat_template_kwargs)
+    return {k: opts[k] for k in sorted(opts) if k in reads}
 
 
 def body_digest(body: bytes, parsed=None) -> str:
@@ -142,6 +186,28 @@ def _spec(body: dict) -> SamplingSpec:
                         penalty_semantics='vllm' if (presence or frequency) else 'transformers')
 
 
+def _template_kwargs(body: dict) -> dict:
+    kw = body.get('chat_template_kwargs')
+    if kw is None:
+        return {}
+    if not isinstance(kw, dict):
+        raise bad(f'chat_template_kwargs must be a JSON object of template options, got {type(kw).__name__}',
+                  'chat_template_kwargs')
+    for k in kw:
+        if k in _NOT_TEMPLATE_KWARGS:
+            raise bad(f'chat_template_kwargs.{k} cannot be honoured: the gateway renders with the template and '
+                      'options it serves; remove it', f'chat_template_kwargs.{k}')
+    return dict(kw)
+
+
+def _effort(body: dict) -> str | None:
+    e = body.get('reasoning_effort')
+    if e is not None and e not in REASONING_EFFORTS:
+        raise bad(f'reasoning_effort must be one of {", ".join(REASONING_EFFORTS)}, got {json.dumps(e)[:60]}',
+                  'reasoning_effort')
+    return e
+
+
 def _stop(body: dict) -> list:
     stop = body.get('stop')
     if stop is None:
@@ -177,7 +243,9 @@ def parse_request(raw: bytes, max_bytes: int, known: tuple | None = None) -> tup
         GatewayError: 413 for a body over ``max_bytes``; 400 for malformed JSON, a missing or bad
             ``messages`` (unknown role: the message names the index), bad tools, a sampling field
             out of range, ``n != 1``, ``top_logprobs``, ``logit_bias``, a ``response_format`` other
-            than text, a ``tool_choice`` other than auto/none, a last message from the assistant,
+            than text, ``chat_template_kwargs`` that is not an object or sets the template or a rendering
+            option the gateway sets (``tools``, ``add_generation_prompt`` ...), a ``reasoning_effort``
+            outside :data:`REASONING_EFFORTS`, a ``tool_choice`` other than auto/none, a last message from the assistant,
             or an unknown field (each message names the field).
     """
     if len(raw) > max_bytes:
@@ -227,4 +295,5 @@ def parse_request(raw: bytes, max_bytes: int, known: tuple | None = None) -> tup
                        stop=_stop(body), stream=bool(body.get('stream')),
                        include_usage=bool(isinstance(opts, dict) and opts.get('include_usage')),
                        logprobs=bool(body.get('logprobs')), return_token_ids=bool(body.get('return_token_ids')),
-                       seed=None if seed is None else int(seed) & ((1 << 63) - 1)), body
+                       seed=None if seed is None else int(seed) & ((1 << 63) - 1),
+                       chat_template_kwargs=_template_kwargs(body), reasoning_effort=_effort(body)), body

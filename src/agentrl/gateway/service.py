@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -36,7 +37,7 @@ from ..templates import ChatTemplate
 from .journal import Journal, read_journal
 from .limits import Limits
 from .parse import finish_reason, parse_reply
-from .protocol import ChatRequest, GatewayError
+from .protocol import ChatRequest, GatewayError, template_options
 from .records import run_metrics, session_records
 from .sessions import Session
 
@@ -77,16 +78,20 @@ class Gateway:
         limits: per-session :class:`~agentrl.gateway.limits.Limits`.
         session_timeout: seconds a session may stay idle before it is committed as aborted.
         template_options: :class:`~agentrl.templates.ChatTemplate` options (``enable_thinking``,
-            ``chat_template`` ...).
-        conformance: run :func:`~agentrl.gateway.conformance.conformance` on every template before
-            it serves (at start for the tool-less one, at first use for each tool list).
+            ``chat_template`` ...). A request's ``chat_template_kwargs`` and ``reasoning_effort``
+            (:func:`~agentrl.gateway.protocol.template_options`) add to them; one that would change
+            one of them, or change what the session's first call rendered under, is refused.
+        conformance: run :func:`~agentrl.gateway.conformance.conformance` (with the family) on every
+            template before it serves (at start for the tool-less one, at first use for each tool
+            list and set of request template options).
         family: the model family's name (:func:`agentrl.families.family_names`); None picks it from
             the tokenizer (:func:`agentrl.families.family_for`). Attribute ``family``: the family.
 
     Raises:
         ValueError: a damaged journal (names the line); ``out`` holds a run of another kind; an
             unknown ``family``.
-        ConformanceError: the template's bridges disagree with its full render (names the token).
+        ConformanceError: the template's bridges disagree with its full render (names the token), or
+            it writes tool calls the family does not parse (names the format).
     """
 
     def __init__(self, upstream, out, *, limits: Limits | None = None, session_timeout: float = 600.0,
@@ -101,7 +106,8 @@ class Gateway:
         self.records: dict[str, int] = {}
         self._templates: dict = {}
         self._writer = None
-        self.family = family_for(self.template(None), name=family)   # template(None): the start-up conformance gate
+        self.family, self._family_name = None, family
+        self.template(None)              # picks the family, then the start-up conformance gate
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix='agentrl-gateway')
         self.engine_pool = ThreadPoolExecutor(max_workers=max(1, int(getattr(upstream, 'concurrency', 1))),
                                               thread_name_prefix='agentrl-engine')
@@ -125,29 +131,64 @@ class Gateway:
             self._writer = ShardWriter(self.out / 'trajectories')
         return self._writer
 
-    def template(self, tools) -> ChatTemplate:
-        """The chat template with these tools (cached per tool list).
+    def template(self, tools, options: dict | None = None) -> ChatTemplate:
+        """The chat template with these tools and request template options (cached per both).
+
+        The first template built picks the model family (:func:`agentrl.families.family_for`).
 
         Raises:
-            GatewayError: 400 when the template cannot take the tools or fails the conformance gate
-                with them. ConformanceError: the tool-less template fails the gate.
+            GatewayError: 400 when the template cannot take the tools or options, or fails the
+                conformance gate with them. ConformanceError: the tool-less template fails the gate.
+            ValueError: an unknown family name.
         """
-        key = json.dumps(tools, sort_keys=True)
+        options = options or {}
+        key = json.dumps(tools, sort_keys=True) + (' ' + json.dumps(options, sort_keys=True) if options else '')
         if key not in self._templates:
+            param = 'tools' if tools is not None or not options else 'chat_template_kwargs'
             try:
-                t = ChatTemplate(self.upstream.tokenizer, tools=tools, **self.template_options)
+                t = ChatTemplate(self.upstream.tokenizer, tools=tools, **{**self.template_options, **options})
             except ValueError as e:
-                raise GatewayError(400, f'tools: {e}', param='tools') from None
+                raise GatewayError(400, f'{param}: {e}', param=param) from None
+            if self.family is None:
+                self.family = family_for(t, name=self._family_name)
             if self.conformance:
                 from .conformance import ConformanceError, conformance
                 try:
-                    self.conformance_report[key] = conformance(t)
+                    self.conformance_report[key] = conformance(t, family=self.family)
                 except ConformanceError as e:
-                    if tools is None:
+                    if tools is None and not options:
                         raise
-                    raise GatewayError(400, f'tools: {e}', param='tools') from None
+                    raise GatewayError(400, f'{param}: {e}', param=param) from None
             self._templates[key] = t
         return self._templates[key]
+
+    def request_options(self, req: ChatRequest, session: Session | None = None) -> dict:
+        """The template options ``req`` renders under (:func:`~agentrl.gateway.protocol.template_options`).
+
+        Raises:
+            GatewayError: 400 naming ``chat_template_kwargs.NAME`` or ``reasoning_effort`` when the value
+                would change an option the gateway serves with (``template_options``) or one the
+                session's first call rendered under.
+        """
+        source = self.template(None).source or ''
+        names = set(req.chat_template_kwargs) | {'enable_thinking', 'reasoning_effort'}
+        reads = {k for k in names if re.search(rf'(?<![\w.]){re.escape(k)}\b', source)}
+        opts = template_options(req, reads)
+
+        def field(k):
+            return f'chat_template_kwargs.{k}' if k in req.chat_template_kwargs else 'reasoning_effort'
+        for k, v in opts.items():
+            if k in self.template_options and self.template_options[k] != v:
+                raise GatewayError(400, f'{field(k)}: {k}={json.dumps(v)} cannot be honoured: this gateway serves '
+                                        f'the template with {k}={json.dumps(self.template_options[k])}; remove it',
+                                   param=field(k))
+        if session is not None and session.template_kwargs is not None and session.template_kwargs != opts:
+            old = session.template_kwargs
+            k = next(k for k in sorted(set(old) | set(opts)) if old.get(k) != opts.get(k))
+            raise GatewayError(400, f'{field(k)}: {k}={json.dumps(opts.get(k))} differs from this session\'s first '
+                                    f'call ({k}={json.dumps(old.get(k))}): one session renders under one set of '
+                                    'template options; open a new session for another', param=field(k))
+        return opts
 
     def session(self, token: str) -> Session:
         """The session of a capability token.
@@ -236,7 +277,7 @@ class Gateway:
             name = next(k for k in a if a[k] != b[k])
             raise GatewayError(400, f'{name}={b[name]} differs from this session\'s first call ({a[name]}): one '
                                     'session samples under one sampler; open a new session for another', param=name)
-        template = self.template(req.tools)
+        template = self.template(req.tools, self.request_options(req, session))
         try:
             plan = session.plan(req.messages, json.dumps(req.tools, sort_keys=True), template, self.family)
         except ValueError as e:
@@ -323,6 +364,7 @@ class Gateway:
         s = TurnResult(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed, server=sample.server)
         if session.spec is None:
             session.spec = req.spec
+            session.template_kwargs = self.request_options(req)
         session.last_messages = req.messages
         session.commit(plan, s, message, {'index': len(session.calls), 'digest': digest, 'seed': sample.seed,
                                           'response': response, 'version': version, 'server': sample.server})
@@ -406,8 +448,8 @@ class Gateway:
                 self.sessions[ev['sid']] = Session(ev['sid'], ev['identity'], ev['t'])
             elif kind == 'call' and s is not None:
                 req = ChatRequest.from_recorded(_full(ev['req'], s.last_messages))
-                plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True), self.template(req.tools),
-                              self.family)
+                plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True),
+                              self.template(req.tools, self.request_options(req, s)), self.family)
                 sample = TurnResult(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'],
                                 server=ev.get('server'))
                 self._apply(s, plan, sample, ev['message'], ev['truncated'], ev['digest'], ev['response'], req,

@@ -228,6 +228,7 @@ class Session:
         self.out_tokens = 0
         self.in_flight = 0
         self.spec = None
+        self.template_kwargs = None        # the template options of the first call (request_options)
         self.last_messages: list = []      # the messages of the latest call (the journal stores calls as deltas)
         self.checked: tuple | None = None  # (raw, checked) messages of the latest parsed request (parse_request)
 

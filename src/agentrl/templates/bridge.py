@@ -14,10 +14,15 @@ from .chat import ChatTemplate
 from .labels import Region, owners_from_regions
 from .messages import diff_span, owner_of_role
 
-__all__ = ['Bridge', 'template_bridge', 'bridge_shape', 'cached_bridge', 'probe_turn_text', 'probe_stability']
+__all__ = ['Bridge', 'template_bridge', 'bridge_shape', 'cached_bridge', 'probe_turn_text', 'probe_stability',
+           'rendered_turn', 'turn_kind', 'probe_message', 'REASONING_STATES']
 
 _PROBE_TOOL = 'Probe result.'
 _PROBE_USER = 'Probe question.'
+_PROBE_CALL = {'id': 'functions.probe:0', 'type': 'function', 'function': {'name': 'probe', 'arguments': {}}}
+#: What a turn holds as reasoning, as :func:`turn_kind` tells it: no ``reasoning_content`` field, an empty one,
+#: a non-empty one (a template may keep an empty think block in history, or drop it: Qwen3 drops it).
+REASONING_STATES = ('none', 'empty', 'text')
 
 
 @dataclass
@@ -208,44 +213,147 @@ def cached_bridge(template: ChatTemplate, history: list, turn: dict, new_message
     return Bridge(text=text, ids=ids, owner=owner, stop=stop, regions=regions)
 
 
-def probe_turn_text(template: ChatTemplate, opening: list) -> str:
+def rendered_turn(template: ChatTemplate, history: list, message: dict) -> tuple | None:
+    """What the template writes for the assistant ``message`` after ``history``'s generation prompt.
+
+    The turn is rendered last, without the generation prompt, and the text after the generation
+    prompt is kept up to and including the first stop text (all of it when none follows). Tried in
+    order: the message as is, then without ``reasoning_content`` (a generation prompt that closed
+    the reasoning block, Qwen3's ``enable_thinking=False``), each as a continuation of the context;
+    then, for a template that rewrites earlier turns once this one is rendered (Kimi K2 drops
+    earlier reasoning when a final answer is rendered), the text after the last occurrence of the
+    generation prompt.
+
+    Args:
+        template: the :class:`ChatTemplate`. history: messages before the turn (ending with a user,
+            tool or system message). message: the assistant turn (``content``, ``reasoning_content``,
+            ``tool_calls`` ...).
+
+    Returns:
+        ``(text, how)``: ``how`` is ``'verbatim'``, ``'without_reasoning'`` or ``'rewrites_history'``
+        (the render of the turn changes the text before the generation prompt); None when the
+        template writes the turn after no copy of its own generation prompt (it cannot be served
+        token-in/token-out).
+
+    Raises:
+        ValueError: the template cannot render the messages.
+
+    Source: the template itself; docs/design.md#templates (history rewrites, per-turn contexts).
+    """
+    ctx = template.render(history, True)
+    head = template.render(history, False)
+    gen = ctx[len(head):] if ctx.startswith(head) else ''
+    plain = {k: v for k, v in message.items() if k != 'reasoning_content'}
+    tries = [message] if plain == message else [message, plain]
+    fulls = [template.render(history + [m], False) for m in tries]
+    for m, full in zip(tries, fulls):
+        if full.startswith(ctx):
+            return _to_stop(template, full[len(ctx):]), 'verbatim' if m is message else 'without_reasoning'
+    for full in fulls:
+        k = full.rfind(gen) if gen else -1
+        if k >= 0:
+            return _to_stop(template, full[k + len(gen):]), 'rewrites_history'
+    return None
+
+
+def _to_stop(template: ChatTemplate, rest: str) -> str:
+    """``rest`` up to and including its first stop text (all of it when none occurs)."""
+    hits = [(rest.find(t), -len(t), t) for t in template.stop_texts if rest.find(t) >= 0]
+    if not hits:
+        return rest
+    pos, _, t = min(hits)
+    return rest[:pos + len(t)]
+
+
+def turn_kind(template: ChatTemplate, message: dict) -> tuple:
+    """The kind of an assistant turn, as far as a template's history rendering can depend on it.
+
+    Returns:
+        ``(call, reasoning, shape)``: ``call`` is ``'tool_call'`` when the message has ``tool_calls``,
+        else ``'answer'``; ``reasoning`` one of :data:`REASONING_STATES`; ``shape`` the content with
+        every run of text between control tokens replaced by None and whitespace-only runs kept (so a
+        decoded turn ``'<think>\\n\\n</think>\\n\\nDone.'`` with an empty think block differs from one with
+        reasoning: ``('<think>', '\\n\\n', '</think>', '\\n\\n', None)`` for Qwen3).
+
+    Source: Qwen3's template keeps a think block in history only when the reasoning is non-empty;
+    docs/design.md#templates.
+    """
+    r = message.get('reasoning_content')
+    state = 'none' if r is None else ('empty' if not str(r).strip() else 'text')
+    content = message.get('content')
+    content = content if isinstance(content, str) else ''
+    ctl = template._control_re
+    parts, pos = [], 0
+    for hit in (ctl.finditer(content) if ctl is not None else ()):
+        parts += [content[pos:hit.start()], hit.group(0)]
+        pos = hit.end()
+    parts.append(content[pos:])
+    shape = []
+    for q, part in enumerate(parts):
+        if q % 2:
+            shape.append(part)
+        elif part:
+            shape.append(part if not part.strip() else None)
+    return ('tool_call' if message.get('tool_calls') else 'answer', state, tuple(shape))
+
+
+def probe_message(kind: tuple) -> dict:
+    """A probe assistant turn of a :func:`turn_kind` kind (probe words where the turn had text).
+
+    Returns:
+        ``{'role': 'assistant', 'content', 'reasoning_content'?, 'tool_calls'?}``: one call to
+        ``probe`` for a ``'tool_call'`` kind; reasoning ``''`` or ``'Probe reasoning.'`` per state.
+    """
+    call, state, shape = kind
+    content = ''.join(f'Probe text {q}.' if part is None else part for q, part in enumerate(shape))
+    msg = {'role': 'assistant', 'content': content}
+    if state != 'none':
+        msg['reasoning_content'] = '' if state == 'empty' else 'Probe reasoning.'
+    if call == 'tool_call':
+        msg['tool_calls'] = [_PROBE_CALL]
+    return msg
+
+
+def probe_turn_text(template: ChatTemplate, opening: list, message: dict | None = None) -> str:
     """What a model writes after the generation prompt, as the template renders it (incl. stop).
 
-    Renders the opening plus an assistant answer (with reasoning, then without) and keeps the
-    text between the generation prompt and the first end-of-turn token. For Qwen3 in thinking
-    mode: ``'<think>\\nProbe reasoning.\\n</think>\\n\\nProbe answer.<|im_end|>'``.
+    :func:`rendered_turn` of ``message`` (default an answer with reasoning) after the opening. For
+    Qwen3 in thinking mode: ``'<think>\\nProbe reasoning.\\n</think>\\n\\nProbe answer.<|im_end|>'``.
+    When the template writes the turn after no copy of its generation prompt: ``'Probe answer.'`` and
+    the last stop text.
 
     Raises:
         ValueError: the template cannot render the opening.
 
     Source: the template itself (its rendering of a final assistant turn).
     """
-    ctx = template.render(opening, True)
-    for msg in ({'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'},
-                {'role': 'assistant', 'content': 'Probe answer.'}):
-        full = template.render(opening + [msg], False)
-        if full.startswith(ctx):
-            rest = full[len(ctx):]
-            hits = [(rest.find(t), t) for t in template.stop_texts if rest.find(t) >= 0]
-            if hits:
-                pos, t = min(hits)
-                return rest[:pos + len(t)]
-    return 'Probe answer.' + template.stop_texts[-1]
+    message = message or {'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'}
+    found = rendered_turn(template, opening, message)
+    return found[0] if found is not None else 'Probe answer.' + template.stop_texts[-1]
 
 
-def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, rounds: int = 2) -> bool:
+def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, rounds: int = 2,
+                    turn: dict | None = None) -> bool:
     """Whether appending messages with roles ``pattern`` after sampled turns keeps contexts prefixes.
 
-    Runs a ``rounds``-round probe episode: after each probe turn and bridge, the recorded text must
-    equal the template's rendering of the conversation with the generation prompt.
+    Runs a probe episode: the opening, a tool-call turn with reasoning and its tool result (what a
+    template drops first when it rewrites history; left out when the template cannot render it
+    after its generation prompt), then ``rounds`` rounds of ``turn`` and ``pattern``'s messages. After
+    each round the recorded text (the template's rendering before the rounds, then each turn's
+    :func:`rendered_turn` text and bridge) must equal the template's rendering of the conversation
+    with the generation prompt.
 
     Args:
         template: the :class:`ChatTemplate`.
         opening: the episode's opening messages.
         pattern: roles of the messages appended after each turn, e.g. ``('tool',)``.
+        rounds: probe rounds.
+        turn: the probe assistant turn (:func:`probe_message` of the sampled turn's :func:`turn_kind`);
+            default an answer with reasoning.
 
     Returns:
-        True when every probe context is a prefix of the next one.
+        True when every probe context is a prefix of the next one; False as well when rendering the
+        turn rewrites earlier turns (Kimi K2's final answer drops the reasoning before it).
 
     Raises:
         ValueError: the template cannot render the opening (a message the template drops in the
@@ -253,22 +361,35 @@ def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, round
 
     Source: book chapter 5.3 (prefix stability; Qwen3 is stable across tool turns in thinking
     mode, not after a new user message, and not across turns in non-thinking mode, where the
-    empty think block of the generation prompt is not kept in history).
+    empty think block of the generation prompt is not kept in history; nor after a tool-call turn
+    whose think block is empty, which its template drops from history).
     """
-    turn = probe_turn_text(template, opening)
-    stop = next((t for t in template.stop_texts if turn.endswith(t)), '')
-    content = turn[:len(turn) - len(stop)]
-    recorded = template.render(opening, True)
+    turn = turn or {'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'}
     msgs = list(opening)
+    canary = {'role': 'assistant', 'content': '', 'reasoning_content': 'Probe canary.', 'tool_calls': [_PROBE_CALL]}
+    try:
+        found = rendered_turn(template, msgs, canary)
+        if found is not None and found[1] == 'verbatim':
+            msgs += [canary, {'role': 'tool', 'content': f'{_PROBE_TOOL} c'}]
+            template.render(msgs, True)
+    except ValueError:
+        msgs = list(opening)
+    recorded = template.render(msgs, True)
     for r in range(rounds):
+        found = rendered_turn(template, msgs, turn)
+        if found is None or found[1] == 'rewrites_history':
+            return False
+        text, how = found
+        said = turn if how == 'verbatim' else {k: v for k, v in turn.items() if k != 'reasoning_content'}
+        stop = next((t for t in template.stop_texts if text.endswith(t)), '')
         new = [{'role': role, 'content': _PROBE_USER if role in ('user', 'system') else f'{_PROBE_TOOL} {r}{q}'}
                for q, role in enumerate(pattern)]
         try:
-            bridge = template_bridge(template, msgs, new, terminated=bool(stop))
+            bridge = template_bridge(template, msgs, new, terminated=bool(stop), turn=said)
         except ValueError:
             return False
-        recorded += turn + bridge.text
-        msgs = msgs + [{'role': 'assistant', 'content': content}] + new
+        recorded += text + bridge.text
+        msgs = msgs + [said] + new
         if template.render(msgs, True) != recorded:
             return False
     return True

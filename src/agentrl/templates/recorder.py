@@ -11,8 +11,8 @@ import json
 import torch
 
 from ..record import OWNER, Provenance, TokenLog, Trajectory
-from .bridge import (Bridge, bridge_shape, cached_bridge, probe_stability, probe_turn_text,  # noqa: F401
-                     template_bridge)
+from .bridge import (Bridge, bridge_shape, cached_bridge, probe_message, probe_stability,  # noqa: F401
+                     probe_turn_text, template_bridge, turn_kind)
 from .chat import as_template, tokenizer_fingerprint
 from .labels import label_owners
 from .messages import check_messages, common_prefix
@@ -299,7 +299,7 @@ class ChatRecorder:
     def _advance_context(self, bridge: Bridge) -> None:
         turn_text, turn_ids = self._turn_piece
         pattern = tuple(m['role'] for m in self._pending)
-        if self._stable(pattern):
+        if self._stable(pattern, turn_kind(self.template, self._messages[self._turn_index[-1]])):
             self._ctx += turn_ids + bridge.ids
             self._ctx_pieces += [(turn_text, len(turn_ids)), (bridge.text, len(bridge.ids))]
             return
@@ -321,12 +321,14 @@ class ChatRecorder:
         self._ctx_pieces = kept + ([(rest, len(rest_ids))] if rest else [])
         self._ctx_is_prefix = self._ctx_is_prefix and not rest and n_ids == len(flat)
 
-    def _stable(self, pattern: tuple) -> bool:
-        """Whether appending messages with these roles leaves the template's history unchanged (probed)."""
-        key = ('stable', pattern, tuple(m['role'] for m in self._opening))
+    def _stable(self, pattern: tuple, kind: tuple) -> bool:
+        """Whether appending messages with these roles after a turn of this :func:`~agentrl.templates.bridge.turn_kind`
+        leaves the template's history unchanged (probed once per kind and pattern: Qwen3 keeps a tool-call turn's
+        think block only when its reasoning is non-empty)."""
+        key = ('stable', pattern, kind, tuple(m['role'] for m in self._opening))
         cache = self.template._cache
         if key not in cache:
-            cache[key] = probe_stability(self.template, self._opening, pattern)
+            cache[key] = probe_stability(self.template, self._opening, pattern, turn=probe_message(kind))
         return cache[key]
 
     # ------------------------------------------------------------------ finishing
@@ -354,7 +356,8 @@ class ChatRecorder:
         ``closed_by_template`` (stopped at another stop id), ``render_matches`` and
         ``chat_tokens``: the end-of-turn, stop and control ids and the ``content_text`` choice
         (:meth:`ChatTemplate.chat_tokens`), which the validator checks the record against (it is
-        stored with the record, as ``info`` is).
+        stored with the record, as ``info`` is); ``template_kwargs``, the options the template rendered
+        with (``enable_thinking``, ``reasoning_effort`` ...), when it has any.
 
         Raises:
             ValueError: no turn was recorded.
@@ -367,6 +370,8 @@ class ChatRecorder:
                  'unterminated_turns': list(self._unterminated),
                  'closed_by_template': list(self._closed_by_template),
                  'chat_tokens': self.template.chat_tokens()}
+        if self.template.template_kwargs:           # what re-rendering the record needs (enable_thinking ...)
+            check['template_kwargs'] = dict(self.template.template_kwargs)
         n_before, texts = len(self._log), list(self._texts)
         if (self._bridge_mark is None and self._closed_by_template
                 and self._closed_by_template[-1] == self.n_turns - 1):
