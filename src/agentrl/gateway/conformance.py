@@ -46,19 +46,36 @@ class ConformanceError(ValueError):
     """The template's bridges disagree with its full render (names the conversation, turn and token)."""
 
 
+def _renderable(template, history: list, turn: dict) -> dict:
+    """``turn``, or, where the template refuses content beside reasoning in a turn that calls tools (gpt-oss
+    writes one analysis message before a call), the turn with empty content."""
+    try:
+        template.render(history + [turn], False)
+    except ValueError:
+        if not (turn.get('tool_calls') and turn.get('content') and turn.get('reasoning_content')):
+            raise
+        return dict(turn, content='')
+    return turn
+
+
 def _turn_ids(template, history: list, turn: dict) -> list:
     """The ids of what the template writes for ``turn`` after ``history``'s generation prompt (incl. end of turn)."""
     ctx = template.render(history, True)
     full = template.render(history + [turn], False)
     if not full.startswith(ctx):         # a non-thinking generation prompt: the model writes no reasoning
         full = template.render(history + [{k: v for k, v in turn.items() if k != 'reasoning_content'}], False)
+    if not full.startswith(ctx):         # the last turn rewrites history (gpt-oss drops earlier analysis once a
+        n = next((i for i, m in enumerate(history) if m['role'] not in ('system', 'user')), len(history))
+        ctx = template.render(history[:n], True)               # final answer follows): the turn after the opening
+        full = template.render(history[:n] + [turn], False)
     if not full.startswith(ctx):
         raise ConformanceError('the template does not render an assistant turn after its own generation prompt; '
                                'it cannot be served token-in/token-out')
     text = full[len(ctx):]
-    eot = template.end_of_turn_text
-    if eot and eot in text:
-        text = text[:text.index(eot) + len(eot)]
+    ends = [(text.find(t), t) for t in template.end_texts if t in text]
+    if ends:
+        k, t = min(ends)
+        text = text[:k + len(t)]
     return template.encode(text)
 
 
@@ -89,6 +106,7 @@ def conformance(template, corpus=None, *, strict: bool = False) -> dict:
         rec = ChatRecorder(template, opening, history='sampled')
         msgs = list(opening)
         for k, (turn, after) in enumerate(rounds):
+            turn = _renderable(template, msgs, turn)
             rec.add_turn(_turn_ids(template, msgs, turn), message=turn)
             msgs.append(turn)
             n_turns += 1

@@ -101,7 +101,8 @@ class Gateway:
         self.records: dict[str, int] = {}
         self._templates: dict = {}
         self._writer = None
-        self.family = family_for(self.template(None), name=family)   # template(None): the start-up conformance gate
+        self.family = self._family_stops(family)
+        self.template(None)                                          # the start-up conformance gate
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix='agentrl-gateway')
         self.engine_pool = ThreadPoolExecutor(max_workers=max(1, int(getattr(upstream, 'concurrency', 1))),
                                               thread_name_prefix='agentrl-engine')
@@ -124,6 +125,20 @@ class Gateway:
             from ..store import ShardWriter
             self._writer = ShardWriter(self.out / 'trajectories')
         return self._writer
+
+    def _family_stops(self, name: str | None):
+        """The model family; its stop ids that the bare template lacks (gpt-oss ``<|call|>``) join
+        ``template_options['stop_tokens']``, so every template records such a stop as a stop (docs/design.md#stops).
+
+        Raises:
+            ValueError: bad template options (as :class:`ChatTemplate`), an unknown family ``name``.
+        """
+        bare = ChatTemplate(self.upstream.tokenizer, **self.template_options)
+        family = family_for(bare, name=name)
+        extra = [bare.decode([i]) for i in sorted(family.stop_ids(bare) - bare.stop_ids)]
+        if extra:
+            self.template_options['stop_tokens'] = list(self.template_options.get('stop_tokens') or ()) + extra
+        return family
 
     def template(self, tools) -> ChatTemplate:
         """The chat template with these tools (cached per tool list).

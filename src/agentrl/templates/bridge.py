@@ -14,10 +14,14 @@ from .chat import ChatTemplate
 from .labels import Region, owners_from_regions
 from .messages import diff_span, owner_of_role
 
-__all__ = ['Bridge', 'template_bridge', 'bridge_shape', 'cached_bridge', 'probe_turn_text', 'probe_stability']
+__all__ = ['Bridge', 'template_bridge', 'bridge_shape', 'cached_bridge', 'probe_turn', 'probe_turn_text',
+           'probe_stability']
 
 _PROBE_TOOL = 'Probe result.'
 _PROBE_USER = 'Probe question.'
+_PROBE_CALL = {'type': 'function', 'function': {'name': 'probe', 'arguments': {}}}
+#: Where a message's reasoning may be (transformers fills each from the others when it renders).
+_REASONING_KEYS = ('reasoning_content', 'thinking', 'reasoning')
 
 
 @dataclass
@@ -32,12 +36,17 @@ class Bridge:
         stop: the end-of-turn text the sampled stop token stands for ('' when the turn was cut
             off, in which case the template's end-of-turn text is part of the bridge).
         regions: character spans of the new messages' content inside ``text``.
+        rewrite: the control text the template writes in history where the turn sampled its stop
+            (gpt-oss ``'<|end|>'`` after an answer that stopped at ``<|return|>``), '' when it writes
+            the sampled stop itself; the next turn's context then has ``rewrite`` in place of the
+            sampled stop id (docs/design.md#stops).
     """
     text: str
     ids: list
     owner: list
     stop: str = ''
     regions: list = field(default_factory=list)
+    rewrite: str = ''
 
 
 def template_bridge(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True,
@@ -77,20 +86,31 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
     s = template.sentinel(-1, avoid=''.join(str(m.get('content')) for m in new_messages))
     turn_msg = dict(turn or {'role': 'assistant'}, role='assistant', content=s)
     conv = list(history) + [turn_msg] + list(new_messages)
-    text = template.render(conv, add_generation_prompt)
+    try:
+        text = template.render(conv, add_generation_prompt)
+    except ValueError:
+        if not any(k in turn_msg for k in _REASONING_KEYS):
+            raise
+        # gpt-oss refuses content beside reasoning in a call turn: the marker goes where the reasoning was
+        turn_msg = {k: v for k, v in turn_msg.items() if k not in _REASONING_KEYS}
+        conv[len(history)] = turn_msg
+        text = template.render(conv, add_generation_prompt)
     j = text.rfind(s)
     if j < 0 or text.count(s) != 1:
         raise ValueError('the chat template does not render assistant content verbatim (a marker put in '
                          '"content" did not come back once), so the bridge after a turn cannot be derived')
     after = j + len(s)
-    eot = template.end_of_turn_text
-    k = text.find(eot, after) if eot is not None else -1
-    if k >= 0:
+    ends = [(k, t) for t in getattr(template, 'end_texts', ()) for k in [text.find(t, after)] if k >= 0]
+    rewrite = ''
+    if ends:
+        k, eot = min(ends)
         stop = eot if terminated else ''
         b0 = k + len(stop)
     else:
         stop = template.leading_stop(text[after:]) if terminated else ''
-        b0 = after + len(stop)
+        if terminated and not stop and template.end_of_turn_text is not None:
+            rewrite = template.leading_control(text[after:])
+        b0 = after + len(stop) + len(rewrite)
     bridge = text[b0:]
     regions, cursor, base = [], 0, len(history) + 1
     for q, m in enumerate(new_messages):
@@ -113,7 +133,7 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
         cursor = b
     ids, offsets = template.encode_offsets(bridge, regions)
     owner, _ = owners_from_regions(offsets, regions, len(bridge))
-    return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions)
+    return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions, rewrite=rewrite)
 
 
 #: Content used to check that a template inserts message content verbatim (whitespace at both
@@ -136,8 +156,8 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
     both ends, quotes, backslash, markup, non-ASCII) that the template inserts content verbatim.
 
     Returns:
-        ``(parts, stop)``: ``parts`` is the bridge text split at the slots (``len(new) + 1``
-        strings); None when a content is not a string or the template transforms content (then
+        ``(parts, stop, rewrite)``: ``parts`` is the bridge text split at the slots (``len(new) + 1``
+        strings), ``stop`` and ``rewrite`` as :class:`Bridge`'s; None when a content is not a string or the template transforms content (then
         each bridge must be rendered).
 
     Raises:
@@ -163,7 +183,7 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
                         turn=turn)
     if t.text != _fill(parts, tricky)[0]:
         return None
-    return parts, b.stop
+    return parts, b.stop, b.rewrite
 
 
 def _fill(parts: list, contents: list) -> tuple:
@@ -199,21 +219,27 @@ def cached_bridge(template: ChatTemplate, history: list, turn: dict, new_message
     shape = cache[key]
     if shape is None:
         return template_bridge(template, history, new_messages, terminated, turn=turn)
-    parts, stop = shape
+    parts, stop, rewrite = shape
     text, spans = _fill(parts, [m['content'] for m in new_messages])
     regions = [Region(a, b, owner_of_role(m['role']), q)
                for q, (m, (a, b)) in enumerate(zip(new_messages, spans)) if b > a]
     ids, offsets = template.encode_offsets(text, regions)
     owner, _ = owners_from_regions(offsets, regions, len(text))
-    return Bridge(text=text, ids=ids, owner=owner, stop=stop, regions=regions)
+    return Bridge(text=text, ids=ids, owner=owner, stop=stop, regions=regions, rewrite=rewrite)
 
 
-def probe_turn_text(template: ChatTemplate, opening: list) -> str:
-    """What a model writes after the generation prompt, as the template renders it (incl. stop).
+def probe_turn(template: ChatTemplate, opening: list, call: bool = False) -> tuple:
+    """A probe assistant turn the way a family writes one: ``(message, text)``.
 
-    Renders the opening plus an assistant answer (with reasoning, then without) and keeps the
-    text between the generation prompt and the first end-of-turn token. For Qwen3 in thinking
-    mode: ``'<think>\\nProbe reasoning.\\n</think>\\n\\nProbe answer.<|im_end|>'``.
+    The message carries its reasoning in ``reasoning_content`` (transformers also passes it as
+    ``thinking``, which gpt-oss reads) and, with ``call``, a call in ``tool_calls``; never control text
+    in ``content``. ``text`` is what a model writes for it after the generation prompt, as the template
+    renders it as the last message, through its first end-of-turn or stop text. The message is tried
+    with reasoning, then without (a template whose generation prompt closes reasoning).
+
+    Returns:
+        ``(message dict, text)``; without a rendering that continues the generation prompt, the plain
+        answer ``'Probe answer.'`` and the last stop text.
 
     Raises:
         ValueError: the template cannot render the opening.
@@ -221,23 +247,45 @@ def probe_turn_text(template: ChatTemplate, opening: list) -> str:
     Source: the template itself (its rendering of a final assistant turn).
     """
     ctx = template.render(opening, True)
-    for msg in ({'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'},
-                {'role': 'assistant', 'content': 'Probe answer.'}):
-        full = template.render(opening + [msg], False)
+    base = {'role': 'assistant', 'content': 'Probe answer.'}
+    if call:
+        base = {'role': 'assistant', 'content': '', 'tool_calls': [_PROBE_CALL]}
+    ends = tuple(getattr(template, 'end_texts', ())) + tuple(template.stop_texts)
+    for msg in (dict(base, reasoning_content='Probe reasoning.'), base):
+        try:
+            full = template.render(opening + [msg], False)
+        except ValueError:
+            continue
         if full.startswith(ctx):
             rest = full[len(ctx):]
-            hits = [(rest.find(t), t) for t in template.stop_texts if rest.find(t) >= 0]
+            hits = [(rest.find(t), t) for t in ends if rest.find(t) >= 0]
             if hits:
                 pos, t = min(hits)
-                return rest[:pos + len(t)]
-    return 'Probe answer.' + template.stop_texts[-1]
+                return msg, rest[:pos + len(t)]
+    return {'role': 'assistant', 'content': 'Probe answer.'}, 'Probe answer.' + template.stop_texts[-1]
+
+
+def probe_turn_text(template: ChatTemplate, opening: list) -> str:
+    """What a model writes after the generation prompt, as the template renders it (incl. stop).
+
+    The text of :func:`probe_turn` (an answer). For Qwen3 in thinking mode:
+    ``'<think>\\nProbe reasoning.\\n</think>\\n\\nProbe answer.<|im_end|>'``; for gpt-oss
+    ``'<|channel|>analysis<|message|>Probe reasoning.<|end|><|start|>assistant<|channel|>final<|message|>Probe
+    answer.<|return|>'``.
+
+    Raises:
+        ValueError: the template cannot render the opening.
+    """
+    return probe_turn(template, opening)[1]
 
 
 def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, rounds: int = 2) -> bool:
     """Whether appending messages with roles ``pattern`` after sampled turns keeps contexts prefixes.
 
-    Runs a ``rounds``-round probe episode: after each probe turn and bridge, the recorded text must
-    equal the template's rendering of the conversation with the generation prompt.
+    Runs a ``rounds``-round probe episode: after each probe turn (:func:`probe_turn`, kept in history as
+    that message) and bridge, the recorded text must equal the template's rendering of the conversation
+    with the generation prompt. The turn is an answer; where the template refuses the pattern after an
+    answer (gpt-oss renders a tool result only after a call), a turn that calls a tool.
 
     Args:
         template: the :class:`ChatTemplate`.
@@ -255,20 +303,29 @@ def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, round
     mode, not after a new user message, and not across turns in non-thinking mode, where the
     empty think block of the generation prompt is not kept in history).
     """
-    turn = probe_turn_text(template, opening)
-    stop = next((t for t in template.stop_texts if turn.endswith(t)), '')
-    content = turn[:len(turn) - len(stop)]
+    template.render(opening, True)
+    for call in (False, True):
+        try:
+            return _probe_rounds(template, opening, pattern, rounds, call)
+        except ValueError:
+            if call:
+                return False
+    return False
+
+
+def _probe_rounds(template: ChatTemplate, opening: list, pattern: tuple, rounds: int, call: bool) -> bool:
+    """:func:`probe_stability` with one probe turn kind (raises ValueError where a bridge cannot be derived)."""
+    msg, turn = probe_turn(template, opening, call)
+    ends = tuple(getattr(template, 'end_texts', ())) + tuple(template.stop_texts)
+    stop = next((t for t in ends if turn.endswith(t)), '')
     recorded = template.render(opening, True)
     msgs = list(opening)
     for r in range(rounds):
         new = [{'role': role, 'content': _PROBE_USER if role in ('user', 'system') else f'{_PROBE_TOOL} {r}{q}'}
                for q, role in enumerate(pattern)]
-        try:
-            bridge = template_bridge(template, msgs, new, terminated=bool(stop))
-        except ValueError:
-            return False
+        bridge = template_bridge(template, msgs, new, terminated=bool(stop), turn=msg)
         recorded += turn + bridge.text
-        msgs = msgs + [{'role': 'assistant', 'content': content}] + new
+        msgs = msgs + [msg] + new
         if template.render(msgs, True) != recorded:
             return False
     return True
