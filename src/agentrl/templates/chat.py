@@ -180,8 +180,10 @@ class ChatTemplate:
     def _derive_written_stops(self) -> tuple:
         """Stop texts besides the end-of-turn that the template writes itself after an assistant turn.
 
-        Found by rendering a turn that calls a tool, then its result: a stop text in that rendering that
-        the opening's rendering lacks (gpt-oss writes ``<|call|>`` after a call). Qwen3 writes none.
+        Found by rendering a turn that calls a tool, then its result: a stop text that the opening's
+        rendering lacks and that the turn's rendering holds with no end-of-turn after it before the
+        result (gpt-oss writes ``<|call|>`` last in a call turn; Qwen3 writes ``</tool_call>`` before its
+        ``<|im_end|>``, so that stop, if one, is not the turn's end).
         """
         others = [t for t in self.stop_texts if t != self.end_of_turn_text]
         if not others or self.end_of_turn_text is None:
@@ -194,7 +196,10 @@ class ChatTemplate:
             full = self.render(probe + [call, {'role': 'tool', 'content': 'Probe result.'}], False, tools=None)
         except ValueError:
             return ()
-        return tuple(t for t in others if t in full and t not in base)
+        tail = full[len(base) if full.startswith(base) else 0:]
+        tail = tail[:tail.rfind('Probe result.')]
+        return tuple(t for t in others if t in tail and t not in base
+                     and self.end_of_turn_text not in tail[tail.rfind(t):])
 
     def _derive_end_of_turn(self) -> str | None:
         """The control-token text the template writes right after an assistant message's content."""
