@@ -157,7 +157,8 @@ def test_the_registry_picks_by_markers_and_takes_a_name():
     assert family_for(load('llama3'), name='qwen3') is QWEN3
     assert family_for(name='generic') is GENERIC
     assert family_names() == ('qwen3', 'gpt-oss', 'generic')
-    with pytest.raises(ValueError, match=r"^family='llama3' is not a model family; use one of qwen3, gpt-oss, generic$"):
+    with pytest.raises(ValueError,
+                       match=r"^family='llama3' is not a model family; use one of qwen3, gpt-oss, generic$"):
         family_for(load('llama3'), name='llama3')
 
 

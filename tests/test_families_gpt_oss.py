@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip('transformers')
 
 from _families import kit_tokenizer  # noqa: E402
-from agentrl.families import (GPT_OSS, INVALID_JSON, MISSING_NAME, OK, QWEN3, UNCLOSED_BLOCK, UNKNOWN_TOOL,  # noqa: E402
-                              TurnEnd, family_for)
+from agentrl.families import (GPT_OSS, INVALID_JSON, MISSING_NAME, OK, QWEN3,  # noqa: E402
+                              UNCLOSED_BLOCK, UNKNOWN_TOOL, TurnEnd, family_for)
 from agentrl.gym import TOOL_SCHEMAS  # noqa: E402
 
 END, RETURN, CALL = 151670, 151674, 151675
