@@ -16,6 +16,8 @@ The template writes ``Current date:`` from the clock, so every comparison here i
   template's own rendering; the conformance gate passes with no history rewrite.
 * ``reasoning_effort`` is a template option the template renders.
 """
+import json
+
 import pytest
 
 pytest.importorskip('transformers')
@@ -228,3 +230,25 @@ def test_reasoning_effort_is_a_template_option_the_template_renders(tok, templat
     assert '\nReasoning: medium\n\n' in template.render(USER, True)
     assert '\nReasoning: high\n\n' in template.with_options(reasoning_effort='high').render(USER, True)
     assert '\nReasoning: low\n\n' in _template(tok, reasoning_effort='low').render(USER, True)
+
+
+@pytest.mark.parametrize('turn', [CALL_TURN, CONSTRAIN_TURN, ANSWER_TURN])
+def test_the_gateway_streams_a_harmony_turn_token_by_token_to_its_final_message(template, turn):
+    from agentrl.gateway.parse import parse_reply
+    from agentrl.gateway.stream import ReplyStream
+    ids = template.encode(turn)
+    stream = ReplyStream(template, GPT_OSS, False, True, 's/0')
+    deltas = [d for k in range(1, len(ids) + 1) for d in stream.feed(ids[:k])]
+    message = parse_reply(template.decode(ids[:-1]), GPT_OSS, id_seed='s/0', think_open=False)
+    deltas += stream.finish(message)
+    assert not stream.mismatch
+    assert ''.join(d.get('reasoning_content', '') for d in deltas) == message['reasoning_content']
+    assert ''.join(d.get('content', '') for d in deltas) == (message['content'] or '')
+    streamed = {}
+    for piece in (c for d in deltas for c in d.get('tool_calls', ())):
+        name, args = streamed.get(piece['index'], ('', ''))
+        streamed[piece['index']] = (name + piece['function'].get('name', ''), args + piece['function']['arguments'])
+    want = {'read': {'path': 'clamp.py'}, 'edit': {'op': 'swap_minmax'}}
+    assert [(n, json.loads(a)) for n, a in streamed.values()] == [(c['function']['name'], want[c['function']['name']])
+                                                                   for c in message.get('tool_calls') or ()]
+    assert len(streamed) == (0 if turn is ANSWER_TURN else 1)
