@@ -62,6 +62,10 @@ class Kit:
 #: One entry per family under test; a family's helper adds its entry here.
 KITS = {
     'qwen3': Kit(generation_eos=('<|im_end|>', '<|endoftext|>')),
+    'gpt-oss': Kit(template=('trl', 'gptoss'), eos='<|return|>',
+                   specials=('<|start|>', '<|end|>', '<|message|>', '<|channel|>', '<|constrain|>', '<|return|>',
+                             '<|call|>'),
+                   generation_eos=('<|return|>', '<|endoftext|>', '<|call|>')),
 }
 
 _BUILT: dict = {}

@@ -61,10 +61,24 @@ def _hermes(name, args):
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call><|im_end|>'
 
 
+def _harmony(name, args, reasoning, constrain=False):
+    """A gpt-oss call turn as the model samples it after ``<|start|>assistant``: analysis, then the call message
+    (the recipient in the role header, or after the channel with ``<|constrain|>``), stopped at ``<|call|>``."""
+    head = (f'<|channel|>commentary to=functions.{name} <|constrain|>json' if constrain
+            else f' to=functions.{name}<|channel|>commentary json')
+    return (f'<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant{head}<|message|>'
+            f'{json.dumps(args)}<|call|>')
+
+
 #: One entry per family; a family's helper adds its case here.
 CASES = {
     'qwen3': Case('qwen3', 'qwen3', (_hermes(*CALLS[0]), _hermes(*CALLS[1]), 'Fixed: use min(hi, ...).<|im_end|>'),
                   'Fixed: use min(hi, ...).', (('enable_thinking', False),)),
+    'gpt-oss': Case('gpt-oss', 'gpt-oss',
+                    (_harmony(*CALLS[0], 'Read it first.'), _harmony(*CALLS[1], 'max and min are swapped.', True),
+                     '<|channel|>analysis<|message|>Tests pass.<|end|><|start|>assistant<|channel|>final<|message|>'
+                     'Fixed: use min(hi, ...).<|return|>'),
+                    'Fixed: use min(hi, ...).', (('reasoning_effort', 'low'),)),
 }
 
 

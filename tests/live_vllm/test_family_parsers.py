@@ -35,6 +35,30 @@ CASES = {
 }
 
 
+def _gpt_oss_call(name, args, reasoning=None, constrain=False):
+    head = (f'<|start|>assistant<|channel|>commentary to=functions.{name} <|constrain|>json' if constrain
+            else f'<|start|>assistant to=functions.{name}<|channel|>commentary json')
+    pre = f'<|channel|>analysis<|message|>{reasoning}<|end|>' if reasoning is not None else ''
+    return f'{pre}{head}<|message|>{json.dumps(args)}<|call|>'
+
+
+CASES['gpt-oss'] = ('gpt-oss', 'openai', 'openai_gptoss', [
+    _gpt_oss_call('read', {'path': 'clamp.py'}, 'read first'),
+    _gpt_oss_call('edit', {'op': 'swap_minmax'}, 'swap them', constrain=True),
+    '<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>All done.<|return|>',
+    '<|channel|>final<|message|>No reasoning.<|return|>',
+    _gpt_oss_call('test', {})[len('<|start|>assistant'):],
+    '<|channel|>analysis<|message|>call to=functions.read {"path": "a"}?<|end|><|start|>assistant<|channel|>final'
+    '<|message|>Not yet.<|return|>',
+    '<|channel|>commentary<|message|>Reading it.<|end|>' + _gpt_oss_call('read', {'path': 'a b.py'}),
+    '<|channel|>analysis<|message|>one<|end|><|start|>assistant<|channel|>analysis<|message|>two<|end|>'
+    '<|start|>assistant<|channel|>final<|message|>Done.<|return|>',
+])
+#: Families vLLM parses from harmony-encoding ids (``vllm_parse(harmony=True)``): their texts keep the stop mark
+#: the model sampled (vLLM reads it); ours parse them without it, as the gateway does.
+HARMONY = {'gpt-oss'}
+
+
 def _ours(family, template, text):
     r = family.parse_text(text, tool_names=[t['function']['name'] for t in TOOLS])
     return {'reasoning': r.reasoning, 'content': r.content or None,
@@ -47,9 +71,13 @@ def test_family_parses_as_vllm_does(name):
     template = as_template(kit_tokenizer(kit))
     family = family_for(template)
     assert family.name == name
-    theirs = vllm_parse(kit_dir(kit), texts, tool_parser=tool_parser, reasoning_parser=reasoning_parser, tools=TOOLS)
+    harmony = name in HARMONY
+    theirs = vllm_parse(kit_dir(kit), texts, tool_parser=tool_parser, reasoning_parser=reasoning_parser, tools=TOOLS,
+                        harmony=harmony)
+    stops = [template.decode([i]) for i in family.stop_ids(template)] if harmony else []
     for text, t in zip(texts, theirs):
-        mine = _ours(family, template, text)
+        stop = next((s for s in stops if text.endswith(s)), '')
+        mine = _ours(family, template, text[:len(text) - len(stop)])
         # vLLM keeps the newlines around reasoning and content that the template writes; ours drops them
         t['content'] = (t['content'] or '').strip('\n') or None
         t['reasoning'] = t['reasoning'].strip('\n') if t['reasoning'] is not None else None

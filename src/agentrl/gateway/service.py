@@ -106,8 +106,9 @@ class Gateway:
         self.records: dict[str, int] = {}
         self._templates: dict = {}
         self._writer = None
-        self.family, self._family_name = None, family
-        self.template(None)              # picks the family, then the start-up conformance gate
+        self._family_name = family
+        self.family = self._family_stops(family)
+        self.template(None)                                          # the start-up conformance gate
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix='agentrl-gateway')
         self.engine_pool = ThreadPoolExecutor(max_workers=max(1, int(getattr(upstream, 'concurrency', 1))),
                                               thread_name_prefix='agentrl-engine')
@@ -131,10 +132,22 @@ class Gateway:
             self._writer = ShardWriter(self.out / 'trajectories')
         return self._writer
 
+    def _family_stops(self, name: str | None):
+        """The model family; its stop ids that the bare template lacks (gpt-oss ``<|call|>``) join
+        ``template_options['stop_tokens']``, so every template records such a stop as a stop (docs/design.md#stops).
+
+        Raises:
+            ValueError: bad template options (as :class:`ChatTemplate`), an unknown family ``name``.
+        """
+        bare = ChatTemplate(self.upstream.tokenizer, **self.template_options)
+        family = family_for(bare, name=name)
+        extra = [bare.decode([i]) for i in sorted(family.stop_ids(bare) - bare.stop_ids)]
+        if extra:
+            self.template_options['stop_tokens'] = list(self.template_options.get('stop_tokens') or ()) + extra
+        return family
+
     def template(self, tools, options: dict | None = None) -> ChatTemplate:
         """The chat template with these tools and request template options (cached per both).
-
-        The first template built picks the model family (:func:`agentrl.families.family_for`).
 
         Raises:
             GatewayError: 400 when the template cannot take the tools or options, or fails the
@@ -149,8 +162,6 @@ class Gateway:
                 t = ChatTemplate(self.upstream.tokenizer, tools=tools, **{**self.template_options, **options})
             except ValueError as e:
                 raise GatewayError(400, f'{param}: {e}', param=param) from None
-            if self.family is None:
-                self.family = family_for(t, name=self._family_name)
             if self.conformance:
                 from .conformance import ConformanceError, conformance
                 try:

@@ -14,8 +14,8 @@ from .chat import ChatTemplate
 from .labels import Region, owners_from_regions
 from .messages import diff_span, owner_of_role
 
-__all__ = ['Bridge', 'template_bridge', 'bridge_shape', 'cached_bridge', 'probe_turn_text', 'probe_stability',
-           'rendered_turn', 'turn_kind', 'probe_message', 'REASONING_STATES']
+__all__ = ['Bridge', 'template_bridge', 'bridge_shape', 'cached_bridge', 'probe_turn', 'probe_turn_text',
+           'probe_stability', 'rendered_turn', 'turn_kind', 'probe_message', 'REASONING_STATES']
 
 _PROBE_TOOL = 'Probe result.'
 _PROBE_USER = 'Probe question.'
@@ -23,6 +23,8 @@ _PROBE_CALL = {'id': 'functions.probe:0', 'type': 'function', 'function': {'name
 #: What a turn holds as reasoning, as :func:`turn_kind` tells it: no ``reasoning_content`` field, an empty one,
 #: a non-empty one (a template may keep an empty think block in history, or drop it: Qwen3 drops it).
 REASONING_STATES = ('none', 'empty', 'text')
+#: Where a message's reasoning may be (transformers fills each from the others when it renders).
+_REASONING_KEYS = ('reasoning_content', 'thinking', 'reasoning')
 
 
 @dataclass
@@ -37,12 +39,17 @@ class Bridge:
         stop: the end-of-turn text the sampled stop token stands for ('' when the turn was cut
             off, in which case the template's end-of-turn text is part of the bridge).
         regions: character spans of the new messages' content inside ``text``.
+        rewrite: the control text the template writes in history where the turn sampled its stop
+            (gpt-oss ``'<|end|>'`` after an answer that stopped at ``<|return|>``), '' when it writes
+            the sampled stop itself; the next turn's context then has ``rewrite`` in place of the
+            sampled stop id (docs/design.md#stops).
     """
     text: str
     ids: list
     owner: list
     stop: str = ''
     regions: list = field(default_factory=list)
+    rewrite: str = ''
 
 
 def template_bridge(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True,
@@ -82,20 +89,31 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
     s = template.sentinel(-1, avoid=''.join(str(m.get('content')) for m in new_messages))
     turn_msg = dict(turn or {'role': 'assistant'}, role='assistant', content=s)
     conv = list(history) + [turn_msg] + list(new_messages)
-    text = template.render(conv, add_generation_prompt)
+    try:
+        text = template.render(conv, add_generation_prompt)
+    except ValueError:
+        if not any(k in turn_msg for k in _REASONING_KEYS):
+            raise
+        # gpt-oss refuses content beside reasoning in a call turn: the marker goes where the reasoning was
+        turn_msg = {k: v for k, v in turn_msg.items() if k not in _REASONING_KEYS}
+        conv[len(history)] = turn_msg
+        text = template.render(conv, add_generation_prompt)
     j = text.rfind(s)
     if j < 0 or text.count(s) != 1:
         raise ValueError('the chat template does not render assistant content verbatim (a marker put in '
                          '"content" did not come back once), so the bridge after a turn cannot be derived')
     after = j + len(s)
-    eot = template.end_of_turn_text
-    k = text.find(eot, after) if eot is not None else -1
-    if k >= 0:
+    ends = [(k, t) for t in getattr(template, 'end_texts', ()) for k in [text.find(t, after)] if k >= 0]
+    rewrite = ''
+    if ends:
+        k, eot = min(ends)
         stop = eot if terminated else ''
         b0 = k + len(stop)
     else:
         stop = template.leading_stop(text[after:]) if terminated else ''
-        b0 = after + len(stop)
+        if terminated and not stop and template.end_of_turn_text is not None:
+            rewrite = template.leading_control(text[after:])
+        b0 = after + len(stop) + len(rewrite)
     bridge = text[b0:]
     regions, cursor, base = [], 0, len(history) + 1
     for q, m in enumerate(new_messages):
@@ -118,7 +136,7 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
         cursor = b
     ids, offsets = template.encode_offsets(bridge, regions)
     owner, _ = owners_from_regions(offsets, regions, len(bridge))
-    return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions)
+    return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions, rewrite=rewrite)
 
 
 #: Content used to check that a template inserts message content verbatim (whitespace at both
@@ -141,8 +159,8 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
     both ends, quotes, backslash, markup, non-ASCII) that the template inserts content verbatim.
 
     Returns:
-        ``(parts, stop)``: ``parts`` is the bridge text split at the slots (``len(new) + 1``
-        strings); None when a content is not a string or the template transforms content (then
+        ``(parts, stop, rewrite)``: ``parts`` is the bridge text split at the slots (``len(new) + 1``
+        strings), ``stop`` and ``rewrite`` as :class:`Bridge`'s; None when a content is not a string or the template transforms content (then
         each bridge must be rendered).
 
     Raises:
@@ -168,7 +186,7 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
                         turn=turn)
     if t.text != _fill(parts, tricky)[0]:
         return None
-    return parts, b.stop
+    return parts, b.stop, b.rewrite
 
 
 def _fill(parts: list, contents: list) -> tuple:
@@ -204,13 +222,13 @@ def cached_bridge(template: ChatTemplate, history: list, turn: dict, new_message
     shape = cache[key]
     if shape is None:
         return template_bridge(template, history, new_messages, terminated, turn=turn)
-    parts, stop = shape
+    parts, stop, rewrite = shape
     text, spans = _fill(parts, [m['content'] for m in new_messages])
     regions = [Region(a, b, owner_of_role(m['role']), q)
                for q, (m, (a, b)) in enumerate(zip(new_messages, spans)) if b > a]
     ids, offsets = template.encode_offsets(text, regions)
     owner, _ = owners_from_regions(offsets, regions, len(text))
-    return Bridge(text=text, ids=ids, owner=owner, stop=stop, regions=regions)
+    return Bridge(text=text, ids=ids, owner=owner, stop=stop, regions=regions, rewrite=rewrite)
 
 
 def rendered_turn(template: ChatTemplate, history: list, message: dict) -> tuple | None:
@@ -256,9 +274,14 @@ def rendered_turn(template: ChatTemplate, history: list, message: dict) -> tuple
     return None
 
 
+def _ends(template: ChatTemplate) -> tuple:
+    """The texts a turn ends at: the template's ends of turn (``end_texts``, gpt-oss ``<|call|>``) and stop texts."""
+    return tuple(getattr(template, 'end_texts', ())) + tuple(template.stop_texts)
+
+
 def _to_stop(template: ChatTemplate, rest: str) -> str:
-    """``rest`` up to and including its first stop text (all of it when none occurs)."""
-    hits = [(rest.find(t), -len(t), t) for t in template.stop_texts if rest.find(t) >= 0]
+    """``rest`` up to and including its first end or stop text (all of it when none occurs)."""
+    hits = [(rest.find(t), -len(t), t) for t in _ends(template) if rest.find(t) >= 0]
     if not hits:
         return rest
     pos, _, t = min(hits)
@@ -314,6 +337,34 @@ def probe_message(kind: tuple) -> dict:
     return msg
 
 
+_PROBE_ANSWER = {'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'}
+_PROBE_CALLING = {'role': 'assistant', 'content': '', 'reasoning_content': 'Probe reasoning.', 'tool_calls': [_PROBE_CALL]}
+
+
+def probe_turn(template: ChatTemplate, opening: list, call: bool = False) -> tuple:
+    """A probe assistant turn the way a family writes one, and its text: ``(message, text)``.
+
+    The message carries its reasoning in ``reasoning_content`` (transformers also passes it as
+    ``thinking``, which gpt-oss reads) and, with ``call``, a call in ``tool_calls``; never control
+    text in ``content``. ``text`` is :func:`rendered_turn`'s; the message loses its reasoning where
+    the template writes the turn without it (a generation prompt that closed the reasoning).
+
+    Returns:
+        ``(message dict, text)``; where the template writes the turn after no copy of its generation
+        prompt, the plain answer ``'Probe answer.'`` and the last stop text.
+
+    Raises:
+        ValueError: the template cannot render the opening or the turn.
+    """
+    msg = _PROBE_CALLING if call else _PROBE_ANSWER
+    found = rendered_turn(template, opening, msg)
+    if found is None:
+        return {'role': 'assistant', 'content': 'Probe answer.'}, 'Probe answer.' + template.stop_texts[-1]
+    text, how = found
+    return (dict(msg) if how != 'without_reasoning'
+            else {k: v for k, v in msg.items() if k != 'reasoning_content'}), text
+
+
 def probe_turn_text(template: ChatTemplate, opening: list, message: dict | None = None) -> str:
     """What a model writes after the generation prompt, as the template renders it (incl. stop).
 
@@ -327,8 +378,7 @@ def probe_turn_text(template: ChatTemplate, opening: list, message: dict | None 
 
     Source: the template itself (its rendering of a final assistant turn).
     """
-    message = message or {'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'}
-    found = rendered_turn(template, opening, message)
+    found = rendered_turn(template, opening, message or _PROBE_ANSWER)
     return found[0] if found is not None else 'Probe answer.' + template.stop_texts[-1]
 
 
@@ -349,7 +399,8 @@ def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, round
         pattern: roles of the messages appended after each turn, e.g. ``('tool',)``.
         rounds: probe rounds.
         turn: the probe assistant turn (:func:`probe_message` of the sampled turn's :func:`turn_kind`);
-            default an answer with reasoning.
+            default an answer with reasoning, then (where the template refuses ``pattern`` after an
+            answer: gpt-oss renders a tool result only after a call) a tool-call turn with reasoning.
 
     Returns:
         True when every probe context is a prefix of the next one; False as well when rendering the
@@ -364,7 +415,6 @@ def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, round
     empty think block of the generation prompt is not kept in history; nor after a tool-call turn
     whose think block is empty, which its template drops from history).
     """
-    turn = turn or {'role': 'assistant', 'content': 'Probe answer.', 'reasoning_content': 'Probe reasoning.'}
     msgs = list(opening)
     canary = {'role': 'assistant', 'content': '', 'reasoning_content': 'Probe canary.', 'tool_calls': [_PROBE_CALL]}
     try:
@@ -374,6 +424,16 @@ def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, round
             template.render(msgs, True)
     except ValueError:
         msgs = list(opening)
+    for probe in ([turn] if turn else [_PROBE_ANSWER, _PROBE_CALLING]):
+        stable = _probe_rounds(template, msgs, probe, pattern, rounds)
+        if stable is not None:
+            return stable
+    return False
+
+
+def _probe_rounds(template: ChatTemplate, msgs: list, turn: dict, pattern: tuple, rounds: int) -> bool | None:
+    """:func:`probe_stability`'s rounds with one probe turn; None where a bridge cannot be derived after it
+    (gpt-oss renders a tool result only after a call)."""
     recorded = template.render(msgs, True)
     for r in range(rounds):
         found = rendered_turn(template, msgs, turn)
@@ -381,13 +441,13 @@ def probe_stability(template: ChatTemplate, opening: list, pattern: tuple, round
             return False
         text, how = found
         said = turn if how == 'verbatim' else {k: v for k, v in turn.items() if k != 'reasoning_content'}
-        stop = next((t for t in template.stop_texts if text.endswith(t)), '')
+        stop = next((t for t in _ends(template) if text.endswith(t)), '')
         new = [{'role': role, 'content': _PROBE_USER if role in ('user', 'system') else f'{_PROBE_TOOL} {r}{q}'}
                for q, role in enumerate(pattern)]
         try:
             bridge = template_bridge(template, msgs, new, terminated=bool(stop), turn=said)
         except ValueError:
-            return False
+            return None
         recorded += text + bridge.text
         msgs = msgs + [said] + new
         if template.render(msgs, True) != recorded:

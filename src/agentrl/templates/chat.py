@@ -65,7 +65,10 @@ class ChatTemplate:
         (``eos_token``, ``stop_tokens`` and the end-of-turn);
         end_of_turn_id (int | None), end_of_turn_text (str | None): the control token the template
         itself writes right after an assistant message's content, found by rendering one (Qwen3
-        ``<|im_end|>``, Llama 3 ``<|eot_id|>``); None when the template writes none;
+        ``<|im_end|>``, Llama 3 ``<|eot_id|>``, gpt-oss ``<|return|>``); None when the template writes none;
+        end_texts (tuple[str]), end_ids (frozenset[int]): the end-of-turn and every other stop token the
+        template writes itself after an assistant turn, found by rendering a tool call (gpt-oss
+        ``<|call|>``); a turn that stopped at one is closed as the template closes it;
         eos_mismatch: True when ``eos_token`` is not that end-of-turn (the end-of-turn is added to
         the stop set, so it is never written twice);
         control_ids (frozenset[int]): ids of the tokenizer's added (control) tokens.
@@ -127,6 +130,9 @@ class ChatTemplate:
         self.stop_ids = frozenset(ids)
         self._stop_text_of = dict(zip(ids, texts))
         self.end_of_turn_id = ids[texts.index(self.end_of_turn_text)] if self.end_of_turn_text is not None else None
+        self.end_texts = ((self.end_of_turn_text,) if self.end_of_turn_text is not None else ()) + \
+            self._derive_written_stops()
+        self.end_ids = frozenset(ids[texts.index(t)] for t in self.end_texts)
         if self.tools is not None:
             self._check_tools_used()
 
@@ -149,8 +155,9 @@ class ChatTemplate:
         """What a validator needs to check a record made with this template (``info['template']['chat_tokens']``).
 
         Returns:
-            ``{'end_of_turn': [id] or [], 'stop': sorted stop ids, 'control': [[lo, hi), ...] id ranges
-            of the added (control) tokens, 'content_text': 'plain' | 'refuse'}``.
+            ``{'end_of_turn': [] or the end-of-turn id then the other :attr:`end_ids` sorted, 'stop': sorted
+            stop ids, 'control': [[lo, hi), ...] id ranges of the added (control) tokens, 'content_text':
+            'plain' | 'refuse'}``.
         """
         ranges, ctl = [], sorted(self.control_ids)
         for i in ctl:
@@ -158,14 +165,41 @@ class ChatTemplate:
                 ranges[-1][1] = i + 1
             else:
                 ranges.append([i, i + 1])
-        return {'end_of_turn': [] if self.end_of_turn_id is None else [self.end_of_turn_id],
+        return {'end_of_turn': [] if self.end_of_turn_id is None else
+                [self.end_of_turn_id] + sorted(self.end_ids - {self.end_of_turn_id}),
                 'stop': sorted(self.stop_ids), 'control': ranges, 'content_text': self.content_text}
 
     def is_end_of_turn(self, token_id: int) -> bool:
-        """True when ``token_id`` is the template's end-of-turn (or, with none derived, any stop id)."""
+        """True when ``token_id`` ends a turn the way the template writes it in history: one of :attr:`end_ids`
+        (the end-of-turn, or a stop the template writes after a tool call, gpt-oss ``<|call|>``); with no
+        end-of-turn derived, any stop id."""
         if self.end_of_turn_id is None:
             return int(token_id) in self.stop_ids
-        return int(token_id) == self.end_of_turn_id
+        return int(token_id) in self.end_ids
+
+    def _derive_written_stops(self) -> tuple:
+        """Stop texts besides the end-of-turn that the template writes itself after an assistant turn.
+
+        Found by rendering a turn that calls a tool, then its result: a stop text that the opening's
+        rendering lacks and that the turn's rendering holds with no end-of-turn after it before the
+        result (gpt-oss writes ``<|call|>`` last in a call turn; Qwen3 writes ``</tool_call>`` before its
+        ``<|im_end|>``, so that stop, if one, is not the turn's end).
+        """
+        others = [t for t in self.stop_texts if t != self.end_of_turn_text]
+        if not others or self.end_of_turn_text is None:
+            return ()
+        probe = [{'role': 'user', 'content': 'Probe question.'}]
+        call = {'role': 'assistant', 'content': '',
+                'tool_calls': [{'type': 'function', 'function': {'name': 'probe', 'arguments': {}}}]}
+        try:
+            base = self.render(probe, True, tools=None)
+            full = self.render(probe + [call, {'role': 'tool', 'content': 'Probe result.'}], False, tools=None)
+        except ValueError:
+            return ()
+        tail = full[len(base) if full.startswith(base) else 0:]
+        tail = tail[:tail.rfind('Probe result.')]
+        return tuple(t for t in others if t in tail and t not in base
+                     and self.end_of_turn_text not in tail[tail.rfind(t):])
 
     def _derive_end_of_turn(self) -> str | None:
         """The control-token text the template writes right after an assistant message's content."""
@@ -424,6 +458,11 @@ class ChatTemplate:
             if text.startswith(s):
                 return s
         return ''
+
+    def leading_control(self, text: str) -> str:
+        """The control-token text ``text`` starts with ('' if none)."""
+        hit = self._control_re.match(text) if self._control_re is not None else None
+        return hit.group(0) if hit is not None else ''
 
     def sentinel(self, i: int, avoid: str = '') -> str:
         """A unique plain-ASCII marker for slot ``i`` that does not occur in ``avoid``."""

@@ -44,8 +44,10 @@ class ChatRecorder:
         history: one of :data:`HISTORY_MODES`. ``'template'`` (default) follows the template:
             where it rewrites history (e.g. Qwen3 drops earlier reasoning once a new user message
             arrives) the next context is its rendering and the record gets per-turn contexts.
-            ``'sampled'`` always continues the recorded sequence (one forward pass scores every
-            turn; the model then sees history the template would not show).
+            ``'sampled'`` continues the recorded sequence (one forward pass scores every turn; the
+            model then sees history the template would not show), except where the template writes
+            another end in place of a sampled stop (gpt-oss ``<|end|>`` for ``<|return|>``): the next
+            context has the template's end (:attr:`Bridge.rewrite`) and the record gets per-turn contexts.
         **options: :class:`ChatTemplate` options such as ``enable_thinking=False``,
             ``stop_tokens``, ``chat_template``, ``content_text`` (``'plain'``: control-token text
             in tool, user, system and opening messages is encoded as ordinary text; ``'refuse'``:
@@ -153,7 +155,7 @@ class ChatRecorder:
     @property
     def prompt_ids(self) -> list:
         """``[L]`` ids the engine must continue for the next turn."""
-        return list(self._log.ids) if self.history == 'sampled' or self._ctx_is_prefix else list(self._ctx)
+        return list(self._log.ids) if self._ctx_is_prefix else list(self._ctx)
 
     @property
     def messages(self) -> list:
@@ -201,7 +203,7 @@ class ChatRecorder:
                                  'pass one sampling log-prob per sampled id')
         k = len(self._turn_index)
         start = len(self._log)
-        use_prefix = self.history == 'sampled' or self._ctx_is_prefix
+        use_prefix = self._ctx_is_prefix
         self._contexts.append((start, None if use_prefix else list(self._ctx)))
         self._pending = []
         self._bridge_mark = None
@@ -277,6 +279,8 @@ class ChatRecorder:
         self.bridges.append(bridge)
         if self.history == 'template':
             self._advance_context(bridge)
+        elif bridge.rewrite or not self._ctx_is_prefix:
+            self._continue_sampled(bridge)
         return self.prompt_ids
 
     def _bridge(self, history: list, new: list, terminated: bool) -> Bridge:
@@ -296,10 +300,21 @@ class ChatRecorder:
         first = self._messages[len(self._opening):starts[1]]
         return self._opening + first + self._messages[starts[-_WINDOW_ROUNDS]:cur]
 
+    def _continue_sampled(self, bridge: Bridge) -> None:
+        """``history='sampled'``: the next context is the last turn's context, its ids and the bridge, with the
+        sampled stop replaced by what the template writes in history (``bridge.rewrite``, gpt-oss ``<|end|>``
+        for ``<|return|>``): a server renders that, never both (docs/design.md#stops)."""
+        start, ctx = self._contexts[-1]
+        turn_ids = self._turn_piece[1]
+        before = list(self._log.ids[:start]) if ctx is None else list(ctx)
+        tail = turn_ids[:-1] + self.template.encode(bridge.rewrite) if bridge.rewrite else list(turn_ids)
+        self._ctx = before + tail + list(bridge.ids)
+        self._ctx_is_prefix = False
+
     def _advance_context(self, bridge: Bridge) -> None:
         turn_text, turn_ids = self._turn_piece
         pattern = tuple(m['role'] for m in self._pending)
-        if self._stable(pattern, turn_kind(self.template, self._messages[self._turn_index[-1]])):
+        if not bridge.rewrite and self._stable(pattern, turn_kind(self.template, self._messages[self._turn_index[-1]])):
             self._ctx += turn_ids + bridge.ids
             self._ctx_pieces += [(turn_text, len(turn_ids)), (bridge.text, len(bridge.ids))]
             return
