@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .base import Family
 from .generic import GENERIC, generic_for
+from .glm import GLM
 from .qwen3 import QWEN3
 
 __all__ = ['FAMILIES', 'register', 'family_for', 'family_names']
@@ -82,3 +83,4 @@ def family_for(template_or_tokenizer=None, *, name: str | None = None, require_t
 
 
 register(QWEN3)
+register(GLM)
