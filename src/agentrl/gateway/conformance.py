@@ -2,7 +2,8 @@
 
 Before serving, the gateway records a fixture corpus of multi-turn tool conversations the way it
 records traffic (:class:`~agentrl.templates.ChatRecorder`, ``history='sampled'``: each assistant
-turn as the ids of the text the template writes for it, each tool message as a bridge) and
+turn as the ids of the text the template writes for it and the stop a model samples, each tool
+message as a bridge) and
 compares the recorded ids, after every turn's bridge, with the template's full rendering of the
 conversation so far (with the generation prompt), encoded. The first differing token is reported
 and the gateway refuses to start: a template whose bridges disagree with its own rendering (a
@@ -14,6 +15,7 @@ Source: gateway-peers survey §4 item 2 (renderer conformance gate per served mo
 from __future__ import annotations
 
 from ..templates import ChatRecorder
+from ..templates.bridge import next_stop
 
 __all__ = ['CORPUS', 'conformance', 'ConformanceError']
 
@@ -46,8 +48,10 @@ class ConformanceError(ValueError):
     """The template's bridges disagree with its full render (names the conversation, turn and token)."""
 
 
-def _turn_ids(template, history: list, turn: dict) -> list:
-    """The ids of what the template writes for ``turn`` after ``history``'s generation prompt (incl. end of turn)."""
+def _turn_ids(template, history: list, turn: dict, after: list) -> list:
+    """The ids a model samples for ``turn`` after ``history``'s generation prompt: what the template writes for it
+    with its end of turn; where the template writes none (GLM), with the stop token it writes next, the header of
+    the messages ``after`` (``<|observation|>`` before tool results), which the model samples as its stop."""
     ctx = template.render(history, True)
     full = template.render(history + [turn], False)
     if not full.startswith(ctx):         # a non-thinking generation prompt: the model writes no reasoning
@@ -59,6 +63,11 @@ def _turn_ids(template, history: list, turn: dict) -> list:
     eot = template.end_of_turn_text
     if eot and eot in text:
         text = text[:text.index(eot) + len(eot)]
+    elif eot is None and after:
+        nxt = template.render(history + [turn] + after, True)
+        at, stop = next_stop(template, nxt, len(full))
+        if nxt.startswith(full) and at == len(full):
+            text += stop
     return template.encode(text)
 
 
@@ -89,7 +98,7 @@ def conformance(template, corpus=None, *, strict: bool = False) -> dict:
         rec = ChatRecorder(template, opening, history='sampled')
         msgs = list(opening)
         for k, (turn, after) in enumerate(rounds):
-            rec.add_turn(_turn_ids(template, msgs, turn), message=turn)
+            rec.add_turn(_turn_ids(template, msgs, turn, after), message=turn)
             msgs.append(turn)
             n_turns += 1
             if not after:
