@@ -61,10 +61,22 @@ def _hermes(name, args):
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call><|im_end|>'
 
 
+def _glm(name, args, reasoning):
+    """A GLM-4.5 tool-call turn as the model samples it after ``<|assistant|>``: its ``<|observation|>`` stop
+    is the tool results' header, which GLM's ``generation_config.json`` lists as an eos."""
+    pairs = ''.join(f'<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n' for k, v in args.items())
+    return f'\n<think>{reasoning}</think>\n<tool_call>{name}\n{pairs}</tool_call><|observation|>'
+
+
 #: One entry per family; a family's helper adds its case here.
 CASES = {
     'qwen3': Case('qwen3', 'qwen3', (_hermes(*CALLS[0]), _hermes(*CALLS[1]), 'Fixed: use min(hi, ...).<|im_end|>'),
                   'Fixed: use min(hi, ...).', (('enable_thinking', False),)),
+    # GLM-4.5 in thinking mode: the generation prompt is '<|assistant|>', the model writes '\n<think>...'; a call
+    # turn stops at '<|observation|>', an answer at '<|user|>' (the next header; eos only ends a conversation)
+    'glm-4.5': Case('glm-4.5', 'glm', (_glm(*CALLS[0], 'Read it first.'), _glm(*CALLS[1], 'Swap them.'),
+                                       '\n<think>Tests pass.</think>\nFixed: use min(hi, ...).<|user|>'),
+                    'Fixed: use min(hi, ...).'),
 }
 
 
