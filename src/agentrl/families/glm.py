@@ -1,4 +1,4 @@
-"""L2: the GLM-4.5/4.6/4.7 family: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value></tool_call>`` and ``<think>``.
+"""L2: the GLM-4.5/4.6/4.7 family: ``<tool_call>NAME<arg_key>K</arg_key><arg_value>V</arg_value>...`` calls, ``<think>``.
 
 A call block holds the function name, then one ``<arg_key>``/``<arg_value>`` pair per argument;
 GLM-4.5/4.6 write a newline after the name and after each tag pair, GLM-4.7 none (both parse).
