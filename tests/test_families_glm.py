@@ -206,3 +206,15 @@ def test_the_conformance_gate_records_glm_with_its_sampled_stops(tok):
     for tools in (None, TOOL_SCHEMAS):
         assert conformance(ChatTemplate(tok, tools=tools), strict=True) == {
             'conversations': 2, 'turns': 7, 'bridges': 5, 'history_rewrites': 0}
+
+
+def test_the_streaming_parser_equals_the_whole_parse_at_every_split():
+    text = CALL_TEXT + '\nThen <tool_call>edit<arg_key>op</arg_key><arg_value>flip</arg_value></tool_call> ok'
+    whole = GLM.parse_text(text, think_open=False)
+    for k in range(len(text) + 1):
+        s = GLM.stream(think_open=False)
+        parts = [s.feed(text[:k]), s.feed(text[k:])]
+        last, reply = s.finish()
+        parts.append(last)
+        assert (''.join(p[0] for p in parts), ''.join(p[1] for p in parts), [c for p in parts for c in p[2]]) == \
+            (whole.reasoning, whole.content, list(whole.ok_calls)) == ('look', 'Then  ok', list(reply.ok_calls)), k
