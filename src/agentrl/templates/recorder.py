@@ -170,7 +170,7 @@ class ChatRecorder:
         self._contexts.append((start, None if use_prefix else list(self._ctx)))
         self._pending = []
         self._bridge_mark = None
-        text = self.template.decode(ids)
+        decoded = text = self.template.decode(ids)
         stop = self.template.stop_text(ids[-1])
         if stop is None:
             self._unterminated.append(k)
@@ -188,7 +188,7 @@ class ChatRecorder:
             msg = {'role': 'assistant', 'content': content}
         self._messages.append(msg)
         self._turn_piece = (text, ids)
-        self._turn_content = content
+        self._turn_texts = (decoded, content)       # with its stop, without: the bridge tells which is rendered
         return content
 
     def add_messages(self, messages) -> list:
@@ -265,7 +265,7 @@ class ChatRecorder:
         (policy) but is not rendered text, and the bridge starts with the template's own token, as
         for a stop that is not the end-of-turn (docs/design.md#stops).
         """
-        text = self._turn_content + stop if written else self._turn_content
+        text = self._turn_texts[0] if written else self._turn_texts[1]
         self._texts[self._turn_text_at] = text
         self._turn_piece = (text, self._turn_piece[1])
         closed = k in self._closed_by_template
