@@ -106,6 +106,7 @@ def test_each_malformed_block_has_its_status_and_span(text, tool_names, want):
     ('[1e999]', {'type': 'array'}, '[1e999]'), ('3', {'enum': [1, 2, 3]}, 3), ('7', {'type': 'int'}, 7),
     ('[1]', {'type': 'object'}, [1]), ('twelve', {'type': 'integer'}, 'twelve'),
     ('5', {'anyOf': [{'type': 'integer'}, {'type': 'string'}]}, 5),
+    ('null', {'enum': ['a', None]}, None), ('7', {'enum': ['a', '7']}, '7'), ('true', {'enum': [True]}, True),
 ])
 def test_values_are_typed_by_the_schema_as_vllm_types_them(text, schema, want):
     got = typed_value(text, schema)

@@ -30,8 +30,6 @@ _BLOCK = re.compile(r'<tool_call>(.*?)</tool_call>', re.S)
 _PAIR = re.compile(r'\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>', re.S)
 #: The role token that ends each turn kind (the next message's header); an answer also ends at ``eos``.
 _ENDS = {'tool_call': ('<|observation|>',), 'answer': ('<|user|>',)}
-_JSON_TYPES = {'null': type(None), 'integer': int, 'number': (int, float), 'boolean': bool, 'object': dict,
-               'array': list}
 
 
 def typed_value(text: str, schema) -> object:
@@ -95,6 +93,19 @@ _ALIASES = {'str': 'string', 'text': 'string', 'int': 'integer', 'float': 'numbe
             'bool': 'boolean', 'dict': 'object', 'list': 'array'}
 
 
+def _json_type(v) -> str:
+    """The JSON type name of an enum value."""
+    if v is None:
+        return 'null'
+    if isinstance(v, bool):
+        return 'boolean'
+    if isinstance(v, int):
+        return 'integer'
+    if isinstance(v, float):
+        return 'number'
+    return {dict: 'object', list: 'array'}.get(type(v), 'string')
+
+
 def _schema_types(schema: Mapping) -> set:
     """The JSON types a property schema allows (``{'string'}`` when it names none)."""
     out = set()
@@ -104,8 +115,7 @@ def _schema_types(schema: Mapping) -> set:
             x = x.strip().lower()
             out.add(_ALIASES.get(x, x))
     for v in schema.get('enum') or ():
-        out.add(next((k for k, c in _JSON_TYPES.items() if k != 'number' and type(v) is c),
-                     'number' if isinstance(v, float) else 'string'))
+        out.add(_json_type(v))
     for key in ('anyOf', 'oneOf', 'allOf'):
         for sub in schema.get(key) or ():
             if isinstance(sub, Mapping):
