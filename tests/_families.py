@@ -66,6 +66,12 @@ KITS = {
                    specials=('<|start|>', '<|end|>', '<|message|>', '<|channel|>', '<|constrain|>', '<|return|>',
                              '<|call|>'),
                    generation_eos=('<|return|>', '<|endoftext|>', '<|call|>')),
+    # GLM-4.5/4.6: TRL's glm4moe template; GLM's role, argument and prompt marks as special tokens; eos and the
+    # generation eos list as GLM-4.5's repository ships them (no end-of-turn token: the next role token stops)
+    'glm-4.5': Kit(template=('trl', 'glm4moe'),
+                   specials=('[gMASK]', '<sop>', '<|system|>', '<|user|>', '<|assistant|>', '<|observation|>',
+                             '<arg_key>', '</arg_key>', '<arg_value>', '</arg_value>', '/nothink'),
+                   eos='<|endoftext|>', generation_eos=('<|endoftext|>', '<|user|>', '<|observation|>')),
 }
 
 _BUILT: dict = {}

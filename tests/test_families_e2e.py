@@ -68,6 +68,11 @@ def _harmony(name, args, reasoning, constrain=False):
             else f' to=functions.{name}<|channel|>commentary json')
     return (f'<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant{head}<|message|>'
             f'{json.dumps(args)}<|call|>')
+def _glm(name, args, reasoning):
+    """A GLM-4.5 tool-call turn as the model samples it after ``<|assistant|>``: its ``<|observation|>`` stop
+    is the tool results' header, which GLM's ``generation_config.json`` lists as an eos."""
+    pairs = ''.join(f'<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n' for k, v in args.items())
+    return f'\n<think>{reasoning}</think>\n<tool_call>{name}\n{pairs}</tool_call><|observation|>'
 
 
 #: One entry per family; a family's helper adds its case here.
@@ -79,6 +84,11 @@ CASES = {
                      '<|channel|>analysis<|message|>Tests pass.<|end|><|start|>assistant<|channel|>final<|message|>'
                      'Fixed: use min(hi, ...).<|return|>'),
                     'Fixed: use min(hi, ...).', (('reasoning_effort', 'low'),)),
+    # GLM-4.5 in thinking mode: the generation prompt is '<|assistant|>', the model writes '\n<think>...'; a call
+    # turn stops at '<|observation|>', an answer at '<|user|>' (the next header; eos only ends a conversation)
+    'glm-4.5': Case('glm-4.5', 'glm', (_glm(*CALLS[0], 'Read it first.'), _glm(*CALLS[1], 'Swap them.'),
+                                       '\n<think>Tests pass.</think>\nFixed: use min(hi, ...).<|user|>'),
+                    'Fixed: use min(hi, ...).'),
 }
 
 

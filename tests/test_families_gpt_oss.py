@@ -148,10 +148,12 @@ def test_the_streaming_parser_equals_the_one_shot_parse_on_every_prefix_and_spli
 
 # ---------------------------------------------------------------------------- stops
 def test_an_answer_stops_at_return_a_call_at_call_and_the_template_counts_call_an_end(tok, template):
-    assert GPT_OSS.turn_end(template, 'answer') == TurnEnd(frozenset({RETURN}), END)
+    eot = tok.convert_tokens_to_ids('<|endoftext|>')      # from generation_config.json
+    assert GPT_OSS.turn_end(template, 'answer') == TurnEnd(frozenset({RETURN, eot}), END)
     assert GPT_OSS.turn_end(template, 'tool_call') == TurnEnd(frozenset({CALL}), CALL)
-    assert GPT_OSS.stop_ids(template) == frozenset({RETURN, CALL})
-    bare = _template(tok)                         # eos only: the family still stops a call at <|call|>
+    # the kit's generation_config.json lists <|return|>, <|endoftext|>, <|call|> (as gpt-oss's does): all stop
+    assert GPT_OSS.stop_ids(template) == frozenset({RETURN, CALL, eot})
+    bare = _template(tok, generation_config=None)  # eos only: the family still stops a call at <|call|>
     assert (bare.stop_ids, GPT_OSS.stop_ids(bare)) == (frozenset({RETURN}), frozenset({RETURN, CALL}))
     assert (template.end_of_turn_text, template.end_texts) == ('<|return|>', ('<|return|>', '<|call|>'))
     assert template.chat_tokens()['end_of_turn'] == [RETURN, CALL]

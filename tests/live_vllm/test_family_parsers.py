@@ -25,13 +25,37 @@ def _hermes(name, args):
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call>'
 
 
-#: family -> (kit, vLLM tool parser, vLLM reasoning parser, texts)
+def _glm(name, args, sep='\n'):
+    """A GLM call block: GLM-4.5/4.6 write ``sep='\\n'`` after the name and each pair, GLM-4.7 ``''``."""
+    pairs = ''.join(f'<arg_key>{k}</arg_key>{sep}<arg_value>{v}</arg_value>{sep}' for k, v in args.items())
+    return f'<tool_call>{name}{sep}{pairs}</tool_call>'
+
+
+#: GLM's arguments are text typed by the tool's schema: a tool with typed parameters
+GLM_TOOLS = TOOLS + function_tools([{'name': 'goto', 'description': 'Go to a line.', 'inputSchema': {
+    'type': 'object', 'properties': {'line': {'type': 'integer'}, 'strict': {'type': 'boolean'},
+                                     'scale': {'type': 'number'}, 'opts': {'type': 'object'},
+                                     'tag': {'type': ['null', 'string']}, 'note': {'type': 'string'}}}}])
+
+#: family -> (kit, vLLM tool parser, vLLM reasoning parser, texts[, tools (default TOOLS)])
 CASES = {
     'qwen3': ('qwen3', 'hermes', 'qwen3', [
         '<think>\nread first\n</think>\n\n' + _hermes('read', {'path': 'clamp.py'}),
         '<think>\n\n</think>\n\nAll done.',
         '<think>\nx\n</think>\n\nI will run them.\n' + _hermes('test', {}) + '\n' + _hermes('read', {'path': 'a b.py'}),
     ]),
+    # GLM-4.5 samples '\n<think>...</think>\n' after '<|assistant|>' in thinking mode (its stop, the next role
+    # token, is not part of the text); GLM-4.7 writes no newlines inside a call block
+    'glm': ('glm-4.5', 'glm45', 'glm45', [
+        '\n<think>read first</think>\n' + _glm('read', {'path': 'clamp.py'}),
+        '\n<think>Tests pass.</think>\nAll done.',
+        '\n<think>x</think>\nI will run them.\n' + _glm('test', {}) + '\n' + _glm('read', {'path': 'a b.py'}),
+        '<think>x</think>' + _glm('edit', {'op': 'swap_minmax'}, sep=''),
+        '\n<think>jump</think>\n' + _glm('goto', {'line': '12', 'strict': 'true', 'scale': '2.5',
+                                                   'opts': '{"a": [1, 2]}', 'tag': 'null', 'note': '7'}),
+        '\n<think>typed</think>\n' + _glm('goto', {'line': 'twelve', 'strict': '0', 'scale': '3.0',
+                                                    'tag': 'v1', 'note': ' spaced \n'}),
+    ], GLM_TOOLS),
 }
 
 
@@ -59,25 +83,26 @@ CASES['gpt-oss'] = ('gpt-oss', 'openai', 'openai_gptoss', [
 HARMONY = {'gpt-oss'}
 
 
-def _ours(family, template, text):
-    r = family.parse_text(text, tool_names=[t['function']['name'] for t in TOOLS])
+def _ours(family, template, text, tools=TOOLS):
+    r = family.parse_text(text, tool_names={t['function']['name']: t['function'].get('parameters') for t in tools})
     return {'reasoning': r.reasoning, 'content': r.content or None,
             'calls': [{'name': c.name, 'arguments': c.arguments} for c in r.ok_calls]}
 
 
 @pytest.mark.parametrize('name', sorted(CASES))
 def test_family_parses_as_vllm_does(name):
-    kit, tool_parser, reasoning_parser, texts = CASES[name]
+    kit, tool_parser, reasoning_parser, texts, *more = CASES[name]
+    tools = more[0] if more else TOOLS
     template = as_template(kit_tokenizer(kit))
     family = family_for(template)
     assert family.name == name
     harmony = name in HARMONY
-    theirs = vllm_parse(kit_dir(kit), texts, tool_parser=tool_parser, reasoning_parser=reasoning_parser, tools=TOOLS,
+    theirs = vllm_parse(kit_dir(kit), texts, tool_parser=tool_parser, reasoning_parser=reasoning_parser, tools=tools,
                         harmony=harmony)
     stops = [template.decode([i]) for i in family.stop_ids(template)] if harmony else []
     for text, t in zip(texts, theirs):
         stop = next((s for s in stops if text.endswith(s)), '')
-        mine = _ours(family, template, text[:len(text) - len(stop)])
+        mine = _ours(family, template, text[:len(text) - len(stop)], tools)
         # vLLM keeps the newlines around reasoning and content that the template writes; ours drops them
         t['content'] = (t['content'] or '').strip('\n') or None
         t['reasoning'] = t['reasoning'].strip('\n') if t['reasoning'] is not None else None

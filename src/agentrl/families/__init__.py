@@ -6,6 +6,7 @@
 - :mod:`~agentrl.families.generic`: what the template tells, no tool-call parsing.
 - :mod:`~agentrl.families.qwen3`: Hermes ``<tool_call>`` JSON and ``<think>`` reasoning.
 - :mod:`~agentrl.families.gpt_oss`: harmony channels, calls to ``functions.NAME`` ending at ``<|call|>``.
+- :mod:`~agentrl.families.glm`: GLM-4.5/4.6/4.7 ``<arg_key>``/``<arg_value>`` calls, the next role token as stop.
 - :mod:`~agentrl.families.registry`: :func:`family_for` picks one for a template or tokenizer.
 
 Torch-free and transformers-free: a template is used through its methods. docs/design.md#families.
@@ -14,10 +15,12 @@ from .base import (CALL_STATUSES, INVALID_JSON, MISSING_NAME, OK, TURN_KINDS, UN
                    Reply, ToolCall, TurnEnd)
 from .generic import GENERIC, GenericFamily
 from .gpt_oss import GPT_OSS, GptOssFamily
+from .glm import GLM, GlmFamily
 from .qwen3 import QWEN3, Qwen3Family
 from .registry import FAMILIES, family_for, family_names, register
 from .stream import StreamParser
 
 __all__ = ['Family', 'Reply', 'ToolCall', 'TurnEnd', 'StreamParser', 'CALL_STATUSES', 'TURN_KINDS', 'OK',
            'INVALID_JSON', 'UNCLOSED_BLOCK', 'MISSING_NAME', 'UNKNOWN_TOOL', 'GenericFamily', 'GENERIC',
-           'GptOssFamily', 'GPT_OSS', 'Qwen3Family', 'QWEN3', 'FAMILIES', 'family_for', 'family_names', 'register']
+           'GptOssFamily', 'GPT_OSS', 'Qwen3Family', 'QWEN3', 'GlmFamily', 'GLM', 'FAMILIES', 'family_for',
+           'family_names', 'register']

@@ -10,6 +10,7 @@ from __future__ import annotations
 from .base import Family
 from .generic import GENERIC, generic_for
 from .gpt_oss import GPT_OSS
+from .glm import GLM
 from .qwen3 import QWEN3
 
 __all__ = ['FAMILIES', 'register', 'family_for', 'family_names']
@@ -84,3 +85,4 @@ def family_for(template_or_tokenizer=None, *, name: str | None = None, require_t
 
 register(QWEN3)
 register(GPT_OSS)
+register(GLM)

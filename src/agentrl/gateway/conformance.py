@@ -2,7 +2,8 @@
 
 Before serving, the gateway records a fixture corpus of multi-turn tool conversations the way it
 records traffic (:class:`~agentrl.templates.ChatRecorder`, ``history='sampled'``: each assistant
-turn as the ids of the text the template writes for it, each tool message as a bridge) and
+turn as the ids of the text the template writes for it and the stop a model samples, each tool
+message as a bridge) and
 compares the recorded ids, after every turn's bridge, with the template's full rendering of the
 conversation so far (with the generation prompt), encoded. The first differing token is reported
 and the gateway refuses to start: a template whose bridges disagree with its own rendering (a
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 from ..families import FAMILIES
 from ..templates import ChatRecorder
-from ..templates.bridge import rendered_turn
+from ..templates.bridge import next_stop, rendered_turn
 
 __all__ = ['CORPUS', 'conformance', 'ConformanceError']
 
@@ -71,6 +72,17 @@ def _call_text(family, text: str) -> str:
     """The part of a rendered turn that holds its calls: after the reasoning, without the stop text."""
     body = family.split_reasoning(text)[1] if family is not None else text
     return body.strip()
+
+
+def _with_next_stop(template, history: list, turn: dict, after: list, text: str) -> str:
+    """``text`` (a turn as rendered) with the stop a model samples at its end where the template writes no end of
+    turn (GLM): the header of the messages ``after`` (``<|observation|>`` before tool results)."""
+    if template.end_of_turn_text is not None or not after:
+        return text
+    full = template.render(history + [turn], False)
+    nxt = template.render(history + [turn] + after, True)
+    at, stop = next_stop(template, nxt, len(full))
+    return text + stop if nxt.startswith(full) and at == len(full) and full.endswith(text) else text
 
 
 def _renderable(template, history: list, turn: dict) -> dict:
@@ -172,7 +184,7 @@ def conformance(template, corpus=None, *, strict: bool = False, family=None) -> 
             stop = next((t for t in tuple(template.end_texts) + tuple(template.stop_texts) if text.endswith(t)), '')
             if turn.get('tool_calls') and family is not None and calls != 'not rendered':
                 calls = _check_calls(template, family, msgs, turn, text, stop)
-            rec.add_turn(template.encode(text), message=turn)
+            rec.add_turn(template.encode(_with_next_stop(template, msgs, turn, after, text)), message=turn)
             msgs.append(turn)
             n_turns += 1
             if not after:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 
 from .chat import ChatTemplate
 from .labels import Region, owners_from_regions
-from .messages import diff_span, owner_of_role
+from .messages import common_prefix, diff_span, owner_of_role
 
-__all__ = ['Bridge', 'template_bridge', 'bridge_shape', 'cached_bridge', 'probe_turn', 'probe_turn_text',
+__all__ = ['Bridge', 'template_bridge', 'next_stop', 'bridge_shape', 'cached_bridge', 'probe_turn', 'probe_turn_text',
            'probe_stability', 'rendered_turn', 'turn_kind', 'probe_message', 'REASONING_STATES']
 
 _PROBE_TOOL = 'Probe result.'
@@ -53,7 +53,8 @@ class Bridge:
 
 
 def template_bridge(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True,
-                    add_generation_prompt: bool = True, turn: dict | None = None) -> Bridge:
+                    add_generation_prompt: bool = True, turn: dict | None = None,
+                    sampled_stop: str | None = None) -> Bridge:
     """Derive the bridge after the last assistant turn by rendering the template.
 
     The last assistant turn is the turn's real message (``turn``, e.g. with ``tool_calls``) with
@@ -73,10 +74,18 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
         turn: the sampled turn as a message (``role`` assistant, ``tool_calls`` ...); default a
             plain assistant message. Templates that read the previous turn's tool calls when they
             render a tool result need it.
+        sampled_stop: the text of the stop token the turn was sampled with (None: whichever the
+            template writes there). It matters where the template writes no end-of-turn (GLM): the
+            turn's rendering (its content, then the tool calls the policy sampled) ends where the
+            template writes its next stop token, the next message's role token; when that is the
+            sampled stop the bridge starts after it, otherwise (another stop, or a cut turn) the
+            bridge starts with the template's token (template-owned) and ``stop`` is ''.
 
     Returns:
         :class:`Bridge`. For Qwen3 the engine stops at ``<|im_end|>`` and the template writes
-        ``\\n`` after it, so a bridge after a terminated turn starts with that ``\\n``.
+        ``\\n`` after it, so a bridge after a terminated turn starts with that ``\\n``. For GLM a
+        tool-call turn ends with the sampled ``<|observation|>`` and the bridge starts after it
+        (``'\\n<tool_response>\\n...\\n</tool_response><|assistant|>'``): sampled text is never in a bridge.
 
     Raises:
         ValueError: the template does not render assistant content verbatim, or drops one of
@@ -110,10 +119,18 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
         stop = eot if terminated else ''
         b0 = k + len(stop)
     else:
-        stop = template.leading_stop(text[after:]) if terminated else ''
-        if terminated and not stop and template.end_of_turn_text is not None:
-            rewrite = template.leading_control(text[after:])
-        b0 = after + len(stop) + len(rewrite)
+        if template.end_of_turn_text is not None:       # the end of turn is rewritten in history (gpt-oss)
+            stop = template.leading_stop(text[after:]) if terminated else ''
+            if terminated and not stop:
+                rewrite = template.leading_control(text[after:])
+            b0 = after + len(stop) + len(rewrite)
+        else:                                             # no end of turn: the next role token stops (GLM)
+            b0, stop = next_stop(template, text, after)
+            if stop and b0 > after and b0 > _turn_end(template, text, conv[:len(history) + 1]):
+                b0, stop = after, ''         # that stop is inside the new messages: the turn is followed by none
+            if not terminated or (sampled_stop is not None and stop != sampled_stop):
+                stop = ''
+            b0 += len(stop)
     bridge = text[b0:]
     regions, cursor, base = [], 0, len(history) + 1
     for q, m in enumerate(new_messages):
@@ -139,6 +156,24 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
     return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions, rewrite=rewrite)
 
 
+def _turn_end(template: ChatTemplate, text: str, upto_turn: list) -> int:
+    """Where the rendering of the conversation up to the turn stops agreeing with ``text`` (its length if it raises)."""
+    try:
+        return common_prefix(text, template.render(upto_turn, False))
+    except ValueError:
+        return len(text)
+
+
+def next_stop(template: ChatTemplate, text: str, start: int) -> tuple:
+    """``(position, stop text)`` of the first stop text the template wrote in ``text`` at or after ``start``.
+
+    Where a template writes no end-of-turn (GLM), this is where a sampled turn's rendering ends: the
+    next message's role token, which the model samples as its stop. ``(start, '')`` when none follows.
+    """
+    hits = [(k, t) for k, t in ((text.find(t, start), t) for t in template.stop_texts) if k >= 0]
+    return min(hits, key=lambda h: (h[0], -len(h[1]))) if hits else (start, '')
+
+
 #: Content used to check that a template inserts message content verbatim (whitespace at both
 #: ends, quotes, backslash, markup, braces, non-ASCII): if it comes back unchanged, a bridge's
 #: shape can be reused with other contents.
@@ -152,7 +187,7 @@ def _skeleton(m: dict) -> str:
 
 
 def bridge_shape(template: ChatTemplate, history: list, new_messages: list, terminated: bool = True,
-                 turn: dict | None = None):
+                 turn: dict | None = None, sampled_stop: str | None = None):
     """The bridge as template text with one slot per new message's content, or None.
 
     Renders the bridge with sentinels as contents, then checks with awkward contents (whitespace at
@@ -162,6 +197,8 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
         ``(parts, stop, rewrite)``: ``parts`` is the bridge text split at the slots (``len(new) + 1``
         strings), ``stop`` and ``rewrite`` as :class:`Bridge`'s; None when a content is not a string or the template transforms content (then
         each bridge must be rendered).
+
+    Args: as :func:`template_bridge`.
 
     Raises:
         ValueError: as :func:`template_bridge` (a message the template drops).
@@ -173,7 +210,7 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
     avoid = ''.join(m['content'] for m in new_messages)
     zs = [template.sentinel(1000 + q, avoid=avoid) for q in range(len(new_messages))]
     b = template_bridge(template, history, [dict(m, content=z) for m, z in zip(new_messages, zs)], terminated,
-                        turn=turn)
+                        turn=turn, sampled_stop=sampled_stop)
     parts, rest = [], b.text
     for z in zs:
         if rest.count(z) != 1:
@@ -183,7 +220,7 @@ def bridge_shape(template: ChatTemplate, history: list, new_messages: list, term
     parts.append(rest)
     tricky = [_TRICKY.replace('end', f'end{q}') for q in range(len(new_messages))]
     t = template_bridge(template, history, [dict(m, content=c) for m, c in zip(new_messages, tricky)], terminated,
-                        turn=turn)
+                        turn=turn, sampled_stop=sampled_stop)
     if t.text != _fill(parts, tricky)[0]:
         return None
     return parts, b.stop, b.rewrite
@@ -200,7 +237,7 @@ def _fill(parts: list, contents: list) -> tuple:
 
 
 def cached_bridge(template: ChatTemplate, history: list, turn: dict, new_messages: list,
-                  terminated: bool = True) -> Bridge:
+                  terminated: bool = True, sampled_stop: str | None = None) -> Bridge:
     """:func:`template_bridge`, reusing the bridge's shape (:func:`bridge_shape`) when only the contents changed.
 
     Shapes are kept in the template's own cache (cleared past 512 entries), keyed by the messages
@@ -214,14 +251,14 @@ def cached_bridge(template: ChatTemplate, history: list, turn: dict, new_message
     """
     cache = template._cache
     key = ('bridge', tuple(_skeleton(m) for m in history), _skeleton(turn),
-           tuple(_skeleton(m) for m in new_messages), terminated)
+           tuple(_skeleton(m) for m in new_messages), terminated, sampled_stop)
     if key not in cache:
         if len(cache) > 512:
             cache.clear()
-        cache[key] = bridge_shape(template, history, new_messages, terminated, turn=turn)
+        cache[key] = bridge_shape(template, history, new_messages, terminated, turn=turn, sampled_stop=sampled_stop)
     shape = cache[key]
     if shape is None:
-        return template_bridge(template, history, new_messages, terminated, turn=turn)
+        return template_bridge(template, history, new_messages, terminated, turn=turn, sampled_stop=sampled_stop)
     parts, stop, rewrite = shape
     text, spans = _fill(parts, [m['content'] for m in new_messages])
     regions = [Region(a, b, owner_of_role(m['role']), q)

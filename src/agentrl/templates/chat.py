@@ -12,8 +12,8 @@ import re
 from typing import Any, Iterable, Sequence
 
 from .budget import TemplateTimeoutError, bounded_render
-from .loading import (TOKENIZER_FAMILIES, find_tokenizer_dir, load_tokenizer, require_hf,  # noqa: F401 - old place
-                      tokenizer_family)
+from .loading import (TOKENIZER_FAMILIES, find_tokenizer_dir, generation_eos_ids, load_tokenizer,  # noqa: F401
+                      require_hf, tokenizer_family)
 from .messages import (PROMPT_ROLES, TOOL_ROLES, check_messages, common_prefix, common_suffix,  # noqa: F401
                        diff_span, flatten_content, function_tools, owner_of_role)
 
@@ -23,7 +23,7 @@ __all__ = ['ChatTemplate', 'as_template', 'function_tools', 'require_hf', 'load_
 
 
 #: Template options ChatTemplate takes by keyword; everything else goes to the template.
-_OWN_OPTIONS = ('tools', 'chat_template', 'stop_tokens', 'content_text')
+_OWN_OPTIONS = ('tools', 'chat_template', 'stop_tokens', 'generation_config', 'content_text')
 #: What happens to control-token text (``'<|im_end|>'``) inside content the policy did not sample
 #: (system, user, tool and opening messages): ``'plain'`` encodes it as ordinary text (its byte-level
 #: pieces, never the control id); ``'refuse'`` raises :class:`ControlTextError`.
@@ -54,6 +54,10 @@ class ChatTemplate:
         chat_template: a template string overriding the tokenizer's own.
         stop_tokens: extra tokens the engine stops at, besides ``eos_token`` and the template's
             end-of-turn (for example Qwen3's second EOS ``<|endoftext|>``); each must be a single token.
+        generation_config: the model's ``generation_config.json`` whose ``eos_token_id`` list is added
+            to the stops, as vLLM adds it to every request (:func:`~agentrl.templates.loading.generation_eos_ids`:
+            a folder, the file, or a dict); True (default) reads the tokenizer's own folder
+            (``name_or_path``) when it holds one; None or False adds none. docs/design.md#stops.
         content_text: one of :data:`CONTENT_TEXT_MODES`: ``'plain'`` (default) encodes control-token
             text inside content the policy did not sample as ordinary text; ``'refuse'`` raises
             :class:`ControlTextError` for it.
@@ -62,7 +66,7 @@ class ChatTemplate:
     Attributes:
         tokenizer, tools, chat_template, template_kwargs, content_text,
         stop_texts (list[str]), stop_ids (frozenset[int]): every id the engine may stop a turn at
-        (``eos_token``, ``stop_tokens`` and the end-of-turn);
+        (``eos_token``, ``stop_tokens``, the end-of-turn, and the generation config's eos ids);
         end_of_turn_id (int | None), end_of_turn_text (str | None): the control token the template
         itself writes right after an assistant message's content, found by rendering one (Qwen3
         ``<|im_end|>``, Llama 3 ``<|eot_id|>``, gpt-oss ``<|return|>``); None when the template writes none;
@@ -88,7 +92,8 @@ class ChatTemplate:
     """
 
     def __init__(self, tokenizer, *, tools: Sequence[dict] | None = None, chat_template: str | None = None,
-                 stop_tokens: Sequence[str] | None = None, content_text: str = 'plain', **template_kwargs):
+                 stop_tokens: Sequence[str] | None = None, generation_config: Any = True, content_text: str = 'plain',
+                 **template_kwargs):
         require_hf('ChatTemplate')
         if not hasattr(tokenizer, 'apply_chat_template'):
             raise ValueError(f'tokenizer must be a Hugging Face tokenizer, got {type(tokenizer).__name__}; '
@@ -124,6 +129,16 @@ class ChatTemplate:
                 raise ValueError(f'stop_tokens: {t!r} encodes to {len(enc)} tokens {enc}; '
                                  'an end-of-turn token must be a single (special) token')
             ids.append(enc[0])
+        gen = [i for i in generation_eos_ids(tokenizer if generation_config is True else generation_config or None)
+               if i not in ids]
+        if gen:
+            n_vocab = len(tokenizer)
+            for i in dict.fromkeys(gen):
+                if not 0 <= i < n_vocab:
+                    raise ValueError(f'generation_config: eos_token_id {i} is outside the vocabulary [0, {n_vocab}); '
+                                     'pass the generation_config.json of this model')
+                ids.append(i)
+                texts.append(self.decode([i]))
         if not texts:
             raise ValueError('the tokenizer has no eos_token: pass stop_tokens=["<end-of-turn token>"]')
         self.stop_texts = sorted(texts, key=len, reverse=True)

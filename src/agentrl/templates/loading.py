@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..io import read_json
+
 __all__ = ['TOKENIZER_FAMILIES', 'tokenizer_family', 'tokenizer_roots', 'candidate_dirs', 'find_tokenizer_dir',
-           'require_hf', 'load_tokenizer']
+           'require_hf', 'load_tokenizer', 'generation_eos_ids']
 
 #: Tokenizer families the tests and demos use: folder name -> ungated Hugging Face repo holding the
 #: same tokenizer files (None: gated upstream, get the files yourself).
@@ -240,3 +242,46 @@ def load_tokenizer(name_or_path: str):
         raise ValueError(f'TOKENIZER {name_or_path!r} could not be loaded ({type(e).__name__}: {e}); '
                          'pass a folder with tokenizer.json and tokenizer_config.json, or a hub id '
                          '(set HF_HUB_OFFLINE=1 to forbid downloads)') from e
+
+
+def generation_eos_ids(source) -> tuple:
+    """The ``eos_token_id`` list of a model's ``generation_config.json``: ids every vLLM request stops at.
+
+    vLLM adds this list to each request's stop ids (GLM-4.5: ``<|endoftext|>``, ``<|user|>``,
+    ``<|observation|>``; Qwen3: ``<|im_end|>``, ``<|endoftext|>``; gpt-oss: ``<|return|>``, ``<|call|>``),
+    so agentrl's stops include it (docs/design.md#stops).
+
+    Args:
+        source: a folder holding ``generation_config.json``, the file itself, a dict of it, or a
+            tokenizer (its ``name_or_path`` folder is read). None, or a folder without the file: ``()``.
+
+    Returns:
+        ``tuple[int]`` in the file's order (an int ``eos_token_id`` gives one id; absent gives ``()``).
+
+    Raises:
+        ValueError: the file is not a JSON object, or ``eos_token_id`` is not an int or a list of ints
+            (the message names the file).
+    """
+    if source is None:
+        return ()
+    if not isinstance(source, (dict, str, os.PathLike)):
+        source = getattr(source, 'name_or_path', None) or ''
+        if not source or not os.path.isdir(source):
+            return ()
+    where = 'generation_config'
+    if not isinstance(source, dict):
+        path = Path(source)
+        path = path / 'generation_config.json' if path.is_dir() else path
+        if not path.is_file():
+            return ()
+        where = str(path)
+        source = read_json(path, fix="pass the model folder's generation_config.json")
+        if not isinstance(source, dict):
+            raise ValueError(f'{where}: is not a JSON object; pass the model folder\'s generation_config.json')
+    eos = source.get('eos_token_id')
+    if eos is None:
+        return ()
+    eos = [eos] if isinstance(eos, int) and not isinstance(eos, bool) else eos
+    if not isinstance(eos, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in eos):
+        raise ValueError(f'{where}: eos_token_id is {eos!r}; it must be an int or a list of ints (token ids)')
+    return tuple(eos)

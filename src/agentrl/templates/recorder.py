@@ -207,7 +207,7 @@ class ChatRecorder:
         self._contexts.append((start, None if use_prefix else list(self._ctx)))
         self._pending = []
         self._bridge_mark = None
-        text = self.template.decode(ids)
+        decoded = text = self.template.decode(ids)
         stop = self.template.stop_text(ids[-1])
         if stop is None:
             self._unterminated.append(k)
@@ -216,6 +216,7 @@ class ChatRecorder:
             self._closed_by_template.append(k)    # kept (sampled); the template still writes its end-of-turn
             text = content                        # the stop id is the engine's, not rendered text
         self._log.append(ids, 'policy', k, logp)
+        self._turn_text_at = len(self._texts)
         self._texts.append(text)
         self._turn_index.append(len(self._messages))
         if message is not None:
@@ -224,6 +225,7 @@ class ChatRecorder:
             msg = {'role': 'assistant', 'content': content}
         self._messages.append(msg)
         self._turn_piece = (text, ids)
+        self._turn_texts = (decoded, content)       # with its stop, without: the bridge tells which is rendered
         return content
 
     def add_messages(self, messages) -> list:
@@ -256,8 +258,9 @@ class ChatRecorder:
             return self.prompt_ids
         pending = self._pending + new
         turn_ids = self._turn_piece[1]
+        stop = self.template.stop_text(turn_ids[-1])
         # derive the bridge first, so that an error leaves the recorder unchanged
-        bridge = self._bridge(self._window(), pending, self.template.is_end_of_turn(turn_ids[-1]))
+        bridge = self._bridge(self._window(), pending, self.template.is_end_of_turn(turn_ids[-1]), stop)
         if self._bridge_mark is not None:  # replace the bridge of the earlier messages since the turn
             n_ids, n_texts = self._bridge_mark
             self._log.truncate(n_ids)
@@ -272,6 +275,8 @@ class ChatRecorder:
                                self._ctx_is_prefix)
         self._pending = pending
         k = len(self._turn_index) - 1
+        if stop is not None and self.template.end_of_turn_id is None:
+            self._stop_is_header(k, stop, bridge.stop == stop)
         self._bridge_mark = (len(self._log), len(self._texts))
         self._log.append(bridge.ids, bridge.owner, k)
         self._texts.append(bridge.text)
@@ -283,12 +288,30 @@ class ChatRecorder:
             self._continue_sampled(bridge)
         return self.prompt_ids
 
-    def _bridge(self, history: list, new: list, terminated: bool) -> Bridge:
+    def _bridge(self, history: list, new: list, terminated: bool, stop: str | None = None) -> Bridge:
         """The bridge after the last turn (:func:`~agentrl.templates.bridge.cached_bridge` unless ``cache_bridges`` is off)."""
         turn = self._messages[self._turn_index[-1]]
         if not self.cache_bridges:
-            return template_bridge(self.template, history, new, terminated, turn=turn)
-        return cached_bridge(self.template, history, turn, new, terminated)
+            return template_bridge(self.template, history, new, terminated, turn=turn, sampled_stop=stop)
+        return cached_bridge(self.template, history, turn, new, terminated, sampled_stop=stop)
+
+    def _stop_is_header(self, k: int, stop: str, written: bool) -> None:
+        """Turn ``k`` (the last) stopped at ``stop`` where the template writes no end-of-turn (GLM).
+
+        ``written``: the template writes that same token next (the next message's role token), so the
+        sampled id stands for it and the bridge starts after it. Otherwise the template writes another
+        token there (a tool result's header after a turn that stopped at ``eos``): the sampled id is kept
+        (policy) but is not rendered text, and the bridge starts with the template's own token, as
+        for a stop that is not the end-of-turn (docs/design.md#stops).
+        """
+        text = self._turn_texts[0] if written else self._turn_texts[1]
+        self._texts[self._turn_text_at] = text
+        self._turn_piece = (text, self._turn_piece[1])
+        closed = k in self._closed_by_template
+        if written and closed:
+            self._closed_by_template.remove(k)
+        elif not written and not closed:
+            self._closed_by_template.append(k)
 
     # ------------------------------------------------------------------ template history
     def _window(self) -> list:
@@ -392,6 +415,10 @@ class ChatRecorder:
                 and self._closed_by_template[-1] == self.n_turns - 1):
             self._log.append([self.template.end_of_turn_id], 'template', self.n_turns - 1)
             texts.append(self.template.end_of_turn_text)
+        if self._bridge_mark is None and self.template.end_of_turn_id is None:
+            stop = self.template.stop_text(self._turn_piece[1][-1])
+            if stop and texts[-1].endswith(stop):   # the next header (GLM): no message follows it to render
+                texts[-1] = texts[-1][:-len(stop)]
         if verify:
             recorded = ''.join(texts)
             full = self.template.render(self._messages, self._messages[-1]['role'] != 'assistant')

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from ...templates.chat import find_tokenizer_dir, load_tokenizer, require_hf
+from ...templates.loading import generation_eos_ids
 
 __all__ = ['load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id', 'score_rows',
            'forward_kwargs', 'pad_token_id', 'TOKENIZER_FILES', 'MAX_TEST_MODEL_PARAMS']
@@ -175,8 +176,9 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
         max_positions: ``max_position_embeddings`` (the context limit rollouts respect).
 
     Returns:
-        ``Path(out_dir)``, holding ``config.json``, ``model.safetensors``, ``generation_config.json``,
-        the tokenizer files and ``agentrl_test_model.json`` (the build options and the measured
+        ``Path(out_dir)``, holding ``config.json``, ``model.safetensors``, ``generation_config.json``
+        (its ``eos_token_id`` the tokenizer folder's ``generation_config.json`` list when it has one, as
+        the model's repository ships it, else the ``eos_token`` id), the tokenizer files and ``agentrl_test_model.json`` (the build options and the measured
         per-token rates).
 
     Raises:
@@ -239,8 +241,9 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     restore = _quiet_progress(transformers)
+    gen_eos = generation_eos_ids(tdir)         # the tokenizer folder's model stops, as vLLM would read them
     try:
-        model.generation_config.eos_token_id = eot
+        model.generation_config.eos_token_id = list(gen_eos) if gen_eos else eot
         model.generation_config.pad_token_id = cfg.pad_token_id
         model.save_pretrained(str(out))
     finally:
