@@ -62,6 +62,12 @@ class Kit:
 #: One entry per family under test; a family's helper adds its entry here.
 KITS = {
     'qwen3': Kit(generation_eos=('<|im_end|>', '<|endoftext|>')),
+    'qwen3.5': Kit(template=('trl', 'qwen3_5_think'), generation_eos=('<|im_end|>', '<|endoftext|>')),
+    'qwen3.6': Kit(template=('trl', 'qwen3_6'), generation_eos=('<|im_end|>', '<|endoftext|>')),
+    'llama3.1': Kit(base='llama3', template=('trl', 'llama3_1'), specials=('<|eom_id|>', '<|python_tag|>'),
+                    eos='<|eot_id|>', generation_eos=('<|end_of_text|>', '<|eom_id|>', '<|eot_id|>')),
+    'llama3.2': Kit(base='llama3', template=('trl', 'llama3_2'), specials=('<|eom_id|>', '<|python_tag|>'),
+                    eos='<|eot_id|>', generation_eos=('<|end_of_text|>', '<|eom_id|>', '<|eot_id|>')),
 }
 
 _BUILT: dict = {}

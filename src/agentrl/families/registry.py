@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from .base import Family
 from .generic import GENERIC, generic_for
+from .llama3 import LLAMA3
 from .qwen3 import QWEN3
+from .qwen3_coder import QWEN3_CODER
 
 __all__ = ['FAMILIES', 'register', 'family_for', 'family_names']
 
@@ -82,3 +84,5 @@ def family_for(template_or_tokenizer=None, *, name: str | None = None, require_t
 
 
 register(QWEN3)
+register(QWEN3_CODER)
+register(LLAMA3)
