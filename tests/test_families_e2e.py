@@ -96,8 +96,8 @@ CASES = {
 
 
 def _params():
-    return [pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=CASES[k].blocked)) if CASES[k].blocked else k
-            for k in sorted(CASES)]
+    return [pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=CASES[k].blocked))
+            if CASES[k].blocked else k for k in sorted(CASES)]
 
 
 @pytest.fixture(scope='module', params=_params())
