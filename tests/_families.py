@@ -72,6 +72,12 @@ KITS = {
                    specials=('[gMASK]', '<sop>', '<|system|>', '<|user|>', '<|assistant|>', '<|observation|>',
                              '<arg_key>', '</arg_key>', '<arg_value>', '</arg_value>', '/nothink'),
                    eos='<|endoftext|>', generation_eos=('<|endoftext|>', '<|user|>', '<|observation|>')),
+    'qwen3.5': Kit(template=('trl', 'qwen3_5_think'), generation_eos=('<|im_end|>', '<|endoftext|>')),
+    'qwen3.6': Kit(template=('trl', 'qwen3_6'), generation_eos=('<|im_end|>', '<|endoftext|>')),
+    'llama3.1': Kit(base='llama3', template=('trl', 'llama3_1'), specials=('<|eom_id|>', '<|python_tag|>'),
+                    eos='<|eot_id|>', generation_eos=('<|end_of_text|>', '<|eom_id|>', '<|eot_id|>')),
+    'llama3.2': Kit(base='llama3', template=('trl', 'llama3_2'), specials=('<|eom_id|>', '<|python_tag|>'),
+                    eos='<|eot_id|>', generation_eos=('<|end_of_text|>', '<|eom_id|>', '<|eot_id|>')),
 }
 
 _BUILT: dict = {}

@@ -49,12 +49,15 @@ class Case:
             ending with the stop token the model would sample.
         answer: the ``content`` the answer turn must come back as.
         template_options: the gateway's ``template_options``.
+        blocked: why the loop cannot run yet, outside the family (the case is a strict xfail: it
+            fails loudly once the cause is fixed, so the mark gets removed); '' when it runs.
     """
     kit: str
     family: str
     turns: tuple
     answer: str
     template_options: tuple = ()
+    blocked: str = ''
 
 
 def _hermes(name, args):
@@ -73,6 +76,18 @@ def _glm(name, args, reasoning):
     is the tool results' header, which GLM's ``generation_config.json`` lists as an eos."""
     pairs = ''.join(f'<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n' for k, v in args.items())
     return f'\n<think>{reasoning}</think>\n<tool_call>{name}\n{pairs}</tool_call><|observation|>'
+def _xml(name, args):
+    body = ''.join(f'<parameter={k}>\n{v}\n</parameter>\n' for k, v in args.items())
+    return f'<tool_call>\n<function={name}>\n{body}</function>\n</tool_call><|im_end|>'
+
+
+def _llama(name, args):
+    return f'{json.dumps({"name": name, "parameters": args})}<|eot_id|>'
+
+
+#: Llama 3.1/3.2's template writes no content on a tool-call turn, so templates/bridge.py cannot find the bridge
+#: after one (its content marker does not come back): the gate and every later call refuse.
+_LLAMA_BRIDGE = 'templates/bridge.py derives no bridge after a tool-call turn whose content the template drops'
 
 
 #: One entry per family; a family's helper adds its case here.
@@ -89,10 +104,25 @@ CASES = {
     'glm-4.5': Case('glm-4.5', 'glm', (_glm(*CALLS[0], 'Read it first.'), _glm(*CALLS[1], 'Swap them.'),
                                        '\n<think>Tests pass.</think>\nFixed: use min(hi, ...).<|user|>'),
                     'Fixed: use min(hi, ...).'),
+    'qwen3.5': Case('qwen3.5', 'qwen3_coder', (_xml(*CALLS[0]), _xml(*CALLS[1]), 'Fixed: use min(hi, ...).<|im_end|>'),
+                    'Fixed: use min(hi, ...).', (('enable_thinking', False),)),
+    'qwen3.6': Case('qwen3.6', 'qwen3_coder', ('Read it first.\n</think>\n\n' + _xml(*CALLS[0]),
+                                               'Now swap.\n</think>\n\n' + _xml(*CALLS[1]),
+                                               'Done.\n</think>\n\nFixed: use min(hi, ...).<|im_end|>'),
+                    'Fixed: use min(hi, ...).', (('enable_thinking', True),)),
+    'llama3.1': Case('llama3.1', 'llama3', (_llama(*CALLS[0]), _llama(*CALLS[1]), 'Fixed: use min(hi, ...).<|eot_id|>'),
+                     'Fixed: use min(hi, ...).', blocked=_LLAMA_BRIDGE),
+    'llama3.2': Case('llama3.2', 'llama3', (_llama(*CALLS[0]), _llama(*CALLS[1]), 'Fixed: use min(hi, ...).<|eot_id|>'),
+                     'Fixed: use min(hi, ...).', blocked=_LLAMA_BRIDGE),
 }
 
 
-@pytest.fixture(scope='module', params=sorted(CASES))
+def _params():
+    return [pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=CASES[k].blocked))
+            if CASES[k].blocked else k for k in sorted(CASES)]
+
+
+@pytest.fixture(scope='module', params=_params())
 def served(request, tmp_path_factory):
     from agentrl.engines import hf
     case = CASES[request.param]

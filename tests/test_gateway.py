@@ -30,7 +30,7 @@ H = httpx.Client(timeout=120)
 
 from _families import trl_template  # noqa: E402
 from _gateway import ForcingHF  # noqa: E402
-from agentrl.families import QWEN3  # noqa: E402
+from agentrl.families import QWEN3, family_names  # noqa: E402
 from agentrl.gateway import Gateway, GatewayError, Limits, parse_reply, message_deltas  # noqa: E402
 from agentrl.gateway import parse_request, read_journal  # noqa: E402
 from agentrl.gateway.conformance import CORPUS as CONFORMANCE_CORPUS  # noqa: E402
@@ -652,10 +652,9 @@ def test_the_gateway_picks_the_model_family_or_takes_one_by_name(upstream, tmp_p
     gw = Gateway(upstream, tmp_path / 'run2', conformance=False, family='generic')
     gw.pool.shutdown()
     assert (gw.family.name, gw.family.parses_tools, gw.family.think_close) == ('generic', False, '</think>')
-    from agentrl.families import family_names
-    names = ', '.join(family_names())
-    with pytest.raises(ValueError, match=rf"^family='hermes' is not a model family; use one of {names}$"):
+    with pytest.raises(ValueError) as e:
         Gateway(upstream, tmp_path / 'run3', conformance=False, family='hermes')
+    assert str(e.value) == f"family='hermes' is not a model family; use one of {', '.join(family_names())}"
 
 
 def test_admin_pause_holds_calls_and_policy_versions_are_stamped_at_dispatch(server, run_dir):

@@ -37,6 +37,18 @@ GLM_TOOLS = TOOLS + function_tools([{'name': 'goto', 'description': 'Go to a lin
                                      'scale': {'type': 'number'}, 'opts': {'type': 'object'},
                                      'tag': {'type': ['null', 'string']}, 'note': {'type': 'string'}}}}])
 
+def _xml(name, params):
+    body = ''.join(f'<parameter={k}>\n{v}\n</parameter>\n' for k, v in params.items())
+    return f'<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>'
+
+
+#: a tool whose parameters have every JSON type (Qwen3-Coder's XML values are typed by it)
+GREP = {'type': 'function', 'function': {'name': 'grep', 'description': 'Search.', 'parameters': {
+    'type': 'object', 'properties': {'pattern': {'type': 'string'}, 'max': {'type': 'integer'},
+                                     'case': {'type': 'boolean'}, 'paths': {'type': 'array'},
+                                     'opts': {'type': 'object'}, 'frac': {'type': 'number'},
+                                     'note': {'type': ['string', 'null']}, 'none': {'type': ['null', 'integer']}}}}}
+
 #: family -> (kit, vLLM tool parser, vLLM reasoning parser, texts[, tools (default TOOLS)])
 CASES = {
     'qwen3': ('qwen3', 'hermes', 'qwen3', [
@@ -44,6 +56,20 @@ CASES = {
         '<think>\n\n</think>\n\nAll done.',
         '<think>\nx\n</think>\n\nI will run them.\n' + _hermes('test', {}) + '\n' + _hermes('read', {'path': 'a b.py'}),
     ]),
+    'qwen3_coder': ('qwen3.5', 'qwen3_coder', 'qwen3', [
+        '<think>\nread first\n</think>\n\n' + _xml('read', {'path': 'clamp.py'}),
+        '<think>\n\n</think>\n\nAll done.',
+        '<think>\nx\n</think>\n\nI will look.\n\n' + _xml('grep', {'pattern': 'a b\n  c', 'max': '3', 'case': 'True',
+                                                                   'paths': '["x", "y"]', 'opts': '{"z": 1}',
+                                                                   'frac': '0.5', 'note': '12'})
+        + '\n' + _xml('grep', {'max': '-4', 'frac': '2.0', 'case': '0', 'none': 'null'}),
+    ], TOOLS + [GREP]),
+    'llama3': ('llama3.1', 'llama3_json', None, [
+        '{"name": "read", "parameters": {"path": "clamp.py"}}',
+        '<|python_tag|>{"name": "edit", "arguments": {"op": "swap_minmax"}}',
+        'All done.',
+        '{"name": "grep", "parameters": {"max": 3, "paths": ["x"]}}; {"name": "test", "parameters": {}}',
+    ], TOOLS + [GREP]),
     # GLM-4.5 samples '\n<think>...</think>\n' after '<|assistant|>' in thinking mode (its stop, the next role
     # token, is not part of the text); GLM-4.7 writes no newlines inside a call block
     'glm': ('glm-4.5', 'glm45', 'glm45', [
@@ -84,7 +110,8 @@ HARMONY = {'gpt-oss'}
 
 
 def _ours(family, template, text, tools=TOOLS):
-    r = family.parse_text(text, tool_names={t['function']['name']: t['function'].get('parameters') for t in tools})
+    r = family.for_tools(tools).parse_text(
+        text, tool_names={t['function']['name']: t['function'].get('parameters') for t in tools})
     return {'reasoning': r.reasoning, 'content': r.content or None,
             'calls': [{'name': c.name, 'arguments': c.arguments} for c in r.ok_calls]}
 

@@ -111,6 +111,14 @@ class Family:
     def __repr__(self) -> str:
         return f'<family {self.name}>'
 
+    def for_tools(self, tools) -> 'Family':
+        """The family that parses a reply to a request with ``tools`` (OpenAI function tools, or None).
+
+        Itself, unless its call values are typed by the tools' JSON schemas (then a copy that knows
+        them: Qwen3-Coder's XML parameters). Callers that parse a request's reply ask this first.
+        """
+        return self
+
     # ------------------------------------------------------------------ what a module implements
     def find_calls(self, body: str, offset: int = 0, tool_names=None) -> list:
         """Every call block in ``body`` (the reply after its reasoning), in order.

@@ -14,13 +14,23 @@ import re
 
 from .base import INVALID_JSON, MISSING_NAME, OK, UNCLOSED_BLOCK, UNKNOWN_TOOL, Family, ToolCall
 
-__all__ = ['Qwen3Family', 'QWEN3']
+__all__ = ['Qwen3Family', 'QWEN3', 'json_call']
 
 _BLOCK = re.compile(r'<tool_call>(.*?)</tool_call>', re.S)
 
 
-def _status(inner: str, tool_names) -> tuple:
-    """``(status, name, arguments)`` of one block's inner text."""
+def json_call(inner: str, tool_names, keys: tuple = ('arguments',)) -> tuple:
+    """``(status, name, arguments)`` of a call written as a JSON object ``{"name": ..., KEY: {...}}``.
+
+    Args:
+        inner: the object's text. tool_names: the request's tool names, or None (any name).
+        keys: where the arguments may be, the first present is read (absent: ``{}``); a JSON
+            string there is decoded.
+
+    Returns:
+        A status of :data:`~agentrl.families.base.CALL_STATUSES`, the name (None without a string
+        one) and the arguments (None unless they are an object).
+    """
     try:
         obj = json.loads(inner)
     except ValueError:
@@ -30,7 +40,7 @@ def _status(inner: str, tool_names) -> tuple:
     name = obj.get('name')
     if not isinstance(name, str):
         return MISSING_NAME, None, None
-    args = obj.get('arguments', {})
+    args = next((obj[k] for k in keys if k in obj), {})
     if isinstance(args, str):
         try:
             args = json.loads(args)
@@ -53,7 +63,7 @@ class Qwen3Family(Family):
     def find_calls(self, body: str, offset: int = 0, tool_names=None) -> list:
         out, pos = [], 0
         for m in _BLOCK.finditer(body):
-            status, name, args = _status(m.group(1), tool_names)
+            status, name, args = json_call(m.group(1), tool_names)
             out.append(ToolCall(name, args, status, m.group(0), (offset + m.start(), offset + m.end())))
             pos = m.end()
         k = body.find(self.call_open, pos)

@@ -11,7 +11,9 @@ from .base import Family
 from .generic import GENERIC, generic_for
 from .gpt_oss import GPT_OSS
 from .glm import GLM
+from .llama3 import LLAMA3
 from .qwen3 import QWEN3
+from .qwen3_coder import QWEN3_CODER
 
 __all__ = ['FAMILIES', 'register', 'family_for', 'family_names']
 
@@ -86,3 +88,5 @@ def family_for(template_or_tokenizer=None, *, name: str | None = None, require_t
 register(QWEN3)
 register(GPT_OSS)
 register(GLM)
+register(QWEN3_CODER)
+register(LLAMA3)

@@ -290,7 +290,8 @@ class _Routes:
         loop, queue, hold = asyncio.get_running_loop(), asyncio.Queue(), {}
 
         def hook(p):
-            hold['stream'] = st = ReplyStream(p.template, self.gw.family, p.think, req.tool_choice != 'none',
+            family = self.gw.family.for_tools(req.tools)      # values typed by the request's tool schemas
+            hold['stream'] = st = ReplyStream(p.template, family, p.think, req.tool_choice != 'none',
                                               f'{s.sid}/{len(s.calls)}', req.stop)
             hold['base'] = {'id': f'chatcmpl-{s.sid[:12]}-{len(s.calls)}', 'object': 'chat.completion.chunk',
                             'created': int(time.time()), 'model': self.gw.upstream.model_name}

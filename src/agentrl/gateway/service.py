@@ -352,10 +352,10 @@ class Gateway:
         text = template.decode(ids)
         if stopped is not None:
             text = stopped
-        elif ids and ids[-1] in template.stop_ids and text.endswith(template.stop_text(ids[-1])):
-            text = text[:len(text) - len(template.stop_text(ids[-1]))]
-        message = parse_reply(text, self.family, id_seed=f'{session.sid}/{index}', tools=req.tool_choice != 'none',
-                              think_open=p.think)
+        elif ids and ids[-1] in self.family.stop_ids(template):     # the family's stops (Llama's <|eom_id|>)
+            text = template.decode(ids[:-1])
+        message = parse_reply(text, self.family.for_tools(req.tools), id_seed=f'{session.sid}/{index}',
+                              tools=req.tool_choice != 'none', think_open=p.think)
         sample.ids, sample.logp = ids, logp
         truncated = sample.truncated and stopped is None
         response = self._response(session, index, req, p.plan.prompt_ids, sample, message,
