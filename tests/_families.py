@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from _tokenizers import tokenizer_path
+from agentrl.templates.loading import load_tokenizer
 
 ASSETS = Path(__file__).resolve().parent / 'assets' / 'templates'
 
@@ -84,8 +85,8 @@ def kit_dir(name: str) -> Path:
     out = _root() / name
     shutil.copytree(base, out)
     if kit.template is not None or kit.specials or kit.eos is not None:
-        from transformers import AddedToken, AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(str(out))
+        from transformers import AddedToken
+        tok = load_tokenizer(str(out))
         have = set(tok.get_vocab())
         new = [AddedToken(t, special=True, normalized=False) for t in kit.specials if t not in have]
         if new:
@@ -99,8 +100,7 @@ def kit_dir(name: str) -> Path:
             (out / f).unlink(missing_ok=True)
         tok.save_pretrained(str(out))
     if kit.generation_eos:
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(str(out))
+        tok = load_tokenizer(str(out))
         ids = [tok.convert_tokens_to_ids(t) for t in kit.generation_eos]
         (out / 'generation_config.json').write_text(json.dumps({'eos_token_id': ids}))
     _BUILT[name] = out
@@ -109,5 +109,4 @@ def kit_dir(name: str) -> Path:
 
 def kit_tokenizer(name: str):
     """The Hugging Face tokenizer of :func:`kit_dir` (a fresh load)."""
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(kit_dir(name)))
+    return load_tokenizer(str(kit_dir(name)))
