@@ -63,6 +63,13 @@ class Kit:
 #: One entry per family under test; a family's helper adds its entry here.
 KITS = {
     'qwen3': Kit(generation_eos=('<|im_end|>', '<|endoftext|>')),
+    # DeepSeek's own tokenizer; its own template renders the calls of one turn only, so the loop runs on ours
+    'deepseek-v3': Kit('deepseek-v3', ('asset', 'deepseek_v3.jinja'), generation_eos=('<｜end▁of▁sentence｜>',)),
+    'deepseek-v3.1': Kit('deepseek-v3', ('asset', 'deepseek_v31.jinja'), generation_eos=('<｜end▁of▁sentence｜>',)),
+    'kimi-k2': Kit('qwen3', ('asset', 'kimi_k2.jinja'),
+                   ('<|im_system|>', '<|im_user|>', '<|im_assistant|>', '<|im_middle|>', '<|tool_calls_section_begin|>',
+                    '<|tool_calls_section_end|>', '<|tool_call_begin|>', '<|tool_call_argument_begin|>',
+                    '<|tool_call_end|>'), '<|im_end|>', ('<|im_end|>',)),
 }
 
 _BUILT: dict = {}

@@ -49,22 +49,52 @@ class Case:
             ending with the stop token the model would sample.
         answer: the ``content`` the answer turn must come back as.
         template_options: the gateway's ``template_options``.
+        tools: send the tool schemas (False for a template that does not render them: the tools are then
+            described in a system message, as the family's model card says).
+        call_ids: the ``id`` each tool-call turn's call must come back with (a format that writes its own
+            ids); empty: any id.
     """
     kit: str
     family: str
     turns: tuple
     answer: str
     template_options: tuple = ()
+    tools: bool = True
+    call_ids: tuple = ()
 
 
 def _hermes(name, args):
     return f'<tool_call>\n{json.dumps({"name": name, "arguments": args})}\n</tool_call><|im_end|>'
 
 
+def _deepseek_v3(name, args):
+    return (f'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{json.dumps(args)}\n```'
+            '<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
+
+
+def _deepseek_v31(name, args):
+    return (f'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json.dumps(args)}<｜tool▁call▁end｜>'
+            '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
+
+
+def _kimi(k, name, args):
+    return (f'<think>Call {name}.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:{k}'
+            f'<|tool_call_argument_begin|>{json.dumps(args)}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
+
+
 #: One entry per family; a family's helper adds its case here.
 CASES = {
     'qwen3': Case('qwen3', 'qwen3', (_hermes(*CALLS[0]), _hermes(*CALLS[1]), 'Fixed: use min(hi, ...).<|im_end|>'),
                   'Fixed: use min(hi, ...).', (('enable_thinking', False),)),
+    'deepseek-v3': Case('deepseek-v3', 'deepseek-v3', (_deepseek_v3(*CALLS[0]), _deepseek_v3(*CALLS[1]),
+                                                       'Fixed: use min(hi, ...).<｜end▁of▁sentence｜>'),
+                        'Fixed: use min(hi, ...).', tools=False),
+    'deepseek-v3.1': Case('deepseek-v3.1', 'deepseek-v3.1', (_deepseek_v31(*CALLS[0]), _deepseek_v31(*CALLS[1]),
+                                                             'Fixed: use min(hi, ...).<｜end▁of▁sentence｜>'),
+                          'Fixed: use min(hi, ...).', tools=False),
+    'kimi-k2': Case('kimi-k2', 'kimi-k2', (_kimi(0, *CALLS[0]), _kimi(1, *CALLS[1]),
+                                           '<think>Done.</think>Fixed: use min(hi, ...).<|im_end|>'),
+                    'Fixed: use min(hi, ...).', call_ids=('functions.read:0', 'functions.edit:1')),
 }
 
 
@@ -93,12 +123,14 @@ def test_three_turn_tool_loop_is_recorded_and_checks(served):
     msgs = list(USER)
     for k, text in enumerate(case.turns):
         up.force.append(text)
-        resp = c.chat.completions.create(model='m', messages=msgs, tools=TOOLS, seed=k)
+        resp = c.chat.completions.create(model='m', messages=msgs, seed=k, **({'tools': TOOLS} if case.tools else {}))
         m = resp.choices[0].message
         if k < len(CALLS):
             name, args = CALLS[k]
             assert resp.choices[0].finish_reason == 'tool_calls', (k, m)
             assert [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls] == [(name, args)]
+            if case.call_ids:                     # the format's own id, which the template renders back
+                assert m.tool_calls[0].id == case.call_ids[k]
             msgs.append(m.model_dump(exclude_none=True))
             msgs.append({'role': 'tool', 'tool_call_id': m.tool_calls[0].id, 'content': RESULTS[k]})
         else:

@@ -5,17 +5,23 @@
   (:mod:`~agentrl.families.stream`) and token spans (:mod:`~agentrl.families.spans`).
 - :mod:`~agentrl.families.generic`: what the template tells, no tool-call parsing.
 - :mod:`~agentrl.families.qwen3`: Hermes ``<tool_call>`` JSON and ``<think>`` reasoning.
+- :mod:`~agentrl.families.deepseek`: DeepSeek V3 (fenced JSON) and V3.1 calls, R1 ``<think>`` reasoning.
+- :mod:`~agentrl.families.kimi`: Kimi K2 calls with their own ids (``functions.NAME:IDX``), ``<think>``.
+- :mod:`~agentrl.families.sections`: the shared parsing of calls inside one calls section.
 - :mod:`~agentrl.families.registry`: :func:`family_for` picks one for a template or tokenizer.
 
 Torch-free and transformers-free: a template is used through its methods. docs/design.md#families.
 """
 from .base import (CALL_STATUSES, INVALID_JSON, MISSING_NAME, OK, TURN_KINDS, UNCLOSED_BLOCK, UNKNOWN_TOOL, Family,
                    Reply, ToolCall, TurnEnd)
+from .deepseek import DEEPSEEK_V3, DEEPSEEK_V31, DeepSeekV3Family, DeepSeekV31Family
 from .generic import GENERIC, GenericFamily
+from .kimi import KIMI_K2, KimiK2Family
 from .qwen3 import QWEN3, Qwen3Family
 from .registry import FAMILIES, family_for, family_names, register
 from .stream import StreamParser
 
 __all__ = ['Family', 'Reply', 'ToolCall', 'TurnEnd', 'StreamParser', 'CALL_STATUSES', 'TURN_KINDS', 'OK',
            'INVALID_JSON', 'UNCLOSED_BLOCK', 'MISSING_NAME', 'UNKNOWN_TOOL', 'GenericFamily', 'GENERIC',
-           'Qwen3Family', 'QWEN3', 'FAMILIES', 'family_for', 'family_names', 'register']
+           'Qwen3Family', 'QWEN3', 'DeepSeekV3Family', 'DEEPSEEK_V3', 'DeepSeekV31Family', 'DEEPSEEK_V31',
+           'KimiK2Family', 'KIMI_K2', 'FAMILIES', 'family_for', 'family_names', 'register']

@@ -8,7 +8,9 @@ matching gives the generic family (:mod:`agentrl.families.generic`).
 from __future__ import annotations
 
 from .base import Family
+from .deepseek import DEEPSEEK_V3, DEEPSEEK_V31
 from .generic import GENERIC, generic_for
+from .kimi import KIMI_K2
 from .qwen3 import QWEN3
 
 __all__ = ['FAMILIES', 'register', 'family_for', 'family_names']
@@ -82,3 +84,6 @@ def family_for(template_or_tokenizer=None, *, name: str | None = None, require_t
 
 
 register(QWEN3)
+register(DEEPSEEK_V3)
+register(DEEPSEEK_V31)
+register(KIMI_K2)

@@ -47,15 +47,26 @@ class ConformanceError(ValueError):
 
 
 def _turn_ids(template, history: list, turn: dict) -> list:
-    """The ids of what the template writes for ``turn`` after ``history``'s generation prompt (incl. end of turn)."""
+    """The ids of what the template writes for ``turn`` after ``history``'s generation prompt (incl. end of turn).
+
+    A template that rewrites earlier turns once a final answer is rendered (Kimi K2 drops their reasoning)
+    gives the text after the last generation prompt of that render.
+    """
     ctx = template.render(history, True)
     full = template.render(history + [turn], False)
     if not full.startswith(ctx):         # a non-thinking generation prompt: the model writes no reasoning
         full = template.render(history + [{k: v for k, v in turn.items() if k != 'reasoning_content'}], False)
-    if not full.startswith(ctx):
-        raise ConformanceError('the template does not render an assistant turn after its own generation prompt; '
-                               'it cannot be served token-in/token-out')
-    text = full[len(ctx):]
+    if full.startswith(ctx):
+        text = full[len(ctx):]
+    else:                                # the turn rewrites history: what follows the last generation prompt
+        bare = template.render(history, False)
+        prompt = ctx[len(bare):] if ctx.startswith(bare) else ''
+        full = template.render(history + [turn], False)
+        at = full.rfind(prompt) if prompt else -1
+        if at < 0:
+            raise ConformanceError('the template does not render an assistant turn after its own generation prompt; '
+                                   'it cannot be served token-in/token-out')
+        text = full[at + len(prompt):]
     eot = template.end_of_turn_text
     if eot and eot in text:
         text = text[:text.index(eot) + len(eot)]
