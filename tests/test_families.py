@@ -152,12 +152,13 @@ def test_stops_and_ends_of_turn_come_from_the_template():
 # ---------------------------------------------------------------------------- the registry
 def test_the_registry_picks_by_markers_and_takes_a_name():
     assert [family_for(load(n)).name for n in ('qwen3', 'tiny', 'llama3', 'deepseek-v3')] == \
-        ['qwen3', 'qwen3', 'generic', 'generic']
+        ['qwen3', 'qwen3', 'generic', 'deepseek-v3']
     assert family_for(_template('qwen3')).name == 'qwen3'           # a ChatTemplate or its tokenizer
     assert family_for(load('llama3'), name='qwen3') is QWEN3
     assert family_for(name='generic') is GENERIC
-    assert family_names() == ('qwen3', 'generic')
-    with pytest.raises(ValueError, match=r"^family='llama3' is not a model family; use one of qwen3, generic$"):
+    assert family_names() == ('qwen3', 'deepseek-v3', 'deepseek-v3.1', 'kimi-k2', 'generic')
+    with pytest.raises(ValueError, match=r"^family='llama3' is not a model family; use one of qwen3, deepseek-v3, "
+                                         r"deepseek-v3.1, kimi-k2, generic$"):
         family_for(load('llama3'), name='llama3')
 
 
@@ -165,7 +166,8 @@ def test_a_caller_that_needs_tool_calls_refuses_a_template_no_family_parses():
     with pytest.raises(ValueError) as e:
         family_for(load('llama3'), require_tools=True)
     assert str(e.value) == ("no model family parses the tool calls of this template (picked 'generic'); pass family= "
-                            "one of qwen3 if its calls are in that format, or add a family module "
+                            "one of qwen3, deepseek-v3, deepseek-v3.1, kimi-k2 if its calls are in that format, or add "
+                            "a family module "
                             "(docs/design.md#families)")
     assert family_for(load('qwen3'), require_tools=True) is QWEN3
 
@@ -184,5 +186,5 @@ def test_the_family_with_more_matching_markers_wins_and_names_are_unique():
     finally:
         FAMILIES.pop('coder-test', None)
     with pytest.raises(ValueError, match=r"^family name 'qwen3' is empty, reserved or taken; registered: "
-                                         r"\('qwen3', 'generic'\)$"):
+                                         r"\('qwen3', 'deepseek-v3', 'deepseek-v3.1', 'kimi-k2', 'generic'\)$"):
         register(QWEN3)
