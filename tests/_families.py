@@ -63,9 +63,12 @@ class Kit:
 #: One entry per family under test; a family's helper adds its entry here.
 KITS = {
     'qwen3': Kit(generation_eos=('<|im_end|>', '<|endoftext|>')),
-    # DeepSeek's own tokenizer; its own template renders the calls of one turn only, so the loop runs on ours
-    'deepseek-v3': Kit('deepseek-v3', ('asset', 'deepseek_v3.jinja'), generation_eos=('<｜end▁of▁sentence｜>',)),
-    'deepseek-v3.1': Kit('deepseek-v3', ('asset', 'deepseek_v31.jinja'), generation_eos=('<｜end▁of▁sentence｜>',)),
+    # DeepSeek-V3's own tokenizer, with R1's and V3.1's <think> tokens; its own template renders the calls of
+    # one turn only, so the loop runs on ours
+    'deepseek-v3': Kit('deepseek-v3', ('asset', 'deepseek_v3.jinja'), ('<think>', '</think>'),
+                       generation_eos=('<｜end▁of▁sentence｜>',)),
+    'deepseek-v3.1': Kit('deepseek-v3', ('asset', 'deepseek_v31.jinja'), ('<think>', '</think>'),
+                         generation_eos=('<｜end▁of▁sentence｜>',)),
     'kimi-k2': Kit('qwen3', ('asset', 'kimi_k2.jinja'),
                    ('<|im_system|>', '<|im_user|>', '<|im_assistant|>', '<|im_middle|>', '<|tool_calls_section_begin|>',
                     '<|tool_calls_section_end|>', '<|tool_call_begin|>', '<|tool_call_argument_begin|>',
