@@ -199,3 +199,11 @@ def test_streaming_equals_the_one_shot_parse_at_every_cut(family):
                     assert _streamed(family, [text[:k], text[k:]], think, tools) == expect, (text, k, think, tools)
     reply = family.parse_text(STREAMED[family][0])
     assert [c.status for c in reply.calls] == [OK, OK] and reply.reasoning is not None
+
+
+def test_kimi_s_template_passes_the_gateway_s_conformance_gate():
+    # its final answer drops the reasoning of earlier turns: the answer's text is read after the last
+    # generation prompt of that render, and the recorded bridges still equal the full renders
+    from agentrl.gateway.conformance import conformance
+    assert conformance(_template('kimi-k2', tools=TOOL_SCHEMAS)) == {'conversations': 2, 'turns': 7, 'bridges': 5,
+                                                                       'history_rewrites': 0}
