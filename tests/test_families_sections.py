@@ -154,7 +154,7 @@ def test_each_malformed_call_has_its_status_and_exact_span(family, text, tool_na
     reply = family.parse_text(text, tool_names=tool_names)
     assert [(c.name, c.arguments, c.status, c.chars, c.id) for c in reply.calls] == want
     bad = [c for c in reply.calls if c.status != OK]
-    assert bad and all(c.text.strip("\n") in reply.content for c in bad)        # a malformed block stays content, verbatim
+    assert bad and all(c.text.strip('\n') in reply.content for c in bad)       # a malformed block stays content
     ok = ''.join(c.text for c in reply.ok_calls)
     assert reply.content == (text.replace(ok, '', 1).strip('\n') if ok else text)
     assert family.strict_calls(text) is None or want[-1][2] == UNKNOWN_TOOL

@@ -37,7 +37,8 @@ def test_a_tokenizer_no_load_gets_right_is_refused_in_one_line(monkeypatch):
     transformers = pytest.importorskip('transformers')
     other = load('qwen3')
     path = str(tokenizer_path('deepseek-v3'))
-    monkeypatch.setattr(transformers.PreTrainedTokenizerFast, 'from_pretrained', classmethod(lambda cls, *a, **k: other))
+    monkeypatch.setattr(transformers.PreTrainedTokenizerFast, 'from_pretrained',
+                        classmethod(lambda cls, *a, **k: other))
     with pytest.raises(ValueError) as e:
         loading.verified_tokenizer(other, path)
     assert str(e.value) == (

@@ -28,7 +28,10 @@ _FENCED = re.compile(r'\n```json\n(.*)\n```', re.S)
 
 
 class DeepSeekV3Family(SectionFamily):
-    """DeepSeek V3: ``TYPE<｜tool▁sep｜>NAME``, a newline, then ARGS in a `````json`` fence, per call (TYPE is ``function``)."""
+    """DeepSeek V3: ``TYPE<｜tool▁sep｜>NAME``, a newline, then ARGS in a `````json`` fence, per call.
+
+    TYPE is ``function`` in what the model writes; any TYPE is read, as vLLM's parser reads it.
+    """
     name = 'deepseek-v3'
     markers = ('<｜tool▁calls▁begin｜>', SEP, '```json')
     think_open, think_close = '<think>', '</think>'

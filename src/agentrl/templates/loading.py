@@ -253,7 +253,7 @@ ROUND_TRIP_PROBE = 'It is 25 °C\n  ok, naïve 東京'
 _VERIFIED: dict = {}       # tokenizer.json path -> (ids, decoded text) of the probe under the file's own tokenizer
 
 
-def _tokenizer_json(tok, name_or_path: str, **kwargs) -> str | None:
+def _tokenizer_json(name_or_path: str) -> str | None:
     """The ``tokenizer.json`` a tokenizer was loaded from (a folder's, or the hub cache's), or None."""
     path = os.path.join(str(name_or_path), 'tokenizer.json')
     if os.path.isdir(str(name_or_path)):
@@ -303,7 +303,7 @@ def verified_tokenizer(tok, name_or_path: str, **kwargs):
 
     Source: docs/design.md#templates; the ``tokenizers`` library (``Tokenizer.from_file``).
     """
-    path = _tokenizer_json(tok, name_or_path)
+    path = _tokenizer_json(name_or_path)
     if path is None:
         return tok
     want = _file_probe(path)
