@@ -469,7 +469,8 @@ def test_the_gateway_picks_the_model_family_or_takes_one_by_name(upstream, tmp_p
     gw = Gateway(upstream, tmp_path / 'run2', conformance=False, family='generic')
     gw.pool.shutdown()
     assert (gw.family.name, gw.family.parses_tools, gw.family.think_close) == ('generic', False, '</think>')
-    with pytest.raises(ValueError, match=r"^family='hermes' is not a model family; use one of qwen3, generic$"):
+    with pytest.raises(ValueError, match=r"^family='hermes' is not a model family; use one of qwen3, deepseek-v3, "
+                                         r"deepseek-v3.1, kimi-k2, generic$"):
         Gateway(upstream, tmp_path / 'run3', conformance=False, family='hermes')
 
 
