@@ -43,7 +43,7 @@ def load(family: str):
         level = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # DeepSeek-V3's class-name warning
         try:
-            from agentrl.templates import load_tokenizer   # checked against tokenizer.json (transformers 5.10)
+            from agentrl.templates.loading import load_tokenizer   # checked against tokenizer.json (transformers 5.10)
             _CACHE[family] = load_tokenizer(str(path))
         finally:
             transformers.logging.set_verbosity(level)
