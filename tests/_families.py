@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from _tokenizers import tokenizer_path
+from agentrl.templates.loading import load_tokenizer
 
 ASSETS = Path(__file__).resolve().parent / 'assets' / 'templates'
 
@@ -78,6 +79,16 @@ KITS = {
                     eos='<|eot_id|>', generation_eos=('<|end_of_text|>', '<|eom_id|>', '<|eot_id|>')),
     'llama3.2': Kit(base='llama3', template=('trl', 'llama3_2'), specials=('<|eom_id|>', '<|python_tag|>'),
                     eos='<|eot_id|>', generation_eos=('<|end_of_text|>', '<|eom_id|>', '<|eot_id|>')),
+    # DeepSeek-V3's own tokenizer, with R1's and V3.1's <think> tokens; its own template renders the calls of
+    # one turn only, so the loop runs on ours
+    'deepseek-v3': Kit('deepseek-v3', ('asset', 'deepseek_v3.jinja'), ('<think>', '</think>'),
+                       generation_eos=('<｜end▁of▁sentence｜>',)),
+    'deepseek-v3.1': Kit('deepseek-v3', ('asset', 'deepseek_v31.jinja'), ('<think>', '</think>'),
+                         generation_eos=('<｜end▁of▁sentence｜>',)),
+    'kimi-k2': Kit('qwen3', ('asset', 'kimi_k2.jinja'),
+                   ('<|im_system|>', '<|im_user|>', '<|im_assistant|>', '<|im_middle|>', '<|tool_calls_section_begin|>',
+                    '<|tool_calls_section_end|>', '<|tool_call_begin|>', '<|tool_call_argument_begin|>',
+                    '<|tool_call_end|>'), '<|im_end|>', ('<|im_end|>',)),
 }
 
 _BUILT: dict = {}
@@ -100,8 +111,8 @@ def kit_dir(name: str) -> Path:
     out = _root() / name
     shutil.copytree(base, out)
     if kit.template is not None or kit.specials or kit.eos is not None:
-        from transformers import AddedToken, AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(str(out))
+        from transformers import AddedToken
+        tok = load_tokenizer(str(out))
         have = set(tok.get_vocab())
         new = [AddedToken(t, special=True, normalized=False) for t in kit.specials if t not in have]
         if new:
@@ -115,8 +126,7 @@ def kit_dir(name: str) -> Path:
             (out / f).unlink(missing_ok=True)
         tok.save_pretrained(str(out))
     if kit.generation_eos:
-        from transformers import AutoTokenizer
-        tok = AutoTokenizer.from_pretrained(str(out))
+        tok = load_tokenizer(str(out))
         ids = [tok.convert_tokens_to_ids(t) for t in kit.generation_eos]
         (out / 'generation_config.json').write_text(json.dumps({'eos_token_id': ids}))
     _BUILT[name] = out
@@ -125,5 +135,4 @@ def kit_dir(name: str) -> Path:
 
 def kit_tokenizer(name: str):
     """The Hugging Face tokenizer of :func:`kit_dir` (a fresh load)."""
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(str(kit_dir(name)))
+    return load_tokenizer(str(kit_dir(name)))

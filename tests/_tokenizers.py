@@ -43,7 +43,8 @@ def load(family: str):
         level = transformers.logging.get_verbosity()
         transformers.logging.set_verbosity_error()  # DeepSeek-V3's class-name warning
         try:
-            _CACHE[family] = transformers.AutoTokenizer.from_pretrained(str(path))
+            from agentrl.templates.loading import load_tokenizer   # checked against tokenizer.json (transformers 5.10)
+            _CACHE[family] = load_tokenizer(str(path))
         finally:
             transformers.logging.set_verbosity(level)
     return _CACHE[family]

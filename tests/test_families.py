@@ -154,7 +154,7 @@ def test_stops_and_ends_of_turn_come_from_the_template():
 # ---------------------------------------------------------------------------- the registry
 def test_the_registry_picks_by_markers_and_takes_a_name():
     assert [family_for(load(n)).name for n in ('qwen3', 'tiny', 'llama3', 'deepseek-v3')] == \
-        ['qwen3', 'qwen3', 'generic', 'generic']
+        ['qwen3', 'qwen3', 'generic', 'deepseek-v3']
     assert family_for(_template('qwen3')).name == 'qwen3'           # a ChatTemplate or its tokenizer
     assert family_for(load('llama3'), name='qwen3') is QWEN3
     assert family_for(name='generic') is GENERIC

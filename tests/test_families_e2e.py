@@ -51,6 +51,10 @@ class Case:
         template_options: the gateway's ``template_options``.
         blocked: why the loop cannot run yet, outside the family (the case is a strict xfail: it
             fails loudly once the cause is fixed, so the mark gets removed); '' when it runs.
+        tools: send the tool schemas (False for a template that does not render them: the tools are then
+            described in a system message, as the family's model card says).
+        call_ids: the ``id`` each tool-call turn's call must come back with (a format that writes its own
+            ids); empty: any id.
     """
     kit: str
     family: str
@@ -58,6 +62,8 @@ class Case:
     answer: str
     template_options: tuple = ()
     blocked: str = ''
+    tools: bool = True
+    call_ids: tuple = ()
 
 
 def _hermes(name, args):
@@ -71,11 +77,15 @@ def _harmony(name, args, reasoning, constrain=False):
             else f' to=functions.{name}<|channel|>commentary json')
     return (f'<|channel|>analysis<|message|>{reasoning}<|end|><|start|>assistant{head}<|message|>'
             f'{json.dumps(args)}<|call|>')
+
+
 def _glm(name, args, reasoning):
     """A GLM-4.5 tool-call turn as the model samples it after ``<|assistant|>``: its ``<|observation|>`` stop
     is the tool results' header, which GLM's ``generation_config.json`` lists as an eos."""
     pairs = ''.join(f'<arg_key>{k}</arg_key>\n<arg_value>{v}</arg_value>\n' for k, v in args.items())
     return f'\n<think>{reasoning}</think>\n<tool_call>{name}\n{pairs}</tool_call><|observation|>'
+
+
 def _xml(name, args):
     body = ''.join(f'<parameter={k}>\n{v}\n</parameter>\n' for k, v in args.items())
     return f'<tool_call>\n<function={name}>\n{body}</function>\n</tool_call><|im_end|>'
@@ -88,6 +98,21 @@ def _llama(name, args):
 #: Llama 3.1/3.2's template writes no content on a tool-call turn, so templates/bridge.py cannot find the bridge
 #: after one (its content marker does not come back): the gate and every later call refuse.
 _LLAMA_BRIDGE = 'templates/bridge.py derives no bridge after a tool-call turn whose content the template drops'
+
+
+def _deepseek_v3(name, args):
+    return (f'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>{name}\n```json\n{json.dumps(args)}\n```'
+            '<｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
+
+
+def _deepseek_v31(name, args):
+    return (f'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{name}<｜tool▁sep｜>{json.dumps(args)}<｜tool▁call▁end｜>'
+            '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>')
+
+
+def _kimi(k, name, args):
+    return (f'<think>Call {name}.</think><|tool_calls_section_begin|><|tool_call_begin|>functions.{name}:{k}'
+            f'<|tool_call_argument_begin|>{json.dumps(args)}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
 
 
 #: One entry per family; a family's helper adds its case here.
@@ -114,6 +139,15 @@ CASES = {
                      'Fixed: use min(hi, ...).', blocked=_LLAMA_BRIDGE),
     'llama3.2': Case('llama3.2', 'llama3', (_llama(*CALLS[0]), _llama(*CALLS[1]), 'Fixed: use min(hi, ...).<|eot_id|>'),
                      'Fixed: use min(hi, ...).', blocked=_LLAMA_BRIDGE),
+    'deepseek-v3': Case('deepseek-v3', 'deepseek-v3', (_deepseek_v3(*CALLS[0]), _deepseek_v3(*CALLS[1]),
+                                                       'Fixed: use min(hi, ...).<｜end▁of▁sentence｜>'),
+                        'Fixed: use min(hi, ...).', tools=False),
+    'deepseek-v3.1': Case('deepseek-v3.1', 'deepseek-v3.1', (_deepseek_v31(*CALLS[0]), _deepseek_v31(*CALLS[1]),
+                                                             'Fixed: use min(hi, ...).<｜end▁of▁sentence｜>'),
+                          'Fixed: use min(hi, ...).', tools=False),
+    'kimi-k2': Case('kimi-k2', 'kimi-k2', (_kimi(0, *CALLS[0]), _kimi(1, *CALLS[1]),
+                                           '<think>Done.</think>Fixed: use min(hi, ...).<|im_end|>'),
+                    'Fixed: use min(hi, ...).', call_ids=('functions.read:0', 'functions.edit:1')),
 }
 
 
@@ -147,12 +181,14 @@ def test_three_turn_tool_loop_is_recorded_and_checks(served):
     msgs = list(USER)
     for k, text in enumerate(case.turns):
         up.force.append(text)
-        resp = c.chat.completions.create(model='m', messages=msgs, tools=TOOLS, seed=k)
+        resp = c.chat.completions.create(model='m', messages=msgs, seed=k, **({'tools': TOOLS} if case.tools else {}))
         m = resp.choices[0].message
         if k < len(CALLS):
             name, args = CALLS[k]
             assert resp.choices[0].finish_reason == 'tool_calls', (k, m)
             assert [(t.function.name, json.loads(t.function.arguments)) for t in m.tool_calls] == [(name, args)]
+            if case.call_ids:                     # the format's own id, which the template renders back
+                assert m.tool_calls[0].id == case.call_ids[k]
             msgs.append(m.model_dump(exclude_none=True))
             msgs.append({'role': 'tool', 'tool_call_id': m.tool_calls[0].id, 'content': RESULTS[k]})
         else:

@@ -52,12 +52,22 @@ def test_structured_tool_calls_not_rendered_is_an_error(family):
         tt.label_owners(tok, msgs)
 
 
-def test_deepseek_content_none_cannot_render():
-    # DeepSeek-V3 renders tool calls only when content is None, which transformers 5 drops
+def test_deepseek_content_none_renders_only_where_transformers_keeps_it():
+    # DeepSeek-V3 renders tool calls only when content is None: transformers 5.10 keeps a None content,
+    # later 5.x drop it before rendering (then the template reads an undefined content and fails)
+    jinja2 = pytest.importorskip('jinja2')
     tok = load('deepseek-v3')
     msgs = [{'role': 'user', 'content': 'Fix clamp.'}, {'role': 'assistant', 'content': None, 'tool_calls': TOOL_CALL}]
-    with pytest.raises(ValueError, match=r"the chat template could not render these messages \(UndefinedError"):
-        tt.label_owners(tok, msgs)
+    try:
+        tok.apply_chat_template(msgs, tokenize=False)
+    except jinja2.exceptions.UndefinedError:
+        with pytest.raises(ValueError, match=r"the chat template could not render these messages \(UndefinedError"):
+            tt.label_owners(tok, msgs)
+        return
+    lab = tt.label_owners(tok, msgs)
+    assert lab.text.endswith('<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>read\n'
+                             '```json\n{"path": "clamp.py"}\n```<｜tool▁call▁end｜>')
+    assert [r.owner for r in lab.regions] == ['prompt', 'policy']
 
 
 @pytest.mark.parametrize('family', ['qwen3', 'deepseek-v3', 'llama3'])

@@ -79,7 +79,9 @@ def test_wrong_eos_token_never_doubles_nor_leaves_the_turn_unterminated(family):
     transformers = pytest.importorskip('transformers')
     real = load(family)
     transformers.logging.set_verbosity_error()
-    tok = transformers.AutoTokenizer.from_pretrained(str(tokenizer_path(family)), eos_token=WRONG_EOS[family])
+    path = str(tokenizer_path(family))
+    tok = tt.loading.verified_tokenizer(transformers.AutoTokenizer.from_pretrained(path, eos_token=WRONG_EOS[family]),
+                                        path, eos_token=WRONG_EOS[family])
     right = tt.ChatTemplate(real).end_of_turn_text
     t = tt.ChatTemplate(tok)
     assert tok.eos_token == WRONG_EOS[family] != right

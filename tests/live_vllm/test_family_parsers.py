@@ -50,6 +50,25 @@ GREP = {'type': 'function', 'function': {'name': 'grep', 'description': 'Search.
                                      'note': {'type': ['string', 'null']}, 'none': {'type': ['null', 'integer']}}}}}
 
 #: family -> (kit, vLLM tool parser, vLLM reasoning parser, texts[, tools (default TOOLS)])
+
+
+def _deepseek_v3(calls):
+    body = '\n'.join(f'<｜tool▁call▁begin｜>function<｜tool▁sep｜>{n}\n```json\n{json.dumps(a)}\n```<｜tool▁call▁end｜>'
+                     for n, a in calls)
+    return f'<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>'
+
+
+def _deepseek_v31(calls):
+    body = ''.join(f'<｜tool▁call▁begin｜>{n}<｜tool▁sep｜>{json.dumps(a)}<｜tool▁call▁end｜>' for n, a in calls)
+    return f'<｜tool▁calls▁begin｜>{body}<｜tool▁calls▁end｜>'
+
+
+def _kimi(calls, start=0):
+    body = ''.join(f'<|tool_call_begin|>functions.{n}:{start + k}<|tool_call_argument_begin|>{json.dumps(a)}'
+                   '<|tool_call_end|>' for k, (n, a) in enumerate(calls))
+    return f'<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>'
+
+
 CASES = {
     'qwen3': ('qwen3', 'hermes', 'qwen3', [
         '<think>\nread first\n</think>\n\n' + _hermes('read', {'path': 'clamp.py'}),
@@ -82,6 +101,21 @@ CASES = {
         '\n<think>typed</think>\n' + _glm('goto', {'line': 'twelve', 'strict': '0', 'scale': '3.0',
                                                     'tag': 'v1', 'note': ' spaced \n'}),
     ], GLM_TOOLS),
+    'deepseek-v3': ('deepseek-v3', 'deepseek_v3', 'deepseek_r1', [
+        'read first\n</think>\n\n' + _deepseek_v3([('read', {'path': 'clamp.py'})]),
+        'Let me look.\n</think>\n\nI will run both.' + _deepseek_v3([('test', {}), ('read', {'path': 'a b.py'})]),
+        'All done.\n</think>\n\nFixed: use min(hi, ...).',
+    ]),
+    'deepseek-v3.1': ('deepseek-v3.1', 'deepseek_v31', 'deepseek_r1', [
+        'read first</think>' + _deepseek_v31([('read', {'path': 'clamp.py'})]),
+        'two</think>Running.' + _deepseek_v31([('test', {}), ('read', {'path': 'é.py'})]),
+        'done</think>Fixed.',
+    ]),
+    'kimi-k2': ('kimi-k2', 'kimi_k2', 'kimi_k2', [
+        '<think>read first</think>' + _kimi([('read', {'path': 'clamp.py'})]),
+        '<think>two</think>Running.' + _kimi([('test', {}), ('read', {'path': 'a b.py'})], start=3),
+        '<think>done</think>Fixed: use min(hi, ...).',
+    ]),
 }
 
 

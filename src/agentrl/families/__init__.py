@@ -10,16 +10,21 @@
 - :mod:`~agentrl.families.qwen3_coder`: Qwen3-Coder/3.5/3.6 XML ``<function=NAME>`` calls, values typed
   by the request's tool schemas (:meth:`Family.for_tools`).
 - :mod:`~agentrl.families.llama3`: Llama 3.1-3.3 JSON calls (``"parameters"``), ``<|eom_id|>`` a stop.
+- :mod:`~agentrl.families.deepseek`: DeepSeek V3 (fenced JSON) and V3.1 calls, R1 ``<think>`` reasoning.
+- :mod:`~agentrl.families.kimi`: Kimi K2 calls with their own ids (``functions.NAME:IDX``), ``<think>``.
+- :mod:`~agentrl.families.sections`: the shared parsing of calls inside one calls section.
 - :mod:`~agentrl.families.registry`: :func:`family_for` picks one for a template or tokenizer.
 
 Torch-free and transformers-free: a template is used through its methods. docs/design.md#families.
 """
 from .base import (CALL_STATUSES, INVALID_JSON, MISSING_NAME, OK, TURN_KINDS, UNCLOSED_BLOCK, UNKNOWN_TOOL, Family,
                    Reply, ToolCall, TurnEnd)
+from .deepseek import DEEPSEEK_V3, DEEPSEEK_V31, DeepSeekV3Family, DeepSeekV31Family
 from .generic import GENERIC, GenericFamily
 from .gpt_oss import GPT_OSS, GptOssFamily
 from .glm import GLM, GlmFamily
 from .llama3 import LLAMA3, Llama3Family
+from .kimi import KIMI_K2, KimiK2Family
 from .qwen3 import QWEN3, Qwen3Family
 from .qwen3_coder import QWEN3_CODER, Qwen3CoderFamily
 from .registry import FAMILIES, family_for, family_names, register
@@ -28,4 +33,5 @@ from .stream import StreamParser
 __all__ = ['Family', 'Reply', 'ToolCall', 'TurnEnd', 'StreamParser', 'CALL_STATUSES', 'TURN_KINDS', 'OK',
            'INVALID_JSON', 'UNCLOSED_BLOCK', 'MISSING_NAME', 'UNKNOWN_TOOL', 'GenericFamily', 'GENERIC',
            'GptOssFamily', 'GPT_OSS', 'Qwen3Family', 'QWEN3', 'GlmFamily', 'GLM', 'Qwen3CoderFamily', 'QWEN3_CODER',
-           'Llama3Family', 'LLAMA3', 'FAMILIES', 'family_for', 'family_names', 'register']
+           'Llama3Family', 'LLAMA3', 'DeepSeekV3Family', 'DEEPSEEK_V3', 'DeepSeekV31Family', 'DEEPSEEK_V31',
+           'KimiK2Family', 'KIMI_K2', 'FAMILIES', 'family_for', 'family_names', 'register']

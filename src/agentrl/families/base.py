@@ -13,7 +13,7 @@ family module provides.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .spans import TokenSpans
 from .stream import StreamParser, held_suffix
@@ -44,6 +44,8 @@ class ToolCall:
         chars: ``(start, end)`` character span of ``text`` in the parsed reply text.
         tokens: ``(start, end)`` span in the reply's ids (``ids[start:end]`` decodes to a text that
             covers ``text``); None when the reply was parsed from text alone.
+        id: the call's own id when the format writes one (Kimi K2's ``functions.NAME:IDX``, which the
+            template renders back in history and tool results); None when the format has none.
     """
     name: str | None
     arguments: dict | None
@@ -51,6 +53,7 @@ class ToolCall:
     text: str
     chars: tuple
     tokens: tuple | None = None
+    id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -238,8 +241,8 @@ class Family:
         if not reply.calls:
             return reply
         ends = TokenSpans(template, ids[:n], text)
-        calls = tuple(ToolCall(c.name, c.arguments, c.status, c.text, c.chars,
-                               (ends.first_token(c.chars[0]), ends.last_token(c.chars[1]))) for c in reply.calls)
+        calls = tuple(replace(c, tokens=(ends.first_token(c.chars[0]), ends.last_token(c.chars[1])))
+                      for c in reply.calls)
         return Reply(reply.content, reply.reasoning, calls, text)
 
     def reasoning_calls(self, reply: Reply, think_open: bool | None = None) -> list:

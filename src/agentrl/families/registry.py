@@ -8,10 +8,12 @@ matching gives the generic family (:mod:`agentrl.families.generic`).
 from __future__ import annotations
 
 from .base import Family
+from .deepseek import DEEPSEEK_V3, DEEPSEEK_V31
 from .generic import GENERIC, generic_for
 from .gpt_oss import GPT_OSS
 from .glm import GLM
 from .llama3 import LLAMA3
+from .kimi import KIMI_K2
 from .qwen3 import QWEN3
 from .qwen3_coder import QWEN3_CODER
 
@@ -90,3 +92,6 @@ register(GPT_OSS)
 register(GLM)
 register(QWEN3_CODER)
 register(LLAMA3)
+register(DEEPSEEK_V3)
+register(DEEPSEEK_V31)
+register(KIMI_K2)

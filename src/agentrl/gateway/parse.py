@@ -22,8 +22,13 @@ def tool_call_id(seed: str, k: int) -> str:
 
 
 def wire_calls(calls, id_seed: str) -> list:
-    """OpenAI ``tool_calls`` of parsed ``ok`` calls (:class:`~agentrl.families.ToolCall`), ids from ``id_seed``."""
-    return [{'id': tool_call_id(id_seed, k), 'type': 'function',
+    """OpenAI ``tool_calls`` of parsed ``ok`` calls (:class:`~agentrl.families.ToolCall`).
+
+    A call's id is its own when the format writes one (``ToolCall.id``: Kimi K2's ``functions.NAME:IDX``,
+    which the template renders back in history, so the harness must echo exactly it), else
+    :func:`tool_call_id` of ``id_seed`` and its index.
+    """
+    return [{'id': c.id or tool_call_id(id_seed, k), 'type': 'function',
              'function': {'name': c.name, 'arguments': json.dumps(c.arguments, ensure_ascii=False)}}
             for k, c in enumerate(calls)]
 

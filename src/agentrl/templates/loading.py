@@ -12,7 +12,7 @@ from pathlib import Path
 from ..io import read_json
 
 __all__ = ['TOKENIZER_FAMILIES', 'tokenizer_family', 'tokenizer_roots', 'candidate_dirs', 'find_tokenizer_dir',
-           'require_hf', 'load_tokenizer', 'generation_eos_ids']
+           'require_hf', 'load_tokenizer', 'generation_eos_ids', 'ROUND_TRIP_PROBE', 'verified_tokenizer']
 
 #: Tokenizer families the tests and demos use: folder name -> ungated Hugging Face repo holding the
 #: same tokenizer files (None: gated upstream, get the files yourself).
@@ -212,7 +212,9 @@ def load_tokenizer(name_or_path: str):
             id. With ``HF_HUB_OFFLINE=1`` nothing is downloaded.
 
     Returns:
-        The ``AutoTokenizer`` instance (transformers' logging is left unchanged).
+        The ``AutoTokenizer`` instance (transformers' logging is left unchanged), checked by
+        :func:`verified_tokenizer` (a ``PreTrainedTokenizerFast`` instead when that one encodes text
+        as ``tokenizer.json`` does and the ``AutoTokenizer`` class does not).
 
     Raises:
         ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
@@ -220,7 +222,8 @@ def load_tokenizer(name_or_path: str):
             ``tokenizer.json`` or a hub id reachable from this machine. A local path that names no
             folder is refused before the hub is asked (:func:`_refuse_missing_path`); a hub id while
             huggingface.co does not answer (:func:`_hub_reachable`, 1.5 s) is read from the local hub cache
-            only, and refused at once when it is not there.
+            only, and refused at once when it is not there. A tokenizer that encodes text otherwise
+            than its ``tokenizer.json`` under this transformers version (:func:`verified_tokenizer`).
 
     Source: Hugging Face ``AutoTokenizer.from_pretrained``.
     """
@@ -232,8 +235,9 @@ def load_tokenizer(name_or_path: str):
         except FileNotFoundError as e:
             raise ValueError(str(e)) from e
     offline = not os.path.isdir(name_or_path) and not _hub_reachable()
+    kwargs = {'local_files_only': True} if offline else {}
     try:                                 # offline: the local hub cache only (its retries cost ~50 s otherwise)
-        return transformers.AutoTokenizer.from_pretrained(name_or_path, **({'local_files_only': True} if offline else {}))
+        tok = transformers.AutoTokenizer.from_pretrained(name_or_path, **kwargs)
     except (OSError, ValueError) as e:
         if offline:
             raise ValueError(f'TOKENIZER {name_or_path!r} is not a folder here nor in the local Hugging Face cache, '
@@ -242,6 +246,80 @@ def load_tokenizer(name_or_path: str):
         raise ValueError(f'TOKENIZER {name_or_path!r} could not be loaded ({type(e).__name__}: {e}); '
                          'pass a folder with tokenizer.json and tokenizer_config.json, or a hub id '
                          '(set HF_HUB_OFFLINE=1 to forbid downloads)') from e
+    return verified_tokenizer(tok, name_or_path, **kwargs)
+
+
+#: Text every loaded tokenizer must encode as its own ``tokenizer.json`` does and decode back: runs of
+#: spaces, a newline, non-ASCII Latin and CJK (what a Metaspace pre-tokenizer put over a byte-level BPE drops).
+ROUND_TRIP_PROBE = 'It is 25 °C\n  ok, naïve 東京'
+_VERIFIED: dict = {}       # tokenizer.json path -> (ids, decoded text) of the probe under the file's own tokenizer
+
+
+def _tokenizer_json(name_or_path: str) -> str | None:
+    """The ``tokenizer.json`` a tokenizer was loaded from (a folder's, or the hub cache's), or None."""
+    path = os.path.join(str(name_or_path), 'tokenizer.json')
+    if os.path.isdir(str(name_or_path)):
+        return path if os.path.isfile(path) else None
+    try:
+        import huggingface_hub
+        return huggingface_hub.hf_hub_download(str(name_or_path), 'tokenizer.json', local_files_only=True)
+    except Exception:  # noqa: BLE001 - no such file cached: nothing to compare with
+        return None
+
+
+def _file_probe(path: str) -> tuple:
+    """``(ids, decoded text)`` of :data:`ROUND_TRIP_PROBE` under ``tokenizer.json``'s own tokenizer (cached)."""
+    key = (path, os.path.getmtime(path))
+    if key not in _VERIFIED:
+        import tokenizers
+        ref = tokenizers.Tokenizer.from_file(path)
+        ids = ref.encode(ROUND_TRIP_PROBE, add_special_tokens=False).ids
+        _VERIFIED[key] = (ids, ref.decode(ids))
+    return _VERIFIED[key]
+
+
+def _probe(tok) -> tuple:
+    ids = list(tok(ROUND_TRIP_PROBE, add_special_tokens=False)['input_ids'])
+    return ids, tok.decode(ids)
+
+
+def verified_tokenizer(tok, name_or_path: str, **kwargs):
+    """``tok`` when it encodes and decodes :data:`ROUND_TRIP_PROBE` as its ``tokenizer.json`` does, else one that does.
+
+    Some transformers versions load a tokenizer as a class that rebuilds its pipeline (5.10 loads
+    DeepSeek-V3's byte-level BPE as ``LlamaTokenizer`` with a Metaspace pre-tokenizer: spaces, newlines
+    and non-ASCII vanish). The probe's ids and decoded text must equal those of
+    ``tokenizers.Tokenizer.from_file(tokenizer.json)``; otherwise the folder is loaded again with
+    ``PreTrainedTokenizerFast.from_pretrained`` (the file as it is), which must then agree.
+
+    Args:
+        tok: a loaded Hugging Face tokenizer. name_or_path: the folder or hub id it was loaded from.
+        kwargs: passed on to ``from_pretrained`` for the second load (``local_files_only``).
+
+    Returns:
+        ``tok``, or the ``PreTrainedTokenizerFast`` that agrees with the file; ``tok`` unchanged when
+        there is no ``tokenizer.json`` to compare with (a slow-only tokenizer).
+
+    Raises:
+        ValueError: neither load agrees with the file: one line naming the transformers version and the fix.
+
+    Source: docs/design.md#templates; the ``tokenizers`` library (``Tokenizer.from_file``).
+    """
+    path = _tokenizer_json(name_or_path)
+    if path is None:
+        return tok
+    want = _file_probe(path)
+    got = _probe(tok)
+    if got == want:
+        return tok
+    import transformers
+    fast = transformers.PreTrainedTokenizerFast.from_pretrained(name_or_path, **kwargs)
+    if _probe(fast) == want:
+        return fast
+    raise ValueError(f'TOKENIZER {str(name_or_path)!r} does not encode text as its tokenizer.json does under '
+                     f'transformers {transformers.__version__} ({type(tok).__name__} gives ids {got[0]} and '
+                     f'text {got[1]!r} for {ROUND_TRIP_PROBE!r}); install another transformers version '
+                     '(pip install "transformers>=5.24") or fix tokenizer_class in tokenizer_config.json')
 
 
 def generation_eos_ids(source) -> tuple:

@@ -68,11 +68,14 @@ def _load_hf(name: str):
     tok = None
     try:
         from transformers import AutoTokenizer
+
+        from ..templates.loading import verified_tokenizer
     except ImportError:
         return None
     for cand in _hf_candidates(name):
         try:
-            tok = AutoTokenizer.from_pretrained(cand, local_files_only=True)
+            tok = verified_tokenizer(AutoTokenizer.from_pretrained(cand, local_files_only=True), cand,
+                                     local_files_only=True)
             break
         except Exception:  # noqa: BLE001 - any failure means "not available offline"
             continue

@@ -88,9 +88,9 @@ class HFProcessEngine:
                  start_timeout: float = 300.0):
         import multiprocessing as mp
 
-        from transformers import AutoTokenizer
+        from ...templates.loading import load_tokenizer
         self.model_dir = str(Path(model_dir))
-        self.tokenizer = AutoTokenizer.from_pretrained(self.model_dir)
+        self.tokenizer = load_tokenizer(self.model_dir)
         self.model_name = model_name(model_dir)
         self.max_new_tokens = int(max_new_tokens)
         ctx = mp.get_context('spawn')

@@ -97,12 +97,11 @@ class VLLMEngine:
     streams = True
 
     def __init__(self, urls, model_dir, *, max_new_tokens: int = 256, concurrency: int = 64, timeout: float = 600.0):
-        from transformers import AutoTokenizer
-
+        from ...templates.loading import load_tokenizer
         from .server import connect
         self.endpoints = connect(list(urls))
         self.urls = [ep.url for ep in self.endpoints]
-        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.tokenizer = load_tokenizer(str(model_dir))
         self.model_name = model_name(model_dir)
         lens = [ep.max_model_len for ep in self.endpoints if ep.max_model_len]
         self.max_context = int(min(lens)) if lens else 1 << 30
