@@ -11,7 +11,10 @@ reason), ``calls`` (for the gateway: the deterministic part of each HTTP respons
 (one object per stored row, in stored order, one column per line, sorted keys). Every stored column
 is kept; ``info`` is kept as the JSON object it stores, in its stored key order, so
 ``json.dumps(record['info'])`` is the stored cell byte for byte. A float is compared by its
-``repr`` (exact for float32 and float64, and tells -0.0 and NaN apart).
+``repr`` (exact for float32 and float64, and tells -0.0 and NaN apart), or within :data:`FLOAT_ULPS`
+relative (a float32 log-prob's last bits differ between CPU kernels: one machine's AVX-512 sums in
+another order than another's AVX2); a record whose floats differ only so is not held to its
+``digest``, which covers those bits. Ids, owners, masks and every other field stay exact.
 
 Regenerate (on today's code only, never to make a failing test pass without knowing why) with
 ``AGENTRL_REGEN_FIXTURES=1 python -m pytest tests/test_engine_fixtures.py``; with ``CI=true`` that is
@@ -148,15 +151,23 @@ def dump_fixture(data: dict) -> str:
     return '{\n' + ',\n'.join(sorted(parts)) + '\n}\n'
 
 
-def first_difference(a, b, where: str = '', ordered: bool = False) -> tuple[str, str, str] | None:
+#: relative difference under which two floats of a record are the same value computed by other CPU kernels
+FLOAT_ULPS = 1e-6
+
+
+def first_difference(a, b, where: str = '', ordered: bool = False, exact: bool = False) -> tuple[str, str, str] | None:
     """The first place where ``a`` and ``b`` differ: ``(where, repr in a, repr in b)``, or None.
 
     Lists are compared item by item (then by length), dicts key by key (then, when ``ordered``, by key
-    order), floats by ``repr`` (bit-exact), anything else by ``repr`` and type.
+    order), floats by ``repr`` (bit-exact with ``exact``, else within :data:`FLOAT_ULPS` relative),
+    anything else by ``repr`` and type.
     """
+    if isinstance(a, float) and isinstance(b, float) and not exact and repr(a) != repr(b):
+        if a != b and abs(a - b) <= FLOAT_ULPS * max(1.0, abs(a), abs(b)):     # not NaN, not -0.0 vs 0.0
+            return None
     if isinstance(a, list) and isinstance(b, list):
         for i, (x, y) in enumerate(zip(a, b)):
-            d = first_difference(x, y, f'{where}[{i}]', ordered)
+            d = first_difference(x, y, f'{where}[{i}]', ordered, exact)
             if d:
                 return d
         if len(a) != len(b):
@@ -166,7 +177,7 @@ def first_difference(a, b, where: str = '', ordered: bool = False) -> tuple[str,
         for k in a:
             if k not in b:
                 return f'{where}.{k}', repr(a[k])[:300], '(absent)'
-            d = first_difference(a[k], b[k], f'{where}.{k}', ordered)
+            d = first_difference(a[k], b[k], f'{where}.{k}', ordered, exact)
             if d:
                 return d
         for k in b:
@@ -190,7 +201,11 @@ def compare_records(name: str, expected: list[dict], actual: list[dict]) -> None
         pytest.fail(f'{where}: {len(expected)} records in the fixture, {len(actual)} now\n'
                     f'  fixture rollout_ids: {ids[0]}\n  now:                 {ids[1]}')
     for i, (e, a) in enumerate(zip(expected, actual)):
+        # floats that differ only in their last bits (another CPU's kernels) change the digest that covers them
+        noisy = any(f in a and first_difference(e[f], a[f], f, exact=True) for f in e if f != 'digest')
         for field in sorted(set(e) | set(a)):
+            if field == 'digest' and noisy:
+                continue
             if field not in a or field not in e:
                 pytest.fail(f'{where}, record {i} (rollout_id {e.get("rollout_id")!r}): column {field!r} is '
                             f'{"missing now" if field not in a else "not in the fixture"}')

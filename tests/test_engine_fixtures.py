@@ -122,13 +122,17 @@ def test_every_fixture_file_is_canonical_and_says_what_it_leaves_out():
         assert data['records'] and all(len(r['action_mask']) == len(r['ids']) - 1 for r in data['records']), name
 
 
-def test_a_flipped_float_bit_is_reported_with_fixture_record_field_and_both_values():
+def test_a_changed_float_is_reported_with_fixture_record_field_and_both_values():
     data = json.loads((GOLDEN / 'rollout_tiny.json').read_text())
     changed = copy.deepcopy(data['records'])
     j = changed[7]['action_mask'].index(1)
     x = changed[7]['sample_logp'][j]
+    # its last bit flipped (what another CPU's kernels give): the same value, and the digest is not held to it
     changed[7]['sample_logp'][j] = struct.unpack('<f', struct.pack('<i', struct.unpack('<i', struct.pack('<f', x))[0]
                                                                    + 1))[0]
+    changed[7]['digest'] = 'v2:other'
+    compare_records('rollout_tiny', data['records'], changed)
+    changed[7]['sample_logp'][j] = x + 1e-4 * max(1.0, abs(x))
     with pytest.raises(pytest.fail.Exception) as e:
         compare_records('rollout_tiny', data['records'], changed)
     y = changed[7]['sample_logp'][j]
