@@ -561,10 +561,13 @@ def test_check_prints_the_would_be_correction_weights(tmp_path, capsys):
 
 
 #: run in a subprocess: ``agentrl ARGS...``, then print the agentrl.gym modules it imported (none expected)
-_GYM_FREE = '''import atexit, runpy, sys
-atexit.register(lambda: print('gym modules:', sorted(m for m in sys.modules if m.startswith('agentrl.gym'))))
+# printed once the command returned (not from an exit handler: the agentrl process ends in its own last one)
+_GYM_FREE = '''import runpy, sys
 sys.argv = ['agentrl', *sys.argv[1:]]
-runpy.run_module('agentrl', run_name='__main__')
+try:
+    runpy.run_module('agentrl', run_name='__main__')
+finally:
+    print('gym modules:', sorted(m for m in sys.modules if m.startswith('agentrl.gym')))
 '''
 
 

@@ -322,7 +322,7 @@ def test_openai_library_import_is_strict_about_sampling_fields_by_default():
                             'record cannot declare what ran. Fix: send every sampling field, or pass the sampler '
                             '(--temperature/--top-p/... or spec=) or the generation_config.json the server read '
                             '(--generation-config)')
-    [r] = interop.from_openai([ep], strict_sampling=False)
+    [r] = interop.from_openai([ep], strict_sampling=False, logp_mode='raw')
     assert r.provenance.sampling == SamplingSpec(temperature=0.8, logp_mode='raw')
     assert r.info['import']['sampling_sources'] == {'temperature': 'request', 'top_p': 'absent', 'top_k': 'absent',
                                                     'min_p': 'absent', 'repetition_penalty': 'absent',
