@@ -49,8 +49,6 @@ class Case:
             ending with the stop token the model would sample.
         answer: the ``content`` the answer turn must come back as.
         template_options: the gateway's ``template_options``.
-        blocked: why the loop cannot run yet, outside the family (the case is a strict xfail: it
-            fails loudly once the cause is fixed, so the mark gets removed); '' when it runs.
         tools: send the tool schemas (False for a template that does not render them: the tools are then
             described in a system message, as the family's model card says).
         call_ids: the ``id`` each tool-call turn's call must come back with (a format that writes its own
@@ -61,7 +59,6 @@ class Case:
     turns: tuple
     answer: str
     template_options: tuple = ()
-    blocked: str = ''
     tools: bool = True
     call_ids: tuple = ()
 
@@ -94,10 +91,6 @@ def _xml(name, args):
 def _llama(name, args):
     return f'{json.dumps({"name": name, "parameters": args})}<|eot_id|>'
 
-
-#: Llama 3.1/3.2's template writes no content on a tool-call turn, so templates/bridge.py cannot find the bridge
-#: after one (its content marker does not come back): the gate and every later call refuse.
-_LLAMA_BRIDGE = 'templates/bridge.py derives no bridge after a tool-call turn whose content the template drops'
 
 
 def _deepseek_v3(name, args):
@@ -136,9 +129,9 @@ CASES = {
                                                'Done.\n</think>\n\nFixed: use min(hi, ...).<|im_end|>'),
                     'Fixed: use min(hi, ...).', (('enable_thinking', True),)),
     'llama3.1': Case('llama3.1', 'llama3', (_llama(*CALLS[0]), _llama(*CALLS[1]), 'Fixed: use min(hi, ...).<|eot_id|>'),
-                     'Fixed: use min(hi, ...).', blocked=_LLAMA_BRIDGE),
+                     'Fixed: use min(hi, ...).'),
     'llama3.2': Case('llama3.2', 'llama3', (_llama(*CALLS[0]), _llama(*CALLS[1]), 'Fixed: use min(hi, ...).<|eot_id|>'),
-                     'Fixed: use min(hi, ...).', blocked=_LLAMA_BRIDGE),
+                     'Fixed: use min(hi, ...).'),
     'deepseek-v3': Case('deepseek-v3', 'deepseek-v3', (_deepseek_v3(*CALLS[0]), _deepseek_v3(*CALLS[1]),
                                                        'Fixed: use min(hi, ...).<｜end▁of▁sentence｜>'),
                         'Fixed: use min(hi, ...).', tools=False),
@@ -151,12 +144,7 @@ CASES = {
 }
 
 
-def _params():
-    return [pytest.param(k, marks=pytest.mark.xfail(strict=True, raises=ValueError, reason=CASES[k].blocked))
-            if CASES[k].blocked else k for k in sorted(CASES)]
-
-
-@pytest.fixture(scope='module', params=_params())
+@pytest.fixture(scope='module', params=sorted(CASES))
 def served(request, tmp_path_factory):
     from agentrl.engines import hf
     case = CASES[request.param]

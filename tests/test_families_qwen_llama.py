@@ -306,3 +306,22 @@ def test_llama_streaming_equals_the_whole_reply_parse_on_every_split(pieces, too
     assert all(r == '' for r, _, _ in out) and reply.reasoning is None
     assert ''.join(c for _, c, _ in out) == reply.content
     assert [c for _, _, calls in out for c in calls] == list(reply.ok_calls)
+
+
+def test_the_bridge_after_a_llama_call_turn_whose_content_the_template_drops():
+    # Llama 3.1's template writes a tool-call turn as the call JSON alone (no content): the bridge starts after
+    # the turn's end of turn, found by rendering the conversation up to the turn
+    from agentrl.templates import ChatRecorder
+    from agentrl.templates.bridge import template_bridge
+    from agentrl.gym import TOOL_SCHEMAS
+    template = _kit_template('llama3.1', tools=TOOL_SCHEMAS)
+    user = [{'role': 'user', 'content': 'Fix clamp.'}]
+    call = {'role': 'assistant', 'content': '',
+            'tool_calls': [{'type': 'function', 'function': {'name': 'read', 'arguments': {'path': 'a.py'}}}]}
+    result = [{'role': 'tool', 'content': 'def clamp(x): ...'}]
+    b = template_bridge(template, user, result, turn=call)
+    assert b.stop == '<|eot_id|>' and b.text == template.render(user + [call] + result, True)[
+        len(template.render(user + [call], False)):]
+    rec = ChatRecorder(template, user)
+    rec.add_turn(template.encode('{"name": "read", "parameters": {"path": "a.py"}}<|eot_id|>'), message=call)
+    assert rec.add_messages(result) == template.encode(template.render(user + [call] + result, True))

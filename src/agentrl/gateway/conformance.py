@@ -85,16 +85,22 @@ def _with_next_stop(template, history: list, turn: dict, after: list, text: str)
     return text + stop if nxt.startswith(full) and at == len(full) and full.endswith(text) else text
 
 
-def _renderable(template, history: list, turn: dict) -> dict:
-    """``turn``, or, where the template refuses content beside reasoning in a turn that calls tools (gpt-oss
-    writes one analysis message before a call), the turn with empty content."""
+def _renderable(template, history: list, turn: dict, after: list) -> tuple:
+    """``(turn, after)``, or what the template can render of them: where it refuses content beside reasoning in
+    a turn that calls tools (gpt-oss writes one analysis message before a call), the turn with empty content;
+    where it refuses several calls in one message (Llama 3.1 takes one), the first call and its result."""
     try:
         template.render(history + [turn], False)
+        return turn, after
     except ValueError:
-        if not (turn.get('tool_calls') and turn.get('content') and turn.get('reasoning_content')):
+        calls = turn.get('tool_calls') or []
+        if len(calls) > 1:
+            first = calls[0].get('id')
+            kept = [m for m in after if m.get('role') != 'tool' or m.get('tool_call_id') == first]
+            return _renderable(template, history, dict(turn, tool_calls=calls[:1]), kept)
+        if not (calls and turn.get('content') and turn.get('reasoning_content')):
             raise
-        return dict(turn, content='')
-    return turn
+        return dict(turn, content=''), after
 
 
 def _calls_of(message: dict) -> list:
@@ -170,7 +176,7 @@ def conformance(template, corpus=None, *, strict: bool = False, family=None) -> 
         rec = ChatRecorder(template, opening, history='sampled')
         msgs = list(opening)
         for k, (turn, after) in enumerate(rounds):
-            turn = _renderable(template, msgs, turn)
+            turn, after = _renderable(template, msgs, turn, after)
             found = rendered_turn(template, msgs, turn)
             if found is None:
                 ctx, head = template.render(msgs, True), template.render(msgs, False)

@@ -108,10 +108,13 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
         conv[len(history)] = turn_msg
         text = template.render(conv, add_generation_prompt)
     j = text.rfind(s)
-    if j < 0 or text.count(s) != 1:
-        raise ValueError('the chat template does not render assistant content verbatim (a marker put in '
-                         '"content" did not come back once), so the bridge after a turn cannot be derived')
-    after = j + len(s)
+    if j >= 0 and text.count(s) == 1:
+        after = j + len(s)
+    else:
+        after = _call_turn_end(template, conv[:len(history) + 1], text, add_generation_prompt)
+        if after is None:
+            raise ValueError('the chat template does not render assistant content verbatim (a marker put in '
+                             '"content" did not come back once), so the bridge after a turn cannot be derived')
     ends = [(k, t) for t in getattr(template, 'end_texts', ()) for k in [text.find(t, after)] if k >= 0]
     rewrite = ''
     if ends:
@@ -154,6 +157,22 @@ def template_bridge(template: ChatTemplate, history: list, new_messages: list, t
     ids, offsets = template.encode_offsets(bridge, regions)
     owner, _ = owners_from_regions(offsets, regions, len(bridge))
     return Bridge(text=bridge, ids=ids, owner=owner, stop=stop, regions=regions, rewrite=rewrite)
+
+
+def _call_turn_end(template: ChatTemplate, upto_turn: list, text: str, add_generation_prompt: bool) -> int | None:
+    """Where a tool-call turn whose content the template does not write (Llama 3.1: the call JSON alone) ends in
+    ``text``, before its end-of-turn text: the conversation up to the turn rendered alone is a prefix of ``text``.
+    None for a turn without calls or a template that rewrites the turn once messages follow it."""
+    if not upto_turn[-1].get('tool_calls'):
+        return None
+    try:
+        alone = template.render(upto_turn, False)
+    except ValueError:
+        return None
+    if not text.startswith(alone):
+        return None
+    end = next((t for t in _ends(template) if alone.endswith(t)), '')
+    return len(alone) - len(end)
 
 
 def _turn_end(template: ChatTemplate, text: str, upto_turn: list) -> int:
