@@ -34,7 +34,10 @@ from .parse import message_deltas
 from .protocol import GatewayError, body_digest, error_body, parse_request
 from .stream import ReplyStream
 
-__all__ = ['create_app']
+__all__ = ['create_app', 'DIALECTS']
+
+#: The dialects served besides chat completions (:class:`~agentrl.gateway.dialects.Dialect` instances).
+DIALECTS: tuple = ()
 
 
 def _json(obj, status: int = 200):
@@ -42,8 +45,8 @@ def _json(obj, status: int = 200):
     return Response(json.dumps(obj, ensure_ascii=False), status_code=status, media_type='application/json')
 
 
-def _error(e: GatewayError, headers: dict | None = None):
-    r = _json(e.body(), e.status)
+def _error(e: GatewayError, headers: dict | None = None, dialect=None):
+    r = _json(e.body() if dialect is None else dialect.error(e), e.status)
     r.headers.update(headers or {})
     return r
 
@@ -349,6 +352,48 @@ class _Routes:
                 s.in_flight -= 1
         return _Tracked(events(), 'text/event-stream', done, self.stream_interval)
 
+    async def dialect_call(self, request, dialect):
+        """A sampling call in another wire dialect (:mod:`agentrl.gateway.dialects`): its body becomes a
+        chat-completions body, served by :meth:`serve_call` like a chat call (the same branches, the same
+        journal), and the response goes back in the dialect's shape, as one JSON body or, with
+        ``stream: true``, as the dialect's events once the call is journalled. Errors are in its shape."""
+        try:
+            s = self.gw.session(request.path_params['token'])
+        except GatewayError as e:
+            return _error(e, dialect=dialect)
+        lim = self.gw.limits
+        if lim.max_concurrent and s.in_flight >= lim.max_concurrent:
+            return _error(GatewayError(429, f'the session already has {s.in_flight} requests in flight (limit '
+                                            f'{lim.max_concurrent}); wait for them', type='rate_limit_error',
+                                       code='max_concurrent'), dialect=dialect)
+        s.in_flight += 1
+        try:
+            raw = await self.body_of(request, lim.max_body_bytes)
+            body = self.json_body(raw, 'a JSON object')
+            if not isinstance(body, dict):
+                raise GatewayError(400, f'request body must be a JSON object, got {type(body).__name__}')
+            chat = dialect.to_chat(body, s)
+            req, _ = parse_request(json.dumps(chat).encode(), 1 << 62)
+            req.dialect = dialect.name
+            retry = request.headers.get(dialect.retry_header, '0')
+            response, index, replayed = await self.serve_call(s, req, body_digest(raw), int(retry)
+                                                              if retry.isascii() and retry.isdigit() else 0)
+        except GatewayError as e:
+            s.in_flight -= 1
+            return _error(e, {'Retry-After': '1'} if e.code == 'paused' else None, dialect)
+        except BaseException:
+            s.in_flight -= 1
+            raise
+
+        async def done(ok: bool):
+            s.in_flight -= 1
+            if not ok and not replayed:
+                await self.work(self.gw.undelivered, s, index)
+        if body.get('stream') is True:
+            return _Tracked(dialect.events(response, body), 'text/event-stream', done, self.stream_interval)
+        return _Tracked([json.dumps(dialect.reply(response, body), ensure_ascii=False).encode()], 'application/json',
+                        done)
+
     async def health(self, request):
         return _json({'ok': True, 'sessions': len(self.gw.sessions), 'paused': not self.running.is_set()})
 
@@ -447,7 +492,13 @@ def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0, a
     async def internal(request, exc):
         return _json(error_body(f'internal error: {type(exc).__name__}: {exc}', 'server_error'), 500)
 
-    routes = [Route('/sessions', r.new_session, methods=['POST']),
+    def served(dialect):
+        async def handler(request):
+            return await r.dialect_call(request, dialect)
+        return handler
+
+    routes = [Route(f'/s/{{token}}{path}', served(d), methods=['POST']) for d in DIALECTS for path in d.paths]
+    routes += [Route('/sessions', r.new_session, methods=['POST']),
               Route('/sessions/{token}', r.get_session, methods=['GET']),
               Route('/sessions/{token}/finish', r.finish, methods=['POST']),
               Route('/s/{token}/v1/chat/completions', r.chat, methods=['POST']),

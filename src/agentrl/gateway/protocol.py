@@ -73,6 +73,7 @@ class ChatRequest:
         stream, logprobs, return_token_ids: output options. seed: the sampling seed or None.
         chat_template_kwargs: the request's template options (a dict, ``{}`` when absent).
         reasoning_effort: one of :data:`REASONING_EFFORTS`, or None.
+        dialect: the wire dialect the call came in (``'chat'``; :mod:`agentrl.gateway.dialects`).
     """
     messages: list
     tools: list | None = None
@@ -87,6 +88,7 @@ class ChatRequest:
     seed: int | None = None
     chat_template_kwargs: dict = field(default_factory=dict)
     reasoning_effort: str | None = None
+    dialect: str = 'chat'
 
     def recorded(self) -> dict:
         """What the journal keeps of the request (enough to replay the session's state)."""
@@ -96,6 +98,8 @@ class ChatRequest:
             out['chat_template_kwargs'] = self.chat_template_kwargs
         if self.reasoning_effort is not None:
             out['reasoning_effort'] = self.reasoning_effort
+        if self.dialect != 'chat':
+            out['dialect'] = self.dialect
         return out
 
     @classmethod
@@ -104,7 +108,7 @@ class ChatRequest:
         return cls(messages=d['messages'], tools=d['tools'], tool_choice=d['tool_choice'],
                    spec=SamplingSpec.from_dict(d['spec']), max_tokens=d['max_tokens'], stop=d['stop'], seed=d['seed'],
                    chat_template_kwargs=dict(d.get('chat_template_kwargs') or {}),
-                   reasoning_effort=d.get('reasoning_effort'))
+                   reasoning_effort=d.get('reasoning_effort'), dialect=d.get('dialect', 'chat'))
 
 
 def template_options(req: ChatRequest, reads) -> dict:

@@ -90,6 +90,9 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
         servers = [session.calls[t.call].get('server') for t in turns]
         if any(x is not None for x in servers):
             info['gateway']['servers'] = servers
+        dialects = [session.calls[t.call].get('dialect', 'chat') for t in turns]
+        if any(d != 'chat' for d in dialects):          # chat-only records stay as they were
+            info['gateway']['dialects'] = dialects
         spec = spec_of(session.spec) if spec_of is not None and session.spec is not None else session.spec
         prov = Provenance(policy=policy, sampling=spec, model=model_name, group_id=str(group),
                           rollout_id=str(rollout) if b.index == 0 or len(leaves) == 1 else f'{rollout}/b{b.index}',

@@ -378,7 +378,8 @@ class Gateway:
             session.template_kwargs = self.request_options(req)
         session.last_messages = req.messages
         session.commit(plan, s, message, {'index': len(session.calls), 'digest': digest, 'seed': sample.seed,
-                                          'response': response, 'version': version, 'server': sample.server})
+                                          'response': response, 'version': version, 'server': sample.server,
+                                          'dialect': req.dialect})
         session.last_seen = time.time()
 
     def _response(self, session, index, req, prompt, sample, message, reason, template) -> dict:
