@@ -19,7 +19,10 @@ VVENV  ?= .venv-vllm
 VPY    := $(VVENV)/bin/python
 VSTAMP := $(VVENV)/.installed
 
-.PHONY: install demo test test-interop test-vllm bench clean
+# the harness suite runs Claude Code and Codex CLI (pinned in tests/harness/package.json) against `agentrl serve`
+HSTAMP := tests/harness/node_modules/.installed
+
+.PHONY: install demo test test-interop test-vllm test-harness bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -40,7 +43,7 @@ demo: $(STAMP)
 
 # every suite runs even when an earlier one fails; each one's result is printed; the exit status is non-zero if any failed
 test: $(STAMP)
-	@main=0; interop=0; $(PY) -m pytest -q -n $(WORKERS) --ignore=tests/live_vllm || main=$$?; $(MAKE) test-interop || interop=$$?; \
+	@main=0; interop=0; $(PY) -m pytest -q -n $(WORKERS) --ignore=tests/live_vllm --ignore=tests/harness || main=$$?; $(MAKE) test-interop || interop=$$?; \
 	echo "suite results: main exit $$main; interop exit $$interop"; [ $$main -eq 0 ] && [ $$interop -eq 0 ]
 
 $(ISTAMP): pyproject.toml
@@ -63,8 +66,15 @@ $(VSTAMP):
 test-vllm: $(STAMP) $(VSTAMP)
 	AGENTRL_VLLM_PYTHON=$(abspath $(VPY)) $(PY) -m pytest -q tests/live_vllm
 
+$(HSTAMP): tests/harness/package.json
+	npm ci --prefix tests/harness --no-audit --no-fund
+	touch $(HSTAMP)
+
+test-harness: $(STAMP) $(HSTAMP)
+	$(PY) -m pytest -q tests/harness
+
 bench: $(STAMP)
 	$(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) $(IVENV) $(VVENV) runs .pytest_cache .hypothesis
+	rm -rf $(VENV) $(IVENV) $(VVENV) tests/harness/node_modules runs .pytest_cache .hypothesis
