@@ -136,6 +136,20 @@ class Family:
         """
         return []
 
+    def block_calls(self, body: str, offset: int, pattern, parse) -> list:
+        """:meth:`find_calls` of a format whose calls are delimited blocks (``pattern``, a compiled regex
+        whose group 1 is the block's inside; a block opened by :attr:`call_open` and never closed is
+        ``unclosed_block``). ``parse(inside) -> (status, name, arguments)`` reads one block."""
+        out, pos = [], 0
+        for m in pattern.finditer(body):
+            status, name, args = parse(m.group(1))
+            out.append(ToolCall(name, args, status, m.group(0), (offset + m.start(), offset + m.end())))
+            pos = m.end()
+        k = body.find(self.call_open, pos)
+        if k >= 0:
+            out.append(ToolCall(None, None, UNCLOSED_BLOCK, body[k:], (offset + k, offset + len(body))))
+        return out
+
     # ------------------------------------------------------------------ stops and ends of turn
     def turn_end(self, template, kind: str = 'answer') -> TurnEnd:
         """How a turn of ``kind`` (one of :data:`TURN_KINDS`) ends: the template's own stops and end of turn.

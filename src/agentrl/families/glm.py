@@ -22,7 +22,7 @@ import json
 import re
 from collections.abc import Mapping
 
-from .base import INVALID_JSON, MISSING_NAME, OK, TURN_KINDS, UNCLOSED_BLOCK, UNKNOWN_TOOL, Family, ToolCall, TurnEnd
+from .base import INVALID_JSON, MISSING_NAME, OK, TURN_KINDS, UNKNOWN_TOOL, Family, TurnEnd
 
 __all__ = ['GlmFamily', 'GLM', 'typed_value']
 
@@ -159,15 +159,7 @@ class GlmFamily(Family):
     call_open, call_close = '<tool_call>', '</tool_call>'
 
     def find_calls(self, body: str, offset: int = 0, tool_names=None) -> list:
-        out, pos = [], 0
-        for m in _BLOCK.finditer(body):
-            status, name, args = _status(m.group(1), tool_names)
-            out.append(ToolCall(name, args, status, m.group(0), (offset + m.start(), offset + m.end())))
-            pos = m.end()
-        k = body.find(self.call_open, pos)
-        if k >= 0:
-            out.append(ToolCall(None, None, UNCLOSED_BLOCK, body[k:], (offset + k, offset + len(body))))
-        return out
+        return self.block_calls(body, offset, _BLOCK, lambda inside: _status(inside, tool_names))
 
     def turn_end(self, template, kind: str = 'answer') -> TurnEnd:
         """``tool_call``: ``<|observation|>`` stops it; ``answer``: ``<|user|>`` or ``eos``; no end of turn.

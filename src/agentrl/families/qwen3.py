@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 
-from .base import INVALID_JSON, MISSING_NAME, OK, UNCLOSED_BLOCK, UNKNOWN_TOOL, Family, ToolCall
+from .base import INVALID_JSON, MISSING_NAME, OK, UNKNOWN_TOOL, Family
 
 __all__ = ['Qwen3Family', 'QWEN3', 'json_call']
 
@@ -61,15 +61,7 @@ class Qwen3Family(Family):
     call_open, call_close = '<tool_call>', '</tool_call>'
 
     def find_calls(self, body: str, offset: int = 0, tool_names=None) -> list:
-        out, pos = [], 0
-        for m in _BLOCK.finditer(body):
-            status, name, args = json_call(m.group(1), tool_names)
-            out.append(ToolCall(name, args, status, m.group(0), (offset + m.start(), offset + m.end())))
-            pos = m.end()
-        k = body.find(self.call_open, pos)
-        if k >= 0:
-            out.append(ToolCall(None, None, UNCLOSED_BLOCK, body[k:], (offset + k, offset + len(body))))
-        return out
+        return self.block_calls(body, offset, _BLOCK, lambda inside: json_call(inside, tool_names))
 
 
 #: The one Qwen3 family object the registry holds.
