@@ -147,8 +147,8 @@ def test_a_forced_call_is_refused_where_it_cannot_be_honoured(gw, upstream, monk
     with pytest.raises(GatewayError) as e:
         call(gw, s, USER, tools=TOOLS, tool_choice=NAMED, chat_template_kwargs=OFF)
     assert e.value.message == ('tool_choice={"type": "function", "function": {"name": "read"}} cannot be honoured: '
-                               'the qwen3_coder family has no tool-call grammar here (only Hermes JSON calls, the qwen3 '
-                               'family, are constrained); use "auto"')
+                               'the qwen3_coder family has no tool-call grammar here (only Hermes JSON calls, the '
+                               'qwen3 family, are constrained); use "auto"')
     assert s.calls == [] and s.branches == []
 
 

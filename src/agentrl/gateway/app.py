@@ -37,10 +37,10 @@ from .stream import ReplyStream
 __all__ = ['create_app', 'unserved', 'mask_token']
 
 #: The API dialect of a session route's tail (after ``/s/TOKEN/v1/``), named in the 404 of one not served.
-DIALECTS = {'chat/completions': 'OpenAI chat completions', 'completions': 'OpenAI completions (legacy)',
-            'embeddings': 'OpenAI embeddings', 'responses': 'OpenAI Responses', 'messages': 'Anthropic messages',
-            'models': 'OpenAI models', 'moderations': 'OpenAI moderations', 'audio': 'OpenAI audio',
-            'images': 'OpenAI images', 'files': 'OpenAI files', 'batches': 'OpenAI batches'}
+_API_NAMES = {'chat/completions': 'OpenAI chat completions', 'completions': 'OpenAI completions (legacy)',
+              'embeddings': 'OpenAI embeddings', 'responses': 'OpenAI Responses', 'messages': 'Anthropic messages',
+              'models': 'OpenAI models', 'moderations': 'OpenAI moderations', 'audio': 'OpenAI audio',
+              'images': 'OpenAI images', 'files': 'OpenAI files', 'batches': 'OpenAI batches'}
 
 
 def mask_token(text: str, path: str) -> str:
@@ -74,7 +74,7 @@ def unserved(method: str, path: str, routes) -> str:
     served = [f'{m} {r.path.replace("{token}", "TOKEN")}' for r in routes
               if getattr(r, 'path', '').startswith('/s/{token}/v1/')
               for m in sorted(set(getattr(r, 'methods', None) or ()) - {'HEAD'})]
-    known = next((DIALECTS[k] for k in sorted(DIALECTS, key=len, reverse=True)
+    known = next((_API_NAMES[k] for k in sorted(_API_NAMES, key=len, reverse=True)
                   if tail == k or tail.startswith(k + '/')), None)
     what = f'the {known} API' if known else f'the route v1/{tail}' if tail else 'the bare v1 route'
     how = 'is not served by this gateway' if not any(s.endswith(f'/v1/{tail}') for s in served) \

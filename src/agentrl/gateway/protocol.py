@@ -134,8 +134,9 @@ def template_options(req: ChatRequest, reads) -> dict:
 
     ``reasoning_effort`` sets ``enable_thinking = effort != 'none'`` unless ``chat_template_kwargs``
     sets it, and is passed itself as ``reasoning_effort`` (gpt-oss renders ``Reasoning: high``);
-    ``reasoning.enabled`` sets ``enable_thinking`` over the effort's; ``chat_template_kwargs`` are passed as given. Only variables the template reads are kept (vLLM
-    drops the others too: they change nothing the template renders).
+    ``reasoning.enabled`` sets ``enable_thinking`` over the effort's; ``chat_template_kwargs`` are passed as
+    given. Only variables the template reads are kept (vLLM drops the others too: they change nothing the
+    template renders).
 
     Args:
         req: the parsed request. reads: the names the template's source reads (a container of str).
