@@ -105,3 +105,30 @@ def test_vllms_reasoning_gate_applies_the_grammar_where_the_import_declares_it()
                      'fed': turn[start:] if start is not None else []}, (case, t)
     assert theirs[0]['masked'].count(False) == two_phase.index(151668) + 1 and theirs[1]['fed'] == []
     assert all(theirs[2]['masked'])
+
+
+def test_the_gateways_forced_tool_choice_goes_to_vllm_as_structured_outputs_and_replays(server, model_dir, lm,
+                                                                                      tmp_path):
+    """``tool_choice`` naming a function through ``agentrl serve`` on the vLLM engine (thinking off: the grammar from
+    the first token): the turn is the named call's Hermes block, the record declares the grammar, ``check --model``
+    replays it."""
+    from agentrl.engines.vllm.engine import VLLMEngine
+    from agentrl.gateway import Gateway, parse_request
+    from agentrl.gym import TOOL_SCHEMAS
+    from agentrl.templates.chat import function_tools
+    gw = Gateway(VLLMEngine([server.url], model_dir, max_new_tokens=64), tmp_path / 'run')
+    _, s = gw.open_session({'rollout_id': 'forced'})
+    body = {'messages': [{'role': 'user', 'content': 'Fix clamp.'}], 'tools': function_tools(TOOL_SCHEMAS),
+            'tool_choice': {'type': 'function', 'function': {'name': 'read'}}, 'seed': 2, 'max_tokens': 64,
+            'temperature': 0.5, 'chat_template_kwargs': {'enable_thinking': False}}
+    r, _, _ = gw.chat(s, parse_request(json.dumps(body).encode(), 1 << 20)[0], 'd', 0)
+    gw.finish(s, 1.0, {})
+    [rec] = records(tmp_path / 'run')
+    c = rec.provenance.sampling.constraint
+    assert (c.kind, c.tool_choice, c.start_after) == ('tool_call', 'read', ())
+    assert policy_texts([rec], lm[1])[0].startswith('<tool_call>')
+    if r['choices'][0]['finish_reason'] == 'tool_calls':
+        assert [t['function']['name'] for t in r['choices'][0]['message']['tool_calls']] == ['read']
+    rep = run_check(CheckOptions(path=str(tmp_path / 'run'), model=str(model_dir)))
+    assert rep.ok, rep.format()
+    assert rep.replay.overall.max_abs_dev < 1e-4

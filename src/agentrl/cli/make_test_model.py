@@ -28,6 +28,8 @@ class MakeTestModelOptions:
         seed: initialisation seed.
         end_of_turn_rate: about this probability of the end-of-turn token per sampled token at
             temperature 1 (so turns end); 0 = a plain random init.
+        context: the model's context in tokens (``max_position_embeddings``: the limit rollouts and ``agentrl
+            serve`` respect).
         force: replace a model this command wrote into ``out`` (without it, such a folder is refused;
             any other non-empty folder is refused either way).
         for_vllm: pick (no ``heads`` given) or else require a head size vLLM CPU attention runs
@@ -44,6 +46,8 @@ class MakeTestModelOptions:
     seed: int = option(0, 'initialisation seed', min=0, max=2 ** 63 - 1)
     end_of_turn_rate: float = option(0.05, 'probability of the end-of-turn token per sampled token at temperature '
                                          '1, so that turns end (0 = plain random init)', min=0.0, max=0.999999)
+    context: int = option(4096, "the model's context in tokens (max_position_embeddings)", min=32, max=1 << 20,
+                          metavar='N')
     force: bool = option(False, 'replace the model files of a folder OUT this command wrote (any other non-empty '
                               'folder is refused)')
     for_vllm: bool = option(False, 'a head size (hidden / heads) that vLLM CPU attention runs, so the model serves '
@@ -134,7 +138,8 @@ def run(args) -> int:
         opts.tokenizer = str(_qwen3_tokenizer())
     from ..engines.hf import make_test_model
     path = make_test_model(opts.out, opts.tokenizer, layers=opts.layers, hidden=opts.hidden, heads=opts.heads,
-                           kv_heads=opts.kv_heads, seed=opts.seed, end_of_turn_rate=opts.end_of_turn_rate or None)
+                           kv_heads=opts.kv_heads, seed=opts.seed, end_of_turn_rate=opts.end_of_turn_rate or None,
+                           max_positions=opts.context)
     note = json.loads((path / NOTE).read_text())
     print(f"wrote a {opts.layers}-layer Qwen3 (hidden {opts.hidden}, {note['parameters']:,} parameters) with the "
           f"tokenizer of {os.path.basename(os.path.normpath(note['tokenizer_dir']))} to {path}")

@@ -149,6 +149,22 @@ class Family:
         if k >= 0:
             out.append(ToolCall(None, None, UNCLOSED_BLOCK, body[k:], (offset + k, offset + len(body))))
         return out
+    def call_grammar(self, tools, choice: str, stop_ids=()):
+        """The grammar of a turn that must call a tool in this family's format (``tool_choice`` required / named).
+
+        Args:
+            tools: OpenAI function tools (non-empty). choice: ``'required'`` (one or more calls of any of
+                them) or a tool's name (exactly one call of it). stop_ids: the ids the turn ends on.
+
+        Returns:
+            :class:`~agentrl.constraints.Constraint` (kind ``tool_call``) starting at the turn's first token;
+            the caller sets ``start_after`` when the turn may reason first.
+
+        Raises:
+            NotImplementedError: the family's call format has no grammar here (names the family).
+        """
+        raise NotImplementedError(f'the {self.name} family has no tool-call grammar here (only Hermes JSON '
+                                  'calls, the qwen3 family, are constrained)')
 
     # ------------------------------------------------------------------ stops and ends of turn
     def turn_end(self, template, kind: str = 'answer') -> TurnEnd:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 
+from ..constraints import tool_call_constraint
 from .base import INVALID_JSON, MISSING_NAME, OK, UNKNOWN_TOOL, Family
 
 __all__ = ['Qwen3Family', 'QWEN3', 'json_call']
@@ -59,6 +60,11 @@ class Qwen3Family(Family):
     markers = ('<tool_call>',)
     think_open, think_close = '<think>', '</think>'
     call_open, call_close = '<tool_call>', '</tool_call>'
+
+    def call_grammar(self, tools, choice: str, stop_ids=()):
+        """Hermes blocks ``<tool_call>\\n{"name": N, "arguments": {...}}\\n</tool_call>`` of the allowed tools
+        (:func:`agentrl.constraints.tool_call_constraint`, the structural tag vLLM builds for ``hermes``)."""
+        return tool_call_constraint(tools, choice, stop_ids)
 
     def find_calls(self, body: str, offset: int = 0, tool_names=None) -> list:
         return self.block_calls(body, offset, _BLOCK, lambda inside: json_call(inside, tool_names))

@@ -34,10 +34,56 @@ from .parse import message_deltas
 from .protocol import GatewayError, body_digest, error_body, parse_request
 from .stream import ReplyStream
 
-__all__ = ['create_app', 'DIALECTS']
+__all__ = ['create_app', 'DIALECTS', 'unserved', 'mask_token']
 
 #: The dialects served besides chat completions (:class:`~agentrl.gateway.dialects.Dialect` instances).
 DIALECTS: tuple = ()
+
+#: The API dialect of a session route's tail (after ``/s/TOKEN/v1/``), named in the 404 of one not served.
+_API_NAMES = {'chat/completions': 'OpenAI chat completions', 'completions': 'OpenAI completions (legacy)',
+              'embeddings': 'OpenAI embeddings', 'responses': 'OpenAI Responses', 'messages': 'Anthropic messages',
+              'models': 'OpenAI models', 'moderations': 'OpenAI moderations', 'audio': 'OpenAI audio',
+              'images': 'OpenAI images', 'files': 'OpenAI files', 'batches': 'OpenAI batches'}
+
+
+def mask_token(text: str, path: str) -> str:
+    """``text`` with the capability token of a session ``path`` (``/s/TOKEN/...``, ``/sessions/TOKEN...``)
+    replaced by ``TOKEN``: an error message never echoes a session's token."""
+    parts = path.split('/')
+    if len(parts) > 2 and parts[1] in ('s', 'sessions') and parts[2]:
+        masked = '/'.join(parts[:2] + ['TOKEN'] + parts[3:])
+        text = text.replace(path, masked)
+        if len(parts[2]) >= 8:                # a shorter one is no session's token (and would mask other words)
+            text = text.replace(parts[2], 'TOKEN')
+    return text
+
+
+def unserved(method: str, path: str, routes) -> str:
+    """The 404 / 405 message of a request no route serves: for a session route ``/s/TOKEN/v1/...``, the API
+    dialect it belongs to and the session routes that are served; the token is masked (:func:`mask_token`).
+
+    Args:
+        method: the HTTP method. path: the request path. routes: the app's routes (``path``, ``methods``).
+
+    Returns:
+        One line, e.g. ``POST /s/TOKEN/v1/embeddings: the OpenAI embeddings API is not served by this
+        gateway; it serves POST /s/TOKEN/v1/chat/completions, GET /s/TOKEN/v1/models (see docs/gateway.md)``.
+    """
+    parts = path.split('/')
+    shown = mask_token(f'{method} {path}', path)
+    if len(parts) < 4 or parts[1] != 's' or parts[3] != 'v1':
+        return f'{shown}: no such route (see docs/gateway.md)'
+    tail = '/'.join(parts[4:]).strip('/')
+    served = [f'{m} {r.path.replace("{token}", "TOKEN")}' for r in routes
+              if getattr(r, 'path', '').startswith('/s/{token}/v1/')
+              for m in sorted(set(getattr(r, 'methods', None) or ()) - {'HEAD'})]
+    known = next((_API_NAMES[k] for k in sorted(_API_NAMES, key=len, reverse=True)
+                  if tail == k or tail.startswith(k + '/')), None)
+    what = f'the {known} API' if known else f'the route v1/{tail}' if tail else 'the bare v1 route'
+    how = 'is not served by this gateway' if not any(s.endswith(f'/v1/{tail}') for s in served) \
+        else f'is not served with {method}'
+    return f'{shown}: {what} {how}; it serves {", ".join(served)} (see docs/gateway.md)'
+
 
 
 def _json(obj, status: int = 200):
@@ -294,7 +340,7 @@ class _Routes:
 
         def hook(p):
             family = self.gw.family.for_tools(req.tools)      # values typed by the request's tool schemas
-            hold['stream'] = st = ReplyStream(p.template, family, p.think, req.tool_choice != 'none',
+            hold['stream'] = st = ReplyStream(p.template, family, p.think, req.parses_calls,
                                               f'{s.sid}/{len(s.calls)}', req.stop)
             hold['base'] = {'id': f'chatcmpl-{s.sid[:12]}-{len(s.calls)}', 'object': 'chat.completion.chunk',
                             'created': int(time.time()), 'model': self.gw.upstream.model_name}
@@ -486,11 +532,12 @@ def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0, a
             task.cancel()
 
     async def not_found(request, exc):
-        return _json(error_body(f'{request.method} {request.url.path}: no such route (see docs/gateway.md)',
-                                'not_found_error'), getattr(exc, 'status_code', 404))
+        return _json(error_body(unserved(request.method, request.url.path, request.app.routes), 'not_found_error'),
+                     getattr(exc, 'status_code', 404))
 
     async def internal(request, exc):
-        return _json(error_body(f'internal error: {type(exc).__name__}: {exc}', 'server_error'), 500)
+        return _json(error_body(mask_token(f'internal error: {type(exc).__name__}: {exc}', request.url.path),
+                                'server_error'), 500)
 
     def served(dialect):
         async def handler(request):

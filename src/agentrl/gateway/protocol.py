@@ -34,7 +34,9 @@ _SAMPLING = {'temperature', 'top_p', 'top_k', 'min_p', 'presence_penalty', 'freq
              'repetition_penalty'}
 _OWN = {'messages', 'tools', 'tool_choice', 'max_tokens', 'max_completion_tokens', 'stop', 'stream', 'seed', 'n',
         'logprobs', 'top_logprobs', 'return_token_ids', 'response_format', 'logit_bias', 'functions',
-        'chat_template_kwargs', 'reasoning_effort'}
+        'chat_template_kwargs', 'reasoning_effort', 'reasoning'}
+#: The keys of an adapter's ``reasoning`` object the gateway maps (OpenRouter's and LiteLLM's form).
+_REASONING_KEYS = ('effort', 'enabled')
 
 
 class GatewayError(Exception):
@@ -66,18 +68,22 @@ class ChatRequest:
     Attributes:
         messages: checked messages (content parts flattened to text).
         tools: OpenAI function tools (``[{'type': 'function', 'function': {...}}]``) or None.
-        tool_choice: ``'auto'`` or ``'none'``.
+        tool_choice: ``'auto'``, ``'none'``, ``'required'`` or a named function
+            ``{'type': 'function', 'function': {'name': N}}`` (N one of ``tools``): the last two are
+            sampled under the family's call grammar (:meth:`agentrl.families.Family.call_grammar`).
         spec: the :class:`~agentrl.record.SamplingSpec`.
         max_tokens: the turn's token budget (None: the server's default).
         stop: stop strings (cut after the token that completes one; the string is not returned).
         stream, logprobs, return_token_ids: output options. seed: the sampling seed or None.
         chat_template_kwargs: the request's template options (a dict, ``{}`` when absent).
-        reasoning_effort: one of :data:`REASONING_EFFORTS`, or None.
+        reasoning_effort: one of :data:`REASONING_EFFORTS`, or None (also from ``reasoning.effort``).
         dialect: the wire dialect the call came in (``'chat'``; :mod:`agentrl.gateway.dialects`).
+        reasoning_enabled: ``reasoning.enabled`` (an adapter's switch: False turns thinking off where the
+            template has the switch), or None.
     """
     messages: list
     tools: list | None = None
-    tool_choice: str = 'auto'
+    tool_choice: str | dict = 'auto'
     spec: SamplingSpec = field(default_factory=SamplingSpec)
     max_tokens: int | None = None
     stop: list = field(default_factory=list)
@@ -89,6 +95,20 @@ class ChatRequest:
     chat_template_kwargs: dict = field(default_factory=dict)
     reasoning_effort: str | None = None
     dialect: str = 'chat'
+    reasoning_enabled: bool | None = None
+
+    @property
+    def forced(self) -> str | None:
+        """What ``tool_choice`` forces: ``'required'``, the named function's name, or None (auto / none)."""
+        if isinstance(self.tool_choice, dict):
+            return self.tool_choice['function']['name']
+        return 'required' if self.tool_choice == 'required' else None
+
+    @property
+    def parses_calls(self) -> bool:
+        """Whether the reply's call blocks become ``tool_calls``: only with ``tools`` and ``tool_choice`` not none
+        (a request without tools gets the sampled text as ``content``)."""
+        return self.tools is not None and self.tool_choice != 'none'
 
     def recorded(self) -> dict:
         """What the journal keeps of the request (enough to replay the session's state)."""
@@ -100,6 +120,8 @@ class ChatRequest:
             out['reasoning_effort'] = self.reasoning_effort
         if self.dialect != 'chat':
             out['dialect'] = self.dialect
+        if self.reasoning_enabled is not None:
+            out['reasoning_enabled'] = self.reasoning_enabled
         return out
 
     @classmethod
@@ -108,7 +130,8 @@ class ChatRequest:
         return cls(messages=d['messages'], tools=d['tools'], tool_choice=d['tool_choice'],
                    spec=SamplingSpec.from_dict(d['spec']), max_tokens=d['max_tokens'], stop=d['stop'], seed=d['seed'],
                    chat_template_kwargs=dict(d.get('chat_template_kwargs') or {}),
-                   reasoning_effort=d.get('reasoning_effort'), dialect=d.get('dialect', 'chat'))
+                   reasoning_effort=d.get('reasoning_effort'), reasoning_enabled=d.get('reasoning_enabled'),
+                   dialect=d.get('dialect', 'chat'))
 
 
 def template_options(req: ChatRequest, reads) -> dict:
@@ -116,8 +139,9 @@ def template_options(req: ChatRequest, reads) -> dict:
 
     ``reasoning_effort`` sets ``enable_thinking = effort != 'none'`` unless ``chat_template_kwargs``
     sets it, and is passed itself as ``reasoning_effort`` (gpt-oss renders ``Reasoning: high``);
-    ``chat_template_kwargs`` are passed as given. Only variables the template reads are kept (vLLM
-    drops the others too: they change nothing the template renders).
+    ``reasoning.enabled`` sets ``enable_thinking`` over the effort's; ``chat_template_kwargs`` are passed as
+    given. Only variables the template reads are kept (vLLM drops the others too: they change nothing the
+    template renders).
 
     Args:
         req: the parsed request. reads: the names the template's source reads (a container of str).
@@ -131,6 +155,8 @@ def template_options(req: ChatRequest, reads) -> dict:
     if req.reasoning_effort is not None:
         opts['reasoning_effort'] = req.reasoning_effort
         opts['enable_thinking'] = req.reasoning_effort != 'none'
+    if req.reasoning_enabled is not None:
+        opts['enable_thinking'] = req.reasoning_enabled
     opts.update(req.chat_template_kwargs)
     return {k: opts[k] for k in sorted(opts) if k in reads}
 
@@ -212,6 +238,62 @@ def _effort(body: dict) -> str | None:
     return e
 
 
+def _reasoning(body: dict) -> tuple:
+    """``(reasoning_effort, reasoning_enabled)`` of ``reasoning_effort`` and an adapter's ``reasoning`` object
+    (``{"effort": ..., "enabled": ...}``, OpenRouter's / LiteLLM's form); 400 naming a key it cannot honour."""
+    effort, r = _effort(body), body.get('reasoning')
+    if r is None:
+        return effort, None
+    if not isinstance(r, dict):
+        raise bad(f'reasoning must be a JSON object like {{"effort": "high", "enabled": true}}, got '
+                  f'{type(r).__name__}', 'reasoning')
+    extra = sorted(set(r) - set(_REASONING_KEYS))
+    if extra:
+        raise bad(f'reasoning.{extra[0]} cannot be honoured by this gateway; send only reasoning.effort and '
+                  'reasoning.enabled', f'reasoning.{extra[0]}')
+    e, on = r.get('effort'), r.get('enabled')
+    if e is not None and e not in REASONING_EFFORTS:
+        raise bad(f'reasoning.effort must be one of {", ".join(REASONING_EFFORTS)}, got {json.dumps(e)[:60]}',
+                  'reasoning.effort')
+    if e is not None and effort is not None and e != effort:
+        raise bad(f'reasoning.effort={json.dumps(e)} differs from reasoning_effort={json.dumps(effort)}; send one',
+                  'reasoning.effort')
+    if on is not None and not isinstance(on, bool):
+        raise bad(f'reasoning.enabled must be true or false, got {json.dumps(on)[:60]}', 'reasoning.enabled')
+    kw = body.get('chat_template_kwargs')
+    if on is not None and isinstance(kw, dict) and kw.get('enable_thinking', on) != on:
+        raise bad(f'reasoning.enabled={json.dumps(on)} contradicts chat_template_kwargs.enable_thinking='
+                  f'{json.dumps(kw["enable_thinking"])}; send one', 'reasoning.enabled')
+    return (e if e is not None else effort), on
+
+
+def _tool_choice(body: dict, tools: list | None):
+    """``'auto'``, ``'none'``, ``'required'`` or ``{'type': 'function', 'function': {'name': N}}`` (N one of the
+    tools); 400 for another value, or a forced call without tools to call."""
+    choice = body.get('tool_choice', 'auto')
+    if choice in ('auto', 'none'):
+        return choice
+    shown = json.dumps(choice)[:80]
+    if isinstance(choice, dict):
+        fn = choice.get('function')
+        name = fn.get('name') if isinstance(fn, dict) else None
+        if choice.get('type', 'function') != 'function' or not isinstance(name, str) or not name:
+            raise bad(f'tool_choice={shown} is not a tool choice; use "auto", "none", "required" or '
+                      '{"type": "function", "function": {"name": ...}}', 'tool_choice')
+        choice = {'type': 'function', 'function': {'name': name}}
+    elif choice != 'required':
+        raise bad(f'tool_choice={shown} is not a tool choice; use "auto", "none", "required" or '
+                  '{"type": "function", "function": {"name": ...}}', 'tool_choice')
+    if not tools:
+        raise bad(f'tool_choice={shown} forces a tool call, but the request has no tools; send tools or use "auto"',
+                  'tool_choice')
+    names = [t['function']['name'] for t in tools]
+    if isinstance(choice, dict) and choice['function']['name'] not in names:
+        raise bad(f'tool_choice names {choice["function"]["name"]!r}, which is not one of the tools '
+                  f'({", ".join(names)}); name one of them', 'tool_choice')
+    return choice
+
+
 def _stop(body: dict) -> list:
     stop = body.get('stop')
     if stop is None:
@@ -249,7 +331,9 @@ def parse_request(raw: bytes, max_bytes: int, known: tuple | None = None) -> tup
             out of range, ``n != 1``, ``top_logprobs``, ``logit_bias``, a ``response_format`` other
             than text, ``chat_template_kwargs`` that is not an object or sets the template or a rendering
             option the gateway sets (``tools``, ``add_generation_prompt`` ...), a ``reasoning_effort``
-            outside :data:`REASONING_EFFORTS`, a ``tool_choice`` other than auto/none, a last message from the assistant,
+            outside :data:`REASONING_EFFORTS` (or a ``reasoning`` object with another key, or contradicting
+            them), a ``tool_choice`` other than auto/none/required/a named function of ``tools`` (or
+            required / named without tools), a last message from the assistant,
             or an unknown field (each message names the field).
     """
     if len(raw) > max_bytes:
@@ -280,10 +364,8 @@ def parse_request(raw: bytes, max_bytes: int, known: tuple | None = None) -> tup
     if messages[-1]['role'] == 'assistant':
         raise bad(f'messages[{len(messages) - 1}] is an assistant message: the gateway samples the next assistant '
                   'turn; end the conversation with a user, tool or system message', 'messages')
-    choice = body.get('tool_choice', 'auto')
-    if choice not in ('auto', 'none'):
-        raise bad(f'tool_choice={json.dumps(choice)[:60]} cannot be honoured (no constrained decoding); use "auto" '
-                  'or "none"', 'tool_choice')
+    tools = _tools(body)
+    choice = _tool_choice(body, tools)
     try:
         spec = _spec(body)
     except ValueError as e:
@@ -295,9 +377,11 @@ def parse_request(raw: bytes, max_bytes: int, known: tuple | None = None) -> tup
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad(f'seed must be an integer, got {seed!r}', 'seed')
     opts = body.get('stream_options') or {}
-    return ChatRequest(messages=messages, tools=_tools(body), tool_choice=choice, spec=spec, max_tokens=max_tokens,
+    effort, enabled = _reasoning(body)
+    return ChatRequest(messages=messages, tools=tools, tool_choice=choice, spec=spec, max_tokens=max_tokens,
                        stop=_stop(body), stream=bool(body.get('stream')),
                        include_usage=bool(isinstance(opts, dict) and opts.get('include_usage')),
                        logprobs=bool(body.get('logprobs')), return_token_ids=bool(body.get('return_token_ids')),
                        seed=None if seed is None else int(seed) & ((1 << 63) - 1),
-                       chat_template_kwargs=_template_kwargs(body), reasoning_effort=_effort(body)), body
+                       chat_template_kwargs=_template_kwargs(body), reasoning_effort=effort,
+                       reasoning_enabled=enabled), body

@@ -10,14 +10,16 @@ Source: docs/gateway.md#records; docs/design.md#integrity.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 
+from ..constraints import Constraint
 from ..families import family_for
 from ..families.record_calls import record_calls, tool_names
 from ..record import OWNER, Provenance
 from ..templates import ChatRecorder
 
-__all__ = ['session_records', 'run_metrics', 'train_shared_once']
+__all__ = ['session_records', 'run_metrics', 'train_shared_once', 'primary_root']
 
 
 def _finish_reason(call: dict):
@@ -59,13 +61,18 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
     sampler (e.g. the vLLM upstream's probed log-prob mode; default the session's spec).
 
     Identity: ``group_id`` and ``rollout_id`` from the session's identity (default the session
-    id); with several leaves, branch ``k > 0`` gets ``rollout_id + '/b' + k``. ``info`` holds the
-    harness's info plus ``gateway``: session, branch, leaves, its fork (or None), the calls and
+    id); with several leaves, the primary root branch (:func:`primary_root`) keeps ``rollout_id`` and every
+    other branch ``k`` gets ``rollout_id + '/b' + k``. ``info`` holds the
+    harness's info plus ``gateway``: session, branch, leaves, its fork (or None), ``root`` (the index of the
+    root branch it descends from) and ``side`` (True when that root is not the primary one: a side call such
+    as a title request, docs/gateway.md#branches), the calls and
     seeds of its turns, the echo variants noted on them, ``aborted``, ``task`` (and ``servers`` when an
     engine server sampled them); ``turn_calls``: every call block of each turn with its status and
     token span in the record's ids (:func:`agentrl.families.record_calls.record_calls`; ``family`` is the
     gateway's, default :func:`agentrl.families.family_for` of the branch's template; a call outside the
-    branch's tools is ``unknown_tool``; blocks are parsed whatever the request's ``tool_choice``).
+    branch's tools is ``unknown_tool``; blocks are parsed whatever the request's ``tool_choice``, except in a
+    branch offered no tools: its turns are plain text, ``[]`` each). A branch whose turns sampled under a
+    forced ``tool_choice`` declares that grammar (``provenance.sampling.constraint``).
 
     Raises:
         ValueError: as :meth:`~agentrl.templates.ChatRecorder.finish`.
@@ -75,12 +82,15 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
     rollout = ident.get('rollout_id') or session.sid
     leaves = [(b, _recorder(b)) for b in session.branches]
     leaves = [(b, r) for b, r in leaves if r is not None]
+    primary = primary_root(session)
     out = []
     for b, rec in leaves:
         turns = [t for t in b.turns if t.delivered]
         seeds = [session.calls[t.call].get('seed') for t in turns]
         info = dict(session.info)
+        root = getattr(b, 'root', 0)
         info['gateway'] = {'session': session.sid, 'branch': b.index, 'leaves': len(leaves), 'fork': b.fork,
+                           'root': root, 'side': root != primary,
                            'calls': [t.call for t in turns], 'seeds': seeds,
                            'policy_versions': [session.calls[t.call].get('version') for t in turns],
                            'variants': [dict(v, turn=t.call) for t in turns for v in t.variants],
@@ -94,14 +104,37 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
         if any(d != 'chat' for d in dialects):          # chat-only records stay as they were
             info['gateway']['dialects'] = dialects
         spec = spec_of(session.spec) if spec_of is not None and session.spec is not None else session.spec
+        grammar = session.calls[turns[0].call].get('constraint') if turns else None
+        if grammar is not None and spec is not None:      # one grammar per branch (Gateway.call_constraint)
+            spec = dataclasses.replace(spec, constraint=Constraint.from_dict(grammar))
+        plain = (b.index == primary and b.fork is None) or len(leaves) == 1
         prov = Provenance(policy=policy, sampling=spec, model=model_name, group_id=str(group),
-                          rollout_id=str(rollout) if b.index == 0 or len(leaves) == 1 else f'{rollout}/b{b.index}',
+                          rollout_id=str(rollout) if plain else f'{rollout}/b{b.index}',
                           seed=seeds[0] if seeds else None)
         traj = rec.finish(reward=0.0 if session.aborted else float(session.reward), info=info, provenance=prov)
         fam = family if family is not None else family_for(b.template)
-        traj.info['turn_calls'] = record_calls(traj, fam, b.template, _tool_names(b.tools_key))
+        calls = record_calls(traj, fam, b.template, _tool_names(b.tools_key))
+        traj.info['turn_calls'] = calls if _tool_names(b.tools_key) else [[] for _ in calls]
         out.append(traj)
     return out
+
+
+def primary_root(session) -> int:
+    """The index of a session's primary root branch: of the branches no fork made (each a conversation of its own,
+    :meth:`~agentrl.gateway.sessions.Session.plan`), the one whose tree sampled the most calls, then one offered
+    tools, then the first; the others are side calls (a title or summary request). 0 for a session without
+    branches."""
+    roots = [b for b in session.branches if b.fork is None]
+    if not roots:
+        return 0
+    count: dict = {}
+    for c in session.calls:
+        b = session.branches[c['branch']] if c.get('branch') is not None and c['branch'] < len(session.branches) \
+            else None
+        if b is not None:
+            r = getattr(b, 'root', 0)
+            count[r] = count.get(r, 0) + 1
+    return max(roots, key=lambda b: (count.get(b.index, 0), _tool_names(b.tools_key) is not None, -b.index)).index
 
 
 def run_metrics(sessions, records_by_session: dict) -> dict:

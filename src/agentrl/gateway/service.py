@@ -21,6 +21,7 @@ Source: docs/gateway.md.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import re
@@ -30,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..constraints import ConstraintError
 from ..engines.contract import EngineDied, EngineError, TurnRequest, TurnResult
 from ..families import family_for
 from ..io import atomic_write
@@ -50,7 +52,8 @@ _IDENTITY = ('group_id', 'rollout_id', 'task')
 class Pending:
     """A call between :meth:`Gateway.prepare` and :meth:`Gateway.complete`: its plan, template, turn
     budget, seed, policy version (taken at dispatch) and dispatch time
-    ``t0``; or ``replay`` = ``(response, index, True)`` for a marked retry of an earlier call."""
+    ``t0``; or ``replay`` = ``(response, index, True)`` for a marked retry of an earlier call; ``constraint``: the
+    call grammar of a forced ``tool_choice`` (:meth:`Gateway.call_constraint`) or None."""
     session: Session
     req: ChatRequest
     digest: str
@@ -63,6 +66,7 @@ class Pending:
     t0: float = 0.0
     replay: tuple | None = None
     think: bool = False
+    constraint: object = None
 
 
 def session_id(token: str) -> str:
@@ -187,7 +191,10 @@ class Gateway:
         opts = template_options(req, reads)
 
         def field(k):
-            return f'chat_template_kwargs.{k}' if k in req.chat_template_kwargs else 'reasoning_effort'
+            if k in req.chat_template_kwargs:
+                return f'chat_template_kwargs.{k}'
+            return 'reasoning.enabled' if k == 'enable_thinking' and req.reasoning_enabled is not None \
+                else 'reasoning_effort'
         for k, v in opts.items():
             if k in self.template_options and self.template_options[k] != v:
                 raise GatewayError(400, f'{field(k)}: {k}={json.dumps(v)} cannot be honoured: this gateway serves '
@@ -274,7 +281,8 @@ class Gateway:
         Raises:
             GatewayError: 409 for a finished session; 429 for a spent limit; 400 for sampling
                 fields that differ from the session's first call, messages the template cannot
-                render, or a prompt with no room left in the context.
+                render, a prompt with no room left in the context, or a forced ``tool_choice`` that
+                cannot be honoured (:meth:`call_constraint`).
         """
         if retry > 0:
             for c in reversed(session.calls):
@@ -296,6 +304,7 @@ class Gateway:
         p = Pending(session, req, digest, retry, plan=plan, template=template, version=self.policy_version,
                     t0=time.time(), think=self.family.prompt_opens_reasoning(template, plan.prompt_ids))
         try:
+            p.constraint = self.call_constraint(req, template, plan, session.calls)
             self.limits.check_prompt(len(plan.prompt_ids))
             room = self.upstream.max_context - len(plan.prompt_ids)
             p.budget = min(x for x in (req.max_tokens or self.upstream.max_new_tokens, room,
@@ -310,6 +319,58 @@ class Gateway:
             int(hashlib.sha256(f'{session.sid}/{len(session.calls)}'.encode()).hexdigest()[:15], 16)
         return p
 
+    def call_constraint(self, req: ChatRequest, template, plan, calls=()):
+        """The grammar a forced ``tool_choice`` samples under, or None (``auto`` / ``none``).
+
+        The family writes it (:meth:`agentrl.families.Family.call_grammar`, ending on the family's stop ids);
+        it starts after the reasoning close mark (``Constraint.start_after``) when the template reasons and
+        the prompt has not closed the reasoning already (thinking off), as vLLM with a reasoning parser
+        applies it (docs/grammar.md). Every turn of a branch samples under one grammar, since its record
+        declares one (``provenance.sampling.constraint``, replayed by ``agentrl check --model``).
+
+        Args:
+            req: the request. template: the chat template it renders with. plan: its
+                :class:`~agentrl.gateway.sessions.Plan` (prompt ids and branch). calls: the session's calls
+                (``Session.calls``: each one's ``constraint`` dict or None).
+
+        Returns:
+            :class:`~agentrl.constraints.Constraint` or None.
+
+        Raises:
+            GatewayError: 400 naming ``tool_choice`` for a family with no call grammar, xgrammar not
+                installed, a vLLM engine with a grammar after the reasoning (its servers run no reasoning
+                parser), or a branch whose earlier turns sampled under another grammar.
+        """
+        forced = req.forced
+        shown = json.dumps(req.tool_choice)
+        if forced is not None:
+            try:
+                c = self.family.for_tools(req.tools).call_grammar(req.tools, forced,
+                                                                  sorted(self.family.stop_ids(template)))
+            except (NotImplementedError, ConstraintError) as e:
+                raise GatewayError(400, f'tool_choice={shown} cannot be honoured: {e}; use "auto"',
+                                   param='tool_choice') from None
+            if not c.version:
+                raise GatewayError(400, f'tool_choice={shown} samples under a grammar and xgrammar is not installed; '
+                                        'pip install "agentrl[grammar]", or use "auto"', param='tool_choice')
+            after = _reasoning_mark(self.family, template, plan.prompt_ids)
+            if after and getattr(self.upstream, 'policy', 'hf') == 'vllm':
+                raise GatewayError(400, f'tool_choice={shown}: the turn reasons before its call, and the vllm '
+                                        "engine's servers apply a grammar from the first token; send "
+                                        'chat_template_kwargs {"enable_thinking": false}, or serve with --engine hf',
+                                   param='tool_choice')
+            c = dataclasses.replace(c, start_after=after)
+        mine = None if forced is None else c.to_dict()
+        for t in plan.branch.turns:
+            theirs = calls[t.call].get('constraint') if t.call < len(calls) else None
+            if theirs != mine:
+                was = 'no grammar (tool_choice "auto" or "none")' if theirs is None else \
+                    f'tool_choice {json.dumps(theirs["tool_choice"])}'
+                raise GatewayError(400, f'tool_choice={shown}: this conversation\'s earlier turns were sampled under '
+                                        f'{was}, and its record declares one grammar for every turn; keep tool_choice '
+                                        'the same within a conversation, or open a new session', param='tool_choice')
+        return None if forced is None else c
+
     def sample(self, p: 'Pending', on_token=None):
         """Sample a prepared call (an engine thread; touches no state).
 
@@ -320,7 +381,8 @@ class Gateway:
                 message); 503 when its server stopped answering.
         """
         streams = on_token is not None and getattr(self.upstream, 'streams', False)
-        request = TurnRequest(p.plan.prompt_ids, p.req.spec, p.budget, p.seed, self.family.stop_ids(p.template),
+        spec = p.req.spec if p.constraint is None else dataclasses.replace(p.req.spec, constraint=p.constraint)
+        request = TurnRequest(p.plan.prompt_ids, spec, p.budget, p.seed, self.family.stop_ids(p.template),
                               on_token=on_token if streams else None, key=p.session.sid)
         try:
             return self.upstream.sample(request)
@@ -355,7 +417,7 @@ class Gateway:
         elif ids and ids[-1] in self.family.stop_ids(template):     # the family's stops (Llama's <|eom_id|>)
             text = template.decode(ids[:-1])
         message = parse_reply(text, self.family.for_tools(req.tools), id_seed=f'{session.sid}/{index}',
-                              tools=req.tool_choice != 'none', think_open=p.think)
+                              tools=req.parses_calls, think_open=p.think)
         sample.ids, sample.logp = ids, logp
         truncated = sample.truncated and stopped is None
         response = self._response(session, index, req, p.plan.prompt_ids, sample, message,
@@ -367,11 +429,15 @@ class Gateway:
               't0': p.t0, 't': time.time()}
         if sample.server is not None:
             ev['server'] = sample.server
+        constraint = None if p.constraint is None else p.constraint.to_dict()
+        if constraint is not None:
+            ev['constraint'] = constraint
         self.journal.append(ev)
-        self._apply(session, p.plan, sample, message, truncated, p.digest, response, req, p.version)
+        self._apply(session, p.plan, sample, message, truncated, p.digest, response, req, p.version, constraint)
         return response, index, False
 
-    def _apply(self, session, plan, sample, message, truncated, digest, response, req, version) -> None:
+    def _apply(self, session, plan, sample, message, truncated, digest, response, req, version,
+               constraint=None) -> None:
         s = TurnResult(ids=sample.ids, logp=sample.logp, truncated=truncated, seed=sample.seed, server=sample.server)
         if session.spec is None:
             session.spec = req.spec
@@ -379,7 +445,7 @@ class Gateway:
         session.last_messages = req.messages
         session.commit(plan, s, message, {'index': len(session.calls), 'digest': digest, 'seed': sample.seed,
                                           'response': response, 'version': version, 'server': sample.server,
-                                          'dialect': req.dialect})
+                                          'dialect': req.dialect, 'constraint': constraint})
         session.last_seen = time.time()
 
     def _response(self, session, index, req, prompt, sample, message, reason, template) -> dict:
@@ -465,7 +531,7 @@ class Gateway:
                 sample = TurnResult(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'],
                                 server=ev.get('server'))
                 self._apply(s, plan, sample, ev['message'], ev['truncated'], ev['digest'], ev['response'], req,
-                            ev.get('version', '0'))
+                            ev.get('version', '0'), ev.get('constraint'))
                 s.last_seen = ev['t']
             elif kind == 'policy':
                 self.policy_version = ev['version']
@@ -486,6 +552,16 @@ class Gateway:
                                   f'{e}); it stays finished and uncommitted in {self.out}/journal.jsonl')
             elif s.state == 'open':
                 s.last_seen = max(s.last_seen, time.time())     # the restart is not idleness
+
+
+def _reasoning_mark(family, template, prompt_ids) -> tuple:
+    """The ids of the family's reasoning close mark when a turn after ``prompt_ids`` may reason first (the template
+    knows the reasoning block and the prompt does not end in a closed one), else ``()``."""
+    if family.think_close is None or family.think_open is None or family.think_open not in (template.source or ''):
+        return ()
+    if template.decode(list(prompt_ids[-8:])).rstrip().endswith(family.think_close):
+        return ()
+    return tuple(template.encode(family.think_close))
 
 
 def _recorded(req: ChatRequest, last: list) -> dict:

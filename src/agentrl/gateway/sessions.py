@@ -13,8 +13,13 @@ A request is matched against every branch's view:
   template and the engine gets the recorded ids plus the bridge;
 * otherwise it **forks**: from the branch that matches longest, replaying that branch's steps up
   to its last matching sampled turn (the sampled ids are reused, never re-encoded) when only
-  non-assistant messages follow; else as a new root rendered from the messages (every token
-  prompt-owned). Each fork is stored as data (:meth:`Session.fork_info`).
+  non-assistant messages follow; else as a new branch rendered from the messages (every token
+  prompt-owned). Each fork is stored as data (:meth:`Session.fork_info`);
+* it is **another conversation** (a side call: a title or summary request) when both its tools and its
+  first message differ from every branch's: it starts a root of its own (no fork), so the agent's
+  conversation is never recorded as a fork of a side call; the records name the primary root
+  (:func:`agentrl.gateway.records.primary_root`). A change of the tools alone (``tools_changed``) or of
+  the first message alone (``system_prompt_changed``, ``subagent``) still forks.
 
 Everything here is deterministic in the requests and the sampled ids, so a session is rebuilt
 from its journal (:mod:`agentrl.gateway.journal`) by calling :meth:`Session.plan` and
@@ -65,10 +70,11 @@ class Turn:
 
 
 class Branch:
-    """A token log with its steps: ``opening`` messages, then ``('turn', Turn)`` / ``('msgs', [...])`` steps."""
+    """A token log with its steps: ``opening`` messages, then ``('turn', Turn)`` / ``('msgs', [...])`` steps;
+    ``root``: the index of the root branch it descends from (its own for a root)."""
 
     def __init__(self, index: int, template, tools_key: str, opening: list, steps=(), fork: dict | None = None):
-        self.index, self.template, self.tools_key = index, template, tools_key
+        self.index, self.template, self.tools_key, self.root = index, template, tools_key, index
         self.opening, self.steps, self.fork = list(opening), list(steps), fork
         self.recorder = None
         self.seen: tuple = ([], [])       # the harness's last matching messages and their echo notes (match cache)
@@ -255,6 +261,9 @@ class Session:
             prompt = b.recorder.add_messages(tail)
             b.steps.append(('msgs', tail))
             return Plan(b, prompt, False, variants=var, seen=(messages, per + [None] * len(tail)))
+        if self.branches and all(b.tools_key != tools_key and not _same(b.opening[0], messages[0])
+                                 for b in self.branches):
+            return self._fork(None, 0, [], [], messages, tools_key, template)     # another conversation
         pool = [(n, b.index, var, per, b) for n, var, per, b, _ in cands if b.tools_key == tools_key] or \
             [(n, b.index, var, per, b) for n, var, per, b, _ in cands]
         if not pool:
@@ -293,7 +302,7 @@ class Session:
         fork = {'branch': index, 'parent': parent.index, 'message_index': n, 'token_offset': offset,
                 'category': category, 'sampled_left_untrained': parent.sampled_after(offset),
                 'shared_sampled_tokens': shared, 'call': len(self.calls)}
-        b.fork = fork
+        b.fork, b.root = fork, parent.root
         return Plan(b, prompt, True, fork=fork, variants=variants, seen=seen)
 
     @staticmethod

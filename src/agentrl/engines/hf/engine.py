@@ -55,13 +55,14 @@ class HFEngine:
         return spec
 
     def sampler(self, spec: SamplingSpec, stop_ids) -> HFSampler:
-        """The :class:`HFSampler` of ``(spec, stop_ids)``, made on first use and kept."""
+        """The :class:`HFSampler` of ``(spec, stop_ids)``, made on first use and kept (with the tokenizer, which a
+        ``spec.constraint`` compiles against)."""
         key = (json.dumps(spec.to_dict(), sort_keys=True), tuple(sorted(stop_ids)))
         sampler = self.samplers.get(key)
         if sampler is None:
             pad = getattr(self.tokenizer, 'pad_token_id', None)
             sampler = self.samplers[key] = HFSampler(self.model, stop_ids, spec, max_new_tokens=self.max_new_tokens,
-                                                     pad_id=pad)
+                                                     pad_id=pad, tokenizer=self.tokenizer)
         return sampler
 
     def sample(self, request: TurnRequest, teacher=None) -> TurnResult:
