@@ -355,7 +355,8 @@ class _Routes:
         return _Tracked(events(), 'text/event-stream', done, self.stream_interval)
 
     async def health(self, request):
-        return _json({'ok': True, 'sessions': len(self.gw.sessions), 'paused': not self.running.is_set()})
+        return _json({'ok': True, 'sessions': len(self.gw.sessions) + len(self.gw.closed),
+                      'paused': not self.running.is_set()})
 
     # ------------------------------------------------------------------ admin
     def _admin(self, request) -> None:
