@@ -744,16 +744,17 @@ def test_streamed_tool_calls_concatenate_to_the_non_streamed_message(server, ups
 def test_journal_drops_a_torn_last_line_and_refuses_a_damaged_one(tmp_path):
     from agentrl.gateway import Journal
     j = Journal(tmp_path / 'j.jsonl')
-    j.append({'ev': 'session', 'sid': 'a'})
+    opened = {'ev': 'session', 'sid': 'a', 'identity': {}, 't': 1.0}
+    j.append(opened)
     j.close()
     with open(tmp_path / 'j.jsonl', 'ab') as f:
         f.write(b'{"ev": "call", "sid"')                     # killed mid-write
-    assert read_journal(tmp_path / 'j.jsonl') == [{'ev': 'session', 'sid': 'a'}]
+    assert read_journal(tmp_path / 'j.jsonl') == [opened]
     j = Journal(tmp_path / 'j.jsonl')                        # reopening cuts the torn line off
-    j.append({'ev': 'finish', 'sid': 'a'})
+    j.append({'ev': 'finish', 'sid': 'a', 'reward': 1.0, 'info': {}, 'aborted': False})
     j.close()
     assert [e['ev'] for e in read_journal(tmp_path / 'j.jsonl')] == ['session', 'finish']
-    (tmp_path / 'bad.jsonl').write_bytes(b'{"ev": 1}\nnot json\n{"ev": 2}\n')
+    (tmp_path / 'bad.jsonl').write_bytes(b'{"ev": "policy", "version": "1"}\nnot json\n{"ev": "policy"}\n')
     with pytest.raises(ValueError, match=r'bad.jsonl: line 2 is not a journal event'):
         read_journal(tmp_path / 'bad.jsonl')
 

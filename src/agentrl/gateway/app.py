@@ -231,6 +231,14 @@ class _Routes:
                 if self.dispatched == 0:
                     self.idle.set()
 
+    async def delivery(self, s, index: int, ok: bool, replayed: bool) -> None:
+        """Journal how a call's response went: ``delivered`` once every byte was handed to the connection
+        (a replay too: it may deliver a call whose first response was lost), else ``undelivered``."""
+        if ok:
+            await self.work(self.gw.delivered, s, index)
+        elif not replayed:
+            await self.work(self.gw.undelivered, s, index)
+
     @staticmethod
     async def body_of(request, limit: int) -> bytes:
         size = request.headers.get('content-length')
@@ -263,7 +271,7 @@ class _Routes:
 
     async def get_session(self, request):
         try:
-            return _json(self.gw.session(request.path_params['token']).describe())
+            return _json(self.gw.describe(request.path_params['token']))
         except GatewayError as e:
             return _error(e)
 
@@ -328,8 +336,7 @@ class _Routes:
 
         async def done(ok: bool):
             s.in_flight -= 1
-            if not ok and not replayed:
-                await self.work(self.gw.undelivered, s, index)
+            await self.delivery(s, index, ok, replayed)
         return _Tracked([json.dumps(response, ensure_ascii=False).encode()], 'application/json', done)
 
     async def stream(self, s, req, digest: str, retry: int):
@@ -360,8 +367,7 @@ class _Routes:
 
             async def done(ok: bool):
                 s.in_flight -= 1
-                if not ok and not replayed:
-                    await self.work(self.gw.undelivered, s, index)
+                await self.delivery(s, index, ok, replayed)
             return _Tracked(_sse(response, req.include_usage), 'text/event-stream', done, self.stream_interval)
 
         async def events():
@@ -392,8 +398,7 @@ class _Routes:
                     _, index, replayed = await task          # a dropped client: the call still completes
                 except GatewayError:
                     return
-                if not ok and not replayed:
-                    await self.work(self.gw.undelivered, s, index)
+                await self.delivery(s, index, ok, replayed)
             finally:
                 s.in_flight -= 1
         return _Tracked(events(), 'text/event-stream', done, self.stream_interval)
@@ -441,7 +446,8 @@ class _Routes:
                         done)
 
     async def health(self, request):
-        return _json({'ok': True, 'sessions': len(self.gw.sessions), 'paused': not self.running.is_set()})
+        return _json({'ok': True, 'sessions': len(self.gw.sessions) + len(self.gw.closed),
+                      'paused': not self.running.is_set()})
 
     # ------------------------------------------------------------------ admin
     def _admin(self, request) -> None:

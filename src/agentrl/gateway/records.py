@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 from ..constraints import Constraint
 from ..families import family_for
@@ -19,7 +20,8 @@ from ..families.record_calls import record_calls, tool_names
 from ..record import OWNER, Provenance
 from ..templates import ChatRecorder
 
-__all__ = ['session_records', 'run_metrics', 'train_shared_once', 'primary_root']
+__all__ = ['session_records', 'run_metrics', 'session_stats', 'train_shared_once', 'primary_root', 'Identities',
+           'record_identity']
 
 
 def _finish_reason(call: dict):
@@ -54,6 +56,54 @@ def _tool_names(tools_key: str):
         return None
 
 
+def record_identity(identity: dict, sid: str) -> tuple:
+    """``(group_id, rollout_id)`` a session's records are stored under: its identity's, default the session id."""
+    return identity.get('group_id') or sid, identity.get('rollout_id') or sid
+
+
+def _leaf(rollout: str, k: int) -> str:
+    """The rollout id of branch leaf ``k`` > 0 of a session with several leaves."""
+    return f'{rollout}/b{k}'
+
+
+_LEAF = re.compile(r'(.*)/b([1-9][0-9]*)')
+
+
+class Identities:
+    """The record identities of every session of a run (open, finished or stored), so a new one clashes with none.
+
+    A session stored under ``(group, rollout)`` (:func:`record_identity`) writes the rows ``rollout``
+    and, when it forks, ``rollout/bK`` (K >= 1; :func:`session_records`). Two sessions of a group
+    clash when one's rollout id is the other's, or the other's plus ``/bK``: their rows could share
+    an identity, which the store refuses (docs/design.md#integrity).
+    """
+
+    def __init__(self):
+        self._roots: dict = {}          # (group, rollout) -> session id
+        self._leafy: dict = {}          # (group, rollout without its /bK) -> [rollout ids ending in /bK]
+
+    def add(self, group: str, rollout: str, sid: str) -> None:
+        """Note a session's identity."""
+        self._roots[(group, rollout)] = sid
+        m = _LEAF.fullmatch(rollout)
+        if m:
+            self._leafy.setdefault((group, m.group(1)), []).append(rollout)
+
+    def clash(self, group: str, rollout: str) -> str | None:
+        """None, or one line naming the clash of ``(group, rollout)`` with a known session and the fix."""
+        fix = 'give each session its own rollout_id, not another session\'s plus "/bK" (its fork leaves)'
+        if (group, rollout) in self._roots:
+            return f'another session already records group_id={group!r} rollout_id={rollout!r}; {fix}'
+        m = _LEAF.fullmatch(rollout)
+        if m and (group, m.group(1)) in self._roots:
+            return (f'rollout_id={rollout!r} is the id of fork leaf {m.group(2)} of another session in '
+                    f'group_id={group!r} (rollout_id={m.group(1)!r}); {fix}')
+        for other in self._leafy.get((group, rollout), ()):
+            return (f'another session in group_id={group!r} has rollout_id={other!r}, the id this session\'s fork '
+                    f'leaf {_LEAF.fullmatch(other).group(2)} would get; {fix}')
+        return None
+
+
 def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=None, family=None) -> list:
     """One record per branch leaf with a delivered turn, in branch order.
 
@@ -78,8 +128,7 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
         ValueError: as :meth:`~agentrl.templates.ChatRecorder.finish`.
     """
     ident = session.identity
-    group = ident.get('group_id') or session.sid
-    rollout = ident.get('rollout_id') or session.sid
+    group, rollout = record_identity(ident, session.sid)
     leaves = [(b, _recorder(b)) for b in session.branches]
     leaves = [(b, r) for b, r in leaves if r is not None]
     primary = primary_root(session)
@@ -109,7 +158,7 @@ def session_records(session, model_name: str, *, policy: str = 'hf', spec_of=Non
             spec = dataclasses.replace(spec, constraint=Constraint.from_dict(grammar))
         plain = (b.index == primary and b.fork is None) or len(leaves) == 1
         prov = Provenance(policy=policy, sampling=spec, model=model_name, group_id=str(group),
-                          rollout_id=str(rollout) if plain else f'{rollout}/b{b.index}',
+                          rollout_id=str(rollout) if plain else _leaf(rollout, b.index),
                           seed=seeds[0] if seeds else None)
         traj = rec.finish(reward=0.0 if session.aborted else float(session.reward), info=info, provenance=prov)
         fam = family if family is not None else family_for(b.template)
@@ -137,37 +186,57 @@ def primary_root(session) -> int:
     return max(roots, key=lambda b: (count.get(b.index, 0), _tool_names(b.tools_key) is not None, -b.index)).index
 
 
-def run_metrics(sessions, records_by_session: dict) -> dict:
+def session_stats(session, records: int = 0) -> dict:
+    """What the run summary keeps of one session (journalled with its ``committed`` event, so a
+    committed session leaves memory and is never replayed).
+
+    Returns:
+        ``state``, ``calls``, ``undelivered`` (calls never delivered), ``sampled`` (tokens of every
+        call), ``trained`` (sampled tokens some leaf trains, each counted once; 0 unless committed),
+        ``forks`` (count per category), ``aborted``, ``records``.
+    """
+    trained = 0
+    if session.state == 'committed':
+        seen = set()
+        for b in session.branches:
+            for t in b.turns:
+                if t.delivered and id(t) not in seen:
+                    seen.add(id(t))
+                    trained += len(t.ids)
+    forks: dict = {}
+    for f in session.forks:
+        forks[f['category']] = forks.get(f['category'], 0) + 1
+    return {'state': session.state, 'calls': len(session.calls),
+            'undelivered': sum(not c['delivered'] for c in session.calls), 'sampled': session.out_tokens,
+            'trained': trained, 'forks': forks, 'aborted': bool(session.aborted), 'records': int(records)}
+
+
+def run_metrics(sessions, records_by_session: dict, closed=()) -> dict:
     """Per-run numbers for ``summary.json``.
+
+    Args:
+        sessions: the sessions in memory. records_by_session: session id -> records stored.
+        closed: :func:`session_stats` of committed sessions no longer in memory.
 
     Returns:
         ``sessions``, ``committed``, ``aborted``, ``calls``, ``undelivered_calls``, ``records``,
         ``rows_per_episode`` (records / committed sessions), ``sampled_tokens`` (every call),
-        ``trainable_tokens`` (mask-1 positions of the stored records, a token shared by two leaves
-        counted once per leaf), ``trainable_fraction_of_sampled`` (sampled tokens that some stored
+        ``trainable_fraction_of_sampled`` (sampled tokens of committed sessions that some stored
         record trains, each counted once), ``forks`` (count per category).
     """
-    committed = [s for s in sessions if s.state == 'committed']
-    sampled = sum(s.out_tokens for s in sessions)
-    trained_once = 0
-    for s in committed:
-        seen = set()
-        for b in s.branches:
-            for t in b.turns:
-                if t.delivered and id(t) not in seen:
-                    seen.add(id(t))
-                    trained_once += len(t.ids)
+    stats = [session_stats(s, records_by_session.get(s.sid, 0)) for s in sessions] + list(closed)
+    committed = [x for x in stats if x['state'] == 'committed']
     forks: dict = {}
-    for s in sessions:
-        for f in s.forks:
-            forks[f['category']] = forks.get(f['category'], 0) + 1
-    n_rec = sum(records_by_session.get(s.sid, 0) for s in committed)
-    sampled_committed = sum(s.out_tokens for s in committed)
-    return {'sessions': len(sessions), 'committed': len(committed), 'aborted': sum(s.aborted for s in committed),
-            'calls': sum(len(s.calls) for s in sessions),
-            'undelivered_calls': sum(not c['delivered'] for s in sessions for c in s.calls),
+    for x in stats:
+        for k, n in x['forks'].items():
+            forks[k] = forks.get(k, 0) + n
+    n_rec = sum(x['records'] for x in committed)
+    sampled_committed = sum(x['sampled'] for x in committed)
+    trained_once = sum(x['trained'] for x in committed)
+    return {'sessions': len(stats), 'committed': len(committed), 'aborted': sum(x['aborted'] for x in committed),
+            'calls': sum(x['calls'] for x in stats), 'undelivered_calls': sum(x['undelivered'] for x in stats),
             'records': n_rec, 'rows_per_episode': round(n_rec / len(committed), 6) if committed else None,
-            'sampled_tokens': sampled,
+            'sampled_tokens': sum(x['sampled'] for x in stats),
             'trainable_fraction_of_sampled': round(trained_once / sampled_committed, 6) if sampled_committed else None,
             'forks': forks}
 

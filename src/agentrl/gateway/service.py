@@ -11,7 +11,7 @@ it is replayed.
 Run folder::
 
     RUN/.lock             held while a gateway serves RUN
-    RUN/run.json          what serves it (kind 'gateway', model)
+    RUN/run.json          what serves it (kind 'gateway', model, and the fingerprint a restart must match)
     RUN/serve.json        the bound address (host, port, base URL, pid), rewritten at each start
     RUN/journal.jsonl     every session, call, finish and commit (fsync'd; the state is its fold)
     RUN/trajectories/     one record per branch leaf of each finished session (ShardWriter shards)
@@ -35,17 +35,18 @@ from ..constraints import ConstraintError
 from ..engines.contract import EngineDied, EngineError, TurnRequest, TurnResult
 from ..families import family_for
 from ..io import atomic_write
-from ..templates import ChatTemplate
-from .journal import Journal, read_journal
+from ..templates import ChatTemplate, tokenizer_fingerprint
+from .journal import JOURNAL_VERSION, Journal, read_journal
 from .limits import Limits
 from .parse import finish_reason, parse_reply
 from .protocol import ChatRequest, GatewayError, template_options
-from .records import run_metrics, session_records
+from .records import Identities, record_identity, run_metrics, session_records, session_stats
 from .sessions import Session
 
 __all__ = ['Gateway', 'Pending', 'session_id']
 
 _IDENTITY = ('group_id', 'rollout_id', 'task')
+_UNSET = object()
 
 
 @dataclass
@@ -108,6 +109,9 @@ class Gateway:
         self.session_timeout = float(session_timeout)
         self.sessions: dict[str, Session] = {}
         self.records: dict[str, int] = {}
+        self.closed: dict[str, dict] = {}      # committed sessions, out of memory: sid -> describe() and stats
+        self.identities = Identities()
+        started_with = dict(self.template_options)
         self._templates: dict = {}
         self._writer = None
         self._family_name = family
@@ -123,8 +127,7 @@ class Gateway:
             if kind != 'gateway':
                 what = f'a run of kind {kind!r}' if kind else 'an agentrl rollout run (run.json has no kind)'
                 raise ValueError(f'--out {str(self.out)!r} holds {what}, not a gateway run; choose a new --out')
-        else:
-            atomic_write(run, json.dumps({'kind': 'gateway', 'model': upstream.model_name}, indent=2) + '\n')
+        _check_run(run, self._fingerprint(started_with))
         events = read_journal(self.out / 'journal.jsonl')
         self.journal = Journal(self.out / 'journal.jsonl')
         self._restore(events)
@@ -135,6 +138,27 @@ class Gateway:
             from ..store import ShardWriter
             self._writer = ShardWriter(self.out / 'trajectories')
         return self._writer
+
+    def _fingerprint(self, options: dict) -> dict:
+        """What a restart on ``out`` must serve with: model, tokenizer and template digests, family, options."""
+        source = self.template(None).source or ''
+        opts = {k: v for k, v in options.items() if k != 'chat_template'}      # the template digest covers it
+        return {'model': self.upstream.model_name, 'tokenizer': tokenizer_fingerprint(self.upstream.tokenizer),
+                'template': hashlib.sha256(source.encode()).hexdigest()[:16], 'family': self.family.name,
+                'options': json.loads(json.dumps(opts, sort_keys=True, default=str))}
+
+    def _log(self, event: dict, sync: bool = True) -> None:
+        """Journal one event, whole or not at all (:meth:`Journal.append`; ``sync`` as there).
+
+        Raises:
+            GatewayError: 503 naming the journal and the OS error (ENOSPC, EFBIG ...); nothing was written.
+        """
+        try:
+            self.journal.append(event, sync)
+        except OSError as e:
+            raise GatewayError(503, f'the journal {self.journal.path} could not be written ({type(e).__name__}: '
+                                    f'{e.strerror or e}); nothing of this request was kept: free space on that disk '
+                                    'and send it again', type='server_error', code='journal_unwritable') from None
 
     def _family_stops(self, name: str | None):
         """The model family; its stop ids that the bare template lacks (gpt-oss ``<|call|>``) join
@@ -212,9 +236,14 @@ class Gateway:
         """The session of a capability token.
 
         Raises:
-            GatewayError: 404 for an unknown token (nothing is written).
+            GatewayError: 404 for an unknown token (nothing is written); 409 ``session_closed`` for a
+                committed one (it left memory: :meth:`describe` still reports it).
         """
-        s = self.sessions.get(session_id(token)) if isinstance(token, str) else None
+        sid = session_id(token) if isinstance(token, str) else None
+        s = self.sessions.get(sid)
+        if s is None and sid in self.closed:
+            raise GatewayError(409, f'the session is committed ({self.closed[sid]["stats"]["records"]} records '
+                                    'stored); open a new one', code='session_closed')
         if s is None:
             raise GatewayError(404, 'no such session: the token is unknown (create one with POST /sessions)',
                                type='not_found_error', code='session_not_found')
@@ -226,7 +255,10 @@ class Gateway:
 
         Raises:
             GatewayError: 400 for identity fields other than group_id / rollout_id / task or not
-                strings; 409 when another session already has this (group_id, rollout_id).
+                strings; 409 ``identity_conflict`` when its records' (group_id, rollout_id) (default: the
+                session id) would clash with another session's, open, finished or stored, its own or
+                one of its fork leaves' ``ROLLOUT/bK`` (:class:`~agentrl.gateway.records.Identities`);
+                503 when the journal cannot be written.
         """
         if not isinstance(identity, dict):
             raise GatewayError(400, 'the session body must be a JSON object {"group_id", "rollout_id", "task"}')
@@ -237,16 +269,14 @@ class Gateway:
             if v is not None and not isinstance(v, str):
                 raise GatewayError(400, f'{k} must be a string, got {type(v).__name__}', param=k)
         ident = {k: identity.get(k) for k in _IDENTITY}
-        if ident['rollout_id']:
-            for s in self.sessions.values():
-                if (s.identity.get('group_id'), s.identity.get('rollout_id')) == (ident['group_id'], ident['rollout_id']):
-                    raise GatewayError(409, f'another session already records group_id={ident["group_id"]!r} '
-                                            f'rollout_id={ident["rollout_id"]!r}; give each session its own '
-                                            'rollout_id', code='identity_conflict')
         token = secrets.token_urlsafe(32)
         sid = session_id(token)
+        clash = self.identities.clash(*record_identity(ident, sid))
+        if clash is not None:
+            raise GatewayError(409, clash, code='identity_conflict')
         now = time.time()
-        self.journal.append({'ev': 'session', 'sid': sid, 'identity': ident, 't': now})
+        self._log({'ev': 'session', 'sid': sid, 'identity': ident, 't': now, 'v': JOURNAL_VERSION})
+        self.identities.add(*record_identity(ident, sid), sid)
         s = self.sessions[sid] = Session(sid, ident, now)
         return token, s
 
@@ -263,13 +293,16 @@ class Gateway:
         """
         p = self.prepare(session, req, digest, retry)
         if p.replay is not None:
+            self.delivered(session, p.replay[1])
             return p.replay
         try:
             sample = self.sample(p)
         except BaseException:
             self.drop(p)
             raise
-        return self.complete(p, sample)
+        out = self.complete(p, sample)
+        self.delivered(session, out[1])             # returned to the caller: handed over
+        return out
 
     def prepare(self, session: Session, req: ChatRequest, digest: str, retry: int) -> 'Pending':
         """Plan one call (a change of state): the branch it extends or forks, its prompt, budget and seed.
@@ -401,8 +434,12 @@ class Gateway:
     def complete(self, p: 'Pending', sample) -> tuple:
         """Journal and apply a sampled call (a change of state): ``(response dict, call index, False)``.
 
+        The call is undelivered until :meth:`delivered` (every byte of its response handed to the
+        connection) or a later call of its branch echoes it (docs/design.md#integrity).
+
         Raises:
-            GatewayError: 409 when the session was finished while the call sampled (nothing is kept).
+            GatewayError: 409 when the session was finished while the call sampled; 503 when the journal
+                cannot be written. Either way nothing is kept (no line, no branch change, no plan).
         """
         session, req, template = p.session, p.req, p.template
         if session.state != 'open':
@@ -432,8 +469,13 @@ class Gateway:
         constraint = None if p.constraint is None else p.constraint.to_dict()
         if constraint is not None:
             ev['constraint'] = constraint
-        self.journal.append(ev)
+        try:
+            self._log(ev)
+        except GatewayError:
+            self.drop(p)                  # no line, no branch change, no plan: a resend continues as if never sent
+            raise
         self._apply(session, p.plan, sample, message, truncated, p.digest, response, req, p.version, constraint)
+        session.mark_undelivered(index)   # trained once :meth:`delivered` (or a later call echoing it)
         return response, index, False
 
     def _apply(self, session, plan, sample, message, truncated, digest, response, req, version,
@@ -464,38 +506,93 @@ class Gateway:
         return out
 
     def set_policy_version(self, version: str) -> None:
-        """Stamp ``version`` on every call dispatched from now on (journalled; a change of state)."""
-        self.journal.append({'ev': 'policy', 'version': version, 't': time.time()})
+        """Stamp ``version`` on every call dispatched from now on (journalled; a change of state).
+
+        Raises:
+            GatewayError: 503 when the journal cannot be written (the version is unchanged).
+        """
+        self._log({'ev': 'policy', 'version': version, 't': time.time()})
         self.policy_version = version
 
+    def delivered(self, session: Session, index: int) -> None:
+        """Journal that every byte of call ``index``'s response was handed to the connection (a change of
+        state); from then on its turn is trained. A call already delivered, or one the journal cannot
+        take, is left as it is (unmarked: undelivered, in memory as after a restart)."""
+        if session.state == 'committed' or session.calls[index].get('delivered'):
+            return
+        try:
+            self._log({'ev': 'delivered', 'sid': session.sid, 'index': index}, sync=False)   # lost: undelivered
+        except GatewayError:
+            return
+        session.mark_delivered(index)
+
     def undelivered(self, session: Session, index: int) -> None:
-        """Journal that call ``index``'s response never reached the client (a change of state)."""
-        self.journal.append({'ev': 'undelivered', 'sid': session.sid, 'index': index})
+        """Journal that call ``index``'s response never reached the client (a change of state; a journal that
+        cannot take it changes nothing: an unmarked call is undelivered anyway)."""
+        try:
+            self._log({'ev': 'undelivered', 'sid': session.sid, 'index': index}, sync=False)
+        except GatewayError:
+            pass
         session.mark_undelivered(index)
 
     # ------------------------------------------------------------------ finishing
     def finish(self, session: Session, reward: float, info: dict, aborted: bool = False) -> dict:
         """Commit a session's records (on the state thread): journal ``finish``, store, journal ``committed``.
 
+        A session left ``finished`` by a commit that failed (its records could not be stored, here or
+        at a restart) takes the finish again: the new reward and info are journalled and stored.
+        Once committed the session leaves memory (:attr:`closed` keeps its description and stats).
+
         Raises:
-            GatewayError: 409 when the session is already finished.
+            GatewayError: 409 when the session is already committed; 503 when the journal cannot be
+                written or the records cannot be stored (names the error; the finish can be retried).
         """
-        if session.state != 'open':
+        if session.state == 'committed':
             raise GatewayError(409, f'the session is already {session.state}', code='session_closed')
-        self.journal.append({'ev': 'finish', 'sid': session.sid, 'reward': reward, 'info': info, 'aborted': aborted})
+        self._log({'ev': 'finish', 'sid': session.sid, 'reward': reward, 'info': info, 'aborted': aborted})
         session.state, session.reward, session.info, session.aborted = 'finished', float(reward), dict(info), aborted
-        return self._commit(session)
+        try:
+            return self._commit(session)
+        except GatewayError:
+            raise
+        except Exception as e:  # noqa: BLE001 - the store's error, named; the session stays finished for a retry
+            raise GatewayError(503, f'the records of session {session.sid} could not be stored ({type(e).__name__}: '
+                                    f'{e}); the session stays finished: fix that and send the finish again',
+                               type='server_error', code='store_failed') from None
 
     def _commit(self, session: Session) -> dict:
         recs = session_records(session, self.upstream.model_name, policy=getattr(self.upstream, 'policy', 'hf'),
                                spec_of=getattr(self.upstream, 'record_spec', None), family=self.family)
         if recs:
             self.writer().write(recs)
-        self.journal.append({'ev': 'committed', 'sid': session.sid, 'records': len(recs)})
         session.state = 'committed'
-        self.records[session.sid] = len(recs)
+        closed = {'describe': dict(session.describe(), records=len(recs)),
+                  'stats': session_stats(session, len(recs))}
+        try:
+            self._log({'ev': 'committed', 'sid': session.sid, 'records': len(recs), **closed})
+        except GatewayError:
+            session.state = 'finished'      # stored (a resend of the same records is skipped); commit again later
+            raise
+        self._close(session, closed)
         self.write_summary()
-        return dict(session.describe(), records=len(recs))
+        return closed['describe']
+
+    def _close(self, session: Session, closed: dict) -> None:
+        """A committed session leaves memory; what the summary, ``GET /sessions`` and the identity check need stays."""
+        self.sessions.pop(session.sid, None)
+        self.records[session.sid] = closed['stats']['records']
+        self.closed[session.sid] = closed
+
+    def describe(self, token: str) -> dict:
+        """``GET /sessions/{token}``: the session's state, a committed one's as it was committed.
+
+        Raises:
+            GatewayError: 404 for an unknown token.
+        """
+        sid = session_id(token) if isinstance(token, str) else None
+        if sid in self.closed:
+            return self.closed[sid]['describe']
+        return self.session(token).describe()
 
     def reap(self, now: float | None = None) -> int:
         """Commit, as aborted, every open session idle longer than the timeout (on the state thread)."""
@@ -503,13 +600,16 @@ class Gateway:
         n = 0
         for s in list(self.sessions.values()):
             if s.state == 'open' and s.in_flight == 0 and now - s.last_seen > self.session_timeout:
-                self.finish(s, 0.0, {'aborted': 'session_timeout'}, aborted=True)
+                try:
+                    self.finish(s, 0.0, {'aborted': 'session_timeout'}, aborted=True)
+                except GatewayError:        # journal or store failing: it stays as it was left, for a retry
+                    continue
                 n += 1
         return n
 
     def write_summary(self) -> dict:
         """Rewrite ``RUN/summary.json`` with :func:`~agentrl.gateway.records.run_metrics`."""
-        m = run_metrics(list(self.sessions.values()), self.records)
+        m = run_metrics(list(self.sessions.values()), self.records, [c['stats'] for c in self.closed.values()])
         summary = {'kind': 'gateway', 'model': self.upstream.model_name,
                    'policy': getattr(self.upstream, 'policy', 'hf'), 'trajectories': 'trajectories', **m}
         if getattr(self.upstream, 'logp_mode', None):
@@ -519,37 +619,66 @@ class Gateway:
 
     # ------------------------------------------------------------------ restart
     def _restore(self, events: list) -> None:
-        """Fold the journal: sessions, their calls (re-planned, with the journalled samples), ends."""
+        """Fold the journal: sessions, their calls (re-planned, with the journalled samples), deliveries, ends.
+
+        A session whose ``committed`` line holds its description and stats is not replayed: only its
+        identity (for :meth:`open_session`'s check) and what the summary needs are kept
+        (:attr:`closed`), so a restart costs the open sessions, not the run's history. In a session
+        of format 2 (``v``, :data:`~agentrl.gateway.journal.JOURNAL_VERSION`) a call with no
+        ``delivered`` line after it is undelivered (killed before its response left); in an older
+        one a call is delivered unless marked ``undelivered``.
+        """
+        done = {ev['sid']: ev for ev in events if ev['ev'] == 'committed' and 'stats' in ev and 'describe' in ev}
+        marks_delivery = set()
         for ev in events:
-            kind, s = ev['ev'], self.sessions.get(ev.get('sid'))
+            kind, sid = ev['ev'], ev.get('sid')
             if kind == 'session':
-                self.sessions[ev['sid']] = Session(ev['sid'], ev['identity'], ev['t'])
-            elif kind == 'call' and s is not None:
+                self.identities.add(*record_identity(ev['identity'], sid), sid)
+                if sid not in done:
+                    self.sessions[sid] = Session(sid, ev['identity'], ev['t'])
+                    if isinstance(ev.get('v'), int) and ev['v'] >= 2:
+                        marks_delivery.add(sid)
+                continue
+            if kind == 'policy':
+                self.policy_version = ev['version']
+                continue
+            s = self.sessions.get(sid)
+            if s is None:
+                continue
+            if kind == 'call':
                 req = ChatRequest.from_recorded(_full(ev['req'], s.last_messages))
                 plan = s.plan(req.messages, json.dumps(req.tools, sort_keys=True),
                               self.template(req.tools, self.request_options(req, s)), self.family)
-                sample = TurnResult(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev['seed'],
-                                server=ev.get('server'))
+                sample = TurnResult(ids=ev['ids'], logp=ev['logp'], truncated=ev['truncated'], seed=ev.get('seed'),
+                                    server=ev.get('server'))
                 self._apply(s, plan, sample, ev['message'], ev['truncated'], ev['digest'], ev['response'], req,
                             ev.get('version', '0'), ev.get('constraint'))
+                if sid in marks_delivery:
+                    s.mark_undelivered(ev['index'])
                 s.last_seen = ev['t']
-            elif kind == 'policy':
-                self.policy_version = ev['version']
-            elif kind == 'undelivered' and s is not None:
+            elif kind == 'delivered':
+                s.mark_delivered(ev['index'])
+            elif kind == 'undelivered':
                 s.mark_undelivered(ev['index'])
-            elif kind == 'finish' and s is not None:
+            elif kind == 'finish':
                 s.state, s.reward, s.info, s.aborted = 'finished', float(ev['reward']), dict(ev['info']), ev['aborted']
-            elif kind == 'committed' and s is not None:
+            elif kind == 'committed':
                 s.state = 'committed'
                 self.records[s.sid] = ev['records']
-        for s in self.sessions.values():
-            if s.state == 'finished':          # killed between finish and commit: store again (resends skip)
+        for sid, ev in done.items():
+            self.closed[sid] = {'describe': ev['describe'], 'stats': ev['stats']}
+            self.records[sid] = ev['records']
+        for s in list(self.sessions.values()):
+            if s.state == 'committed':          # an older journal's committed session: folded once, then closed
+                n = self.records.get(s.sid, 0)
+                self._close(s, {'describe': dict(s.describe(), records=n), 'stats': session_stats(s, n)})
+            elif s.state == 'finished':          # killed between finish and commit: store again (resends skip)
                 try:
                     self._commit(s)
                 except Exception as e:  # noqa: BLE001 - one bad session must not keep the others from serving
                     import warnings
                     warnings.warn(f'session {s.sid}: its records could not be stored again ({type(e).__name__}: '
-                                  f'{e}); it stays finished and uncommitted in {self.out}/journal.jsonl')
+                                  f'{e}); it stays finished and uncommitted (a finish sent again stores it)')
             elif s.state == 'open':
                 s.last_seen = max(s.last_seen, time.time())     # the restart is not idleness
 
@@ -562,6 +691,33 @@ def _reasoning_mark(family, template, prompt_ids) -> tuple:
     if template.decode(list(prompt_ids[-8:])).rstrip().endswith(family.think_close):
         return ()
     return tuple(template.encode(family.think_close))
+
+
+def _check_run(path: Path, fingerprint: dict) -> None:
+    """Write ``RUN/run.json`` at a first start; at a restart refuse a model, tokenizer, template, family
+    or template option other than the run was started with (a run.json without a fingerprint, from an
+    older gateway, is accepted and gets this one).
+
+    Raises:
+        ValueError: one line naming the field, both values and the fix (a new ``--out``).
+    """
+    run = json.loads(path.read_text()) if path.is_file() else {'kind': 'gateway'}
+    old = run.get('fingerprint')
+    if old is None and run.get('model') not in (None, fingerprint['model']):
+        old = {'model': run['model']}
+    if old is not None:
+        for field in ('model', 'tokenizer', 'template', 'family', 'options'):
+            a, b = old.get(field), fingerprint[field]
+            if field not in old or a == b:
+                continue
+            if field == 'options' and isinstance(a, dict):
+                k = next(k for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k))
+                field, a, b = f'options.{k}', a.get(k, _UNSET), b.get(k, _UNSET)
+            a, b = ('unset' if v is _UNSET else json.dumps(v) for v in (a, b))
+            raise ValueError(f'--out {str(path.parent)!r} was started with {field}={a} and this start has {field}={b}; '
+                             'restart with what it was started with, or serve into a new --out')
+    if run.get('fingerprint') != fingerprint:
+        atomic_write(path, json.dumps(dict(run, model=fingerprint['model'], fingerprint=fingerprint), indent=2) + '\n')
 
 
 def _recorded(req: ChatRequest, last: list) -> dict:

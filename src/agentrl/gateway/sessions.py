@@ -229,6 +229,7 @@ class Session:
         self.calls: list[dict] = []        # per call: branch, digest, retry, response, spec, seed, delivered
         self.undelivered: set[int] = set()  # calls whose turn the client never received (until echoed)
         self.forks: list[dict] = []
+        self._turns: dict[int, Turn] = {}    # call index -> its turn (turn_of without a walk)
         self.state = 'open'                # open | finished | committed
         self.reward, self.info, self.aborted = 0.0, {}, False
         self.out_tokens = 0
@@ -328,6 +329,7 @@ class Session:
                     truncated=bool(sample.truncated), start=len(plan.prompt_ids))
         b.recorder.add_turn(turn.ids, turn.logp, message=turn.record_message())
         b.steps.append(('turn', turn))
+        self._turns[turn.call] = turn
         b.seen = plan.seen
         if self.undelivered:               # (a set, so a call costs no walk over the branch's turns)
             for t in b.turns:              # echoed back (or replayed from): the client had them
@@ -352,21 +354,25 @@ class Session:
             plan.branch.build()
 
     def turn_of(self, call: int) -> Turn | None:
-        """The turn a call sampled."""
-        for b in self.branches:
-            for t in b.turns:
-                if t.call == call:
-                    return t
-        return None
+        """The turn a call sampled (a fork that replays it shares the same :class:`Turn`)."""
+        return self._turns.get(call)
 
     def mark_undelivered(self, call: int) -> None:
-        """The client never received call ``call``'s response."""
+        """The client never received call ``call``'s response (or not yet: the gateway marks a call so until
+        every byte of its response was handed over)."""
+        self._mark(call, False)
+
+    def mark_delivered(self, call: int) -> None:
+        """Every byte of call ``call``'s response was handed to the client: its turn is trained."""
+        self._mark(call, True)
+
+    def _mark(self, call: int, delivered: bool) -> None:
         t = self.turn_of(call)
         if t is not None:
-            t.delivered = False
-            self.undelivered.add(call)
+            t.delivered = delivered
+        (self.undelivered.discard if delivered or t is None else self.undelivered.add)(call)
         if 0 <= call < len(self.calls):
-            self.calls[call]['delivered'] = False
+            self.calls[call]['delivered'] = delivered
 
     def describe(self) -> dict:
         """The state ``GET /sessions/{token}`` reports."""
