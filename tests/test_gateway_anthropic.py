@@ -326,7 +326,7 @@ def test_a_claude_code_request_maps_to_chat_messages():
         parts, chat_template_kwargs={'enable_thinking': True})
 
 
-@pytest.mark.parametrize('extra, param, message', [
+REFUSED = [
     ({'tools': [{'type': 'web_search_20250305', 'name': 'web_search'}]}, 'tools[0].type',
      "tools[0] is a 'web_search_20250305' tool: only client tools"),
     ({'tools': [dict(TOOLS[0], strict=True)]}, 'tools[0].strict', 'tools[0].strict=true cannot be honoured'),
@@ -346,7 +346,10 @@ def test_a_claude_code_request_maps_to_chat_messages():
       'output_config': {'effort': 'high'}}, 'messages[0].output_config.effort',
      "messages[0].output_config.effort='low' differs from the request's ('high')"),
     ({'messages': [{'role': 'tool', 'content': 'a'}]}, 'messages[0].role', "messages[0].role is 'tool'"),
-])
+]
+
+
+@pytest.mark.parametrize('extra, param, message', REFUSED, ids=[param for _, param, _ in REFUSED])
 def test_fields_that_cannot_be_honoured_are_refused_by_name(extra, param, message):
     body = dict({'model': 'm', 'max_tokens': 8, 'messages': [{'role': 'user', 'content': 'hi'}]}, **extra)
     with pytest.raises(GatewayError) as e:

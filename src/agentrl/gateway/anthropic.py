@@ -14,10 +14,12 @@ leaves the served default: the model decides), ``output_config.effort`` its ``re
 (each passed only to a template that reads it). ``max_tokens`` beyond the context is capped to the
 room left, as for every call (:meth:`agentrl.gateway.service.Gateway.prepare`).
 
-The reply is the chat response's message as content blocks (thinking, text, tool_use), its
+The reply is the chat response's message as content blocks (thinking, text, tool_use; a thinking
+block's text left empty under ``thinking.display: "omitted"``, its signature kept), its
 ``stop_reason`` from the chat ``finish_reason`` and the stop string that cut the turn; a stream is
-the Messages event sequence built from the completed response. Errors are Anthropic's
-``{"type": "error", "error": {"type", "message"}}`` with the same HTTP status.
+the Messages event sequence built from the completed response. ``count_tokens`` answers the prompt
+length a call of the request would be planned with (:meth:`agentrl.gateway.service.Gateway.count_prompt`).
+Errors are Anthropic's ``{"type": "error", "error": {"type", "message"}}`` with the same HTTP status.
 
 Source: docs/gateway.md#anthropic-messages (the fields accepted, ignored and refused); the Anthropic
 Messages API (request, response and streaming event formats), as the ``anthropic`` SDK and Claude
