@@ -5,7 +5,6 @@ One gateway server per test module (uvicorn in a thread on 127.0.0.1, stopped at
 text or tool calls are teacher-forced through ``ForcingHF`` (tests/_gateway.py: the ids are given,
 the log-probs are the model's), so the records replay with ratio 1 under ``agentrl check``.
 """
-import json
 
 import pytest
 
@@ -37,8 +36,8 @@ TOOLS = [{'name': 'read', 'description': 'Read the file.', 'input_schema': {'typ
 CHAT_TOOLS = [{'type': 'function', 'function': {'name': t['name'], 'description': t['description'],
                                                 'parameters': t['input_schema']}} for t in TOOLS]
 READ = '<think>\nhm\n</think>\n\nLet me look.\n<tool_call>\n{"name": "read", "arguments": {}}\n</tool_call><|im_end|>'
-EDIT = '<think>\nswap them\n</think>\n\n<tool_call>\n{"name": "edit", "arguments": {"op": "swap_minmax"}}\n</tool_call>' \
-       '<|im_end|>'
+EDIT = '<think>\nswap them\n</think>\n\n<tool_call>\n{"name": "edit", "arguments": {"op": "swap_minmax"}}\n' \
+       '</tool_call><|im_end|>'
 DONE = '<think>\ntests pass\n</think>\n\nFixed: lo and hi were swapped.<|im_end|>'
 
 
@@ -295,7 +294,8 @@ def test_a_claude_code_request_maps_to_chat_messages():
             'context_management': {'edits': [{'type': 'clear_thinking_20251015', 'keep': 'all'}]},
             'tools': [dict(TOOLS[1], cache_control={'type': 'ephemeral'})], 'temperature': 0.5, 'top_k': 40,
             'stop_sequences': ['END'], 'tool_choice': {'type': 'any'},
-            'messages': [{'role': 'user', 'content': [{'type': 'text', 'text': '<r>x</r>\n'}, {'type': 'text', 'text': 'Go.'}]},
+            'messages': [{'role': 'user', 'content': [{'type': 'text', 'text': '<r>x</r>\n'},
+                                                      {'type': 'text', 'text': 'Go.'}]},
                          {'role': 'system', 'content': 'Env.', 'output_config': {'effort': 'medium'}},
                          {'role': 'assistant', 'content': [
                              {'type': 'thinking', 'thinking': 'not ours', 'signature': 'chatcmpl-x-0.abc'},
@@ -303,11 +303,13 @@ def test_a_claude_code_request_maps_to_chat_messages():
                              {'type': 'text', 'text': 'Editing.'},
                              {'type': 'tool_use', 'id': 'toolu_1', 'name': 'edit', 'input': {'op': 'swap'}}]},
                          {'role': 'user', 'content': [
-                             {'type': 'tool_result', 'tool_use_id': 'toolu_1', 'is_error': True, 'content': 'no such op'},
+                             {'type': 'tool_result', 'tool_use_id': 'toolu_1', 'is_error': True,
+                              'content': 'no such op'},
                              {'type': 'text', 'text': 'Try again.', 'cache_control': {'type': 'ephemeral'}}]}]}
     assert ANTHROPIC.to_chat(body, s) == {
         'messages': [{'role': 'system', 'content': [{'type': 'text', 'text': 'A.'}, {'type': 'text', 'text': 'B.'}]},
-                     {'role': 'user', 'content': [{'type': 'text', 'text': '<r>x</r>\n'}, {'type': 'text', 'text': 'Go.'}]},
+                     {'role': 'user', 'content': [{'type': 'text', 'text': '<r>x</r>\n'},
+                                                  {'type': 'text', 'text': 'Go.'}]},
                      {'role': 'system', 'content': [{'type': 'text', 'text': 'Env.'}]},
                      {'role': 'assistant', 'content': 'Editing.', 'reasoning_content': 'not ours',
                       'tool_calls': [{'id': 'toolu_1', 'type': 'function',
@@ -378,7 +380,8 @@ def test_reply_stop_reasons_and_a_signed_thinking_echo_gives_the_calls_exact_rea
     assert ANTHROPIC.to_chat(echo, s)['messages'][1]['reasoning_content'] == 'exact\n reasoning '
     echo['messages'][1]['content'] = [{'type': 'thinking', 'thinking': 'edited', 'signature': sig[:-1] + 'x'}]
     assert ANTHROPIC.to_chat(echo, s)['messages'][1]['reasoning_content'] == 'edited'     # not ours: as sent
-    for finish, extra, want in (('stop', {}, ('end_turn', None)), ('stop', {'stop_reason': 'END'}, ('stop_sequence', 'END')),
+    for finish, extra, want in (('stop', {}, ('end_turn', None)),
+                                ('stop', {'stop_reason': 'END'}, ('stop_sequence', 'END')),
                                 ('tool_calls', {}, ('tool_use', None))):
         response['choices'][0] = dict(response['choices'][0], finish_reason=finish, **extra)
         r = ANTHROPIC.reply(response, {})

@@ -38,9 +38,9 @@ __all__ = ['AnthropicMessages', 'ANTHROPIC', 'thinking_signature']
 
 #: Top-level fields accepted and ignored: they change neither what is sampled nor what is recorded.
 _IGNORED = {'model', 'metadata', 'cache_control', 'service_tier', 'speed', 'inference_geo', 'diagnostics',
-            'context_management', 'container', 'user_profile_id', 'workspace_id', 'stream'}
+            'context_management', 'container', 'user_profile_id', 'workspace_id'}
 _OWN = {'messages', 'system', 'max_tokens', 'stop_sequences', 'temperature', 'top_p', 'top_k', 'tools',
-        'tool_choice', 'thinking', 'output_config', 'mcp_servers'}
+        'tool_choice', 'thinking', 'output_config', 'mcp_servers', 'stream'}
 #: Block fields accepted and ignored (prompt caching, citations: they change nothing rendered).
 _BLOCK_IGNORED = {'cache_control', 'citations'}
 #: HTTP status -> Anthropic's error type (other 5xx: ``api_error``; other 4xx: ``invalid_request_error``).
@@ -300,7 +300,8 @@ def _blocks(message: dict, response_id: str, shown: bool = True) -> list:
     out = []
     if message.get('reasoning_content'):
         r = message['reasoning_content']
-        out.append({'type': 'thinking', 'thinking': r if shown else '', 'signature': thinking_signature(response_id, r)})
+        out.append({'type': 'thinking', 'thinking': r if shown else '',
+                    'signature': thinking_signature(response_id, r)})
     if message.get('content'):
         out.append({'type': 'text', 'text': message['content']})
     for c in message.get('tool_calls') or ():
