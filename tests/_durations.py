@@ -26,8 +26,9 @@ SLOW_LIST = ROOT / 'tests' / 'slow_tests.txt'
 SLOW_S = 3.0
 #: seconds: a listed function whose slowest node took less must leave the slow list
 FAST_S = 2.0
-#: whole folders and files that are slow (each test starts Ray, a vLLM server or a subprocess job); not listed
-SLOW_FILES = ('tests/test_ray.py', 'tests/live_vllm/', 'tests/test_families_e2e.py')
+#: whole folders and files that are slow (each test starts Ray, a vLLM server, a subprocess job or an agent CLI);
+#: not listed
+SLOW_FILES = ('tests/test_ray.py', 'tests/live_vllm/', 'tests/test_families_e2e.py', 'tests/harness/')
 
 _LINE = re.compile(r'^\s*(\d+(?:\.\d+)?)s\s+(setup|call|teardown)\s+(\S+)\s*$')
 

@@ -6,6 +6,8 @@ Routes:
   ``{"token", "base_url", "session"}``; hand ``base_url`` and any API key to the harness.
 * ``POST /s/{token}/v1/chat/completions``: the OpenAI chat-completions call (JSON, or SSE with
   ``stream: true``); ``GET /s/{token}/v1/models`` lists the served model.
+* ``POST /s/{token}/v1/messages`` and ``.../messages/count_tokens``: the Anthropic Messages dialect
+  (:mod:`agentrl.gateway.anthropic`; each dialect of :data:`DIALECTS` at its own paths).
 * ``GET /sessions/{token}``: the session's state. ``POST /sessions/{token}/finish`` with
   ``{"reward": R, "info": {...}}`` commits its records.
 * ``GET /health``.
@@ -30,6 +32,7 @@ import json
 import math
 import time
 
+from .anthropic import ANTHROPIC
 from .parse import message_deltas
 from .protocol import GatewayError, body_digest, error_body, parse_request
 from .stream import ReplyStream
@@ -37,7 +40,7 @@ from .stream import ReplyStream
 __all__ = ['create_app', 'DIALECTS', 'unserved', 'mask_token']
 
 #: The dialects served besides chat completions (:class:`~agentrl.gateway.dialects.Dialect` instances).
-DIALECTS: tuple = ()
+DIALECTS: tuple = (ANTHROPIC,)
 
 #: The API dialect of a session route's tail (after ``/s/TOKEN/v1/``), named in the 404 of one not served.
 _API_NAMES = {'chat/completions': 'OpenAI chat completions', 'completions': 'OpenAI completions (legacy)',
@@ -438,12 +441,26 @@ class _Routes:
 
         async def done(ok: bool):
             s.in_flight -= 1
-            if not ok and not replayed:
-                await self.work(self.gw.undelivered, s, index)
+            await self.delivery(s, index, ok, replayed)
         if body.get('stream') is True:
             return _Tracked(dialect.events(response, body), 'text/event-stream', done, self.stream_interval)
         return _Tracked([json.dumps(dialect.reply(response, body), ensure_ascii=False).encode()], 'application/json',
                         done)
+
+    async def count_tokens(self, request, dialect):
+        """A dialect's token count (``dialect.count_paths``): the prompt length a call of the request would be
+        planned with now (:meth:`~agentrl.gateway.service.Gateway.count_prompt`; nothing is sampled or written)."""
+        try:
+            s = self.gw.session(request.path_params['token'])
+            body = self.json_body(await self.body_of(request, self.gw.limits.max_body_bytes), 'a JSON object')
+            if not isinstance(body, dict):
+                raise GatewayError(400, f'request body must be a JSON object, got {type(body).__name__}')
+            req, _ = parse_request(json.dumps(dialect.to_chat(body, s)).encode(), 1 << 62)
+            async with self.locks.setdefault(s.sid, asyncio.Lock()):     # not between a call's plan and commit
+                n = await self.work(self.gw.count_prompt, s, req)
+        except GatewayError as e:
+            return _error(e, dialect=dialect)
+        return _json(dialect.counted(n))
 
     async def health(self, request):
         return _json({'ok': True, 'sessions': len(self.gw.sessions) + len(self.gw.closed),
@@ -550,7 +567,14 @@ def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0, a
             return await r.dialect_call(request, dialect)
         return handler
 
+    def counted(dialect):
+        async def handler(request):
+            return await r.count_tokens(request, dialect)
+        return handler
+
     routes = [Route(f'/s/{{token}}{path}', served(d), methods=['POST']) for d in DIALECTS for path in d.paths]
+    routes += [Route(f'/s/{{token}}{path}', counted(d), methods=['POST']) for d in DIALECTS
+               for path in getattr(d, 'count_paths', ())]
     routes += [Route('/sessions', r.new_session, methods=['POST']),
               Route('/sessions/{token}', r.get_session, methods=['GET']),
               Route('/sessions/{token}/finish', r.finish, methods=['POST']),

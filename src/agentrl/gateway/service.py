@@ -404,6 +404,21 @@ class Gateway:
                                         'the same within a conversation, or open a new session', param='tool_choice')
         return None if forced is None else c
 
+    def count_prompt(self, session: Session, req: ChatRequest) -> int:
+        """The prompt length, in tokens, that a call of ``req`` would be planned with now (a change of state that
+        changes nothing: the plan is undone; a dialect's token count).
+
+        Raises:
+            GatewayError: 400 as :meth:`prepare` for options or messages the template cannot take.
+        """
+        template = self.template(req.tools, self.request_options(req, session))
+        try:
+            plan = session.plan(req.messages, json.dumps(req.tools, sort_keys=True), template, self.family)
+        except ValueError as e:
+            raise GatewayError(400, f'messages: {e}', param='messages') from None
+        session.abandon(plan)
+        return len(plan.prompt_ids)
+
     def sample(self, p: 'Pending', on_token=None):
         """Sample a prepared call (an engine thread; touches no state).
 
@@ -447,7 +462,7 @@ class Gateway:
             raise GatewayError(409, f'the session was {session.state} while this call was sampled; open a new one',
                                code='session_closed')
         index = len(session.calls)
-        ids, logp, stopped = _cut_at_stop(template, sample.ids, sample.logp, req.stop)
+        ids, logp, stopped, hit = _cut_at_stop(template, sample.ids, sample.logp, req.stop)
         text = template.decode(ids)
         if stopped is not None:
             text = stopped
@@ -459,6 +474,8 @@ class Gateway:
         truncated = sample.truncated and stopped is None
         response = self._response(session, index, req, p.plan.prompt_ids, sample, message,
                                   finish_reason(message, truncated), template)
+        if hit is not None:                  # vLLM's choice field: the stop string that cut the turn
+            response['choices'][0]['stop_reason'] = hit
         ev = {'ev': 'call', 'sid': session.sid, 'index': index, 'digest': p.digest, 'retry': p.retry,
               'req': _recorded(req, session.last_messages), 'ids': ids, 'logp': logp, 'truncated': truncated,
               'seed': sample.seed,
@@ -739,14 +756,15 @@ def _full(rec: dict, last: list) -> dict:
 
 
 def _cut_at_stop(template, ids, logp, stops) -> tuple:
-    """``(ids, logp, text before the stop string or None)``: cut after the token completing the first stop string."""
+    """``(ids, logp, text before the stop string or None, the stop string or None)``: cut after the token
+    completing the first stop string."""
     if not stops:
-        return list(ids), list(logp), None
+        return list(ids), list(logp), None, None
     full = template.decode(ids)
     hits = [(full.find(s), s) for s in stops if full.find(s) >= 0]
     if not hits:
-        return list(ids), list(logp), None
+        return list(ids), list(logp), None, None
     pos, s = min(hits)
     end = pos + len(s)
     k = next(k for k in range(1, len(ids) + 1) if len(template.decode(ids[:k])) >= end)
-    return list(ids[:k]), list(logp[:k]), full[:pos]
+    return list(ids[:k]), list(logp[:k]), full[:pos], s
