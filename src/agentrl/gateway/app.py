@@ -32,12 +32,13 @@ import time
 
 from .parse import message_deltas
 from .protocol import GatewayError, body_digest, error_body, parse_request
+from .responses import RESPONSES
 from .stream import ReplyStream
 
 __all__ = ['create_app', 'DIALECTS']
 
 #: The dialects served besides chat completions (:class:`~agentrl.gateway.dialects.Dialect` instances).
-DIALECTS: tuple = ()
+DIALECTS: tuple = (RESPONSES,)
 
 
 def _json(obj, status: int = 200):
