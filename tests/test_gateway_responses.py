@@ -301,3 +301,31 @@ def test_a_conversation_records_the_same_as_chat_and_as_responses(server, upstre
 def test_the_app_serves_the_responses_dialect():
     from agentrl.gateway.app import DIALECTS
     assert RESPONSES in DIALECTS and RESPONSES.paths == ('/v1/responses', '/responses')
+
+
+def test_encrypted_reasoning_is_verified_against_the_journal_after_a_restart(upstream, tmp_path):
+    """The sealed reasoning is checked against the session's journalled calls, so it survives a restart of the
+    gateway (here a new gateway over the same run folder)."""
+    run = tmp_path / 'run'
+    srv = Server(Gateway(upstream, run)).start()
+    try:
+        sess = new_session(srv)
+        upstream.force.append(READ)
+        r1 = client(sess).responses.create(model='m', input='Find the bug.', tools=TOOLS, store=False,
+                                           include=['reasoning.encrypted_content'])
+    finally:
+        srv.stop()
+    srv = Server(Gateway(upstream, run)).start()
+    try:
+        sess = dict(sess, base_url=sess['base_url'].replace(sess['base_url'].split('/s/')[0], srv.url))
+        history = [{'role': 'user', 'content': 'Find the bug.'}] + \
+            [{k: v for k, v in o.items() if k != 'content'} for o in echo(r1.output)] + \
+            [{'type': 'function_call_output', 'call_id': r1.output[-1].call_id, 'output': 'x = 1'}]
+        upstream.force.append(ANSWER)
+        client(sess).responses.create(model='m', input=history, tools=TOOLS, store=False)
+        finish(srv, sess)
+    finally:
+        srv.stop()
+    [t] = records(run, sess['session'])
+    assert (t.info['gateway']['calls'], t.info['gateway']['variants']) == ([0, 1], [])
+    assert calls_of(run, sess['session'])[1]['req']['messages'][0]['reasoning_content'] == 'I read it first.'

@@ -6,6 +6,8 @@ Routes:
   ``{"token", "base_url", "session"}``; hand ``base_url`` and any API key to the harness.
 * ``POST /s/{token}/v1/chat/completions``: the OpenAI chat-completions call (JSON, or SSE with
   ``stream: true``); ``GET /s/{token}/v1/models`` lists the served model.
+* ``POST /s/{token}/v1/responses``: the OpenAI Responses call (:mod:`agentrl.gateway.responses`), and each
+  other dialect of :data:`DIALECTS` at its paths.
 * ``GET /sessions/{token}``: the session's state. ``POST /sessions/{token}/finish`` with
   ``{"reward": R, "info": {...}}`` commits its records.
 * ``GET /health``.

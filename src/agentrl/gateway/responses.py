@@ -182,7 +182,9 @@ class Responses(Dialect):
         for name in ('background', 'conversation', 'prompt', 'max_tool_calls', 'top_logprobs'):
             if body.get(name):
                 raise _bad(f'{name}={json.dumps(body[name])[:60]} cannot be honoured by this gateway; remove it', name)
-        fmt = (body.get('text') or {}).get('format') if isinstance(body.get('text'), dict) else None
+        if body.get('text') is not None and not isinstance(body['text'], dict):
+            raise _bad('text must be an object {"format": {"type": "text"}}', 'text')
+        fmt = (body.get('text') or {}).get('format')
         if fmt is not None and not (isinstance(fmt, dict) and fmt.get('type') == 'text'):
             raise _bad(f'text.format={json.dumps(fmt)[:60]} cannot be honoured (no constrained decoding); use '
                        '{"type": "text"} or remove it', 'text.format')
