@@ -32,9 +32,14 @@ TOOLS = [{'type': 'function', 'name': 'read', 'description': 'Read a file.',
          {'type': 'web_search'}]
 CHAT_TOOLS = [{'type': 'function', 'function': {'name': 'read', 'description': 'Read a file.',
                                                 'parameters': TOOLS[0]['parameters']}}]
-READ = '<think>\nI read it first.\n</think>\n\n<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>' \
-       '<|im_end|>'
-READ_B = '<think>\nNow b.\n</think>\n\n<tool_call>\n{"name": "read", "arguments": {"path": "b.py"}}\n</tool_call><|im_end|>'
+
+
+def _read(thought, path):
+    call = json.dumps({'name': 'read', 'arguments': {'path': path}})
+    return f'<think>\n{thought}\n</think>\n\n<tool_call>\n{call}\n</tool_call><|im_end|>'
+
+
+READ, READ_B = _read('I read it first.', 'a.py'), _read('Now b.', 'b.py')
 ANSWER = '<think>\nBoth read.\n</think>\n\nThe bug is in b.py.<|im_end|>'
 
 
@@ -212,7 +217,8 @@ def test_namespace_tools_are_flattened_and_calls_carry_the_namespace(server, ups
               'tools': [{'type': 'function', 'name': 'spawn', 'description': 'Start one.',
                          'parameters': {'type': 'object', 'properties': {'task': {'type': 'string'}}}}]}]
     upstream.force.append('<tool_call>\n{"name": "agents__spawn", "arguments": {"task": "t"}}\n</tool_call><|im_end|>')
-    r = c.responses.create(model='m', input='Delegate.', tools=tools, store=False)
+    r = c.responses.create(model='m', input='Delegate.', tools=tools, store=False, max_output_tokens=128000)
+    assert r.max_output_tokens == 128000 and r.status == 'completed'      # capped to the context, not refused
     [fc] = [o for o in r.output if o.type == 'function_call']
     assert (fc.name, fc.namespace, fc.arguments) == ('spawn', 'agents', '{"task": "t"}')
     upstream.force.append('<think>\n\n</think>\n\nDone.<|im_end|>')

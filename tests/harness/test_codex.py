@@ -1,4 +1,4 @@
-"""Codex CLI (npm ``@openai/codex``, pinned in tests/harness/package.json) through ``agentrl serve``'s Responses dialect.
+"""Codex CLI (npm ``@openai/codex``, pinned in tests/harness/package.json) through the gateway's Responses dialect.
 
 A gateway on 127.0.0.1 serves a 2-layer random Qwen3 (context 16384: Codex's first prompt is about 8.7k
 tokens) with the real Qwen3 tokenizer. Codex gets the session URL as a custom ``model_provider``
