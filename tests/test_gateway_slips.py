@@ -272,7 +272,8 @@ def test_a_route_of_another_dialect_is_a_404_naming_it_and_never_the_token(upstr
     srv = Server(Gateway(upstream, tmp_path / 'run')).start()
     try:
         token = httpx.post(srv.url + '/sessions', json={}).json()['token']
-        served = 'it serves POST /s/TOKEN/v1/chat/completions, GET /s/TOKEN/v1/models (see docs/gateway.md)'
+        served = ('it serves POST /s/TOKEN/v1/messages, POST /s/TOKEN/v1/responses, POST /s/TOKEN/v1/messages/count_tokens, '
+                  'POST /s/TOKEN/v1/chat/completions, GET /s/TOKEN/v1/models (see docs/gateway.md)')
         for method, tail, status, what in [
             ('POST', 'completions', 404, 'the OpenAI completions (legacy) API is not served by this gateway'),
             ('POST', 'embeddings', 404, 'the OpenAI embeddings API is not served by this gateway'),

@@ -7,7 +7,8 @@ Routes:
 * ``POST /s/{token}/v1/chat/completions``: the OpenAI chat-completions call (JSON, or SSE with
   ``stream: true``); ``GET /s/{token}/v1/models`` lists the served model.
 * ``POST /s/{token}/v1/messages`` and ``.../messages/count_tokens``: the Anthropic Messages dialect
-  (:mod:`agentrl.gateway.anthropic`; each dialect of :data:`DIALECTS` at its own paths).
+  (:mod:`agentrl.gateway.anthropic`); ``POST /s/{token}/v1/responses``: the OpenAI Responses dialect
+  (:mod:`agentrl.gateway.responses`); each dialect of :data:`DIALECTS` at its own paths.
 * ``GET /sessions/{token}``: the session's state. ``POST /sessions/{token}/finish`` with
   ``{"reward": R, "info": {...}}`` commits its records.
 * ``GET /health``.
@@ -35,12 +36,13 @@ import time
 from .anthropic import ANTHROPIC
 from .parse import message_deltas
 from .protocol import GatewayError, body_digest, error_body, parse_request
+from .responses import RESPONSES
 from .stream import ReplyStream
 
 __all__ = ['create_app', 'DIALECTS', 'unserved', 'mask_token']
 
 #: The dialects served besides chat completions (:class:`~agentrl.gateway.dialects.Dialect` instances).
-DIALECTS: tuple = (ANTHROPIC,)
+DIALECTS: tuple = (ANTHROPIC, RESPONSES)
 
 #: The API dialect of a session route's tail (after ``/s/TOKEN/v1/``), named in the 404 of one not served.
 _API_NAMES = {'chat/completions': 'OpenAI chat completions', 'completions': 'OpenAI completions (legacy)',
@@ -78,7 +80,7 @@ def unserved(method: str, path: str, routes) -> str:
         return f'{shown}: no such route (see docs/gateway.md)'
     tail = '/'.join(parts[4:]).strip('/')
     served = [f'{m} {r.path.replace("{token}", "TOKEN")}' for r in routes
-              if getattr(r, 'path', '').startswith('/s/{token}/v1/')
+              if getattr(r, 'path', '').startswith('/s/{token}/v1/') and '/v1/v1/' not in r.path   # not the aliases
               for m in sorted(set(getattr(r, 'methods', None) or ()) - {'HEAD'})]
     known = next((_API_NAMES[k] for k in sorted(_API_NAMES, key=len, reverse=True)
                   if tail == k or tail.startswith(k + '/')), None)
@@ -86,7 +88,6 @@ def unserved(method: str, path: str, routes) -> str:
     how = 'is not served by this gateway' if not any(s.endswith(f'/v1/{tail}') for s in served) \
         else f'is not served with {method}'
     return f'{shown}: {what} {how}; it serves {", ".join(served)} (see docs/gateway.md)'
-
 
 
 def _json(obj, status: int = 200):
