@@ -1,0 +1,259 @@
+"""Images in the record: stored once per run by digest, loaded back verified, and gated by ``agentrl check``.
+
+Records are built here with Qwen's vision ids (``<|vision_start|>`` 151652, ``<|image_pad|>`` 151655,
+``<|vision_end|>`` 151653 in /work/shared/tokenizers/qwen3); images are PNGs made in tests/_images.py.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from agentrl import images, store
+from agentrl.checks.images import image_problems
+from agentrl.jobs.check import CheckOptions, run_check
+from agentrl.record import OWNER, Provenance, SamplingSpec, Trajectory
+from tests._images import png
+
+PAD, VS, VE = 151655, 151652, 151653
+PROC = {'class': 'Qwen2VLImageProcessor', 'patch_size': 14, 'merge_size': 2, 'temporal_patch_size': 2,
+        'min_pixels': 3136, 'max_pixels': 12845056, 'image_mean': [0.48145466, 0.4578275, 0.40821073],
+        'image_std': [0.26862954, 0.26130258, 0.27577711]}
+
+
+def test_qwen_placeholder_id_is_image_pad():
+    vocab = json.load(open('/work/shared/tokenizers/qwen3/tokenizer.json'))['added_tokens']
+    assert {t['content']: t['id'] for t in vocab}['<|image_pad|>'] == PAD == images.IMAGE_TOKEN_IDS[PROC['class']]
+
+
+def image_record(data: bytes, *, rid='r0', grid=(1, 4, 6), n_pads=None, length=None, owner='prompt', start=None,
+                 pad_owner=None, extra_info=None):
+    """``[text 5, 9] [vision_start] [PAD x n_pads] [vision_end] [text 11] [policy 40, 41, 42]``; info['images'] lists
+    the image with ``length`` (default: the grid's) at ``start`` (default 3)."""
+    need = grid[0] * grid[1] * grid[2] // 4
+    n_pads = need if n_pads is None else n_pads
+    ids = [5, 9, VS] + [PAD] * n_pads + [VE, 11, 40, 41, 42]
+    own = ['template', 'prompt', 'template'] + [pad_owner or owner] * n_pads + ['template', 'prompt'] + ['policy'] * 3
+    ref = {'digest': images.image_digest(data), 'start': 3 if start is None else start,
+           'length': need if length is None else length, 'grid': list(grid), 'owner': owner, 'processor': dict(PROC)}
+    prov = Provenance(policy='hf', tokenizer='qwen3', template='tpl', sampling=SamplingSpec(), group_id='g',
+                      rollout_id=rid)
+    return Trajectory.from_tokens(ids, own, [-1] * len(ids), [0.0] * (len(ids) - 3) + [-0.5, -0.25, -0.125], 1.0,
+                                  {'stop': 'submitted', 'images': [ref], **(extra_info or {})}, provenance=prov)
+
+
+@pytest.fixture()
+def img():
+    return png(64, 48, seed=1)
+
+
+def written_run(tmp_path, recs, imgs):
+    run = tmp_path / 'run'
+    with store.ShardWriter(run / 'trajectories') as w:
+        w.write(recs, images=imgs)
+    return run
+
+
+def check(run, **kw):
+    rep = run_check(CheckOptions(path=str(run / 'trajectories'), examples=20, **kw))
+    return rep
+
+
+# ----------------------------------------------------------------------------- storage
+
+def test_store_image_once_by_digest(tmp_path, img):
+    d, written = images.store_image(tmp_path, img)
+    f = tmp_path / 'images' / f'{d[7:]}.png'
+    assert d == 'sha256:' + __import__('hashlib').sha256(img).hexdigest() and written and f.read_bytes() == img
+    before = os.stat(f)
+    assert images.store_image(tmp_path, img) == (d, False)            # the second store writes nothing
+    after = os.stat(f)
+    assert (before.st_ino, before.st_mtime_ns) == (after.st_ino, after.st_mtime_ns)
+    assert sorted(os.listdir(tmp_path / 'images')) == [f.name]        # no temporary file left
+    assert images.load_image(tmp_path, d) == img
+
+
+def test_store_refuses_wrong_key_and_unknown_format(tmp_path, img):
+    other = images.image_digest(b'x')
+    with pytest.raises(ValueError, match=rf"images\['{other}'\]: the bytes given hash to '{images.image_digest(img)}'"):
+        images.store_images(tmp_path, {other: img})
+    with pytest.raises(ValueError, match=r"image bytes start with b'GIF89a\\x00\\x00', neither PNG nor JPEG"):
+        images.store_image(tmp_path, b'GIF89a\0\0')
+    jpeg = b'\xff\xd8\xff\xe0jpeg'
+    assert images.store_image(tmp_path, jpeg)[1] and (tmp_path / 'images' / f'{images.image_digest(jpeg)[7:]}.jpg').is_file()
+
+
+def test_shard_writer_stores_images_before_the_shard_and_reads_them_back(tmp_path, img):
+    img2 = png(32, 32, seed=2)
+    a, b = image_record(img, rid='r0'), image_record(img2, rid='r1')
+    run = tmp_path / 'run'
+    w = store.ShardWriter(run / 'trajectories')
+    w.write([a, b], images={images.image_digest(img): img, images.image_digest(img2): img2})
+    assert sorted(os.listdir(run / 'images')) == sorted(f'{images.image_digest(x)[7:]}.png' for x in (img, img2))
+    assert w.write([image_record(img, rid='r2')], images={images.image_digest(img): img}) is not None
+    assert len(os.listdir(run / 'images')) == 2                      # each image once
+    recs = store.read_trajectories(run / 'trajectories')
+    assert [images.record_images(r, run / 'trajectories') for r in recs] == [[img], [img2], [img]]
+    assert recs[0].info['images'] == a.info['images']
+    # a record naming an image neither given nor stored: refused before its shard is written
+    img3 = png(8, 8, seed=3)
+    with pytest.raises(ValueError, match=rf"record 0 info.images\[0\].digest '{images.image_digest(img3)}' is neither "
+                                         r'in images= nor stored in'):
+        w.write([image_record(img3, rid='r3')])
+    assert len(store.data_files(run / 'trajectories')) == 2
+
+
+def test_records_without_images_are_unchanged(tmp_path):
+    rec = Trajectory.from_tokens([5, 9, 40], ['template', 'prompt', 'policy'], [-1, -1, 0], [0.0, 0.0, -0.5], 1.0,
+                                 {'stop': 'submitted'}, provenance=Provenance(policy='hf', sampling=SamplingSpec()))
+    a, b = tmp_path / 'a.parquet', tmp_path / 'b' / 'a.parquet'
+    store.write_trajectories(a, [rec], fsync=False)
+    store.write_trajectories(b, [rec], fsync=False, images={})
+    import pyarrow.parquet as pq
+    assert pq.read_table(a).equals(pq.read_table(b)) and not (tmp_path / 'images').exists()
+    assert 'images' not in json.loads(pq.read_table(a).column('info')[0].as_py())
+    assert image_problems(rec, tmp_path) == []
+
+
+def test_load_image_refuses_changed_or_missing_bytes(tmp_path, img):
+    d, _ = images.store_image(tmp_path, img)
+    f = tmp_path / 'images' / f'{d[7:]}.png'
+    changed = img[:-1] + b'\0'
+    f.write_bytes(changed)
+    with pytest.raises(ValueError, match=rf"its bytes hash to '{images.image_digest(changed)}', not '{d}'"):
+        images.load_image(tmp_path, d)
+    f.unlink()
+    with pytest.raises(FileNotFoundError, match=rf"image '{d}' is not in"):
+        images.load_image(tmp_path, d)
+
+
+# ----------------------------------------------------------------------------- the gate
+
+def test_check_accepts_a_good_record(tmp_path, img):
+    run = written_run(tmp_path, [image_record(img)], {images.image_digest(img): img})
+    rep = check(run)
+    assert (rep.n, rep.refused, rep.examples) == (1, 0, [])
+
+
+def test_check_refuses_one_placeholder_too_few(tmp_path, img):
+    d = images.image_digest(img)
+    # the template rendered 5 placeholders but the grid [1, 4, 6] needs 6; info says 6: the run covers vision_end
+    run = written_run(tmp_path, [image_record(img, n_pads=5)], {d: img})
+    assert check(run).examples == [
+        f'g/r0#1: ImageRunError: ids[8]: is {VE}, not the image placeholder {PAD}, inside the run of image 0 '
+        f'({d[:19]}) (ids[3:9], 6 ids). Fix: the run must hold exactly the placeholder ids the template rendered '
+        'for the image']
+    # ... and the length recorded as rendered (5): it disagrees with the grid
+    run = written_run(tmp_path / 'b', [image_record(img, n_pads=5, length=5)], {d: img})
+    assert check(run).examples == [
+        f'g/r0#1: ImageRunError: info.images[0].length: of image 0 ({d[:19]}) is 5 but its grid [1, 4, 6] with '
+        'merge_size 2 needs 1*4*6 // 2**2 = 6 placeholder ids. Fix: render one placeholder id per merged patch '
+        '(t*h*w // merge_size**2)']
+
+
+def test_check_refuses_grid_not_multiple_and_run_past_ids(tmp_path, img):
+    d = images.image_digest(img)
+    rec = image_record(img)
+    rec.info['images'][0]['grid'] = [1, 3, 3]
+    rec.info['images'][0]['start'] = 20
+    assert [str(p) for p in image_problems(rec, None)] == [
+        f'info.images[0].grid: of image 0 ({d[:19]}) is [1, 3, 3]: 1*3*3 = 9 patches is not a multiple of '
+        'merge_size**2 = 4. Fix: record the grid the processor returned',
+        f'info.images[0].start: of image 0 ({d[:19]}) runs over ids[20:26] but the record has 14 ids. Fix: record '
+        "where the image's placeholder ids sit in ids",
+        f"ids[3]: is the image placeholder {PAD} but lies in no image's run (runs [20:26]) (and 5 more positions). "
+        'Fix: list every image in info.images with the start and length of its placeholder run']
+
+
+def test_check_refuses_stray_placeholder_and_overlap(tmp_path, img):
+    d = images.image_digest(img)
+    rec = image_record(img, n_pads=7)            # one more placeholder than listed, at ids[9]
+    assert [str(p) for p in image_problems(rec, None)] == [
+        f"ids[9]: is the image placeholder {PAD} but lies in no image's run (runs [3:9]). Fix: list every image in "
+        'info.images with the start and length of its placeholder run']
+    img2 = png(16, 16, seed=5)
+    rec = image_record(img)
+    rec.info['images'].append(dict(rec.info['images'][0], digest=images.image_digest(img2), start=5, length=1,
+                                    grid=[1, 2, 2]))
+    d2 = images.image_digest(img2)
+    assert [str(p) for p in image_problems(rec, None)] == [
+        f'info.images[1].start: of image 1 ({d2[:19]}) runs over ids[5:6], overlapping image 0 ({d[:19]}) at '
+        'ids[3:9]. Fix: each image has its own run of placeholder ids']
+
+
+def test_check_refuses_missing_and_changed_images(tmp_path, img):
+    d = images.image_digest(img)
+    run = written_run(tmp_path, [image_record(img)], {d: img})
+    f = run / 'images' / f'{d[7:]}.png'
+    f.write_bytes(b'\x89PNG\r\n\x1a\nchanged')
+    bad = images.image_digest(b'\x89PNG\r\n\x1a\nchanged')
+    assert check(run).examples == [
+        f"g/r0#1: MissingImageError: info.images[0].digest: {d} of image 0 is stored as '{f.name}', whose bytes hash "
+        f"to '{bad}'. Fix: store the image with its records (ShardWriter.write(records, images={{digest: bytes}})) "
+        'or restore RUN/images from the run']
+    f.unlink()
+    assert check(run).examples == [
+        f"g/r0#1: MissingImageError: info.images[0].digest: {d} of image 0 is not in '{run / 'images'}'. Fix: store "
+        'the image with its records (ShardWriter.write(records, images={digest: bytes})) or restore RUN/images from '
+        'the run']
+
+
+def test_check_refuses_placeholders_in_the_loss(tmp_path, img):
+    d = images.image_digest(img)
+    rec = image_record(img, pad_owner='policy')      # owner policy: from_tokens puts them in the mask too
+    assert [(p.kind, str(p)) for p in image_problems(rec, None)] == [
+        ('ImageInLossError', f"owner[3]: is policy on a placeholder id of image 0 ({d[:19]}, owner 'prompt'): the "
+                             "policy never samples an image (and 5 more positions). Fix: record the placeholder ids "
+                             "with owner 'prompt', outside the action mask"),
+        ('ImageInLossError', f"action_mask[2]: is 1 on ids[3], a placeholder id of image 0 ({d[:19]}, owner "
+                             "'prompt'): image tokens are never trained (and 5 more positions). Fix: derive the mask "
+                             'from the owners (Trajectory.from_tokens): placeholder ids are not policy')]
+    rec = image_record(img, owner='tool', pad_owner='prompt')
+    assert [str(p) for p in image_problems(rec, None)] == [
+        f"owner[3]: is 'prompt' on a placeholder id of image 0 ({d[:19]}, owner 'tool'); placeholder ids belong to "
+        "whoever supplied the image (and 5 more positions). Fix: record the placeholder ids with owner 'tool' "
+        '(vision delimiters stay template)']
+    rec = image_record(img)
+    rec.action_mask[4] = 1.0                          # the mask alone, owners right
+    run = written_run(tmp_path, [rec], {d: img})
+    rep = check(run)
+    assert rep.examples[-1] == (
+        f"g/r0#1: ImageInLossError: action_mask[4]: is 1 on ids[5], a placeholder id of image 0 ({d[:19]}, owner "
+        "'prompt'): image tokens are never trained. Fix: derive the mask from the owners (Trajectory.from_tokens): "
+        'placeholder ids are not policy')
+    assert rep.kinds['MaskOnNonPolicyError'] == 1    # the general rule fires too
+
+
+def test_check_refuses_malformed_entries_and_unknown_processor(img):
+    rec = image_record(img)
+    rec.info['images'][0].pop('grid')
+    assert [str(p) for p in image_problems(rec, None)] == [
+        'info.images[0].grid: is missing. Fix: write each image entry as {digest, start, length, grid, owner, '
+        'processor} (agentrl.images.ImageRef.to_dict)']
+    rec = image_record(img)
+    rec.info['images'][0]['processor']['class'] = 'LlavaImageProcessor'
+    assert [str(p) for p in image_problems(rec, None)] == [
+        "info.images[0].processor.class: 'LlavaImageProcessor' has no known image placeholder id (known: "
+        "['Qwen2VLImageProcessor', 'Qwen2VLImageProcessorFast']); pass the model's placeholder id with "
+        "--image-token-id ID. Fix: pass the model's image placeholder id: agentrl check --image-token-id ID"]
+    assert image_problems(rec, None, token_id=PAD) == []
+
+
+def test_check_verifies_each_stored_image_once(tmp_path, img, monkeypatch):
+    d = images.image_digest(img)
+    run = written_run(tmp_path, [image_record(img, rid=f'r{k}') for k in range(5)], {d: img})
+    calls = []
+    real = images.verify_image
+    monkeypatch.setattr('agentrl.checks.images.verify_image', lambda r, dg: calls.append(dg) or real(r, dg))
+    rep = check(run)
+    assert (rep.n, rep.refused, calls) == (5, 0, [d])
+
+
+def test_cli_check_names_the_record(tmp_path, img, capsys):
+    from agentrl.cli.main import main
+    d = images.image_digest(img)
+    run = written_run(tmp_path, [image_record(img, rid='r7', n_pads=5, length=5)], {d: img})
+    assert main(['check', str(run / 'trajectories')]) == 1
+    out = capsys.readouterr().out
+    assert f'g/r7#1: ImageRunError: info.images[0].length: of image 0 ({d[:19]}) is 5 but its grid [1, 4, 6]' in out
