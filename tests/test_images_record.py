@@ -14,7 +14,7 @@ from agentrl import images, store
 from agentrl.checks.images import image_problems
 from agentrl.jobs.check import CheckOptions, run_check
 from agentrl.record import OWNER, Provenance, SamplingSpec, Trajectory
-from tests._images import png
+from _images import png
 
 PAD, VS, VE = 151655, 151652, 151653
 PROC = {'class': 'Qwen2VLImageProcessor', 'patch_size': 14, 'merge_size': 2, 'temporal_patch_size': 2,
