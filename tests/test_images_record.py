@@ -257,3 +257,76 @@ def test_cli_check_names_the_record(tmp_path, img, capsys):
     assert main(['check', str(run / 'trajectories')]) == 1
     out = capsys.readouterr().out
     assert f'g/r7#1: ImageRunError: info.images[0].length: of image 0 ({d[:19]}) is 5 but its grid [1, 4, 6]' in out
+
+
+# ----------------------------------------------------------------------------- export
+
+def test_verl_export_with_images(tmp_path, img):
+    from agentrl import interop
+    d = images.image_digest(img)
+    run = written_run(tmp_path, [image_record(img)], {d: img})
+    rec = store.read_trajectories(run / 'trajectories')[0]
+    plain = Trajectory.from_tokens([5, 9, 40, 41], ['template', 'prompt', 'policy', 'policy'], [-1] * 4,
+                                   [0.0, 0.0, -0.5, -0.5], 0.0, {}, provenance=rec.provenance)
+    out = interop.to_verl([rec, plain], pad_id=0, images=run)
+    nt, b = out['non_tensor_batch'], out['batch']
+    assert [x for x in nt['multi_modal_data']] == [{'images': [img]}, {}]
+    mmi = nt['multi_modal_inputs']
+    assert mmi[0]['image_grid_thw'].tolist() == [[1, 4, 6]] and mmi[0]['images_seqlens'].tolist() == [24]
+    assert mmi[1] == {}
+    # the record: ids [5, 9, VS, PAD x6, VE, 11 | 40, 41, 42]; prompt 11 tokens, response 3; widths 11 and 3
+    assert b['position_ids'].shape == (2, 4, 14)
+    assert b['position_ids'][0].tolist() == [
+        list(range(14)),
+        [0, 1, 2, 3, 3, 3, 3, 3, 3, 6, 7, 8, 9, 10],       # temporal: one frame
+        [0, 1, 2, 3, 3, 3, 4, 4, 4, 6, 7, 8, 9, 10],       # height: 2 merged rows
+        [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8, 9, 10]]       # width: 3 merged columns; text goes on at the max + 1
+    # the plain row: left-padded prompt of 2 in a width of 11: 1 on padding, then 0, 1, ... in every row
+    assert b['position_ids'][1].tolist() == [[1] * 9 + [0, 1, 2, 3, 1]] * 4
+    with pytest.raises(ValueError, match=r"to_verl: record 0 \(g/r0#1\) lists images \(info.images\) but no images= "
+                                         'was given; pass the run folder'):
+        interop.to_verl([rec], pad_id=0)
+    assert interop.from_verl(out)[0].info == rec.info        # the image list travels with the record
+
+
+def test_trl_export_with_images(tmp_path, img):
+    from agentrl import interop
+    d = images.image_digest(img)
+    img2 = png(32, 32, seed=9)
+    a, c = image_record(img), image_record(img2, rid='r1')
+    r = interop.to_trl_rollout([a, c], images={d: img, images.image_digest(img2): img2})
+    assert r['images'] == [[img], [img2]] and r['image_grid_thw'] == [[[1, 4, 6]], [[1, 4, 6]]]
+    assert r['prompt_ids'][0] == [5, 9, VS] + [PAD] * 6 + [VE, 11]
+    t = interop.to_trl([a, c], pad_id=0, images={d: img, images.image_digest(img2): img2})
+    assert t['num_images'] == [1, 1] and t['image_grid_thw'].tolist() == [[1, 4, 6], [1, 4, 6]]
+    with pytest.raises(ValueError, match=rf"to_trl: record 0 \(g/r0#1\) image {d} is not in images="):
+        interop.to_trl_rollout([a], images={})
+
+
+@pytest.mark.parametrize('name, fn, target', [
+    ('openrlhf', lambda i, r: i.to_openrlhf([r], pad_id=0), 'OpenRLHF'),
+    ('skyrl', lambda i, r: i.to_skyrl([r]), 'SkyRL'),
+    ('slime', lambda i, r: i.to_slime([r]), 'slime'),
+    ('prime-rl', lambda i, r: i.to_prime_rl([r]), 'prime-rl'),
+    ('sft', lambda i, r: i.to_sft([r]), 'an SFT row (input_ids and a mask)')])
+def test_trainers_without_images_refuse_them(img, name, fn, target):
+    from agentrl import interop
+    caller = {'prime-rl': 'to_prime_rl'}.get(name, f'to_{name}')
+    with pytest.raises(ValueError) as e:
+        fn(interop, image_record(img))
+    assert str(e.value) == (
+        f'{caller}: record 0 (g/r0#1) has 1 image(s) (info.images); {target} has no image input in its batch, so '
+        'their placeholder ids would train as text with no pixels behind them. Fix: export to verl or trl, or leave '
+        'the records with images out')
+
+
+def test_cli_export_trl_copies_images(tmp_path, img, capsys):
+    from agentrl.cli.main import main
+    d = images.image_digest(img)
+    run = written_run(tmp_path, [image_record(img)], {d: img})
+    out = tmp_path / 'out'
+    assert main(['export', str(run / 'trajectories'), '--to', 'trl', '--out', str(out)]) == 0
+    r = json.loads((out / 'trl_rollout.json').read_text())
+    assert r['images'] == [[f'images/{d[7:]}.png']] and (out / r['images'][0][0]).read_bytes() == img
+    assert json.loads((out / 'manifest.json').read_text())['files'][-1] == f'images/{d[7:]}.png'
+    assert main(['export', str(run / 'trajectories'), '--to', 'openrlhf', '--out', str(tmp_path / 'o2')]) != 0
