@@ -115,10 +115,12 @@ def image_grids(rec, end: int) -> torch.Tensor:
 def mrope_positions(rec, end: int) -> torch.Tensor:
     """``[3, end]`` int64 rope positions (temporal, height, width) of ``ids[:end]``, the Qwen2-VL rule for images.
 
-    Text tokens take one position in all three rows, one past the largest so far; an image's run of
+    Text tokens take one position in all three rows, counting on from the last; an image's run of
     ``t * (h/m) * (w/m)`` placeholder ids (``m`` = merge size) takes ``base + (t_i, h_i, w_i)`` over its merged
-    grid, with ``base`` the position the next text token would take; the text after it continues one past the
-    image's largest. A record without images gets ``arange(end)`` in every row.
+    grid, with ``base`` the position the next text token would have taken, and the text after it goes on at
+    ``base + max(h/m, w/m)`` (transformers 5.10 ``Qwen2VLModel.get_rope_index``, which verl 0.9.1 calls; for an
+    image, ``t`` = 1, that is one past the image's largest position). A record without images gets
+    ``arange(end)`` in every row.
 
     Raises:
         ValueError: a malformed ``info['images']`` (the check refuses such records first).
@@ -132,7 +134,7 @@ def mrope_positions(rec, end: int) -> torch.Tensor:
         t, h, w = ref.grid[0], ref.grid[1] // ref.merge_size, ref.grid[2] // ref.merge_size
         grid = torch.stack(torch.meshgrid(torch.arange(t), torch.arange(h), torch.arange(w), indexing='ij'))
         pos[:, ref.start:ref.start + ref.length] = grid.reshape(3, -1) + nxt
-        nxt = int(pos[:, ref.start:ref.start + ref.length].max()) + 1
+        nxt += max(h, w)
         cur = ref.start + ref.length
     pos[:, cur:end] = torch.arange(nxt, nxt + end - cur)
     return pos
