@@ -330,3 +330,49 @@ def test_cli_export_trl_copies_images(tmp_path, img, capsys):
     assert r['images'] == [[f'images/{d[7:]}.png']] and (out / r['images'][0][0]).read_bytes() == img
     assert json.loads((out / 'manifest.json').read_text())['files'][-1] == f'images/{d[7:]}.png'
     assert main(['export', str(run / 'trajectories'), '--to', 'openrlhf', '--out', str(tmp_path / 'o2')]) != 0
+
+
+# ----------------------------------------------------------------------------- show and report
+
+def test_strip_draws_an_image_run_as_one_cell_with_a_thumbnail(tmp_path, img):
+    import base64
+    import re
+
+    from agentrl import viz
+    from agentrl.viz.term import term_lines
+    d = images.image_digest(img)
+    run = written_run(tmp_path, [image_record(img)], {d: img})
+    rec = store.read_trajectories(run / 'trajectories')[0]
+    strip = viz.build_strip(rec, viz.id_decoder, images=run / 'trajectories')
+    segs = [(s.owner, s.start, s.stop, s.image is not None) for s in strip.segments]
+    assert segs == [('template', 0, 1, False), ('prompt', 1, 2, False), ('template', 2, 3, False),
+                    ('prompt', 3, 9, True), ('template', 9, 10, False), ('prompt', 10, 11, False),
+                    ('policy', 11, 14, False)]
+    im = strip.segments[3].image
+    assert (im['index'], im['digest'], im['grid'], im['length']) == (0, d, [1, 4, 6], 6)
+    html = viz.to_html(strip)
+    assert html.count(f'data-id="{PAD}"') == 1                       # one cell, not 6 pad tokens
+    cell = re.search(r'<span class="tok img o-prompt m0"[^>]*>.*?</span></span>', html).group(0)
+    src = re.search(r'<img src="data:image/png;base64,([^"]+)"', cell).group(1)
+    thumb = base64.b64decode(src)
+    assert thumb[:8] == b'\x89PNG\r\n\x1a\n' and len(thumb) <= images.THUMB_MAX_BYTES
+    assert 'image 0 \u00b7 6 tokens (pos 3\u20138)' in cell and f'data-digest="{d}" data-n="6"' in cell
+    assert "img-src data:" in html and 'http' not in cell
+    text = '\n'.join(line.plain for line in term_lines(strip, 120))
+    assert f'[image 0 \u00b7 6 prompt tokens \u00b7 {d[:19]}\u2026]' in text and str(PAD) not in text
+    assert '<text class="t-prompt"' in viz.to_svg(strip) and 'image 0 \u00d7 6' in viz.to_svg(strip)
+    # without the run folder: the same cell, no thumbnail
+    bare = viz.to_html(viz.build_strip(rec, viz.id_decoder))
+    assert bare.count(f'data-id="{PAD}"') == 1 and '<img' not in bare
+
+
+def test_show_and_report_draw_the_thumbnail(tmp_path, img):
+    from agentrl import viz
+    from agentrl.jobs.show import ShowOptions, Shown, draw
+    d = images.image_digest(img)
+    run = written_run(tmp_path, [image_record(img)], {d: img})
+    rec = store.read_trajectories(run / 'trajectories')[0]
+    strip = draw(ShowOptions(path=str(run / 'trajectories')), Shown(rec, 1, 0, viz.id_decoder))
+    assert strip.segments[3].image['thumb'].startswith('data:image/png;base64,')
+    html = viz.report_html([rec], run_dir=str(run), decoder=viz.id_decoder)
+    assert html.count('<img src="data:image/png;base64,') == 1 and html.count(f'data-id="{PAD}"') == 1

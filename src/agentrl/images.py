@@ -24,7 +24,7 @@ from . import io
 __all__ = ['IMAGES_DIR', 'IMAGE_TOKEN_IDS', 'IMAGE_OWNERS', 'ImageRef', 'image_digest', 'image_format',
            'ImageEntryError', 'run_folder', 'images_folder', 'image_path', 'store_image', 'store_images', 'load_image',
            'verify_image', 'parse_images', 'image_token_id', 'record_images', 'has_images', 'referenced_digests',
-           'persist_images']
+           'persist_images', 'thumbnail_url', 'THUMB_MAX_BYTES']
 
 #: The folder of a run that holds its images, one file per digest.
 IMAGES_DIR = 'images'
@@ -68,13 +68,13 @@ def _hex(digest: str) -> str:
 def run_folder(path: str | os.PathLike) -> Path:
     """The run folder a trajectory path belongs to: the folder whose ``images/`` holds its images.
 
-    ``RUN`` (a folder with ``run.json`` or ``trajectories/``) is itself; a shard folder ``RUN/trajectories``
+    ``RUN`` (a folder with ``run.json``, ``trajectories/`` or ``images/``) is itself; a shard folder ``RUN/trajectories``
     or any folder of shards gives its parent; a shard file ``D/part-NNNNNN.parquet`` gives ``D``'s parent;
     any other file (``RUN/trajectories.parquet``) gives its folder. Raises nothing (the path need not exist).
     """
     p = Path(path)
     if p.is_dir():
-        return p if (p / 'run.json').is_file() or (p / 'trajectories').is_dir() else p.parent
+        return p if (p / 'run.json').is_file() or (p / 'trajectories').is_dir() or (p / IMAGES_DIR).is_dir() else p.parent
     if _SHARD_RE.match(p.name):
         return p.parent.parent
     return p.parent
@@ -318,8 +318,7 @@ def record_images(record, run: str | os.PathLike) -> list[bytes]:
         ValueError, FileNotFoundError: a malformed ``info['images']`` (:func:`parse_images`), or an image
             missing or changed (:func:`load_image`).
     """
-    folder = Path(run)
-    folder = folder if (folder / IMAGES_DIR).is_dir() else run_folder(folder)
+    folder = run_folder(run)
     return [load_image(folder, ref.digest) for ref in parse_images((record.info or {}).get('images'))]
 
 
@@ -364,3 +363,41 @@ def persist_images(run: str | os.PathLike, records: Iterable, images: Mapping[st
             raise ValueError(f'record {i} info.images[{k}].digest {d!r} is neither in images= nor stored in '
                              f'{str(Path(run) / IMAGES_DIR)!r}; pass its bytes: write(records, images={{digest: bytes}})')
     return written
+
+
+#: The largest thumbnail a page embeds, in bytes of PNG (its ``data:`` URL is a third longer).
+THUMB_MAX_BYTES = 16 << 10
+
+
+def thumbnail_url(run: str | os.PathLike, digest: str, max_side: int = 96) -> str:
+    """A small ``data:image/png;base64,...`` (or ``image/jpeg``) URL of a stored image, for pages that fetch nothing.
+
+    With Pillow installed the image is scaled to at most ``max_side`` pixels a side and written as PNG; without
+    it the stored bytes are used as they are when they are at most :data:`THUMB_MAX_BYTES`. Returns ``''`` when
+    the run lacks the image, its bytes do not match ``digest``, or no thumbnail under the bound can be made.
+    Raises nothing.
+    """
+    import base64
+    try:
+        data = load_image(run, digest)
+    except (OSError, ValueError):
+        return ''
+    try:
+        from PIL import Image
+    except ImportError:
+        Image = None
+    if Image is not None:
+        from io import BytesIO
+        try:
+            with Image.open(BytesIO(data)) as im:
+                im = im.convert('RGB')
+                im.thumbnail((max_side, max_side))
+                buf = BytesIO()
+                im.save(buf, format='PNG', optimize=True)
+            data = buf.getvalue()
+        except (OSError, ValueError):
+            return ''
+    if len(data) > THUMB_MAX_BYTES:
+        return ''
+    mime = 'png' if image_format(data) == 'png' else 'jpeg'
+    return f'data:image/{mime};base64,' + base64.b64encode(data).decode('ascii')

@@ -423,7 +423,7 @@ class Gateway:
         recs = session_records(session, self.upstream.model_name, policy=getattr(self.upstream, 'policy', 'hf'),
                                spec_of=getattr(self.upstream, 'record_spec', None), family=self.family)
         if recs:
-            self.writer().write(recs)
+            self.writer().write(recs, images=session.images or None)   # RUN/images before the shard naming them
         self.journal.append({'ev': 'committed', 'sid': session.sid, 'records': len(recs)})
         session.state = 'committed'
         self.records[session.sid] = len(recs)

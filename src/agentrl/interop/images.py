@@ -12,7 +12,6 @@ Source: docs/design.md#images; the layouts of verl 0.9.1 (``agent_loop.py`` ``_c
 from __future__ import annotations
 
 from io import BytesIO
-import os
 from collections.abc import Mapping
 
 import torch
@@ -61,8 +60,7 @@ def _bytes_of(ref: ImageRef, images, caller: str, key: str) -> bytes:
             raise ValueError(f'{caller}: images[{ref.digest!r}] hashes to {image_digest(data)!r}; key each image by '
                              'agentrl.images.image_digest of its bytes')
         return data
-    folder = images if os.path.isdir(os.path.join(images, 'images')) else run_folder(images)
-    return load_image(folder, ref.digest)
+    return load_image(run_folder(images), ref.digest)
 
 
 def _pil(data: bytes):
