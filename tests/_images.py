@@ -1,5 +1,5 @@
-"""Small images for the image tests, made here: PNG bytes from the standard library (zlib), and with PIL when
-it is installed (the interop venv has it; the main venv may not)."""
+"""Small images for the image tests, made here with the standard library (zlib): the main venv has no Pillow.
+The interop tests (tests/interop/test_images.py) read these PNGs back with Pillow."""
 from __future__ import annotations
 
 import struct
@@ -12,12 +12,10 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
 
 def png(width: int, height: int, seed: int = 0, level: int = 6) -> bytes:
     """An RGB PNG of ``width x height`` pixels whose content depends on ``seed`` (distinct seeds, distinct bytes):
-    horizontal bands with a seeded diagonal stripe, the kind of flat areas a screenshot has."""
+    a gradient with a seeded pixel on each row."""
     rows = []
     for y in range(height):
-        base = bytes(((x * 7 + y * 3 + seed * 31) & 0xff) for x in range(min(width, 256))) * (width // 256 + 1)
-        row = bytearray(base[:width * 1]) * 3
-        row = bytearray(row[:width * 3])
+        row = bytearray(((x * 7 + y * 3 + seed * 31 + c * 85) & 0xff) for x in range(width) for c in range(3))
         s = (seed * 17 + y) % width
         row[3 * s:3 * s + 3] = bytes(((seed >> 16) & 0xff, (seed >> 8) & 0xff, seed & 0xff))
         rows.append(b'\x00' + bytes(row))
