@@ -376,3 +376,14 @@ def test_show_and_report_draw_the_thumbnail(tmp_path, img):
     assert strip.segments[3].image['thumb'].startswith('data:image/png;base64,')
     html = viz.report_html([rec], run_dir=str(run), decoder=viz.id_decoder)
     assert html.count('<img src="data:image/png;base64,') == 1 and html.count(f'data-id="{PAD}"') == 1
+
+
+def test_gateway_keeps_a_calls_images_when_received(tmp_path, img):
+    from types import SimpleNamespace
+
+    from agentrl.gateway.service import Gateway
+    from agentrl.gateway.sessions import Session
+    s = Session('sid', {'group_id': 'g', 'rollout_id': 'r0'})
+    d = images.image_digest(img)
+    Gateway.keep_images(SimpleNamespace(out=tmp_path), s, {d: img})
+    assert s.images == {d: img} and images.load_image(tmp_path, d) == img

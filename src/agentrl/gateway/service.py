@@ -132,6 +132,17 @@ class Gateway:
             self._writer = ShardWriter(self.out / 'trajectories')
         return self._writer
 
+    def keep_images(self, session: Session, images: dict) -> None:
+        """Store a call's images (``digest -> bytes``) in ``RUN/images`` now, and remember them for the commit.
+
+        Stored when received, so a record committed after a restart (whose session images are not journalled)
+        still finds them (docs/design.md#images). Raises ValueError: a key that is not its bytes' digest, or
+        bytes neither PNG nor JPEG (:func:`agentrl.images.store_images`).
+        """
+        from ..images import store_images
+        store_images(self.out, images)
+        session.images.update(images)
+
     def _family_stops(self, name: str | None):
         """The model family; its stop ids that the bare template lacks (gpt-oss ``<|call|>``) join
         ``template_options['stop_tokens']``, so every template records such a stop as a stop (docs/design.md#stops).
