@@ -221,7 +221,7 @@ def test_a_finish_whose_records_could_not_be_stored_can_be_sent_again(upstream, 
     writer = gw.writer()
     real = writer.write
 
-    def fail_once(recs):
+    def fail_once(recs, images=None):
         monkeypatch.setattr(writer, 'write', real)
         raise OSError(errno.EIO, os.strerror(errno.EIO))
     monkeypatch.setattr(writer, 'write', fail_once)

@@ -20,7 +20,7 @@ __all__ = [
     'TokenIdError', 'NonFiniteRewardError', 'DigestMismatchError', 'DuplicateRecordError', 'MalformedRowError',
     'NotReplayableError',
     'SamplerMismatchError', 'MissingGroupError', 'GroupSizeError', 'ConstrainedSupportError',
-    'CallSpanError',
+    'CallSpanError', 'ImageRunError', 'MissingImageError', 'ImageInLossError',
 ]
 
 
@@ -244,3 +244,20 @@ class ConstrainedSupportError(RecordError):
 class CallSpanError(RecordError):
     """A stored tool-call status (``info['turn_calls']``) is unknown, or its token span is outside the ids, over
     tokens the policy did not sample, or over another turn (:mod:`agentrl.checks.calls`)."""
+
+
+class ImageRunError(RecordError):
+    """A record's ``info['images']`` disagrees with its ids: an entry malformed, a placeholder run whose length is
+    not its grid's ``t*h*w // merge_size**2``, a run over ids that are not the placeholder, a placeholder id outside
+    every run, overlapping runs, or placeholder ids not owned by whoever supplied the image
+    (:mod:`agentrl.checks.images`; docs/design.md#images)."""
+
+
+class MissingImageError(RecordError):
+    """An image a record names is not in its run's ``images/`` folder, or the stored bytes do not hash to its digest
+    (:mod:`agentrl.checks.images`; docs/design.md#images)."""
+
+
+class ImageInLossError(RecordError):
+    """Image placeholder ids in the loss: policy-owned, or ``action_mask`` 1 on a position that predicts one
+    (:mod:`agentrl.checks.images`; docs/design.md#images)."""

@@ -208,6 +208,7 @@ def run(args) -> int:
     opts.validate()
     from .. import interop, store
     from ..gateway.records import train_shared_once
+    from ..images import run_folder
     require_accepted(opts.source())             # what `agentrl check` refuses is never exported; nothing written yet
     records = train_shared_once(store.read_trajectories(opts.source()))   # gateway forks: each sampled token once
     if opts.mask_forced:
@@ -233,7 +234,7 @@ def run(args) -> int:
     m = interop.export(records, opts.to, opts.out, pad_id=opts.pad_id, trim=False if opts.no_trim else None,
                        allow_support_mismatch=opts.allow_support_mismatch, sort_groups=opts.sort_groups,
                        prompt_length=opts.prompt_length, response_length=opts.response_length,
-                       split_turns=opts.split_turns, correction=corr)
+                       split_turns=opts.split_turns, correction=corr, images=run_folder(opts.source()))
     if masked_calls is not None:
         _add_to_manifest(opts.out, mask_malformed_calls=masked_calls)
     note = incomplete_note(opts.run, records)

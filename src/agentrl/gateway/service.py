@@ -160,6 +160,17 @@ class Gateway:
                                     f'{e.strerror or e}); nothing of this request was kept: free space on that disk '
                                     'and send it again', type='server_error', code='journal_unwritable') from None
 
+    def keep_images(self, session: Session, images: dict) -> None:
+        """Store a call's images (``digest -> bytes``) in ``RUN/images`` now, and remember them for the commit.
+
+        Stored when received, so a record committed after a restart (whose session images are not journalled)
+        still finds them (docs/design.md#images). Raises ValueError: a key that is not its bytes' digest, or
+        bytes neither PNG nor JPEG (:func:`agentrl.images.store_images`).
+        """
+        from ..images import store_images
+        store_images(self.out, images)
+        session.images.update(images)
+
     def _family_stops(self, name: str | None):
         """The model family; its stop ids that the bare template lacks (gpt-oss ``<|call|>``) join
         ``template_options['stop_tokens']``, so every template records such a stop as a stop (docs/design.md#stops).
@@ -581,7 +592,7 @@ class Gateway:
         recs = session_records(session, self.upstream.model_name, policy=getattr(self.upstream, 'policy', 'hf'),
                                spec_of=getattr(self.upstream, 'record_spec', None), family=self.family)
         if recs:
-            self.writer().write(recs)
+            self.writer().write(recs, images=session.images or None)   # RUN/images before the shard naming them
         session.state = 'committed'
         closed = {'describe': dict(session.describe(), records=len(recs)),
                   'stats': session_stats(session, len(recs))}

@@ -238,6 +238,7 @@ class Session:
         self.template_kwargs = None        # the template options of the first call (request_options)
         self.last_messages: list = []      # the messages of the latest call (the journal stores calls as deltas)
         self.checked: tuple | None = None  # (raw, checked) messages of the latest parsed request (parse_request)
+        self.images: dict = {}             # digest -> bytes of the images its calls received (stored at commit)
 
     # ------------------------------------------------------------------ planning
     def plan(self, messages: list, tools_key: str, template, family) -> Plan:

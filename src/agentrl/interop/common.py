@@ -23,6 +23,7 @@ import torch
 from ..checks import errors as E
 from ..checks.acceptance import find_problems
 from ..record import OWNER, Provenance, SamplingSpec, Trajectory
+from .images import refuse_images
 
 __all__ = ['Split', 'split', 'split_turns', 'check_exportable', 'check_support', 'SupportMismatchWarning',
            'expected_step0_ratio', 'check_groups', 'group_key', 'sort_by_group', 'record_from_response',
@@ -516,7 +517,7 @@ def record_from_response(prompt_ids, response_ids, response_mask, response_logp,
 
 
 def prepare_export(records, caller: str, target: str, *, allow_support_mismatch: bool = False,
-                   replays_top_p: bool = False, groups: str | None = None):
+                   replays_top_p: bool = False, groups: str | None = None, images: bool = False):
     """The checks every RL exporter runs first: some records, sampled, on the target's support, grouped.
 
     Args:
@@ -525,17 +526,21 @@ def prepare_export(records, caller: str, target: str, *, allow_support_mismatch:
         target: the framework, as :func:`check_support` names it.
         allow_support_mismatch, replays_top_p: see :func:`check_support`.
         groups: when given, the target groups rows by position: :func:`check_groups` with this description.
+        images: the target takes images beside the ids (verl, TRL); False: a record that lists images is
+            refused (:func:`agentrl.interop.images.refuse_images`).
 
     Returns:
         ``(records as a list, the records' temperature or None)``.
 
     Raises:
-        ValueError: no records. RecordError: what :func:`check_exportable`, :func:`check_support` and
-            :func:`check_groups` refuse.
+        ValueError: no records; a record with images for a target without an image input. RecordError: what
+            :func:`check_exportable`, :func:`check_support` and :func:`check_groups` refuse.
     """
     records = list(records)
     if not records:
         raise ValueError(f'{caller}: no records; pass at least one')
+    if not images:
+        refuse_images(records, caller, target)
     check_exportable(records)
     temperature = check_support(records, target, allow_support_mismatch=allow_support_mismatch,
                                 replays_top_p=replays_top_p)

@@ -50,6 +50,16 @@ def _save_text(text: str, path: Path) -> None:
     atomic_write(path, text)
 
 
+def _copy_image(data: bytes, out: Path) -> str:
+    """Write an image's bytes once into ``out/images/<hex>.<ext>``; return that path relative to ``out``."""
+    from ..images import image_digest, image_format
+    rel = f'images/{image_digest(data)[len("sha256:"):]}.{image_format(data)}'
+    if not (out / rel).exists():
+        (out / 'images').mkdir(exist_ok=True)
+        atomic_write(out / rel, data)
+    return rel
+
+
 def _save_parquet(rows: list, path: Path) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -59,7 +69,7 @@ def _save_parquet(rows: list, path: Path) -> None:
 
 
 def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict, opts: dict,
-                 prompt_length: int | None, response_length: int | None, post=None) -> list:
+                 prompt_length: int | None, response_length: int | None, post=None, images=None) -> list:
     """Write ``framework``'s files for ``records`` into ``out`` (see :func:`export`); return their names.
 
     ``post(obj, rollout=None)`` (the correction, :func:`agentrl.interop.correction.apply_correction`) edits
@@ -68,7 +78,7 @@ def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict
     files = []
     if framework == 'verl':
         d = post(verl.to_verl(records, pad_id=pad_id, prompt_length=prompt_length, response_length=response_length,
-                              **tr, **opts))
+                              images=images, **tr, **opts))
         _save_pt(verl._as_saveable(d), out / 'verl_batch.pt')
         files.append('verl_batch.pt')
         try:
@@ -81,13 +91,15 @@ def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict
                 dp.save_to_disk(tmp)
             files.append('gen_batch.dp')
     elif framework == 'trl':
-        r = trl.to_trl_rollout(records, **tr, **opts)
+        r = trl.to_trl_rollout(records, images=images, **tr, **opts)
         with warnings.catch_warnings():                 # the same records: warned about just above
             warnings.simplefilter('ignore', SupportMismatchWarning)
-            d = post(trl.to_trl(records, pad_id=pad_id, **tr, **opts), rollout=r)
+            d = post(trl.to_trl(records, pad_id=pad_id, images=images, **tr, **opts), rollout=r)
         _save_pt(d, out / 'trl_batch.pt')
+        if 'images' in r:                               # JSON holds paths: the images are copied beside it
+            r = dict(r, images=[[_copy_image(b, out) for b in row] for row in r['images']])
         _save_text(json.dumps(r), out / 'trl_rollout.json')
-        files += ['trl_batch.pt', 'trl_rollout.json']
+        files += ['trl_batch.pt', 'trl_rollout.json'] + sorted({p for row in r.get('images', ()) for p in row})
     elif framework == 'slime':
         _save_pt({'samples': post(slime.to_slime(records, **tr, **opts))}, out / '0.pt')
         files.append('0.pt')
@@ -110,7 +122,7 @@ def _write_files(framework: str, records: list, out: Path, pad_id: int, tr: dict
 
 def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None = None,
            allow_support_mismatch: bool = False, sort_groups: bool = False, prompt_length: int | None = None,
-           response_length: int | None = None, split_turns: bool = False, correction=None) -> dict:
+           response_length: int | None = None, split_turns: bool = False, correction=None, images=None) -> dict:
     """Export ``records`` for ``framework`` into folder ``out``; return the manifest (also ``out/manifest.json``).
 
     Args:
@@ -131,6 +143,9 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
             model and write the weights and rejection mask into the trainer's own fields
             (:data:`~agentrl.interop.correction.CORRECTION_FIELDS`); the manifest's ``correction`` entry
             records mode, thresholds, model fingerprint and weight statistics. None: no correction.
+        images: where the records' images are: the run folder (or any trajectory path of the run), or
+            ``digest -> bytes``. verl and TRL export them (``trl_rollout.json`` names copies in ``out/images/``);
+            every other framework refuses a record with images (docs/design.md#images).
 
     Raises:
         ValueError: an unknown framework, ``split_turns`` for verl or TRL, a correction for an SFT export, or a
@@ -172,7 +187,8 @@ def export(records, framework: str, out, *, pad_id: int = 0, trim: bool | None =
     try:
         opts = {'allow_support_mismatch': allow_support_mismatch}
         tr = {} if trim is None else {'trim': trim}
-        files = _write_files(framework, records, work, pad_id, tr, opts, prompt_length, response_length, post)
+        files = _write_files(framework, records, work, pad_id, tr, opts, prompt_length, response_length, post,
+                             images)
         manifest = {'framework': framework, 'files': files, 'records': len(records), 'pad_id': pad_id,
                     'trim': trim, 'allow_support_mismatch': allow_support_mismatch, 'sort_groups': sort_groups,
                     'split_turns': split_turns,

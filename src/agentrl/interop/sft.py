@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..checks import errors as E
 from .common import check_exportable, split
+from .images import refuse_images
 
 __all__ = ['to_sft', 'check_sft_row', 'SFT_FORMS']
 
@@ -57,6 +58,7 @@ def to_sft(records, *, form: str = 'assistant_masks') -> list[dict]:
     if form not in SFT_FORMS:
         raise ValueError(f'to_sft: form={form!r}; use one of {SFT_FORMS}')
     records = list(records)
+    refuse_images(records, 'to_sft', 'an SFT row (input_ids and a mask)')
     check_exportable(records, need_logp=False)
     out = []
     for i, r in enumerate(records):

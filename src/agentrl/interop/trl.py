@@ -12,6 +12,11 @@ Two forms (TRL 1.16, ``trl/trainer/grpo_trainer.py``):
    ``tool_mask [B, Cmax]`` int64 right-padded with **1** (TRL pads it with 1; the loss mask is
    ``completion_mask * tool_mask``); ``sampling_per_token_logps [B, Cmax]`` float32, 0.0 pad.
 
+Records with images (``info['images']``, docs/design.md#images) add an ``images`` column: per row the list of
+its images (bytes, or PIL with ``image_form='pil'``), the column ``GRPOTrainer`` reads from its inputs
+(``example.get("images")``); the padded batch also gets ``image_grid_thw [n, 3]`` int64 (every row's grids in
+order) and ``num_images [B]`` (TRL splits ``image_grid_thw`` per row with it); pixels come from the trainer's processor.
+
 Traps handled: the ``P-1`` slice; TRL pads ``tool_mask`` with 1 (only ``completion_mask`` stops the
 padding from training); the trailing observation is trimmed because TRL calls a completion whose
 last token is not EOS/pad truncated (``mask_truncated_completions`` zeroes the whole row); groups
@@ -28,13 +33,15 @@ from ..record import Provenance, SamplingSpec, Trajectory
 from ..checks import errors as E
 from .common import (as_list, check_ids, check_mask, check_reward, check_same, prepare_export, provenance_for_import,
                      record_from_response, ResponseColumns, split)
+from ..images import has_images
+from .images import image_grids, row_images
 from .owners import finish_import
 
 __all__ = ['to_trl', 'to_trl_rollout', 'from_trl', 'trl_rollout_func', 'trl_reward']
 
 
 def to_trl_rollout(records, *, trim: bool = True, allow_support_mismatch: bool = False,
-                   check_group_order: bool = True) -> dict:
+                   check_group_order: bool = True, images=None, image_form: str = 'bytes') -> dict:
     """Export records as the dict a TRL ``rollout_func`` returns (lists, one row per record).
 
     Args:
@@ -42,22 +49,30 @@ def to_trl_rollout(records, *, trim: bool = True, allow_support_mismatch: bool =
         trim: drop the trailing observation ``ids[E:]`` (default True; False keeps every token).
         allow_support_mismatch: warn instead of refusing top-k/top-p log-probs.
         check_group_order: refuse groups whose rows are not consecutive (TRL groups by position).
+        images: where the records' images are (the run folder, or ``digest -> bytes``); needed only when a
+            record lists images. image_form: ``'bytes'`` or ``'pil'`` (:data:`agentrl.interop.images.IMAGE_FORMS`).
 
     Returns:
         ``{'prompt_ids': [[int]], 'completion_ids': [[int]], 'logprobs': [[float]], 'env_mask': [[int]],
-        'agentrl_reward': [float], 'agentrl_provenance': [str | None], 'agentrl_info': [str]}``.
+        'agentrl_reward': [float], 'agentrl_provenance': [str | None], 'agentrl_info': [str]}``, plus
+        ``'images': [[bytes | PIL.Image]]`` and ``'image_grid_thw': [[[t, h, w], ...]]`` (per row) when a
+        record lists images.
 
     Raises:
         agentrl.checks.errors.RecordError: refused records (see :func:`agentrl.interop.common.check_exportable`),
-            SupportMismatchError, or GroupOrderError.
+            SupportMismatchError, or GroupOrderError. ValueError, FileNotFoundError: records with images whose
+            images cannot be loaded (:func:`agentrl.interop.images.row_images`).
     """
     records, _ = prepare_export(records, 'to_trl', 'TRL', allow_support_mismatch=allow_support_mismatch,
-                                groups='TRL (num_generations consecutive rows)' if check_group_order else None)
+                                groups='TRL (num_generations consecutive rows)' if check_group_order else None,
+                                images=True)
+    ends = []
     out = {k: [] for k in ('prompt_ids', 'completion_ids', 'logprobs', 'env_mask', 'agentrl_reward',
                            'agentrl_provenance', 'agentrl_info')}
     for i, rec in enumerate(records):
         s = split(rec, i)
         end = s.end(trim)
+        ends.append(end)
         ids = rec.ids.tolist()
         out['prompt_ids'].append(ids[:s.P])
         out['completion_ids'].append(ids[s.P:end])
@@ -66,28 +81,32 @@ def to_trl_rollout(records, *, trim: bool = True, allow_support_mismatch: bool =
         out['agentrl_reward'].append(float(rec.reward))
         out['agentrl_provenance'].append(None if rec.provenance is None else rec.provenance.to_json())
         out['agentrl_info'].append(json.dumps(rec.info, sort_keys=True, default=str))
+    if any(has_images(r.info) for r in records):
+        out['images'] = row_images(records, ends, images, 'to_trl', image_form)
+        out['image_grid_thw'] = [image_grids(r, e).tolist() for r, e in zip(records, ends)]
     return out
 
 
 def to_trl(records, *, pad_id: int, trim: bool = True, allow_support_mismatch: bool = False,
-           check_group_order: bool = True) -> dict:
+           check_group_order: bool = True, images=None, image_form: str = 'bytes') -> dict:
     """Export records as the padded tensors ``GRPOTrainer._generate_and_score_completions`` builds.
 
     Args:
-        records, trim, allow_support_mismatch, check_group_order: as in :func:`to_trl_rollout`.
+        records, trim, allow_support_mismatch, check_group_order, images, image_form: as in :func:`to_trl_rollout`.
         pad_id: the tokenizer's pad id.
 
     Returns:
         dict with ``prompt_ids``, ``prompt_mask`` ``[B, Pmax]`` int64 (left pad), ``completion_ids``,
         ``completion_mask``, ``tool_mask`` ``[B, Cmax]`` int64 (right pad; ``tool_mask`` padded with 1),
         ``sampling_per_token_logps [B, Cmax]`` float32 (0.0 pad), ``rewards [B]`` float32, plus the
-        ``agentrl_provenance`` / ``agentrl_info`` lists.
+        ``agentrl_provenance`` / ``agentrl_info`` lists; with images also ``images`` (per row),
+        ``image_grid_thw [n, 3]`` int64 and ``num_images [B]`` (module docstring).
 
     Raises:
         As :func:`to_trl_rollout`.
     """
     d = to_trl_rollout(records, trim=trim, allow_support_mismatch=allow_support_mismatch,
-                       check_group_order=check_group_order)
+                       check_group_order=check_group_order, images=images, image_form=image_form)
     P, C = d['prompt_ids'], d['completion_ids']
     long = torch.long
     prompt_ids = pad_rows(P, None, pad_id, side='left', dtype=long)
@@ -97,10 +116,16 @@ def to_trl(records, *, pad_id: int, trim: bool = True, allow_support_mismatch: b
     completion_mask = pad_rows([[1] * len(c) for c in C], Cm, 0, dtype=long)
     tool_mask = pad_rows(d['env_mask'], Cm, 1, dtype=long)                    # TRL pads tool_mask with 1
     logps = pad_rows(d['logprobs'], Cm, 0.0, dtype=torch.float32)
-    return {'prompt_ids': prompt_ids, 'prompt_mask': prompt_mask, 'completion_ids': completion_ids,
-            'completion_mask': completion_mask, 'tool_mask': tool_mask, 'sampling_per_token_logps': logps,
-            'rewards': torch.tensor(d['agentrl_reward'], dtype=torch.float32),
-            'agentrl_provenance': d['agentrl_provenance'], 'agentrl_info': d['agentrl_info']}
+    out = {'prompt_ids': prompt_ids, 'prompt_mask': prompt_mask, 'completion_ids': completion_ids,
+           'completion_mask': completion_mask, 'tool_mask': tool_mask, 'sampling_per_token_logps': logps,
+           'rewards': torch.tensor(d['agentrl_reward'], dtype=torch.float32),
+           'agentrl_provenance': d['agentrl_provenance'], 'agentrl_info': d['agentrl_info']}
+    if 'images' in d:
+        out['images'] = d['images']
+        out['num_images'] = [len(x) for x in d['images']]
+        out['image_grid_thw'] = torch.tensor([g for row in d['image_grid_thw'] for g in row],
+                                             dtype=torch.long).reshape(-1, 3)
+    return out
 
 
 def from_trl(data, *, spec: SamplingSpec | None = None, tokenizer=None, model: str = '',

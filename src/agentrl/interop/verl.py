@@ -21,6 +21,13 @@ Non-tensor (object arrays): ``uid`` (GRPO groups rows by it: ``provenance.group_
 :func:`from_verl` gives the record back). ``meta_info['temperature']`` is the sampling temperature
 (verl divides the logits by it when it recomputes log-probs).
 
+Records with images (``info['images']``, docs/design.md#images) add, per row, ``multi_modal_data``
+``{'images': [bytes or PIL]}`` (the key verl 0.9.1's agent loop gives its processor) and ``multi_modal_inputs``
+``{'image_grid_thw': [n, 3] int64, 'images_seqlens': [sum t] int64}`` (pixel-free: the trainer's processor makes
+``pixel_values`` from the images); ``{}`` for a row without images. ``position_ids`` is then ``[B, 4, Lp+Lr]``
+as verl's ``_compute_position_ids`` builds it for Qwen-VL: row 0 the text positions, rows 1-3 the 3-D rope
+positions (:func:`agentrl.interop.images.mrope_positions`), 1 on padding.
+
 Traps handled: the ``P-1`` slice (only after it does ``response_mask`` equal agentrl's mask);
 fixed widths (a prompt longer than ``Lp`` would be left-truncated by verl: refused here); the
 trailing observation ``ids[E:]`` is trimmed so ``rm_scores`` lands on a policy token.
@@ -40,7 +47,9 @@ from ..checks import errors as E
 from ..record import Provenance, SamplingSpec, Trajectory
 from .common import (ResponseColumns, as_list, check_ids, check_len, check_mask, check_same, load_pt, prepare_export,
                      provenance_for_import, record_from_response, source_fix, split)
+from ..images import has_images
 from ..io import env_bound
+from .images import image_grids, mrope_positions, row_images
 from .owners import finish_import
 __all__ = ['to_verl', 'to_verl_dataproto', 'from_verl', 'MAX_WIDTH', 'MAX_EXPORT_BYTES']
 
@@ -71,7 +80,7 @@ def _check_widths(B: int, Lp: int, Lr: int, longest_p: int, longest_r: int) -> N
 
 
 def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_length: int | None = None,
-            trim: bool = True, allow_support_mismatch: bool = False) -> dict:
+            trim: bool = True, allow_support_mismatch: bool = False, images=None, image_form: str = 'bytes') -> dict:
     """Export records as verl's rollout batch (plain tensors; see :func:`to_verl_dataproto`).
 
     Args:
@@ -82,6 +91,8 @@ def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_
         trim: drop the trailing observation ``ids[E:]`` (default True; False keeps every token,
             for an exact round trip).
         allow_support_mismatch: export top-k/top-p log-probs with a warning instead of refusing.
+        images: where the records' images are (the run folder, or ``digest -> bytes``); needed only when a
+            record lists images. image_form: ``'bytes'`` or ``'pil'`` (:data:`agentrl.interop.images.IMAGE_FORMS`).
 
     Returns:
         ``{'batch': {name: tensor}, 'non_tensor_batch': {name: np.ndarray[object]}, 'meta_info': {...}}``
@@ -92,13 +103,18 @@ def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_
             log-probs (ScriptedRecordError) or a support mismatch (SupportMismatchError).
         ValueError: no records, a prompt longer than ``prompt_length`` (verl would left-truncate
             it) or a response longer than ``response_length`` (fix: raise the width); a width over
-            :data:`MAX_WIDTH`, or tensors over ``AGENTRL_MAX_EXPORT_BYTES`` (docs/design.md#bounds).
+            :data:`MAX_WIDTH`, or tensors over ``AGENTRL_MAX_EXPORT_BYTES`` (docs/design.md#bounds); records
+            with images and no ``images`` (see :func:`agentrl.interop.images.row_images`).
+        FileNotFoundError: an image the run folder lacks.
     """
-    records, temperature = prepare_export(records, 'to_verl', 'verl', allow_support_mismatch=allow_support_mismatch)
+    records, temperature = prepare_export(records, 'to_verl', 'verl', allow_support_mismatch=allow_support_mismatch,
+                                          images=True)
+    ends = []
     prompts, responses, masks, logps, rewards, uids, turns, provs, infos = [], [], [], [], [], [], [], [], []
     for i, rec in enumerate(records):
         s = split(rec, i)
         end = s.end(trim)
+        ends.append(end)
         ids = rec.ids.tolist()
         prompts.append(ids[:s.P])
         responses.append(ids[s.P:end])
@@ -141,9 +157,33 @@ def to_verl(records, *, pad_id: int, prompt_length: int | None = None, response_
     obj = lambda xs: np.array(xs, dtype=object)  # noqa: E731
     non_tensor = {'uid': obj(uids), '__num_turns__': np.array(turns, dtype=np.int32),
                   'agentrl_provenance': obj(provs), 'agentrl_info': obj(infos)}
+    if any(has_images(r.info) for r in records):
+        _add_images(batch, non_tensor, records, ends, images, image_form)
     meta = {'temperature': 1.0 if temperature is None else float(temperature), 'pad_token_id': int(pad_id),
             'agentrl_trimmed': bool(trim)}
     return {'batch': batch, 'non_tensor_batch': non_tensor, 'meta_info': meta}
+
+
+def _add_images(batch: dict, non_tensor: dict, records, ends, images, image_form: str) -> None:
+    """Add ``multi_modal_data``, ``multi_modal_inputs`` and the ``[B, 4, L]`` position ids of a batch with images."""
+    loaded = row_images(records, ends, images, 'to_verl', image_form)
+    data, inputs = [], []
+    for rec, end, imgs in zip(records, ends, loaded):
+        grids = image_grids(rec, end)
+        data.append({'images': imgs} if imgs else {})
+        inputs.append({'image_grid_thw': grids,
+                       'images_seqlens': torch.repeat_interleave(grids[:, 1] * grids[:, 2], grids[:, 0])}
+                      if imgs else {})
+    attn = batch['attention_mask']
+    B, L = attn.shape
+    pos = torch.ones(B, 4, L, dtype=torch.long)
+    for b, (rec, end) in enumerate(zip(records, ends)):
+        cols = torch.nonzero(attn[b], as_tuple=True)[0]          # the row's real tokens: ids[:end] in order
+        pos[b, 0, cols] = torch.arange(len(cols))
+        pos[b, 1:, cols] = mrope_positions(rec, end)
+    batch['position_ids'] = pos
+    non_tensor['multi_modal_data'] = np.array(data, dtype=object)       # one dict per row
+    non_tensor['multi_modal_inputs'] = np.array(inputs, dtype=object)
 
 
 def to_verl_dataproto(records, **kwargs):

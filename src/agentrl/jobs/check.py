@@ -68,6 +68,7 @@ class CheckOptions:
             more than ``max_staleness`` steps old (:mod:`agentrl.checks.staleness`; docs/design.md#training).
         no_packed: replay right-padded batches instead of packed rows (:func:`agentrl.checks.score_sequences`).
         workers: Ray workers the shards are split across (0: this process; :mod:`agentrl.jobs.check_workers`).
+        image_token_id: the image placeholder id (None: each image's processor class's; :mod:`agentrl.checks.images`).
     """
     path: str = field(metadata={'positional': True, 'help': 'trajectory .parquet file or folder of shards'})
     model: str | None = field(default=None, metadata={
@@ -110,6 +111,9 @@ class CheckOptions:
         'min': 0, 'metavar': 'K', 'help': 'with --current-version: refuse records sampled more than K steps earlier'})
     no_packed: bool = field(default=False, metadata={
         'help': 'with --model: score right-padded batches instead of packed rows (the reference path; same numbers)'})
+    image_token_id: int | None = field(default=None, metadata={
+        'min': 0, 'metavar': 'ID', 'help': "the image placeholder id of records with images (default: their "
+                                           "processor class's, agentrl.images.IMAGE_TOKEN_IDS)"})
     workers: int = field(default=0, metadata={
         'min': 0, 'metavar': 'N', 'help': 'check the shards of a folder on N local Ray workers (0: in this process); '
                                           'the same report (agentrl.jobs.check_workers)'})
@@ -327,6 +331,16 @@ def _repeat_problem(verdict: str, first, key: str):
         fix='give the retry a new attempt with agentrl.checks.new_attempt(record)')
 
 
+def _image_problems(rec, file, token_id, verified: dict) -> list:
+    """The image gate of a record read from ``file`` (:func:`agentrl.checks.images.image_problems`; nothing to do,
+    and nothing imported, for a record without images)."""
+    if 'images' not in (rec.info or {}):
+        return []
+    from ..checks.images import image_problems
+    from ..images import run_folder
+    return image_problems(rec, run_folder(file), token_id, verified)
+
+
 def _tally(rep: CheckReport, rec) -> None:
     """Count a record's length, trained tokens, stop, truncation, policy and tool-call statuses."""
     prov = rec.provenance
@@ -448,6 +462,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
     seen = checks.Deduper(compact=True)     # identity (or digest) -> (file, row) where first seen
     from ..checks.consistency import OneTokenizerPerFile
     one_tokenizer = OneTokenizerPerFile()
+    verified_images: dict = {}              # (run, digest) -> finding: each stored image hashed once
     from .check_columnar import columnar_enabled, rows_to_check   # model-free: clean rows counted by columns
     source = (rows_to_check(opts, rep, seen, lambda prov: _expected(opts, base, prov, None), one_tokenizer)
               if columnar_enabled(opts) else store.scan(opts.path, opts.batch_size))
@@ -468,6 +483,7 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
             if verdict != checks.Deduper.NEW:
                 problems.append(_repeat_problem(verdict, first, key))
             problems += one_tokenizer.see(rec, row.file, row.row, problems)
+            problems += _image_problems(rec, row.file, opts.image_token_id, verified_images)
             _tally(rep, rec)
             problems += _versions(rep, rec, opts, key)
             drift = context_drift(rec)

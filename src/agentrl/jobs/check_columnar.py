@@ -9,7 +9,7 @@ first that is not accepted or repeats a key (:meth:`agentrl.checks.Deduper.first
 the batch's 64-bit keys) are registered at once (:meth:`~agentrl.checks.Deduper.add_new`: 24 bytes a
 record) and tallied into the report here (``array('i')`` lengths), without building a record (so
 without torch). From the first row that is not (malformed, edited, refused,
-repeated, or of a kind the columns do not cover: chat-template info, stored call statuses, ``turn_contexts``, imported
+repeated, or of a kind the columns do not cover: chat-template info, stored call statuses, images, ``turn_contexts``, imported
 context drift), the rest of its record batch is yielded as the :class:`agentrl.store.StoredRow` list
 that :func:`agentrl.store.scan` gives, and ``run_check`` checks those rows with the per-record rules.
 Same verdicts and messages, in the same order (tests/test_check_scale.py). The row-digest payload is
@@ -178,7 +178,8 @@ def _decode(py: dict, B: int) -> list:
             d = json.loads(info) if info is not None else {}
         except (TypeError, ValueError):
             d = None
-        ok = isinstance(d, dict) and 'template' not in d and 'import' not in d and 'turn_calls' not in d
+        ok = (isinstance(d, dict) and 'template' not in d and 'import' not in d and 'turn_calls' not in d
+              and 'images' not in d)              # images: the reference runs the image gate
         out.append((d, s[0] is not None or bool(ph), v[0]) if ok else None)
     return out
 

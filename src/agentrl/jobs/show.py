@@ -208,7 +208,9 @@ def find(opts: ShowOptions) -> Shown:
 def draw(opts: ShowOptions, shown: Shown):
     """The :class:`~agentrl.viz.Strip` of the shown record (folded runs, refusal marks)."""
     from .. import viz
-    return viz.build_strip(shown.record, shown.decoder, fold=opts.fold, marks=refusal_marks(shown.record))
+    images = None if opts.path.endswith('.json') else opts.path       # thumbnails from the run's images/
+    return viz.build_strip(shown.record, shown.decoder, fold=opts.fold, marks=refusal_marks(shown.record),
+                           images=images)
 
 
 def write_shown(opts: ShowOptions, fmt: str, strip, header: str) -> str | None:

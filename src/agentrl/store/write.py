@@ -11,12 +11,13 @@ import os
 import re
 from collections import ChainMap
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Mapping
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from .. import io
+from ..images import persist_images, run_folder
 from ..checks.identity import dedupe
 from ..record import Trajectory
 from .read import open_parquet, data_files
@@ -48,7 +49,8 @@ def _write_table(table: pa.Table, final: Path, fsync: bool, overwrite: bool) -> 
         _write_temp(table, tmp, fsync)
 
 
-def write_trajectories(path: str | os.PathLike, trajs: Iterable[Trajectory], *, fsync: bool = True) -> Path:
+def write_trajectories(path: str | os.PathLike, trajs: Iterable[Trajectory], *, fsync: bool = True,
+                       images: Mapping[str, bytes] | None = None) -> Path:
     """Write records to one Parquet file, atomically.
 
     The table is written to a hidden temporary file in the same folder, flushed, and renamed
@@ -58,13 +60,15 @@ def write_trajectories(path: str | os.PathLike, trajs: Iterable[Trajectory], *, 
         path: target file (``.parquet`` recommended); parent folders are created.
         trajs: the records (see :func:`to_table` for the layout).
         fsync: flush the file and folder to disk before returning (default True).
+        images: ``digest -> bytes`` of the images the records list in ``info['images']``, stored first in
+            the file's run folder (``RUN/images/``, :func:`agentrl.images.persist_images`).
 
     Returns:
         The written path.
 
     Raises:
-        ValueError: ``path`` is a folder (fix: use :class:`ShardWriter` for folders), or a record
-            cannot be stored (see :func:`to_table`).
+        ValueError: ``path`` is a folder (fix: use :class:`ShardWriter` for folders), a record
+            cannot be stored (see :func:`to_table`), or it lists an image neither given nor stored.
 
     Source: docs/design.md#integrity.
     """
@@ -73,7 +77,10 @@ def write_trajectories(path: str | os.PathLike, trajs: Iterable[Trajectory], *, 
         raise ValueError(f'write_trajectories: {str(final)!r} is a folder; pass a file path, or use '
                          'ShardWriter to append shards to a folder')
     final.parent.mkdir(parents=True, exist_ok=True)
-    _write_table(to_table(trajs), final, fsync, overwrite=True)
+    trajs = list(trajs)
+    table = to_table(trajs)
+    persist_images(run_folder(final), trajs, images, fsync=fsync)      # the images before the file that names them
+    _write_table(table, final, fsync, overwrite=True)
     return final
 
 
@@ -175,18 +182,22 @@ class ShardWriter:
             key = ('id', gi or '', ri or '', int(ai)) if ai is not None and (gi or ri) else ('digest', di)
             self._seen[key] = content_digest(di)
 
-    def write(self, trajs: Iterable[Trajectory]) -> Path | None:
+    def write(self, trajs: Iterable[Trajectory], images: Mapping[str, bytes] | None = None) -> Path | None:
         """Store the new records of ``trajs`` as one shard.
 
         Args:
             trajs: records; resends of stored records are skipped.
+            images: ``digest -> bytes`` of the images the records list in ``info['images']``; each is stored
+                once in the run folder (``RUN/images/``, the parent of a shard folder), before the shard
+                (:func:`agentrl.images.persist_images`), so a shard never names an image the run lacks.
 
         Returns:
             Path of the new shard, or None when every record was a resend (nothing written).
 
         Raises:
             IdentityConflictError: a record reuses a stored identity with different content.
-            ValueError: a record cannot be stored (see :func:`to_table`).
+            ValueError: a record cannot be stored (see :func:`to_table`), or it lists an image neither given
+                in ``images`` nor stored (naming the record and the digest).
         """
         new: dict = {}
         kept, n_resent = dedupe(trajs, seen=ChainMap(new, self._seen))
@@ -194,6 +205,7 @@ class ShardWriter:
             self.n_resent += n_resent
             return None
         table = to_table(kept, digests=list(new.values()))   # dedupe stored each kept record's digest in `new`
+        persist_images(run_folder(self.directory), kept, images, fsync=self.fsync)   # images before their shard
         while True:
             final = self.directory / f'part-{self._next:06d}.parquet'
             try:

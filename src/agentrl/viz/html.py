@@ -1,7 +1,8 @@
 """Interactive HTML view of a strip: one self-contained file, no network.
 
 Every token is a ``<span class="tok o-OWNER">`` cell (so ``document.querySelectorAll('.tok')``
-counts ``T``), coloured and outlined by owner; the stored action mask is a rule under each cell;
+counts ``T``, less each image's placeholder run, which is one ``<span class="tok img">`` cell with its thumbnail
+and ``data-n`` tokens), coloured and outlined by owner; the stored action mask is a rule under each cell;
 turn boundaries are marked; long tool observations and template preambles are collapsible; a
 hover (or keyboard focus) tooltip shows text, id, position, owner, turn, mask and sample
 log-prob. CSS and JS are inline and a Content-Security-Policy forbids any fetch.
@@ -48,6 +49,8 @@ h1{font-size:20px;margin:0 0 4px} h2{font-size:16px;margin:28px 0 8px}
 .fold>button,.fold-demo{font:11px/1 system-ui,sans-serif;border:1px dashed #999;background:#f7f7f7;border-radius:3px;
  padding:4px 6px;cursor:pointer;color:#444}
 .fold.collapsed>.tok{display:none}
+.tok.img{display:inline-flex;gap:4px;align-items:center;white-space:normal;font:11px/1.2 system-ui,sans-serif}
+.tok.img img{max-width:96px;max-height:96px;display:block}
 #tip{position:fixed;z-index:10;pointer-events:none;background:#111;color:#eee;font:12px/1.4 "DejaVu Sans Mono",
  Menlo,Consolas,monospace;padding:6px 8px;border-radius:4px;max-width:420px;white-space:pre-wrap}
 #tip[hidden]{display:none}
@@ -111,12 +114,29 @@ def _cell(c) -> str:
     return f'<span class="{" ".join(cls)}" tabindex="0"{attrs}>{escape(display_text(c.text))}</span>'
 
 
+def _image_cell(strip: Strip, seg) -> str:
+    """One cell for an image's run of placeholder ids: its thumbnail (an inline ``data:`` URL) and what it stands for."""
+    im = seg.image
+    first = strip.cells[seg.start]
+    masked = sum(c.mask or 0 for c in strip.cells[seg.start:seg.stop])
+    cls = f'tok img o-{seg.owner} ' + ('mx' if masked else 'm0')
+    label = f'image {im["index"]} · {len(seg)} tokens (pos {seg.start}–{seg.stop - 1})'
+    tip = f'{im["digest"]} grid {im["grid"]}'
+    attrs = (f' data-i="{seg.start}" data-id="{first.id}" data-o="{escape(seg.owner)}" data-t="{seg.turn}"'
+             f' data-m="{masked}" data-lp="-" data-x="{escape(tip, quote=True)}" data-image="{im["index"]}"'
+             f' data-digest="{escape(im["digest"])}" data-n="{len(seg)}"')
+    if masked:
+        attrs += f' data-k="{escape(f"mask 1 on {masked} placeholder tokens", quote=True)}"'
+    thumb = f'<img src="{im["thumb"]}" alt="image {im["index"]}">' if im['thumb'] else ''
+    return f'<span class="{cls}" tabindex="0"{attrs}>{thumb}<span>{escape(label)}</span></span>'
+
+
 def strip_fragment(strip: Strip, episode: int | None = None) -> str:
     """The ``<div class="strip">`` of one record (cells, turn marks, folds), without page chrome."""
     out = [f'<div class="strip" data-tokens="{len(strip.cells)}" data-policy="{strip.n_policy}"'
            f' data-mask-sum="{strip.mask_sum}"' + ('' if episode is None else f' data-episode="{episode}"') + '>']
     for seg in strip.segments:
-        cells = [_cell(c) for c in strip.cells[seg.start:seg.stop]]
+        cells = [_image_cell(strip, seg)] if seg.image else [_cell(c) for c in strip.cells[seg.start:seg.stop]]
         if seg.folded:
             label = f'{seg.owner} \u00b7 {len(seg)} tokens (pos {seg.start}\u2013{seg.stop - 1})'
             cells = [f'<span class="fold collapsed" data-owner="{seg.owner}" data-n="{len(seg)}">'

@@ -168,7 +168,7 @@ def report_html(trajs: list, summary: dict | None = None, run_dir: str = '', dec
     Args:
         trajs: the run's records (at least one), e.g. ``store.read_trajectories(RUN/trajectories.parquet)``.
         summary: the run's ``summary.json`` (options, timing), or None.
-        run_dir: shown in the heading.
+        run_dir: shown in the heading; its ``images/`` give the strip's image thumbnails.
         decoder: token text for the first episode's strip (default :func:`~agentrl.viz.decoder_for`).
         fold: fold threshold of the strip.
         notice: a line shown under the heading, e.g. that the run is incomplete ('' for none).
@@ -206,7 +206,7 @@ def report_html(trajs: list, summary: dict | None = None, run_dir: str = '', dec
     context = plots.lines(series, xl, 'context length per turn', 'context length (tokens)')
 
     first = trajs[0]
-    strip = build_strip(first, decoder or decoder_for(first), fold=fold)
+    strip = build_strip(first, decoder or decoder_for(first), fold=fold, images=run_dir or None)
     if _policy(first) not in gym:
         _strip_words(strip.meta, first)
     facts = _facts(trajs, groups, summary)

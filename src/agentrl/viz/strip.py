@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from ..images import has_images, parse_images, run_folder, thumbnail_url
 from ..io import read_json
 from ..record import OWNER, OWNER_NAMES, Provenance, Trajectory
 from .decoders import Decoder, decoder_for, hf_decoder, id_decoder, word_decoder  # noqa: F401 - re-exported
@@ -64,6 +65,9 @@ class Segment:
         start, stop: cell range (positions), ``stop`` exclusive.
         folded: True when the run is drawn collapsed by default (long tool or template run).
         turn_start: True when this run opens a new turn (a turn boundary is drawn before it).
+        image: for an image's run of placeholder ids (drawn as one cell, never as its tokens):
+            ``{'index', 'digest', 'grid', 'length', 'thumb'}`` with ``thumb`` a small ``data:image/png;base64,...``
+            URL ('' when the run folder lacks the image or it cannot be made small); None for other runs.
     """
     owner: str
     turn: int
@@ -71,6 +75,7 @@ class Segment:
     stop: int
     folded: bool = False
     turn_start: bool = False
+    image: dict | None = None
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -168,8 +173,25 @@ def _title(traj: Trajectory) -> str:
     return ' · '.join(str(b) for b in bits if b) or 'trajectory'
 
 
+def _image_runs(traj: Trajectory, run, T: int) -> dict:
+    """``{start: image dict}`` of the record's well-formed image runs inside ``ids`` (docs/design.md#images)."""
+    if not has_images(traj.info):
+        return {}
+    try:
+        refs = parse_images(traj.info['images'])
+    except ValueError:                # the check words it; the strip draws the tokens
+        return {}
+    out, end = {}, 0
+    for i, ref in sorted(enumerate(refs), key=lambda x: x[1].start):
+        if ref.length and ref.start >= end and ref.start + ref.length <= T:
+            out[ref.start] = {'index': i, 'digest': ref.digest, 'grid': list(ref.grid), 'length': ref.length,
+                              'thumb': thumbnail_url(run, ref.digest) if run is not None else ''}
+            end = ref.start + ref.length
+    return out
+
+
 def build_strip(traj: Trajectory, decoder: Decoder | None = None, *, fold: int = DEFAULT_FOLD,
-                marks: dict | None = None, title: str | None = None) -> Strip:
+                marks: dict | None = None, title: str | None = None, images=None) -> Strip:
     """Build the strip of one record.
 
     Args:
@@ -180,6 +202,9 @@ def build_strip(traj: Trajectory, decoder: Decoder | None = None, *, fold: int =
             ``info['drift_spans']`` (``[[start, stop], ...]``) and ``info['refused_positions']``
             are added automatically.
         title: header line; default from provenance and ``info['task']``.
+        images: the run folder (or any trajectory path of the run) whose ``images/`` hold the record's
+            images, for the thumbnails; None: image runs are drawn without one. Each image's run of
+            placeholder ids (``info['images']``) is its own :class:`Segment` with ``image`` set.
 
     Returns:
         :class:`Strip` with ``T`` cells.
@@ -205,13 +230,17 @@ def build_strip(traj: Trajectory, decoder: Decoder | None = None, *, fold: int =
     cells = [Cell(pos=i, id=ids[i], text=str(texts[i]), owner=owner[i], turn=turn[i],
                   mask=None if i == 0 else mask[i - 1], logp=None if i == 0 else logp[i - 1],
                   mark=hl.get(i, '')) for i in range(len(ids))]
+    runs = _image_runs(traj, None if images is None else run_folder(images), len(ids))
+    cuts = {p for s0, im in runs.items() for p in (s0, s0 + im['length'])}
     segments, start = [], 0
     for i in range(1, len(cells) + 1):
-        if i == len(cells) or (owner[i], turn[i]) != (owner[start], turn[start]):
+        if i == len(cells) or (owner[i], turn[i]) != (owner[start], turn[start]) or i in cuts:
             n = i - start
+            im = runs.get(start) if runs.get(start, {}).get('length') == n else None
             segments.append(Segment(owner=owner[start], turn=turn[start], start=start, stop=i,
-                                    folded=bool(fold) and owner[start] in FOLDABLE and n > fold,
-                                    turn_start=start > 0 and turn[start] != turn[start - 1] and turn[start] >= 0))
+                                    folded=im is None and bool(fold) and owner[start] in FOLDABLE and n > fold,
+                                    turn_start=start > 0 and turn[start] != turn[start - 1] and turn[start] >= 0,
+                                    image=im))
             start = i
     info = traj.info or {}
     meta = {'T': len(ids), 'actions': sum(mask), 'policy cells': sum(o == 'policy' for o in owner),

@@ -60,7 +60,7 @@ def _short(text: str) -> str:
 def _items(strip: Strip):
     """Layout units: ('cell', Cell, turn_start) or ('fold', Segment, turn_start)."""
     for seg in strip.segments:
-        if seg.folded:
+        if seg.folded or seg.image:          # an image's placeholder run: one box, as a folded run
             yield 'fold', seg, seg.turn_start
         else:
             for k, c in enumerate(strip.cells[seg.start:seg.stop]):
@@ -74,6 +74,8 @@ def _width(kind: str, obj) -> float:
 
 
 def _fold_label(seg) -> str:
+    if seg.image:
+        return f'image {seg.image["index"]} \u00d7 {len(seg)}'
     return f'{seg.owner} \u00d7 {len(seg)} (folded)'
 
 

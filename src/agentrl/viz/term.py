@@ -4,7 +4,8 @@ Tokens are packed greedily into lines of at most ``width`` columns and never bro
 lines (a single token wider than a line is shortened with an ellipsis). Under every token line
 a rule line marks the stored action mask: ``━`` (blue) under mask-1 tokens, ``─`` (dim) under
 mask-0 tokens, red ``━`` where the mask disagrees with the owner. A ``│k`` unit marks the start
-of turn k; a folded run prints as one ``[… N tool tokens]`` unit. Each line starts with the
+of turn k; a folded run prints as one ``[… N tool tokens]`` unit, an image's run of placeholder ids as one
+``[image K · N prompt tokens · sha256:…]`` unit. Each line starts with the
 position of its first token.
 """
 from __future__ import annotations
@@ -43,6 +44,14 @@ def _units(strip: Strip, room: int):
         if seg.turn_start:
             t = f'\u2502{seg.turn}'
             pending.append((t, 'bold magenta', ' ' * cell_len(t), '', seg.start))
+        if seg.image:
+            masked = any(c.mask for c in strip.cells[seg.start:seg.stop])
+            t = _fit(f'[image {seg.image["index"]} \u00b7 {len(seg)} {seg.owner} tokens \u00b7 '
+                     f'{seg.image["digest"][:19]}\u2026]', room - 8)
+            yield pending + [(t, OWNER_STYLE.get(seg.owner, '') + ' italic', ('\u2501' if masked else '\u2500') * cell_len(t),
+                              'bold red' if masked else 'grey50', seg.start)]
+            pending = []
+            continue
         if seg.folded:
             t = _fit(f'[\u2026 {len(seg)} {seg.owner} tokens]', room - 8)
             yield pending + [(t, OWNER_STYLE.get(seg.owner, '') + ' italic', '\u2500' * cell_len(t), 'grey50',
