@@ -11,7 +11,7 @@ from pathlib import Path
 import agentrl
 
 SRC = Path(agentrl.__file__).parent
-LAYER = {'record': 0, 'constraints': 0, 'io': 0, '_version': 0, 'fields': 0, '_lazy': 0,
+LAYER = {'record': 0, 'constraints': 0, 'io': 0, '_version': 0, 'fields': 0, '_lazy': 0, 'images': 0,
          'tokenizer': 1, 'gym': 1, 'model': 1, 'sampling': 1, 'kv_cache': 1, 'checkpoint': 1, 'correction': 1,
          'rollouts': 2, 'batching': 2, 'packing': 2, 'templates': 2, 'families': 2,
          'checks': 3, 'stats': 3,

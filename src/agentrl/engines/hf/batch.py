@@ -162,10 +162,13 @@ class RoundBatch:
     Args:
         sampler: an :class:`HFSampler` (or a subclass with its own ``sample``).
         batch_size: prompts per sampler call. profile: as :class:`RowBatch`.
+        images: optional ``images(episode)`` -> the images of the episode's prompt in placeholder order
+            (``ChatRecorder.images``), passed to :meth:`HFSampler.sample`.
     """
 
-    def __init__(self, sampler, batch_size: int, profile=None):
+    def __init__(self, sampler, batch_size: int, profile=None, images=None):
         self.sampler, self.batch_size, self.prof = sampler, int(batch_size), profile
+        self.images = images        # optional images(episode) -> the images of its prompt (a vision model)
         self.gens: dict = {}
         self.queue: list = []
 
@@ -185,8 +188,9 @@ class RoundBatch:
         for start in range(0, len(queue), self.batch_size):
             chunk = queue[start:start + self.batch_size]
             before = dict(sampler.stats)
+            extra = {} if self.images is None else {'images': [self.images(i) for i, _, _ in chunk]}
             turns = sampler.sample([list(req.prompt_ids) for _, _, req in chunk], [self.gens[i] for i, _, _ in chunk],
-                                   max_new_tokens=[int(req.max_new_tokens) for _, _, req in chunk])
+                                   max_new_tokens=[int(req.max_new_tokens) for _, _, req in chunk], **extra)
             if self.prof is not None:
                 k = chunk[0][1]
                 for key in ('prefill_tokens', 'prefill_s', 'decode_tokens', 'decode_s', 'sample_s'):

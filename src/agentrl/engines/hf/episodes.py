@@ -40,7 +40,9 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
       decode step feeds one token to every live row, whatever turn it is in.
     * ``reuse_cache=False``, or a sampler subclass that overrides ``sample``: each round feeds
       every live episode's ``recorder.prompt_ids`` to ``sampler.sample`` (in chunks of
-      ``batch_size``), so each turn prefills the whole conversation again.
+      ``batch_size``), so each turn prefills the whole conversation again. A sampler with an
+      ``image_processor`` (a vision-language model) always takes this path, each prompt with its
+      recorder's images (``ChatRecorder.images``).
 
     Either way the sampled ids and log-probs go into the recorder verbatim (``add_turn``), the
     decoded text goes to ``respond``, and its messages come back through ``add_messages``.
@@ -97,7 +99,9 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
     calls0 = sampler.forward_calls
     rows = (reuse_cache and sampler.cache and type(sampler).sample is HFSampler.sample
             and sampler.supports_row_cache())
-    batch = RowBatch(sampler, min(batch_size, max(n, 1)), prof) if rows else RoundBatch(sampler, batch_size, prof)
+    images = (lambda i: recorders[i].images) if getattr(sampler, 'image_processor', None) is not None else None
+    batch = (RowBatch(sampler, min(batch_size, max(n, 1)), prof) if rows
+             else RoundBatch(sampler, batch_size, prof, images=images))
     mid = _model_id(sampler.model)
     if provenance is None:
         provenance = lambda i: Provenance(policy='hf', sampling=sampler.spec, model=mid,  # noqa: E731

@@ -1,0 +1,231 @@
+"""Images through the model half: the vision test model, the template layer's expansion, sampling and replay.
+
+The test model is ``make_test_model(vision=True)``: a tiny random Qwen2.5-VL with the real Qwen3 tokenizer,
+Qwen2-VL's PIL image processor and TRL's Qwen2.5-VL chat template. Images are PNGs made here with Pillow.
+"""
+import base64
+import io
+import json
+
+import pytest
+
+from _tokenizers import tokenizer_path
+
+torch = pytest.importorskip('torch')
+pytest.importorskip('transformers')
+PIL = pytest.importorskip('PIL')
+np = pytest.importorskip('numpy')
+
+from agentrl.images import ImageSpan, decode_image_url, image_digest, vision_grid  # noqa: E402
+from agentrl.record import OWNER, Provenance, SamplingSpec  # noqa: E402
+
+PROC = {'patch_size': 14, 'merge_size': 2, 'temporal_patch_size': 2, 'min_pixels': 56 * 56, 'max_pixels': 28 * 28 * 64}
+
+
+def png(w: int, h: int, seed: int = 0) -> bytes:
+    from PIL import Image
+    a = (np.random.RandomState(seed).rand(h, w, 3) * 255).astype('uint8')
+    buf = io.BytesIO()
+    Image.fromarray(a).save(buf, format='PNG')
+    return buf.getvalue()
+
+
+def url(data: bytes) -> str:
+    return 'data:image/png;base64,' + base64.b64encode(data).decode()
+
+
+def image_part(data: bytes) -> dict:
+    return {'type': 'image_url', 'image_url': {'url': url(data)}}
+
+
+@pytest.fixture(scope='module')
+def vlm_dir(tmp_path_factory):
+    from agentrl.engines.hf import make_test_model
+    return make_test_model(tmp_path_factory.mktemp('vlm') / 'm', tokenizer_path('qwen3'), vision=True)
+
+
+@pytest.fixture(scope='module')
+def template(vlm_dir):
+    from agentrl.templates import ChatTemplate, load_tokenizer
+    return ChatTemplate(load_tokenizer(str(vlm_dir)))
+
+
+@pytest.fixture(scope='module')
+def lm(vlm_dir):
+    from agentrl.engines.hf.models import load_model
+    from agentrl.engines.hf.vlm import load_image_processor
+    model, tok = load_model(vlm_dir)
+    return model, tok, load_image_processor(vlm_dir)
+
+
+def test_vision_grid_is_the_processors_grid():
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    from PIL import Image
+    proc = Qwen2VLImageProcessorPil(**PROC)
+    sizes = [(90, 50), (200, 120), (20, 20), (400, 300), (13, 700), (57, 29), (300, 7), (640, 480)]
+    want = [proc(images=[Image.new('RGB', (w, h))], return_tensors='pt')['image_grid_thw'][0].tolist()
+            for w, h in sizes]
+    assert [vision_grid(w, h, PROC) for w, h in sizes] == want
+    assert want[:3] == [[1, 4, 6], [1, 8, 14], [1, 4, 4]]
+
+
+def test_data_urls_are_decoded_and_other_urls_refused_by_name():
+    data = png(8, 8)
+    assert decode_image_url(url(data)) == (data, 'png')
+    assert image_digest(data).startswith('sha256:') and len(image_digest(data)) == 71
+    with pytest.raises(ValueError, match=r'image_url\["url"\] is an http\(s\) URL: agentrl does not fetch images'):
+        decode_image_url('https://example.com/cat.png')
+    with pytest.raises(ValueError, match="has MIME type 'image/gif'"):
+        decode_image_url('data:image/gif;base64,R0lGOD')
+    with pytest.raises(ValueError, match='bad base64'):
+        decode_image_url('data:image/png;base64,@@@')
+
+
+def test_make_test_model_vision_saves_a_loadable_qwen25_vl(vlm_dir, lm):
+    import transformers
+    model, tok, proc = lm
+    cfg = json.loads((vlm_dir / 'config.json').read_text())
+    assert cfg['architectures'] == ['Qwen2_5_VLForConditionalGeneration']
+    assert [cfg[k] for k in ('image_token_id', 'vision_start_token_id', 'vision_end_token_id')] == \
+        tok.convert_tokens_to_ids(['<|image_pad|>', '<|vision_start|>', '<|vision_end|>']) == [151655, 151652, 151653]
+    assert type(model).__name__ == 'Qwen2_5_VLForConditionalGeneration'
+    assert type(proc).__name__ in ('Qwen2VLImageProcessorPil', 'Qwen2VLImageProcessor')
+    assert (proc.patch_size, proc.merge_size) == (14, 2)
+    assert tok.chat_template == (vlm_dir / 'chat_template.jinja').read_text()
+    assert '<|vision_start|><|image_pad|><|vision_end|>' in tok.chat_template
+    again = transformers.Qwen2_5_VLForConditionalGeneration.from_pretrained(str(vlm_dir), local_files_only=True)
+    assert torch.equal(again.lm_head.weight, model.lm_head.weight)
+    note = json.loads((vlm_dir / 'agentrl_test_model.json').read_text())
+    assert note['vision']['processor'] == PROC and note['vision']['chat_template'] == 'qwen2_5_vl'
+
+
+def test_label_owners_expands_an_image_and_gives_its_placeholders_to_the_user(template):
+    from agentrl.templates.labels import label_owners
+    data = png(90, 50)
+    msgs = [{'role': 'user', 'content': [{'type': 'text', 'text': 'What is this? '}, image_part(data)]},
+            {'role': 'assistant', 'content': 'A cat.'}]
+    lab = label_owners(template, msgs)
+    toks = template.tokens(lab.ids)
+    assert toks[19:27] == ['<|vision_start|>'] + ['<|image_pad|>'] * 6 + ['<|vision_end|>']
+    assert lab.owner_names()[14:27] == ['prompt'] * 5 + ['template'] + ['prompt'] * 6 + ['template']
+    assert [im.to_dict() for im in lab.images] == [{
+        'digest': image_digest(data), 'start': 20, 'length': 6, 'grid': [1, 4, 6], 'owner': 'prompt',
+        'processor': {'class': 'Qwen2VLImageProcessor', **PROC, 'image_mean': [0.48145466, 0.4578275, 0.40821073],
+                      'image_std': [0.26862954, 0.26130258, 0.27577711]}}]
+    assert lab.image_data == {image_digest(data): data}
+    assert ImageSpan.from_dict(lab.images[0].to_dict()) == lab.images[0]
+
+
+def test_images_refused_where_they_cannot_be_recorded(template, vlm_dir):
+    from agentrl.templates import ChatTemplate, load_tokenizer
+    from agentrl.templates.labels import label_owners
+    http = [{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': 'http://x/cat.png'}}]}]
+    with pytest.raises(ValueError, match=r'messages\[0\]\["content"\]\[0\]\["image_url"\]\["url"\] is an http\(s\) URL'):
+        label_owners(template, http)
+    forged = [{'role': 'user', 'content': 'see <|image_pad|>'}]
+    with pytest.raises(ValueError, match=r"holds the image control text '<\|image_pad\|>': send an image as an "
+                                         'image_url part'):
+        label_owners(template, forged)
+    system = [{'role': 'system', 'content': [image_part(png(8, 8))]}, {'role': 'user', 'content': 'Hi'}]
+    with pytest.raises(ValueError, match="is an image in a 'system' message; images go in user messages or tool"):
+        label_owners(template, system)
+    text_only = ChatTemplate(load_tokenizer(str(vlm_dir)), vision=None)     # no processor: images refused as before
+    with pytest.raises(ValueError, match=r"is a 'image_url' part: agentrl records text only"):
+        label_owners(text_only, [{'role': 'user', 'content': [image_part(png(8, 8))]}])
+    assert label_owners(text_only, forged).owner_names().count('prompt') > 3    # plain text there, as before
+
+
+def _tool_image_episode(template, sampler=None, seed=0):
+    """A scripted agent: the user shows a picture, the policy answers, the tool returns a screenshot, the policy
+    answers again. With ``sampler`` the turns are sampled; else they are fixed ids."""
+    from agentrl.templates.recorder import ChatRecorder
+    first, shot = png(90, 50), png(200, 120, seed=1)
+    opening = [{'role': 'user', 'content': [{'type': 'text', 'text': 'What is this? '}, image_part(first)]}]
+    rec = ChatRecorder(template, opening)
+    fixed = template.encode('Let me look.<|im_end|>')
+    gen = torch.Generator().manual_seed(seed)
+    for k in range(2):
+        if sampler is None:
+            ids, logp = fixed, [-1.0] * len(fixed)
+        else:
+            t = sampler.sample([rec.prompt_ids], [gen], images=[rec.images])[0]
+            ids, logp = t.ids, t.logp
+        rec.add_turn(ids, logp)
+        if k == 0:
+            rec.add_messages([{'role': 'tool', 'content': [image_part(shot), {'type': 'text', 'text': 'screenshot'}]}])
+    spec = sampler.spec if sampler is not None else None
+    return rec, rec.finish(1.0, provenance=Provenance(policy='hf', sampling=spec, seed=seed)), (first, shot)
+
+
+def test_recorder_expands_a_tool_image_mid_episode_as_the_full_render_does(template):
+    from agentrl.templates.labels import label_owners
+    rec, tr, (first, shot) = _tool_image_episode(template)
+    imgs = tr.info['images']
+    assert [(d['digest'], d['start'], d['length'], d['grid'], d['owner']) for d in imgs] == [
+        (image_digest(first), 20, 6, [1, 4, 6], 'prompt'), (image_digest(shot), 42, 28, [1, 8, 14], 'tool')]
+    ids, owner = tr.ids.tolist(), tr.owner.tolist()
+    for d in imgs:
+        s, n = d['start'], d['length']
+        assert ids[s - 1:s + n + 1] == [151652] + [151655] * n + [151653]
+        assert owner[s - 1:s + n + 1] == [OWNER['template']] + [OWNER[d['owner']]] * n + [OWNER['template']]
+        assert not tr.action_mask[s - 1:s + n].any()
+    assert tr.info['template']['render_matches'] is True and tr.info['template']['prefix_stable'] is True
+    opening = [{'role': 'user', 'content': [{'type': 'text', 'text': 'What is this? '}, image_part(first)]}]
+    full = label_owners(template, opening + [
+        {'role': 'assistant', 'content': 'Let me look.'},
+        {'role': 'tool', 'content': [image_part(shot), {'type': 'text', 'text': 'screenshot'}]},
+        {'role': 'assistant', 'content': 'Let me look.'}])
+    assert full.ids[:len(ids)] == ids
+    assert rec.image_data == {image_digest(first): first, image_digest(shot): shot}
+
+
+def test_a_record_without_images_has_no_images_key(template):
+    from agentrl.templates.recorder import ChatRecorder
+    rec = ChatRecorder(template, [{'role': 'user', 'content': 'Hi'}])
+    rec.add_turn(template.encode('Yo<|im_end|>'))
+    assert 'images' not in rec.finish().info
+
+
+def test_a_placeholder_count_the_processor_disagrees_with_is_an_error_naming_both(lm, template):
+    from types import SimpleNamespace
+    from agentrl.engines.hf.vlm import pixel_inputs
+    from agentrl.templates.vision import PendingImage, image_spans, vision_facts
+    _, _, proc = lm
+    data = png(90, 50)
+    with pytest.raises(ValueError, match=rf'image 0 \({image_digest(data)}\): the record holds 7 placeholder ids, '
+                                         r'the processor computes 6 \(grid \[1, 4, 6\], merge 2\)'):
+        pixel_inputs(proc, [SimpleNamespace(digest=image_digest(data), data=data, length=7)])
+    facts = vision_facts(template)
+    ids = [1, 151652] + [151655] * 5 + [151653]
+    owner = [0, 0] + [OWNER['prompt']] * 5 + [0]
+    with pytest.raises(ValueError, match=r'the rendering holds 5 placeholder ids .* the processor computes 6'):
+        image_spans(ids, owner, [PendingImage(image_digest(data), data, 'png', [1, 4, 6], 6, 'prompt', 0)], facts)
+
+
+def test_sampled_vision_record_replays_to_ratio_one(lm, template, vlm_dir):
+    from agentrl.checks.replay import replay_records
+    from agentrl.engines.hf.sampler import HFSampler
+    from agentrl.engines.hf.vlm import pixel_inputs, vision_logits
+    from agentrl.engines.scorer import hf_scorer
+    from types import SimpleNamespace
+    model, tok, proc = lm
+    sampler = HFSampler(model, template.stop_ids, SamplingSpec(temperature=1.0), max_new_tokens=24,
+                        image_processor=proc)
+    rec, tr, (first, shot) = _tool_image_episode(template, sampler, seed=3)
+    assert [d['owner'] for d in tr.info['images']] == ['prompt', 'tool']
+    rows = tr.action_mask.nonzero().flatten()
+    assert len(rows) >= 4
+    imgs = [SimpleNamespace(digest=d['digest'], data=rec.image_data[d['digest']], length=d['length'])
+            for d in tr.info['images']]
+    logits = vision_logits(model, tr.ids, pixel_inputs(proc, imgs), rows)
+    logp = torch.log_softmax(logits.double(), -1).gather(1, tr.ids[rows + 1][:, None]).squeeze(1)
+    assert (logp - tr.sample_logp[rows].double()).abs().max().item() < 1e-5
+    blind = vision_logits(model, tr.ids, pixel_inputs(proc, imgs[:1] + [SimpleNamespace(
+        digest=image_digest(png(200, 120, seed=9)), data=png(200, 120, seed=9), length=28)]), rows)
+    assert (torch.log_softmax(blind.double(), -1) - torch.log_softmax(logits.double(), -1)).abs().max() > 1e-4
+    scorer = hf_scorer(model, image_processor=proc)
+    scorer.image_data.update(rec.image_data)
+    report = replay_records([tr], scorer)
+    assert report.ok and report.records[0].log_ratio.abs().max().item() < 1e-5
+    with pytest.raises(Exception, match=r"holds images and the scorer takes none"):
+        replay_records([tr], hf_scorer(model))
