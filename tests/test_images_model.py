@@ -229,3 +229,64 @@ def test_sampled_vision_record_replays_to_ratio_one(lm, template, vlm_dir):
     assert report.ok and report.records[0].log_ratio.abs().max().item() < 1e-5
     with pytest.raises(Exception, match=r"holds images and the scorer takes none"):
         replay_records([tr], hf_scorer(model))
+
+
+def test_the_check_jobs_scorer_reads_a_runs_images_folder(lm, template, vlm_dir, tmp_path):
+    """What ``agentrl check RUN --model M`` replays with: the model folder's scorer, its images from RUN/images."""
+    from agentrl import store
+    from agentrl.checks.replay import replay_records
+    from agentrl.engines.hf.sampler import HFSampler
+    from agentrl.images import ImageFolder, run_images_dir
+    from agentrl.jobs.check import load_model as load_check_model
+    model, tok, proc = lm
+    sampler = HFSampler(model, template.stop_ids, SamplingSpec(temperature=1.0), max_new_tokens=24,
+                        image_processor=proc)
+    rec, tr, _ = _tool_image_episode(template, sampler, seed=5)
+    run = tmp_path / 'run'
+    store.write_trajectories(run / 'trajectories.parquet', [tr])
+    (run / 'images').mkdir()
+    for digest, data in rec.image_data.items():
+        (run / 'images' / f"{digest.removeprefix('sha256:')}.png").write_bytes(data)
+    assert run_images_dir(run / 'trajectories.parquet') == run / 'images'
+    back = store.read_trajectories(run / 'trajectories.parquet')[0]
+    assert back.info['images'] == tr.info['images']
+    scorer = load_check_model(str(vlm_dir))
+    scorer.image_data = ImageFolder(run / 'images')
+    report = replay_records([back], scorer)
+    assert report.ok and report.records[0].log_ratio.abs().max().item() < 1e-5
+    gone = tr.info['images'][1]['digest']
+    (run / 'images' / f"{gone.removeprefix('sha256:')}.png").unlink()
+    with pytest.raises(Exception, match=rf"the bytes of image {gone} are not in the scorer's image_data "
+                                        rf"\(no image {gone} in .*images"):
+        replay_records([back], scorer)
+
+
+def test_run_chat_episodes_samples_vision_episodes_with_their_images(lm, template):
+    from agentrl.checks.replay import replay_records
+    from agentrl.engines.episode import Reply
+    from agentrl.engines.hf import run_chat_episodes
+    from agentrl.engines.hf.sampler import HFSampler
+    from agentrl.engines.scorer import hf_scorer
+    from agentrl.templates.recorder import ChatRecorder
+    model, tok, proc = lm
+    sampler = HFSampler(model, template.stop_ids, SamplingSpec(temperature=1.0), max_new_tokens=16,
+                        image_processor=proc)
+    shots = [png(60 + 30 * i, 40, seed=10 + i) for i in range(2)]
+
+    def respond(i, turn, text):
+        if len(turn_log[i]) == 0:
+            turn_log[i].append(text)
+            return Reply(messages=[{'role': 'tool', 'content': [image_part(shots[i]), {'type': 'text', 'text': 'ok'}]}])
+        return Reply(done=True, reward=1.0, info={})
+
+    turn_log = [[], []]
+    recs = [ChatRecorder(template, [{'role': 'user', 'content': [image_part(png(90, 50, seed=i)),
+                                                                 {'type': 'text', 'text': 'Go.'}]}]) for i in range(2)]
+    out = run_chat_episodes(sampler, recs, respond, seeds=[7, 8], max_turns=2)
+    assert [[d['owner'] for d in t.info['images']] for t in out] == [['prompt', 'tool'], ['prompt', 'tool']]
+    assert [t.info['images'][1]['digest'] for t in out] == [image_digest(s) for s in shots]
+    scorer = hf_scorer(model, image_processor=proc)
+    for r in recs:
+        scorer.image_data.update(r.image_data)
+    report = replay_records(out, scorer)
+    assert report.ok and max(r.log_ratio.abs().max().item() for r in report.records) < 1e-5

@@ -14,8 +14,8 @@ import hashlib
 import math
 from dataclasses import asdict, dataclass, field
 
-__all__ = ['ImageSpan', 'IMAGE_OWNERS', 'IMAGE_TYPES', 'PROCESSOR_KEYS', 'image_digest', 'decode_image_url',
-           'image_size', 'vision_grid', 'placeholder_count']
+__all__ = ['ImageSpan', 'ImageFolder', 'IMAGE_OWNERS', 'IMAGE_TYPES', 'PROCESSOR_KEYS', 'image_digest',
+           'decode_image_url', 'image_size', 'vision_grid', 'placeholder_count', 'run_images_dir']
 
 #: Who may supply an image: the task (user messages) or an environment (tool results).
 IMAGE_OWNERS = ('prompt', 'tool')
@@ -65,6 +65,51 @@ class ImageSpan:
             raise ValueError(f"info['images'] entry owner {d['owner']!r}; use one of {IMAGE_OWNERS}")
         return cls(str(d['digest']), int(d['start']), int(d['length']), [int(x) for x in d['grid']], d['owner'],
                    dict(d.get('processor') or {}))
+
+
+class ImageFolder:
+    """A run's stored images (``RUN/images/<hex>.<ext>``) as a read-only mapping digest -> bytes.
+
+    Each read checks the bytes against the digest that names them.
+
+    Raises (on ``folder[digest]``):
+        KeyError: no file for that digest (names the folder). ValueError: the file's bytes hash to another
+            digest (edited after writing).
+    """
+
+    def __init__(self, folder):
+        from pathlib import Path
+        self.folder = Path(folder)
+
+    def _path(self, digest: str):
+        hexd = str(digest).removeprefix('sha256:')
+        for ext in sorted(set(IMAGE_TYPES.values())):
+            p = self.folder / f'{hexd}.{ext}'
+            if p.is_file():
+                return p
+        return None
+
+    def __contains__(self, digest) -> bool:
+        return self._path(digest) is not None
+
+    def __getitem__(self, digest: str) -> bytes:
+        p = self._path(digest)
+        if p is None:
+            raise KeyError(f'no image {digest} in {str(self.folder)!r} (RUN/images/<hex>.png or .jpg)')
+        data = p.read_bytes()
+        if image_digest(data) != digest:
+            raise ValueError(f'{p} hashes to {image_digest(data)}, not {digest}: the stored image was changed')
+        return data
+
+
+def run_images_dir(path):
+    """The ``images/`` folder of the run a trajectory path belongs to (``PATH/images``, else beside ``PATH``), or None."""
+    from pathlib import Path
+    p = Path(path)
+    for cand in (p / 'images', p.parent / 'images'):
+        if cand.is_dir():
+            return cand
+    return None
 
 
 def image_digest(data: bytes) -> str:

@@ -51,7 +51,8 @@ def hf_scorer(model, name: str = '', image_processor=None) -> Scorer:
         image_processor: a vision-language model's image processor: the scorer then also has
             ``vision(ids [L], images, rows [n]) -> [n, V]`` for records with ``info['images']`` (one forward pass
             with the images' pixels and 3-D positions, :func:`agentrl.engines.hf.vlm.vision_logits`), reading
-            each image's bytes from its ``image_data`` dict (digest -> bytes; fill it from the run's images).
+            each image's bytes from its ``image_data`` mapping (digest -> bytes: a dict, or the run's
+            :class:`~agentrl.images.ImageFolder`, which ``agentrl check RUN --model M`` sets).
 
     Returns:
         :class:`~agentrl.checks.replay.Scorer`; ``pad_id`` the config's ``pad_token_id`` (else 0),
@@ -83,26 +84,30 @@ def hf_scorer(model, name: str = '', image_processor=None) -> Scorer:
                     packed if image_processor is None else None)
     if image_processor is not None:
         scorer.image_data = {}
-        scorer.vision = _vision_scorer(model, image_processor, scorer.image_data)
+        scorer.vision = _vision_scorer(model, image_processor, lambda: scorer.image_data)
     return scorer
 
 
-def _vision_scorer(model, processor, data: dict):
+def _vision_scorer(model, processor, source):
     """``vision(ids, images, rows)`` of :func:`hf_scorer`: the images whose placeholder ids the ids hold, with
-    their bytes from ``data``."""
+    their bytes from the mapping ``source()`` returns (the scorer's ``image_data`` at call time)."""
     from types import SimpleNamespace
 
     from .hf.vlm import image_token_id, pixel_inputs, vision_logits
 
     def vision(ids, images, rows):
+        data = source()
         n = int((torch.as_tensor(ids) == image_token_id(model)).sum())
         used, total = [], 0
         for d in images:                    # a turn's context holds the images before it
             if total >= n:
                 break
-            if d['digest'] not in data:
-                raise KeyError(f"the bytes of image {d['digest']} are not in the scorer's image_data")
-            used.append(SimpleNamespace(digest=d['digest'], data=data[d['digest']], length=int(d['length'])))
+            try:
+                blob = data[d['digest']]
+            except KeyError as e:
+                why = f' ({e.args[0]})' if e.args and e.args[0] != d['digest'] else ''
+                raise KeyError(f"the bytes of image {d['digest']} are not in the scorer's image_data{why}") from None
+            used.append(SimpleNamespace(digest=d['digest'], data=blob, length=int(d['length'])))
             total += int(d['length'])
         was = model.training
         model.eval()

@@ -440,6 +440,11 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
         from .check_workers import check_on_workers
         return check_on_workers(opts, run_check, progress)
     scorer = load_model(opts.model, opts.dtype, opts.device) if opts.model else None
+    if scorer is not None and hasattr(scorer, 'image_data'):     # a vision model: the run's images feed its replay
+        from ..images import ImageFolder, run_images_dir
+        folder = run_images_dir(opts.path)
+        if folder is not None:
+            scorer.image_data = ImageFolder(folder)
     model_tok = _model_tokenizer(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
                            eot_ids=tuple(opts.eot_ids), vocab_size=opts.vocab_size)
