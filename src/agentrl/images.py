@@ -38,7 +38,7 @@ class ImageSpan:
         owner: ``'prompt'`` (a user message) or ``'tool'`` (a tool result): the owner of its placeholder ids.
         processor: the processor settings (:data:`PROCESSOR_KEYS`).
 
-    Source: docs/design.md#ownership (placeholders are the supplier's, never in the action mask).
+    Source: docs/design.md#images (placeholders are the supplier's, never in the action mask).
     """
     digest: str
     start: int

@@ -190,7 +190,7 @@ def expand_images(template, messages, field: str = 'messages') -> tuple[list, li
             template's image control text (``'<|image_pad|>'``: send images as ``image_url`` parts); each names
             the field and the part.
 
-    Source: the OpenAI chat format's ``image_url`` part; docs/design.md#ownership.
+    Source: the OpenAI chat format's ``image_url`` part; docs/design.md#images.
     """
     facts = vision_facts(template)
     if facts is None or not isinstance(messages, (list, tuple)):

@@ -198,7 +198,8 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
         token_rates: ``{token string: rate}`` for more single tokens (all rates summing below 1).
         max_positions: ``max_position_embeddings`` (the context limit rollouts respect).
         vision: build transformers' ``Qwen2_5_VLForConditionalGeneration`` instead: the same text model
-            (its 3-D rotary positions split 2/3/3 over a head_dim of 16) with a 2-block vision tower of width 32
+            (its 3-D rotary sections split head_dim / 2 as Qwen2.5-VL does, 1/4 time and 3/8 each for height and
+            width: 2/3/3 at head_dim 16, 4/6/6 at 32) with a 2-block vision tower of width 32
             (patch 14, merge 2), its image processor saved as ``preprocessor_config.json`` with
             :data:`VISION_TEST_PROCESSOR` (Qwen2-VL's PIL processor: no torchvision needed), and the chat template
             ``chat_template.jinja`` (default: TRL's copy of Qwen2.5-VL's, :data:`VISION_TEMPLATE`, read from the
@@ -215,7 +216,7 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
     Raises:
         ImportError: without the ``hf`` extra.
         FileNotFoundError: no tokenizer folder (pass ``tokenizer_dir``).
-        ValueError: with ``vision``, a tokenizer without the vision tokens, a head_dim other than 16, or no
+        ValueError: with ``vision``, a tokenizer without the vision tokens, a head_dim not a multiple of 8, or no
             chat template (trl not installed: ``pip install trl`` or pass ``chat_template``);
             sizes that do not divide, an odd head_dim, or more than :data:`MAX_TEST_MODEL_PARAMS`
             parameters (refused before anything is allocated); a rate outside (0, 1), rates summing to 1 or more,
@@ -320,16 +321,19 @@ def _vision_template(chat_template: str | None) -> str:
 
 def _vision_config(transformers, tok, text: dict, head_dim: int):
     """``Qwen2_5_VLConfig`` of the vision test model around the text model's settings ``text``."""
-    if head_dim != 16:
-        raise ValueError(f'make_test_model(vision=True): head_dim {head_dim} (hidden / heads); the 3-D rotary '
-                         'sections 2/3/3 need 16: pass hidden 64 with heads 4')
+    if head_dim % 8:
+        raise ValueError(f'make_test_model(vision=True): head_dim {head_dim} (hidden / heads) is not a multiple of 8; '
+                         'the 3-D rotary sections split head_dim / 2 over time, height and width: pass e.g. hidden 64 '
+                         'with heads 4 (or 2)')
+    half = head_dim // 2
+    sections = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
     ids = {}
     for key, t in _VISION_TOKENS.items():
         i = tok.convert_tokens_to_ids(t)
         if i is None or i == tok.unk_token_id or tok.convert_ids_to_tokens(i) != t:
             raise ValueError(f'make_test_model(vision=True): the tokenizer has no {t!r} token; use a Qwen tokenizer')
         ids[key] = i
-    text = dict(text, rope_parameters={'rope_type': 'default', 'rope_theta': 1e6, 'mrope_section': [2, 3, 3]})
+    text = dict(text, rope_parameters={'rope_type': 'default', 'rope_theta': 1e6, 'mrope_section': sections})
     vis = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text['hidden_size'],
                window_size=112, fullatt_block_indexes=[1], **{k: VISION_TEST_PROCESSOR[k] for k in
                                                              ('patch_size', 'temporal_patch_size')},
