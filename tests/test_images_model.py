@@ -290,3 +290,27 @@ def test_run_chat_episodes_samples_vision_episodes_with_their_images(lm, templat
         scorer.image_data.update(r.image_data)
     report = replay_records(out, scorer)
     assert report.ok and max(r.log_ratio.abs().max().item() for r in report.records) < 1e-5
+
+
+def test_engines_refuse_images_they_cannot_feed_and_the_hf_engine_samples_them(lm, template, vlm_dir):
+    from agentrl.engines.contract import RequestRefused, TurnRequest, check_request
+    from agentrl.engines.hf.engine import HFEngine
+    from agentrl.engines.hf.sampler import HFSampler
+    from agentrl.engines.hf import run_chat_episodes
+    from agentrl.engines.episode import Reply
+    from agentrl.templates.recorder import ChatRecorder
+    rec = ChatRecorder(template, [{'role': 'user', 'content': [image_part(png(90, 50))]}])
+    spec = SamplingSpec(temperature=1.0)
+    req = TurnRequest(rec.prompt_ids, spec, 8, 3, template.stop_ids, images=rec.images)
+    with pytest.raises(RequestRefused, match=r"VLLMEngine.sample: the request brings 1 images and this engine does "
+                                             'not feed images'):
+        check_request(req, 'VLLMEngine.sample')
+    model, tok, proc = lm
+    text_sampler = HFSampler(model, template.stop_ids, spec, max_new_tokens=8)
+    with pytest.raises(ValueError, match='episode 0 brings images but the sampler has no image_processor'):
+        run_chat_episodes(text_sampler, [rec], lambda i, t, x: Reply(done=True), seeds=[1])
+    engine = HFEngine(vlm_dir, device='cpu', max_new_tokens=8)
+    got = engine.sample(req)
+    want = HFSampler(model, template.stop_ids, spec, max_new_tokens=8, image_processor=proc).sample(
+        [rec.prompt_ids], [torch.Generator().manual_seed(3)], images=[rec.images])[0]
+    assert got.ids == want.ids and max(abs(a - b) for a, b in zip(got.logp, want.logp)) < 1e-6

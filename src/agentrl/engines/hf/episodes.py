@@ -42,7 +42,7 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
       every live episode's ``recorder.prompt_ids`` to ``sampler.sample`` (in chunks of
       ``batch_size``), so each turn prefills the whole conversation again. A sampler with an
       ``image_processor`` (a vision-language model) always takes this path, each prompt with its
-      recorder's images (``ChatRecorder.images``).
+      recorder's images (``ChatRecorder.images``, in the turn's ``TurnRequest.images``).
 
     Either way the sampled ids and log-probs go into the recorder verbatim (``add_turn``), the
     decoded text goes to ``respond``, and its messages come back through ``add_messages``.
@@ -99,9 +99,7 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
     calls0 = sampler.forward_calls
     rows = (reuse_cache and sampler.cache and type(sampler).sample is HFSampler.sample
             and sampler.supports_row_cache())
-    images = (lambda i: recorders[i].images) if getattr(sampler, 'image_processor', None) is not None else None
-    batch = (RowBatch(sampler, min(batch_size, max(n, 1)), prof) if rows
-             else RoundBatch(sampler, batch_size, prof, images=images))
+    batch = RowBatch(sampler, min(batch_size, max(n, 1)), prof) if rows else RoundBatch(sampler, batch_size, prof)
     mid = _model_id(sampler.model)
     if provenance is None:
         provenance = lambda i: Provenance(policy='hf', sampling=sampler.spec, model=mid,  # noqa: E731
