@@ -113,6 +113,8 @@ def test_label_owners_expands_an_image_and_gives_its_placeholders_to_the_user(te
         'processor': {'class': 'Qwen2VLImageProcessor', **PROC, 'image_mean': [0.48145466, 0.4578275, 0.40821073],
                       'image_std': [0.26862954, 0.26130258, 0.27577711]}}]
     assert lab.image_data == {image_digest(data): data}
+    from agentrl.engines.hf.vlm import load_image_processor, processor_settings
+    assert processor_settings(load_image_processor(template.tokenizer.name_or_path)) == lab.images[0].processor
     assert ImageSpan.from_dict(lab.images[0].to_dict()) == lab.images[0]
 
 
@@ -229,6 +231,10 @@ def test_sampled_vision_record_replays_to_ratio_one(lm, template, vlm_dir):
     assert report.ok and report.records[0].log_ratio.abs().max().item() < 1e-5
     with pytest.raises(Exception, match=r"holds images and the scorer takes none"):
         replay_records([tr], hf_scorer(model))
+    tr.info['images'][1]['processor']['max_pixels'] = 28 * 28 * 1280
+    with pytest.raises(Exception, match=r"image 1 \(sha256:[0-9a-f]{64}\) was sized with processor settings "
+                                        r"\{'max_pixels': 1003520\}, the model's processor has \{'max_pixels': 50176\}"):
+        replay_records([tr], scorer)
 
 
 def test_the_check_jobs_scorer_reads_a_runs_images_folder(lm, template, vlm_dir, tmp_path):
@@ -314,3 +320,20 @@ def test_engines_refuse_images_they_cannot_feed_and_the_hf_engine_samples_them(l
     want = HFSampler(model, template.stop_ids, spec, max_new_tokens=8, image_processor=proc).sample(
         [rec.prompt_ids], [torch.Generator().manual_seed(3)], images=[rec.images])[0]
     assert got.ids == want.ids and max(abs(a - b) for a, b in zip(got.logp, want.logp)) < 1e-6
+
+
+def test_vision_settings_read_a_qwen2_vl_processor_and_leave_others_text_only(vlm_dir, tmp_path):
+    from agentrl.templates.vision import vision_settings
+    got = vision_settings(vlm_dir)
+    assert {k: got[k] for k in PROC} == PROC and got['image_token_id'] == 151655
+    assert got['class'] == 'Qwen2VLImageProcessor'
+    (tmp_path / 'preprocessor_config.json').write_text(json.dumps({
+        'image_processor_type': 'SiglipImageProcessor', 'size': {'height': 224, 'width': 224}}))
+    assert vision_settings(tmp_path) is None and vision_settings(tmp_path / 'nothing') is None
+    assert vision_settings(None) is None and vision_settings(False) is None
+    with pytest.raises(ValueError, match="vision=: image processor setting 'merge_size' is None; it must be a "
+                                         'positive int'):
+        vision_settings({'patch_size': 14, 'min_pixels': 1, 'max_pixels': 2})
+    (tmp_path / 'preprocessor_config.json').write_text('{not json')
+    with pytest.raises(ValueError, match=r'preprocessor_config.json is not a JSON file'):
+        vision_settings(tmp_path)

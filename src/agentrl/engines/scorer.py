@@ -93,15 +93,21 @@ def _vision_scorer(model, processor, source):
     their bytes from the mapping ``source()`` returns (the scorer's ``image_data`` at call time)."""
     from types import SimpleNamespace
 
-    from .hf.vlm import image_token_id, pixel_inputs, vision_logits
+    from .hf.vlm import image_token_id, pixel_inputs, processor_settings, vision_logits
+    settings = processor_settings(processor)
 
     def vision(ids, images, rows):
         data = source()
         n = int((torch.as_tensor(ids) == image_token_id(model)).sum())
         used, total = [], 0
-        for d in images:                    # a turn's context holds the images before it
+        for q, d in enumerate(images):      # a turn's context holds the images before it
             if total >= n:
                 break
+            diff = {k: v for k, v in (d.get('processor') or {}).items() if settings.get(k) != v}
+            if diff:
+                raise ValueError(f"image {q} ({d['digest']}) was sized with processor settings {diff}, the model's "
+                                 f'processor has {({k: settings.get(k) for k in diff})}; replay with the model folder '
+                                 'that sampled it')
             try:
                 blob = data[d['digest']]
             except KeyError as e:

@@ -174,7 +174,9 @@ class ChatRecorder:
 
     @property
     def messages(self) -> list:
-        """The conversation so far as messages (sampled turns as decoded ``content``)."""
+        """The conversation so far as messages (sampled turns as decoded ``content``; list-of-parts content as its
+        text, an image as its expanded image text, which a template renders as is but
+        :func:`~agentrl.templates.labels.label_owners` refuses: label the messages you sent instead)."""
         return [dict(m) for m in self._messages]
 
     # ------------------------------------------------------------------ appending

@@ -42,11 +42,12 @@ def vision_settings(source) -> dict | None:
         ``{'class', 'patch_size', 'merge_size', 'temporal_patch_size', 'min_pixels', 'max_pixels',
         'image_mean', 'image_std'}`` (:data:`agentrl.images.PROCESSOR_KEYS`) plus ``image_token_id``
         (from the folder's ``config.json``, None when absent); None when the folder holds no
-        ``preprocessor_config.json``.
+        ``preprocessor_config.json``, or one of another processor family (no ``patch_size`` / ``merge_size`` /
+        pixel bounds: a SigLIP or CLIP processor), whose images agentrl does not size: its template stays text-only.
 
     Raises:
-        ValueError: a ``preprocessor_config.json`` that is not JSON, or settings without ``patch_size`` /
-            ``merge_size`` / pixel bounds (names the file and the key).
+        ValueError: a ``preprocessor_config.json`` that is not JSON; a settings dict without ``patch_size`` /
+            ``merge_size`` / pixel bounds (names the key).
 
     Source: the Qwen2-VL image processor's saved settings (``size.shortest_edge`` is ``min_pixels``,
     ``size.longest_edge`` ``max_pixels``).
@@ -80,7 +81,9 @@ def vision_settings(source) -> dict | None:
         except (OSError, ValueError):
             token = None
     out['image_token_id'] = token
-    return _checked(out, str(path))
+    if not all(isinstance(out[k], int) and out[k] > 0 for k in ('patch_size', 'merge_size', 'min_pixels', 'max_pixels')):
+        return None             # not a Qwen2-VL-style processor: images stay refused by name
+    return out
 
 
 def _checked(s: dict, where: str) -> dict:
