@@ -40,8 +40,11 @@ def image_part(data: bytes) -> dict:
 
 @pytest.fixture(scope='module')
 def vlm_dir(tmp_path_factory):
-    from agentrl.engines.hf import make_test_model
-    return make_test_model(tmp_path_factory.mktemp('vlm') / 'm', tokenizer_path('qwen3'), vision=True)
+    """``agentrl make-test-model --vision OUT`` (make_test_model(..., vision=True) underneath)."""
+    from agentrl.cli.main import main
+    out = tmp_path_factory.mktemp('vlm') / 'm'
+    assert main(['make-test-model', '--vision', '--tokenizer', str(tokenizer_path('qwen3')), str(out)]) == 0
+    return out
 
 
 @pytest.fixture(scope='module')
@@ -97,6 +100,7 @@ def test_make_test_model_vision_saves_a_loadable_qwen25_vl(vlm_dir, lm):
     assert torch.equal(again.lm_head.weight, model.lm_head.weight)
     note = json.loads((vlm_dir / 'agentrl_test_model.json').read_text())
     assert note['vision']['processor'] == PROC and note['vision']['chat_template'] == 'qwen2_5_vl'
+    assert note['parameters'] == sum(p.numel() for p in model.parameters()) == 9_864_736
 
 
 def test_label_owners_expands_an_image_and_gives_its_placeholders_to_the_user(template):
