@@ -235,7 +235,7 @@ def test_check_refuses_malformed_entries_and_unknown_processor(img):
     rec.info['images'][0]['processor']['class'] = 'LlavaImageProcessor'
     assert [str(p) for p in image_problems(rec, None)] == [
         "info.images[0].processor.class: 'LlavaImageProcessor' has no known image placeholder id (known: "
-        "['Qwen2VLImageProcessor', 'Qwen2VLImageProcessorFast']); pass the model's placeholder id with "
+        "['Qwen2VLImageProcessor', 'Qwen2VLImageProcessorFast', 'Qwen2VLImageProcessorPil']); pass the model's placeholder id with "
         "--image-token-id ID. Fix: pass the model's image placeholder id: agentrl check --image-token-id ID"]
     assert image_problems(rec, None, token_id=PAD) == []
 

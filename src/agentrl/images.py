@@ -7,12 +7,16 @@ sits in ``ids`` (``start``, ``length``), the processor's patch grid ``[t, h, w]`
 (``owner``: ``'prompt'`` or ``'tool'``) and the processor settings it was cut with. A record without
 images has no ``'images'`` key, so its bytes and digest are those it always had.
 
-Standard library only (no torch; PIL is imported by callers that draw, never here).
+The grid of an image is plain arithmetic on its size and the processor settings (:func:`vision_grid`), so no
+tensor library is needed here; Pillow is imported only to read an image's size (:func:`image_size`).
 Source: docs/design.md#images.
 """
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -24,15 +28,22 @@ from . import io
 __all__ = ['IMAGES_DIR', 'IMAGE_TOKEN_IDS', 'IMAGE_OWNERS', 'ImageRef', 'image_digest', 'image_format',
            'ImageEntryError', 'run_folder', 'images_folder', 'image_path', 'store_image', 'store_images', 'load_image',
            'verify_image', 'parse_images', 'image_token_id', 'record_images', 'has_images', 'referenced_digests',
-           'persist_images', 'thumbnail_url', 'THUMB_MAX_BYTES']
+           'persist_images', 'thumbnail_url', 'THUMB_MAX_BYTES', 'ImageFolder', 'IMAGE_TYPES', 'PROCESSOR_KEYS',
+           'decode_image_url', 'image_size', 'vision_grid', 'placeholder_count']
 
 #: The folder of a run that holds its images, one file per digest.
 IMAGES_DIR = 'images'
 #: The placeholder id of each image processor class agentrl knows (Qwen2-VL, Qwen2.5-VL and Qwen3-VL all use
 #: ``<|image_pad|>``, id 151655 of the Qwen vocabulary: tokenizer.json of /work/shared/tokenizers/qwen3).
-IMAGE_TOKEN_IDS = {'Qwen2VLImageProcessor': 151655, 'Qwen2VLImageProcessorFast': 151655}
+IMAGE_TOKEN_IDS = {'Qwen2VLImageProcessor': 151655, 'Qwen2VLImageProcessorFast': 151655,
+                   'Qwen2VLImageProcessorPil': 151655}
 #: Who may supply an image: the prompt (a user message) or a tool result.
 IMAGE_OWNERS = ('prompt', 'tool')
+#: Image formats accepted in a ``data:`` URL, by MIME type, and the file extension each is stored with.
+IMAGE_TYPES = {'image/png': 'png', 'image/jpeg': 'jpg', 'image/jpg': 'jpg'}
+#: Processor settings an :class:`ImageRef` records (what the placeholder count depends on, and the pixels).
+PROCESSOR_KEYS = ('class', 'patch_size', 'merge_size', 'temporal_patch_size', 'min_pixels', 'max_pixels',
+                  'image_mean', 'image_std')
 _MAGIC = ((b'\x89PNG\r\n\x1a\n', 'png'), (b'\xff\xd8\xff', 'jpg'))
 _DIGEST_RE = re.compile(r'^sha256:([0-9a-f]{64})$')
 _SHARD_RE = re.compile(r'^part-\d{6,}\.parquet$')
@@ -216,6 +227,15 @@ class ImageRef:
         """The stored form (the ``info['images']`` entry)."""
         return {'digest': self.digest, 'start': self.start, 'length': self.length, 'grid': list(self.grid),
                 'owner': self.owner, 'processor': dict(self.processor)}
+
+    @classmethod
+    def from_dict(cls, d) -> 'ImageRef':
+        """The inverse of :meth:`to_dict`.
+
+        Raises:
+            ImageEntryError: a missing key or a wrong type (names ``info.images.KEY``).
+        """
+        return parse_images([d])[0]
 
 
 def _int(v) -> bool:
@@ -401,3 +421,119 @@ def thumbnail_url(run: str | os.PathLike, digest: str, max_side: int = 96) -> st
         return ''
     mime = 'png' if image_format(data) == 'png' else 'jpeg'
     return f'data:image/{mime};base64,' + base64.b64encode(data).decode('ascii')
+
+
+class ImageFolder:
+    """A run's stored images (``RUN/images/<hex>.<ext>``; ``run`` as :func:`run_folder` takes it) as a read-only
+    mapping digest -> bytes (:func:`load_image`).
+
+    Each read checks the bytes against the digest that names them.
+
+    Raises (on ``folder[digest]``):
+        KeyError: no file for that digest (names the folder). ValueError: the file's bytes hash to another
+            digest (edited after writing).
+    """
+
+    def __init__(self, run):
+        self.run = run_folder(run)
+
+    def __contains__(self, digest) -> bool:
+        return image_path(self.run, digest) is not None
+
+    def __getitem__(self, digest: str) -> bytes:
+        try:
+            return load_image(self.run, digest)
+        except FileNotFoundError as e:
+            raise KeyError(str(e)) from None
+
+
+def decode_image_url(url, where: str = 'image_url') -> tuple[bytes, str]:
+    """The bytes and file extension of a ``data:image/png;base64,...`` (or ``image/jpeg``) URL.
+
+    Raises:
+        ValueError: an ``http(s)`` URL (agentrl does not fetch images: send the bytes as a data URL), another
+            scheme, a MIME type outside :data:`IMAGE_TYPES`, a data URL that is not base64, or bad base64;
+            each names ``where``.
+
+    Source: the OpenAI chat format's ``image_url`` part (``{"url": "data:image/png;base64,..."}``).
+    """
+    if not isinstance(url, str):
+        raise ValueError(f'{where}["url"] must be a string data URL, got {type(url).__name__}')
+    if url.startswith(('http://', 'https://')):
+        raise ValueError(f'{where}["url"] is an http(s) URL: agentrl does not fetch images (the record must hold '
+                         'the bytes the model saw); send the image as data:image/png;base64,...')
+    if not url.startswith('data:'):
+        raise ValueError(f'{where}["url"] is not a data: URL; send the image as data:image/png;base64,...')
+    head, sep, payload = url[5:].partition(',')
+    mime, _, enc = head.partition(';')
+    if not sep or enc != 'base64':
+        raise ValueError(f'{where}["url"] is a data URL without ";base64,"; send data:image/png;base64,...')
+    if mime.lower() not in IMAGE_TYPES:
+        raise ValueError(f'{where}["url"] has MIME type {mime!r}; send one of {sorted(set(IMAGE_TYPES))}')
+    try:
+        data = base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise ValueError(f'{where}["url"] holds bad base64 ({e}); encode the image bytes with base64') from e
+    return data, IMAGE_TYPES[mime.lower()]
+
+
+def image_size(data: bytes, where: str = 'image') -> tuple[int, int]:
+    """``(width, height)`` in pixels of PNG/JPEG ``data`` (Pillow reads the header only).
+
+    Raises:
+        ImportError: Pillow is not installed (``pip install pillow``).
+        ValueError: ``data`` is not an image Pillow can read (names ``where``).
+    """
+    import io
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError as e:  # pragma: no cover - depends on the install
+        raise ImportError('images need Pillow: pip install pillow') from e
+    try:
+        with Image.open(io.BytesIO(data)) as im:
+            return int(im.size[0]), int(im.size[1])
+    except (UnidentifiedImageError, OSError) as e:
+        raise ValueError(f'{where} is not a PNG or JPEG image Pillow can read ({e})') from e
+
+
+def vision_grid(width: int, height: int, settings: dict) -> list:
+    """``[t, h, w]`` patches a Qwen2-VL-style processor makes of a ``width x height`` image.
+
+    The image is resized so that both sides are multiples of ``patch_size * merge_size``, the area lies within
+    ``[min_pixels, max_pixels]`` and the aspect ratio is kept as closely as possible (rounding to the
+    nearest multiple; scaling down with floor and up with ceil when the area is out of range); then
+    ``h = height' / patch_size``, ``w = width' / patch_size`` and ``t = 1`` (one still image fills one
+    temporal patch).
+
+    Args:
+        width, height: pixels (>= 1). settings: ``patch_size``, ``merge_size``, ``min_pixels``, ``max_pixels``.
+
+    Raises:
+        ValueError: an aspect ratio over 200 (the processor refuses it too), or a missing setting.
+
+    Source: transformers ``smart_resize`` of ``Qwen2VLImageProcessor`` (checked against the processor in
+    tests/test_images_model.py).
+    """
+    try:
+        patch, merge = int(settings['patch_size']), int(settings['merge_size'])
+        lo, hi = int(settings['min_pixels']), int(settings['max_pixels'])
+    except KeyError as e:
+        raise ValueError(f'image processor settings lack {e.args[0]!r}; give patch_size, merge_size, min_pixels, '
+                         'max_pixels') from e
+    if max(width, height) / min(width, height) > 200:
+        raise ValueError(f'a {width}x{height} image has an aspect ratio over 200, which the processor refuses')
+    f = patch * merge
+    h, w = round(height / f) * f, round(width / f) * f
+    if h * w > hi:
+        beta = math.sqrt(height * width / hi)
+        h, w = max(f, math.floor(height / beta / f) * f), max(f, math.floor(width / beta / f) * f)
+    elif h * w < lo:
+        beta = math.sqrt(lo / (height * width))
+        h, w = math.ceil(height * beta / f) * f, math.ceil(width * beta / f) * f
+    return [1, h // patch, w // patch]
+
+
+def placeholder_count(grid, merge_size: int) -> int:
+    """Placeholder ids an image of ``grid`` ``[t, h, w]`` stands for: ``t * h * w // merge_size ** 2``."""
+    t, h, w = (int(x) for x in grid)
+    return t * h * w // (int(merge_size) ** 2)

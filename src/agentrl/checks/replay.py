@@ -362,6 +362,7 @@ class _Unit:
     spec: SamplingSpec
     history: object            # () -> PenaltyContext of the rows (None when owner/turn are missing)
     starts: object = None      # () -> [n] each row's turn start (the grammar's; None when owner/turn are missing)
+    images: list = None        # the record's info['images'] (scored with its pixels: Scorer.vision)
 
     def context(self):
         return self.history() if self.spec.penalized else None
@@ -369,6 +370,14 @@ class _Unit:
 
 def _units(n: int, rec: Trajectory) -> list:
     """The scored sequences of one record: itself, or one per turn with ``turn_contexts``."""
+    out = _record_units(n, rec)
+    images = rec.info.get('images') if isinstance(rec.info, dict) else None
+    for u in out:
+        u.images = images or None
+    return out
+
+
+def _record_units(n: int, rec: Trajectory) -> list:
     spec = require_sampled(rec)
     key = record_key(rec) if rec.provenance is not None and (rec.provenance.group_id or rec.provenance.rollout_id) \
         else str(n)
@@ -471,6 +480,20 @@ def score_sequences(seqs: list, rows: list, scorer, *, batch_size: int = 8, pack
                                      fix='replay with the model (and tokenizer) that sampled the record') from e
 
 
+def _score_images(u: _Unit, scorer) -> torch.Tensor:
+    """``[n, V]`` logits of a unit whose record holds images, from ``scorer.vision(ids, images, rows)``."""
+    fn = getattr(scorer, 'vision', None)
+    if fn is None:
+        raise ReplayUnsupportedError(f'({u.key}) holds images and the scorer takes none', field="info['images']",
+                                     fix='replay with the vision-language model folder that sampled it')
+    try:
+        return fn(u.ids, u.images, u.rows)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise ReplayUnsupportedError(f'({u.key}) cannot be scored with its images ({type(e).__name__}: {e})',
+                                     field="info['images']", fix='give the scorer the image bytes the record '
+                                     'names (the run\'s images/ folder) and the model that sampled it') from e
+
+
 def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, packed: bool = True,
                    tokenizer=None) -> ReplayReport:
     """Replay every record's trained tokens with a scorer under each record's declared sampler.
@@ -480,7 +503,9 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, p
     replayed under the record's own
     :class:`~agentrl.record.SamplingSpec` (penalties against each turn's context and the turn's
     ids so far). A record with ``turn_contexts`` is scored turn by turn (docs/design.md#replay; one
-    report entry per turn, key ``'... turn k'``).
+    report entry per turn, key ``'... turn k'``). A record with ``info['images']`` is scored alone with
+    its images' pixels through ``scorer.vision(ids [L], images, rows [n]) -> [n, V]``
+    (:func:`agentrl.engines.scorer.hf_scorer` of a vision-language model).
 
     Args:
         records: sampled :class:`~agentrl.record.Trajectory` records.
@@ -512,8 +537,10 @@ def replay_records(records, scorer, *, tol: float = 1e-4, batch_size: int = 8, p
         if max_len is not None and len(u.ids) > max_len:
             raise ReplayUnsupportedError(f'has {len(u.ids)} tokens to score but the model takes at most {max_len}',
                                          field='ids', fix='replay with the model that sampled the record')
-    logits = score_sequences([u.ids for u in units], [u.rows for u in units], scorer, batch_size=batch_size,
-                             packed=packed)
+    plain = [u for u in units if not u.images]
+    scored = iter(score_sequences([u.ids for u in plain], [u.rows for u in plain], scorer, batch_size=batch_size,
+                                  packed=packed))
+    logits = [_score_images(u, scorer) if u.images else next(scored) for u in units]
     reps, budget = [], {'fits': FIT_BUDGET}
     for u, lg in zip(units, logits):
         support = None

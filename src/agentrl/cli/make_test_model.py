@@ -34,6 +34,8 @@ class MakeTestModelOptions:
             any other non-empty folder is refused either way).
         for_vllm: pick (no ``heads`` given) or else require a head size vLLM CPU attention runs
             (:data:`agentrl.engines.vllm.CPU_HEAD_DIMS`; the server would die at its first request).
+        vision: a tiny Qwen2.5-VL (vision tower, image processor, TRL's Qwen2.5-VL chat template) instead of a Qwen3
+            (:func:`agentrl.engines.hf.make_test_model` with ``vision=True``).
     """
     out: str = option(None, 'output folder', positional=True, metavar='OUT')
     tokenizer: str | None = option(None, 'tokenizer folder (default: $AGENTRL_TOKENIZERS/qwen3 or '
@@ -53,6 +55,8 @@ class MakeTestModelOptions:
     for_vllm: bool = option(False, 'a head size (hidden / heads) that vLLM CPU attention runs, so the model serves '
                                  'with --engine vllm: picked when --heads is not given, else a size it cannot '
                                  'run is refused')
+    vision: bool = option(False, 'a tiny vision-language model (Qwen2.5-VL: vision tower, image processor, chat '
+                                 'template from the installed trl) instead of a Qwen3')
 
     def validate(self) -> None:
         """Raise :class:`~agentrl.cli.options.UserError` naming the bad flag and the fix.
@@ -139,9 +143,10 @@ def run(args) -> int:
     from ..engines.hf import make_test_model
     path = make_test_model(opts.out, opts.tokenizer, layers=opts.layers, hidden=opts.hidden, heads=opts.heads,
                            kv_heads=opts.kv_heads, seed=opts.seed, end_of_turn_rate=opts.end_of_turn_rate or None,
-                           max_positions=opts.context)
+                           max_positions=opts.context, vision=opts.vision)
     note = json.loads((path / NOTE).read_text())
-    print(f"wrote a {opts.layers}-layer Qwen3 (hidden {opts.hidden}, {note['parameters']:,} parameters) with the "
+    kind = 'Qwen2.5-VL' if opts.vision else 'Qwen3'
+    print(f"wrote a {opts.layers}-layer {kind} (hidden {opts.hidden}, {note['parameters']:,} parameters) with the "
           f"tokenizer of {os.path.basename(os.path.normpath(note['tokenizer_dir']))} to {path}")
     if note['measured_rates']:
         print('measured per-token rates at temperature 1: '

@@ -57,6 +57,8 @@ class TurnRequest:
             (or each streamed chunk) when the engine :attr:`Engine.streams`.
         key: optional routing key (a session id): every request with the same key goes to the same
             server of a multi-server engine.
+        images: the images of ``prompt_ids`` in placeholder order (``ChatRecorder.images``: ``digest``, ``data``,
+            ``length``), for a vision-language model (docs/design.md#images); None without images.
     """
     prompt_ids: list | tuple
     spec: SamplingSpec
@@ -65,6 +67,7 @@ class TurnRequest:
     stop_ids: frozenset = frozenset()
     on_token: Callable | None = field(default=None, compare=False)
     key: str | None = None
+    images: list | None = field(default=None, compare=False)
 
 
 @dataclass
@@ -135,12 +138,18 @@ class Engine(Protocol):
         ...
 
 
-def check_request(request: TurnRequest, engine: str) -> None:
-    """Refuse a request no backend can sample: an empty prompt or a budget below 1.
+def check_request(request: TurnRequest, engine: str, images: bool = False) -> None:
+    """Refuse a request no backend can sample: an empty prompt or a budget below 1; images where ``images`` is False.
 
     Raises:
-        RequestRefused: an empty ``prompt_ids``. BudgetExceeded: ``max_new_tokens < 1``.
+        RequestRefused: an empty ``prompt_ids``; ``request.images`` to an engine that does not feed images (the
+            prompt's placeholder ids would reach the model without their pixels). BudgetExceeded:
+            ``max_new_tokens < 1``.
     """
+    if request.images and not images:
+        raise RequestRefused(f'{engine}: the request brings {len(request.images)} images and this engine does not '
+                             'feed images to its model; sample vision episodes with the in-process HF engine on a '
+                             'vision-language model folder (docs/design.md#images)')
     if not len(request.prompt_ids):
         raise RequestRefused(f'{engine}: prompt_ids is empty; pass the ids the template renders')
     if int(request.max_new_tokens) < 1:

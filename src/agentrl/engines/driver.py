@@ -108,8 +108,9 @@ def drive_episodes(batch: TurnBatch, recorders: list, respond: Callable, *, seed
             state[i].end(0.0, None, StopReason.TRUNCATED)
             finish(i)
             return
+        images = getattr(recorders[i], 'images', None) or None          # a vision episode's images so far
         batch.submit(i, k, TurnRequest(prompt, spec, min(max_new_tokens, room), seeds[i],
-                                       recorders[i].template.stop_ids))
+                                       recorders[i].template.stop_ids, images=images))
 
     for i in range(n):
         submit(i, 0)

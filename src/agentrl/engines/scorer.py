@@ -15,7 +15,7 @@ import torch
 
 from ..checkpoint import load_checkpoint
 from ..checks.replay import Scorer
-from .hf.models import load_model, score_rows, scoring_head
+from .hf.models import is_vision_model, load_model, score_rows, scoring_head
 from .packed import scored_logits, segments_attention
 
 __all__ = ['load_scorer', 'hf_scorer', 'tiny_scorer']
@@ -37,7 +37,7 @@ def tiny_scorer(model, name: str = '') -> Scorer:
     return Scorer.of_model(model, name=name)
 
 
-def hf_scorer(model, name: str = '') -> Scorer:
+def hf_scorer(model, name: str = '', image_processor=None) -> Scorer:
     """A :class:`~agentrl.checks.replay.Scorer` over a transformers causal LM.
 
     One plain forward pass per right-padded batch (:func:`agentrl.engines.hf.score_rows`: only
@@ -48,6 +48,11 @@ def hf_scorer(model, name: str = '') -> Scorer:
     Args:
         model: a transformers causal LM.
         name: what reports call it (default: its config's name).
+        image_processor: a vision-language model's image processor: the scorer then also has
+            ``vision(ids [L], images, rows [n]) -> [n, V]`` for records with ``info['images']`` (one forward pass
+            with the images' pixels and 3-D positions, :func:`agentrl.engines.hf.vlm.vision_logits`), reading
+            each image's bytes from its ``image_data`` mapping (digest -> bytes: a dict, or the run's
+            :class:`~agentrl.images.ImageFolder`, which ``agentrl check RUN --model M`` sets).
 
     Returns:
         :class:`~agentrl.checks.replay.Scorer`; ``pad_id`` the config's ``pad_token_id`` (else 0),
@@ -74,7 +79,49 @@ def hf_scorer(model, name: str = '') -> Scorer:
 
     pad = getattr(cfg, 'pad_token_id', None)
     name = name or os.path.basename(str(getattr(cfg, '_name_or_path', '') or '').rstrip('/')) or type(model).__name__
-    return Scorer(fn, name, 0 if pad is None else int(pad), getattr(cfg, 'max_position_embeddings', None), packed)
+    text_cfg = cfg.get_text_config() if hasattr(cfg, 'get_text_config') else cfg
+    scorer = Scorer(fn, name, 0 if pad is None else int(pad), getattr(text_cfg, 'max_position_embeddings', None),
+                    packed if image_processor is None else None)
+    if image_processor is not None:
+        scorer.image_data = {}
+        scorer.vision = _vision_scorer(model, image_processor, lambda: scorer.image_data)
+    return scorer
+
+
+def _vision_scorer(model, processor, source):
+    """``vision(ids, images, rows)`` of :func:`hf_scorer`: the images whose placeholder ids the ids hold, with
+    their bytes from the mapping ``source()`` returns (the scorer's ``image_data`` at call time)."""
+    from types import SimpleNamespace
+
+    from .hf.vlm import image_token_id, pixel_inputs, processor_settings, vision_logits
+    settings = processor_settings(processor)
+
+    def vision(ids, images, rows):
+        data = source()
+        n = int((torch.as_tensor(ids) == image_token_id(model)).sum())
+        used, total = [], 0
+        for q, d in enumerate(images):      # a turn's context holds the images before it
+            if total >= n:
+                break
+            diff = {k: v for k, v in (d.get('processor') or {}).items() if settings.get(k) != v}
+            if diff:
+                raise ValueError(f"image {q} ({d['digest']}) was sized with processor settings {diff}, the model's "
+                                 f'processor has {({k: settings.get(k) for k in diff})}; replay with the model folder '
+                                 'that sampled it')
+            try:
+                blob = data[d['digest']]
+            except KeyError as e:
+                why = f' ({e.args[0]})' if e.args and e.args[0] != d['digest'] else ''
+                raise KeyError(f"the bytes of image {d['digest']} are not in the scorer's image_data{why}") from None
+            used.append(SimpleNamespace(digest=d['digest'], data=blob, length=int(d['length'])))
+            total += int(d['length'])
+        was = model.training
+        model.eval()
+        try:
+            return vision_logits(model, ids, pixel_inputs(processor, used) if used else None, rows)
+        finally:
+            model.train(was)
+    return vision
 
 
 def _packed_rows(model, ids, position_ids, r, j) -> torch.Tensor:
@@ -122,7 +169,11 @@ def load_scorer(path, *, device: str | torch.device | None = None, dtype: torch.
             raise FileNotFoundError(f'--model {str(p)!r} is a folder without config.json; pass a TinyAgent '
                                     'model.pt file or a Hugging Face folder written by save_pretrained')
         model, tok = load_model(p, device=device, dtype=dtype)
-        scorer = hf_scorer(model, name=p.resolve().name)
+        proc = None
+        if is_vision_model(p):
+            from .hf.vlm import load_image_processor
+            proc = load_image_processor(p)
+        scorer = hf_scorer(model, name=p.resolve().name, image_processor=proc)
         scorer.tokenizer = tok             # grammar-constrained records compile their constraint against it
         return scorer
     if not p.exists():

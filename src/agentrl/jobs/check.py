@@ -454,6 +454,10 @@ def run_check(opts: CheckOptions, progress: Callable[[int], None] | None = None)
         from .check_workers import check_on_workers
         return check_on_workers(opts, run_check, progress)
     scorer = load_model(opts.model, opts.dtype, opts.device) if opts.model else None
+    if scorer is not None and hasattr(scorer, 'image_data'):     # a vision model: the run's images feed its replay
+        from ..images import ImageFolder, images_folder
+        if images_folder(opts.path).is_dir():
+            scorer.image_data = ImageFolder(opts.path)
     model_tok = _model_tokenizer(opts.model) if opts.model else None
     base = checks.Expected(tokenizer=opts.expect_tokenizer, template=opts.expect_template, pad_id=opts.pad_id,
                            eot_ids=tuple(opts.eot_ids), vocab_size=opts.vocab_size)

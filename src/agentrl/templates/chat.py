@@ -16,6 +16,7 @@ from .loading import (TOKENIZER_FAMILIES, find_tokenizer_dir, generation_eos_ids
                       require_hf, tokenizer_family)
 from .messages import (PROMPT_ROLES, TOOL_ROLES, check_messages, common_prefix, common_suffix,  # noqa: F401
                        diff_span, flatten_content, function_tools, owner_of_role)
+from .vision import vision_settings
 
 __all__ = ['ChatTemplate', 'as_template', 'function_tools', 'require_hf', 'load_tokenizer',
            'PROMPT_ROLES', 'TOOL_ROLES', 'CONTENT_TEXT_MODES', 'ControlTextError', 'find_tokenizer_dir',
@@ -23,7 +24,7 @@ __all__ = ['ChatTemplate', 'as_template', 'function_tools', 'require_hf', 'load_
 
 
 #: Template options ChatTemplate takes by keyword; everything else goes to the template.
-_OWN_OPTIONS = ('tools', 'chat_template', 'stop_tokens', 'generation_config', 'content_text')
+_OWN_OPTIONS = ('tools', 'chat_template', 'stop_tokens', 'generation_config', 'content_text', 'vision')
 #: What happens to control-token text (``'<|im_end|>'``) inside content the policy did not sample
 #: (system, user, tool and opening messages): ``'plain'`` encodes it as ordinary text (its byte-level
 #: pieces, never the control id); ``'refuse'`` raises :class:`ControlTextError`.
@@ -61,6 +62,11 @@ class ChatTemplate:
         content_text: one of :data:`CONTENT_TEXT_MODES`: ``'plain'`` (default) encodes control-token
             text inside content the policy did not sample as ordinary text; ``'refuse'`` raises
             :class:`ControlTextError` for it.
+        vision: the image processor settings (:func:`~agentrl.templates.vision.vision_settings`): True (default)
+            reads the tokenizer's folder's ``preprocessor_config.json`` when it holds one (a vision-language
+            model folder), a dict gives them, None or False makes a text-only template (image parts refused).
+            With settings, ``image_url`` parts of user and tool messages are expanded
+            (:func:`~agentrl.templates.vision.expand_images`).
         **template_kwargs: options the template reads, such as ``enable_thinking=False``.
 
     Attributes:
@@ -93,7 +99,7 @@ class ChatTemplate:
 
     def __init__(self, tokenizer, *, tools: Sequence[dict] | None = None, chat_template: str | None = None,
                  stop_tokens: Sequence[str] | None = None, generation_config: Any = True, content_text: str = 'plain',
-                 **template_kwargs):
+                 vision: Any = True, **template_kwargs):
         require_hf('ChatTemplate')
         if not hasattr(tokenizer, 'apply_chat_template'):
             raise ValueError(f'tokenizer must be a Hugging Face tokenizer, got {type(tokenizer).__name__}; '
@@ -110,6 +116,7 @@ class ChatTemplate:
         self.chat_template = chat_template
         self.template_kwargs = dict(template_kwargs)
         self.content_text = content_text
+        self.vision = vision_settings(tokenizer if vision is True else vision)
         self._cache: dict = {}
         self.control_ids, self._control_re = _controls(tokenizer)
         self.end_of_turn_text = self._derive_end_of_turn()
@@ -163,6 +170,7 @@ class ChatTemplate:
         """Options as a JSON-able dict (template kwargs, tool names, stop tokens, end-of-turn, content_text)."""
         return {'template_kwargs': self.template_kwargs, 'stop_tokens': list(self.stop_texts),
                 'end_of_turn': self.end_of_turn_text, 'content_text': self.content_text,
+                **({'vision': dict(self.vision)} if self.vision else {}),
                 'tools': [t['function']['name'] for t in self.tools or ()],
                 'chat_template': 'custom' if self.chat_template else 'tokenizer'}
 
@@ -392,13 +400,22 @@ class ChatTemplate:
         """``[(start, end)]`` of control-token text starting inside a ``plain`` span (raises in refuse mode)."""
         if not plain or self._control_re is None:
             return []
-        out = []
+        out, image = [], self._image_controls()
         for r in plain:
             for m in self._control_re.finditer(text, r.start, r.end):
+                if m.group(0) in image:
+                    continue        # an expanded image: text content cannot hold its control text (vision.py)
                 if self.content_text == 'refuse':
                     raise ControlTextError(getattr(r, 'message', -1), getattr(r, 'owner', 'content'), m.group(0))
                 out.append((m.start(), m.end()))
         return sorted(set(out))
+
+    def _image_controls(self) -> frozenset:
+        """The control texts of an expanded image (empty for a text-only template)."""
+        if not self.vision:
+            return frozenset()
+        from .vision import vision_facts
+        return vision_facts(self).control_texts
 
     def _plain_ids(self, text: str) -> list[int]:
         """``text`` through the normalizer, pre-tokenizer and model only (added tokens not matched)."""
@@ -502,6 +519,8 @@ class ChatTemplate:
                       'tokenizer': tokenizer_fingerprint(self.tokenizer)}
             if self.content_text != 'plain':
                 fields['content_text'] = self.content_text
+            if self.vision:
+                fields['vision'] = self.vision
             payload = json.dumps(fields,
                                  sort_keys=True, separators=(',', ':'), default=str)
             self._cache['fingerprint'] = hashlib.sha256(payload.encode()).hexdigest()[:16]

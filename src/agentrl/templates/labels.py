@@ -15,8 +15,9 @@ from dataclasses import dataclass, field
 from ..record import OWNER, OWNER_NAMES, owner_runs
 from .budget import TemplateTimeoutError
 from .chat import ChatTemplate, as_template, check_messages, diff_span, owner_of_role
+from .vision import expand_images, image_spans, own_images, vision_facts
 
-__all__ = ['Region', 'OwnerLabels', 'label_owners', 'locate_messages', 'owners_from_regions',
+__all__ = ['Region', 'OwnerLabels', 'label_owners', 'label_checked', 'locate_messages', 'owners_from_regions',
            'sampling_contexts', 'GENERATION_MASK_MODES', 'AssistantMaskMismatch', 'AssistantMaskError']
 
 #: What :func:`label_owners` does when a template's ``{% generation %}`` mask disagrees with the
@@ -69,6 +70,9 @@ class OwnerLabels:
         offsets: ``[T]`` ``(start, end)`` character span of each token.
         message: ``[T]`` index of the message each token belongs to, -1 for template tokens.
         regions: the character spans found, sorted by ``start``.
+        images: one :class:`~agentrl.images.ImageRef` per image part, in order (empty without images);
+            ``[img.to_dict() for img in images]`` is a record's ``info['images']``.
+        image_data: ``{digest: bytes}`` of those images, as received.
     """
     text: str
     ids: list
@@ -76,6 +80,8 @@ class OwnerLabels:
     offsets: list
     message: list
     regions: list = field(default_factory=list)
+    images: list = field(default_factory=list)
+    image_data: dict = field(default_factory=dict)
 
     def counts(self) -> dict:
         """Tokens per owner name, e.g. ``{'template': 350, 'prompt': 37, 'policy': 55, 'tool': 23}``."""
@@ -368,13 +374,18 @@ def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, to
         through the end-of-turn token; never the generation prompt, a think block the template
         inserts, or the newline after the end-of-turn. Control-token text inside system, user
         and tool content is encoded as ordinary text (``content_text='plain'``) or refused.
-        List-of-parts content is rendered as its text.
+        List-of-parts content is rendered as its text; on a vision template (``vision`` settings) an
+        ``image_url`` part of a user or tool message is rendered as the template's image text with its
+        placeholder repeated as the processor computes (:func:`~agentrl.templates.vision.expand_images`):
+        the placeholder ids are the supplier's (prompt or tool), the delimiters the template's, and
+        ``images`` says where each image is.
 
     Raises:
         ValueError: a message the template drops (for example ``tool_calls`` on Llama 3.0 or on
             DeepSeek-V3 under transformers 5, whose template needs ``content=None``), ``tools=``
-            on a template that ignores them, a non-text content part, or malformed messages;
-            each names the field.
+            on a template that ignores them, a non-text content part (an image part on a text-only
+            template; an http(s) image URL), an image whose placeholder count in the rendering is not the
+            processor's (names the image and both counts), or malformed messages; each names the field.
         ControlTextError: control-token text in non-policy content with ``content_text='refuse'``.
         AssistantMaskError: with ``generation_mask='error'``, a ``{% generation %}`` mask that
             disagrees with the rule (with ``'warn'`` an :class:`AssistantMaskMismatch` warning).
@@ -393,13 +404,30 @@ def label_owners(tokenizer, messages, *, add_generation_prompt: bool = False, to
     if generation_mask not in GENERATION_MASK_MODES:
         raise ValueError(f'generation_mask={generation_mask!r}; use one of {GENERATION_MASK_MODES}')
     template = as_template(tokenizer, tools=tools, **options)
-    messages = check_messages(messages)
+    messages, images = expand_images(template, messages)
+    return label_checked(template, check_messages(messages), images, add_generation_prompt, generation_mask)
+
+
+def label_checked(template: ChatTemplate, messages: list, images: list, add_generation_prompt: bool = False,
+                  generation_mask: str = 'warn') -> OwnerLabels:
+    """:func:`label_owners` of messages already through :func:`~agentrl.templates.vision.expand_images` and
+    :func:`~agentrl.templates.messages.check_messages` (``images`` the former's
+    :class:`~agentrl.templates.vision.PendingImage` list).
+
+    Raises:
+        ValueError, ControlTextError, AssistantMaskError: as :func:`label_owners`.
+    """
     text, regions = locate_messages(template, messages, add_generation_prompt)
     ids, offsets = template.encode_offsets(text, [r for r in regions if r.owner != 'policy'])
     owner, message = owners_from_regions(offsets, regions, len(text))
+    facts = vision_facts(template) if images else None
+    if facts is not None:
+        owner = own_images(ids, owner, facts)
     if template.has_generation_blocks:
         _check_generation_mask(template, messages, add_generation_prompt, ids, owner, generation_mask)
-    return OwnerLabels(text=text, ids=ids, owner=owner, offsets=offsets, message=message, regions=regions)
+    return OwnerLabels(text=text, ids=ids, owner=owner, offsets=offsets, message=message, regions=regions,
+                       images=image_spans(ids, owner, images, facts),
+                       image_data={img.digest: img.data for img in images})
 
 
 def _check_generation_mask(template, messages, gen, ids, owner, mode) -> None:

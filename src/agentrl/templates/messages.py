@@ -24,8 +24,9 @@ def flatten_content(content: Any, where: str = 'content') -> Any:
     nothing between them, as the OpenAI chat format concatenates them). Strings and None pass through.
 
     Raises:
-        ValueError: a part that is not text (``image_url``, ``input_audio`` ...): multimodal input is
-            not supported; the error names the part index and its type. Also a malformed part.
+        ValueError: a part that is not text (``input_audio``; ``image_url`` unless a vision template expanded
+            it first, :func:`agentrl.templates.vision.expand_images`); the error names the part index and its
+            type. Also a malformed part.
 
     Source: the OpenAI chat message format (content parts).
     """
@@ -43,8 +44,9 @@ def flatten_content(content: Any, where: str = 'content') -> Any:
             raise ValueError(f'{where}[{j}] is a text part without a string "text"; give {{"type": "text", '
                              '"text": "..."}')
         else:
-            raise ValueError(f'{where}[{j}] is a {kind!r} part: agentrl records text only (no images or '
-                             'audio yet); send text parts, or describe the non-text input in text')
+            raise ValueError(f'{where}[{j}] is a {kind!r} part: agentrl records text only here (image_url parts '
+                             'need a vision-language model\'s template, whose folder holds preprocessor_config.json; '
+                             'no audio); send text parts, or describe the non-text input in text')
     return ''.join(out)
 
 

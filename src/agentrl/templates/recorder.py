@@ -14,8 +14,9 @@ from ..record import OWNER, Provenance, TokenLog, Trajectory
 from .bridge import (Bridge, bridge_shape, cached_bridge, probe_message, probe_stability,  # noqa: F401
                      probe_turn_text, template_bridge, turn_kind)
 from .chat import as_template, tokenizer_fingerprint
-from .labels import label_owners
+from .labels import label_checked
 from .messages import check_messages, common_prefix
+from .vision import expand_images, image_spans, own_images, vision_facts
 
 __all__ = ['Bridge', 'ChatRecorder', 'template_bridge', 'HISTORY_MODES']
 
@@ -88,7 +89,10 @@ class ChatRecorder:
         self.template = as_template(tokenizer, tools=tools, **options)
         self.history = history
         self.cache_bridges = bool(cache_bridges)
-        self._opening = check_messages(messages)
+        opening, self._opening_images = expand_images(self.template, messages)
+        self._opening = check_messages(opening)
+        self._done_images: list = []               # images of messages added before the last turn
+        self._pending_images: list = []            # images of the messages since the last turn
         self._messages = list(self._opening)       # conversation as messages (turns decoded)
         self._turn_index: list[int] = []           # index in _messages of each assistant turn
         self._log = TokenLog()                     # the record's tokens (the one writer)
@@ -125,7 +129,7 @@ class ChatRecorder:
         cache = self.template._cache.setdefault('openings', {})
         hit = cache.get(key) if key is not None else None
         if hit is None:
-            lab = label_owners(self.template, self._opening, add_generation_prompt=True)
+            lab = label_checked(self.template, self._opening, self._opening_images, add_generation_prompt=True)
             pol, prm, tmpl = OWNER['policy'], OWNER['prompt'], OWNER['template']
             ctl = self.template.control_ids     # an opening assistant turn was not sampled here: its control
             owners = tuple((tmpl if i in ctl else prm) if o == pol else o   # tokens are the template's, its
@@ -158,8 +162,21 @@ class ChatRecorder:
         return list(self._log.ids) if self._ctx_is_prefix else list(self._ctx)
 
     @property
+    def images(self) -> list:
+        """Every image so far (:class:`~agentrl.templates.vision.PendingImage`), in the order of their placeholders:
+        the images of :attr:`prompt_ids` (what the engine's processor gets with them)."""
+        return self._opening_images + self._done_images + self._pending_images
+
+    @property
+    def image_data(self) -> dict:
+        """``{digest: bytes}`` of :attr:`images`, as received."""
+        return {img.digest: img.data for img in self.images}
+
+    @property
     def messages(self) -> list:
-        """The conversation so far as messages (sampled turns as decoded ``content``)."""
+        """The conversation so far as messages (sampled turns as decoded ``content``; list-of-parts content as its
+        text, an image as its expanded image text, which a template renders as is but
+        :func:`~agentrl.templates.labels.label_owners` refuses: label the messages you sent instead)."""
         return [dict(m) for m in self._messages]
 
     # ------------------------------------------------------------------ appending
@@ -206,6 +223,8 @@ class ChatRecorder:
         use_prefix = self._ctx_is_prefix
         self._contexts.append((start, None if use_prefix else list(self._ctx)))
         self._pending = []
+        self._done_images += self._pending_images
+        self._pending_images = []
         self._bridge_mark = None
         decoded = text = self.template.decode(ids)
         stop = self.template.stop_text(ids[-1])
@@ -246,13 +265,15 @@ class ChatRecorder:
         """
         if isinstance(messages, dict):
             messages = [messages]
-        new = check_messages(messages, 'add_messages')
+        expanded, images = expand_images(self.template, messages, 'add_messages')
+        new = check_messages(expanded, 'add_messages')
         for i, m in enumerate(new):
             if m['role'] == 'assistant':
                 raise ValueError(f'add_messages[{i}] is an assistant message: sampled turns must be added '
                                  'as ids with add_turn (token-in/token-out)')
         if not self._turn_index:  # still before the first turn: extend the opening
             self._opening += new
+            self._opening_images = self._opening_images + images
             self._messages = list(self._opening)
             self._start_opening()
             return self.prompt_ids
@@ -274,11 +295,13 @@ class ChatRecorder:
             self._ctx_saved = (self._ctx, len(self._ctx), self._ctx_pieces, len(self._ctx_pieces),
                                self._ctx_is_prefix)
         self._pending = pending
+        self._pending_images = self._pending_images + images
         k = len(self._turn_index) - 1
         if stop is not None and self.template.end_of_turn_id is None:
             self._stop_is_header(k, stop, bridge.stop == stop)
         self._bridge_mark = (len(self._log), len(self._texts))
-        self._log.append(bridge.ids, bridge.owner, k)
+        owner = own_images(bridge.ids, bridge.owner, vision_facts(self.template)) if self._pending_images else bridge.owner
+        self._log.append(bridge.ids, owner, k)
         self._texts.append(bridge.text)
         self._messages += self._pending
         self.bridges.append(bridge)
@@ -427,6 +450,9 @@ class ChatRecorder:
                 p = common_prefix(full, recorded)
                 check['first_mismatch'] = {'char': p, 'recorded': recorded[p:p + 40], 'template': full[p:p + 40]}
         info['template'] = check
+        if self.images:
+            spans = image_spans(self._log.ids, self._log.owner, self.images, vision_facts(self.template))
+            info['images'] = [sp.to_dict() for sp in spans]
         prov = provenance if provenance is not None else Provenance(policy='hf')
         if not prov.template:
             prov.template = self.template.fingerprint

@@ -61,7 +61,15 @@ class RowBatch:
             self.prof.add(k, key, value)
 
     def submit(self, episode: int, turn: int, request) -> None:
-        """Bring the episode's row up to ``request.prompt_ids`` now, or queue it until a row frees up."""
+        """Bring the episode's row up to ``request.prompt_ids`` now, or queue it until a row frees up.
+
+        Raises:
+            ValueError: a request with images (a cache row holds no pixels: give the sampler its model's
+                ``image_processor``, which samples through :class:`RoundBatch`).
+        """
+        if request.images:
+            raise ValueError(f'episode {episode} brings images but the sampler has no image_processor; pass '
+                             'HFSampler(..., image_processor=load_image_processor(model_dir))')
         if episode not in self.gens:
             self.gens[episode] = _generator(request.seed)
         if episode in self.episode:
@@ -162,6 +170,7 @@ class RoundBatch:
     Args:
         sampler: an :class:`HFSampler` (or a subclass with its own ``sample``).
         batch_size: prompts per sampler call. profile: as :class:`RowBatch`.
+    A request's ``images`` (a vision-language episode's) go to :meth:`HFSampler.sample` with its prompt.
     """
 
     def __init__(self, sampler, batch_size: int, profile=None):
@@ -185,8 +194,10 @@ class RoundBatch:
         for start in range(0, len(queue), self.batch_size):
             chunk = queue[start:start + self.batch_size]
             before = dict(sampler.stats)
+            images = [req.images for _, _, req in chunk]
+            extra = {'images': images} if any(images) else {}     # a vision model: each prompt with its images
             turns = sampler.sample([list(req.prompt_ids) for _, _, req in chunk], [self.gens[i] for i, _, _ in chunk],
-                                   max_new_tokens=[int(req.max_new_tokens) for _, _, req in chunk])
+                                   max_new_tokens=[int(req.max_new_tokens) for _, _, req in chunk], **extra)
             if self.prof is not None:
                 k = chunk[0][1]
                 for key in ('prefill_tokens', 'prefill_s', 'decode_tokens', 'decode_s', 'sample_s'):

@@ -13,7 +13,7 @@ import time
 from ...record import SamplingSpec
 from ..contract import TurnRequest, TurnResult, check_request
 from ..fingerprint import model_name
-from .models import load_model
+from .models import is_vision_model, load_model
 from .sampler import HFSampler
 
 __all__ = ['HFEngine']
@@ -24,7 +24,9 @@ class HFEngine:
 
     Args:
         model_dir: a ``save_pretrained`` folder with its tokenizer (``agentrl make-test-model OUT``).
-        device: default ``cuda`` when available, else CPU (fp32 parameters).
+        device: default ``cuda`` when available, else CPU (fp32 parameters). A vision-language folder
+            (:func:`~agentrl.engines.hf.models.is_vision_model`) also loads its image processor, and a
+            request's ``images`` are sampled with their pixels (:mod:`agentrl.engines.hf.vlm`).
         max_new_tokens: the default turn budget.
 
     Attributes: as :class:`~agentrl.engines.contract.Engine`; ``model`` (the loaded LM);
@@ -44,8 +46,13 @@ class HFEngine:
         if device is None:
             device = 'cuda' if torch.cuda.is_available() else 'cpu'
         self.model, self.tokenizer = load_model(model_dir, device=device)
+        self.image_processor = None
+        if is_vision_model(model_dir):                  # a vision-language model: requests may bring images
+            from .vlm import load_image_processor
+            self.image_processor = load_image_processor(model_dir)
         self.model_name = model_name(model_dir)
         cfg = getattr(self.model, 'config', None)
+        cfg = cfg.get_text_config() if hasattr(cfg, 'get_text_config') else cfg
         self.max_context = int(getattr(cfg, 'max_position_embeddings', None) or 1 << 30)
         self.max_new_tokens = int(max_new_tokens)
         self.samplers: dict = {}
@@ -62,7 +69,8 @@ class HFEngine:
         if sampler is None:
             pad = getattr(self.tokenizer, 'pad_token_id', None)
             sampler = self.samplers[key] = HFSampler(self.model, stop_ids, spec, max_new_tokens=self.max_new_tokens,
-                                                     pad_id=pad, tokenizer=self.tokenizer)
+                                                     pad_id=pad, tokenizer=self.tokenizer,
+                                                     image_processor=self.image_processor)
         return sampler
 
     def sample(self, request: TurnRequest, teacher=None) -> TurnResult:
@@ -76,14 +84,15 @@ class HFEngine:
             RequestRefused: an empty prompt. BudgetExceeded: a budget below 1.
         """
         import torch
-        check_request(request, 'HFEngine.sample')
+        check_request(request, 'HFEngine.sample', images=self.image_processor is not None)
         sampler = self.sampler(request.spec, request.stop_ids)
         gen = torch.Generator().manual_seed(int(request.seed))
         cb = request.on_token
         t0 = time.time()
+        extra = {'images': [request.images]} if request.images else {}
         t = sampler.sample([list(request.prompt_ids)], [gen], max_new_tokens=int(request.max_new_tokens),
                            teacher=None if teacher is None else [list(teacher)],
-                           on_token=None if cb is None else (lambda _b, ids: cb(ids)))[0]
+                           on_token=None if cb is None else (lambda _b, ids: cb(ids)), **extra)[0]
         return TurnResult(ids=list(t.ids), logp=[float(x) for x in t.logp], truncated=bool(t.truncated),
                           seed=int(request.seed), span=(t0, time.time()))
 

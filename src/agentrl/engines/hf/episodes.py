@@ -40,7 +40,9 @@ def run_chat_episodes(sampler: HFSampler, recorders: list, respond: Callable, *,
       decode step feeds one token to every live row, whatever turn it is in.
     * ``reuse_cache=False``, or a sampler subclass that overrides ``sample``: each round feeds
       every live episode's ``recorder.prompt_ids`` to ``sampler.sample`` (in chunks of
-      ``batch_size``), so each turn prefills the whole conversation again.
+      ``batch_size``), so each turn prefills the whole conversation again. A sampler with an
+      ``image_processor`` (a vision-language model) always takes this path, each prompt with its
+      recorder's images (``ChatRecorder.images``, in the turn's ``TurnRequest.images``).
 
     Either way the sampled ids and log-probs go into the recorder verbatim (``add_turn``), the
     decoded text goes to ``respond``, and its messages come back through ``add_messages``.

@@ -1,4 +1,4 @@
-"""L4: load a local Hugging Face causal LM and its tokenizer; build the small Qwen3 test model.
+"""L4: load a local Hugging Face causal LM and its tokenizer; build the small Qwen3 (or Qwen2.5-VL) test model.
 
 transformers is imported inside the functions (extra ``pip install agentrl[hf]``). Nothing is
 downloaded: every path here is a local folder.
@@ -18,7 +18,8 @@ from ...templates.chat import find_tokenizer_dir, load_tokenizer, require_hf
 from ...templates.loading import generation_eos_ids
 
 __all__ = ['load_model', 'make_test_model', 'default_tokenizer_dir', 'model_id', 'score_rows',
-           'forward_kwargs', 'pad_token_id', 'TOKENIZER_FILES', 'MAX_TEST_MODEL_PARAMS']
+           'forward_kwargs', 'pad_token_id', 'is_vision_model', 'TOKENIZER_FILES', 'MAX_TEST_MODEL_PARAMS',
+           'VISION_TEST_PROCESSOR', 'VISION_TEMPLATE']
 
 #: Parameters a test model may have (about 3.7 GiB of float32), checked before it is allocated (docs/design.md#bounds).
 MAX_TEST_MODEL_PARAMS = 1_000_000_000
@@ -28,6 +29,15 @@ TOKENIZER_FILES = ('tokenizer.json', 'tokenizer_config.json', 'vocab.json', 'mer
                    'added_tokens.json', 'chat_template.jinja', 'chat_template.json', 'tokenizer.model',
                    'LICENSE', 'LICENSE-MODEL', 'LICENSE-CODE', 'NOTICE', 'USE_POLICY.md', 'PROVENANCE.md')
 _TEST_MODEL_NOTE = 'agentrl_test_model.json'
+#: The image processor settings of the vision test model (Qwen2-VL's PIL processor; at most 64 placeholder ids an
+#: image: ``max_pixels`` is 64 merged 28 x 28 patches).
+VISION_TEST_PROCESSOR = {'patch_size': 14, 'merge_size': 2, 'temporal_patch_size': 2, 'min_pixels': 56 * 56,
+                         'max_pixels': 28 * 28 * 64}
+#: The chat template of the vision test model: TRL's copy of Qwen2.5-VL's, read from the installed trl at build time.
+VISION_TEMPLATE = 'qwen2_5_vl'
+#: The tokens a Qwen2-VL-style model needs in its tokenizer, by config field.
+_VISION_TOKENS = {'image_token_id': '<|image_pad|>', 'video_token_id': '<|video_pad|>',
+                  'vision_start_token_id': '<|vision_start|>', 'vision_end_token_id': '<|vision_end|>'}
 
 
 def _dtype_kwarg(transformers) -> str:
@@ -60,7 +70,8 @@ def load_model(model_dir, *, dtype: torch.dtype = torch.float32, device: str | t
         attn_implementation: e.g. ``'eager'`` or ``'sdpa'`` (default: transformers' choice).
 
     Returns:
-        ``(model, tokenizer)``: an ``AutoModelForCausalLM`` in eval mode and an ``AutoTokenizer``.
+        ``(model, tokenizer)``: an ``AutoModelForCausalLM`` in eval mode (``AutoModelForImageTextToText`` for a
+        vision-language folder, :func:`is_vision_model`) and an ``AutoTokenizer``.
 
     Raises:
         ImportError: without the ``hf`` extra (``pip install agentrl[hf]``).
@@ -83,7 +94,10 @@ def load_model(model_dir, *, dtype: torch.dtype = torch.float32, device: str | t
     restore = _quiet_progress(transformers)
     try:
         try:
-            model = transformers.AutoModelForCausalLM.from_pretrained(str(model_dir), **kwargs)
+            cls = transformers.AutoModelForCausalLM
+            if is_vision_model(model_dir):
+                cls = transformers.AutoModelForImageTextToText      # the model with its vision tower
+            model = cls.from_pretrained(str(model_dir), **kwargs)
         except ImportError:
             raise
         except Exception as e:  # OSError, ValueError, SafetensorError (a cut weights file), torch errors ...
@@ -103,6 +117,14 @@ def load_model(model_dir, *, dtype: torch.dtype = torch.float32, device: str | t
     if device is not None:
         model.to(device)
     return model, tok
+
+
+def is_vision_model(model_dir) -> bool:
+    """Whether ``model_dir``'s ``config.json`` describes a vision-language model (it has a ``vision_config``)."""
+    try:
+        return 'vision_config' in json.loads((Path(model_dir) / 'config.json').read_text())
+    except (OSError, ValueError):
+        return False
 
 
 def model_id(model) -> str:
@@ -147,7 +169,8 @@ def _qwen3_parameters(vocab: int, layers: int, hidden: int, heads: int, kv_heads
 
 def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int = 64, heads: int = 4,
                     kv_heads: int = 2, seed: int = 0, end_of_turn_rate: float | None = 0.05,
-                    token_rates: dict | None = None, max_positions: int = 4096) -> Path:
+                    token_rates: dict | None = None, max_positions: int = 4096, vision: bool = False,
+                    chat_template: str | None = None) -> Path:
     """Build a small randomly initialised Qwen3 paired with a real tokenizer, saved with ``save_pretrained``.
 
     The architecture is transformers' ``Qwen3ForCausalLM`` (RoPE, GQA, q/k norms, tied
@@ -174,6 +197,15 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
             ``eos_token``) per sampled token, in (0, 1); None keeps the plain random init.
         token_rates: ``{token string: rate}`` for more single tokens (all rates summing below 1).
         max_positions: ``max_position_embeddings`` (the context limit rollouts respect).
+        vision: build transformers' ``Qwen2_5_VLForConditionalGeneration`` instead: the same text model
+            (its 3-D rotary sections split head_dim / 2 as Qwen2.5-VL does, 1/4 time and 3/8 each for height and
+            width: 2/3/3 at head_dim 16, 4/6/6 at 32) with a 2-block vision tower of width 32
+            (patch 14, merge 2), its image processor saved as ``preprocessor_config.json`` with
+            :data:`VISION_TEST_PROCESSOR` (Qwen2-VL's PIL processor: no torchvision needed), and the chat template
+            ``chat_template.jinja`` (default: TRL's copy of Qwen2.5-VL's, :data:`VISION_TEMPLATE`, read from the
+            installed trl). The tokenizer must hold ``<|vision_start|>``, ``<|image_pad|>``, ``<|vision_end|>``
+            and ``<|video_pad|>`` (Qwen3's does).
+        chat_template: with ``vision``, the template text to save instead of TRL's.
 
     Returns:
         ``Path(out_dir)``, holding ``config.json``, ``model.safetensors``, ``generation_config.json``
@@ -184,7 +216,9 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
     Raises:
         ImportError: without the ``hf`` extra.
         FileNotFoundError: no tokenizer folder (pass ``tokenizer_dir``).
-        ValueError: sizes that do not divide, an odd head_dim, or more than :data:`MAX_TEST_MODEL_PARAMS`
+        ValueError: with ``vision``, a tokenizer without the vision tokens, a head_dim not a multiple of 8, or no
+            chat template (trl not installed: ``pip install trl`` or pass ``chat_template``);
+            sizes that do not divide, an odd head_dim, or more than :data:`MAX_TEST_MODEL_PARAMS`
             parameters (refused before anything is allocated); a rate outside (0, 1), rates summing to 1 or more,
             or a ``token_rates`` key that is not one token; the tokenizer has no ``eos`` token.
 
@@ -227,14 +261,20 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
                          f'make {n:,} parameters ({n * 4 / 2 ** 30:.1f} GiB of float32), over the bound of '
                          f'{MAX_TEST_MODEL_PARAMS:,} for a test model; lower hidden (--hidden) or layers (--layers): '
                          'hidden 64 and 2 layers make about 9.8M')
-    cfg = transformers.Qwen3Config(
-        vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hidden // heads,
-        max_position_embeddings=max_positions, tie_word_embeddings=True, eos_token_id=eot,
-        pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eot, bos_token_id=tok.bos_token_id)
+    text = dict(vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                tie_word_embeddings=True, eos_token_id=eot,
+                pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else eot, bos_token_id=tok.bos_token_id)
+    if vision:
+        template_text = _vision_template(chat_template)
+        cfg = _vision_config(transformers, tok, text, hidden // heads)
+        build = transformers.Qwen2_5_VLForConditionalGeneration
+    else:
+        cfg = transformers.Qwen3Config(head_dim=hidden // heads, **text)
+        build = transformers.Qwen3ForCausalLM
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers.Qwen3ForCausalLM(cfg).eval()
+        model = build(cfg).eval()
     measured = None
     if rates:
         measured = {tok.convert_ids_to_tokens(t): r for t, r in _bias_tokens(model, rates, seed).items()}
@@ -251,12 +291,68 @@ def make_test_model(out_dir, tokenizer_dir=None, *, layers: int = 2, hidden: int
     for name in TOKENIZER_FILES:
         if (tdir / name).is_file():
             shutil.copyfile(tdir / name, out / name)
+    if vision:
+        _save_vision_files(transformers, out, template_text)
     note = {'builder': 'agentrl.engines.hf.make_test_model', 'tokenizer_dir': str(tdir.resolve()), 'layers': layers,
             'hidden': hidden, 'heads': heads, 'kv_heads': kv_heads, 'seed': seed,
             'token_rates': {tok.convert_ids_to_tokens(t): r for t, r in rates.items()}, 'measured_rates': measured,
             'parameters': sum(p.numel() for p in model.parameters())}
+    if vision:
+        note['vision'] = {'architecture': 'Qwen2_5_VLForConditionalGeneration', 'processor': VISION_TEST_PROCESSOR,
+                          'chat_template': VISION_TEMPLATE if chat_template is None else 'given'}
     (out / _TEST_MODEL_NOTE).write_text(json.dumps(note, indent=2) + '\n')
     return out
+
+
+def _vision_template(chat_template: str | None) -> str:
+    """The vision test model's chat template: ``chat_template``, else TRL's ``VISION_TEMPLATE`` from the installed trl."""
+    if chat_template is not None:
+        return chat_template
+    from importlib import metadata
+    try:
+        path = Path(metadata.distribution('trl').locate_file(f'trl/chat_templates/{VISION_TEMPLATE}.jinja'))
+    except metadata.PackageNotFoundError:
+        path = None
+    if path is None or not path.is_file():
+        raise ValueError(f'make_test_model(vision=True) reads the {VISION_TEMPLATE} chat template from the installed '
+                         "trl, which is missing: pip install trl (the dev extra), or pass chat_template='...'")
+    return path.read_text()
+
+
+def _vision_config(transformers, tok, text: dict, head_dim: int):
+    """``Qwen2_5_VLConfig`` of the vision test model around the text model's settings ``text``."""
+    if head_dim % 8:
+        raise ValueError(f'make_test_model(vision=True): head_dim {head_dim} (hidden / heads) is not a multiple of 8; '
+                         'the 3-D rotary sections split head_dim / 2 over time, height and width: pass e.g. hidden 64 '
+                         'with heads 4 (or 2)')
+    half = head_dim // 2
+    sections = [half // 4, (half - half // 4) // 2, half - half // 4 - (half - half // 4) // 2]
+    ids = {}
+    for key, t in _VISION_TOKENS.items():
+        i = tok.convert_tokens_to_ids(t)
+        if i is None or i == tok.unk_token_id or tok.convert_ids_to_tokens(i) != t:
+            raise ValueError(f'make_test_model(vision=True): the tokenizer has no {t!r} token; use a Qwen tokenizer')
+        ids[key] = i
+    text = dict(text, rope_parameters={'rope_type': 'default', 'rope_theta': 1e6, 'mrope_section': sections})
+    vis = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=text['hidden_size'],
+               window_size=112, fullatt_block_indexes=[1], **{k: VISION_TEST_PROCESSOR[k] for k in
+                                                             ('patch_size', 'temporal_patch_size')},
+               spatial_merge_size=VISION_TEST_PROCESSOR['merge_size'])
+    return transformers.Qwen2_5_VLConfig(text_config=text, vision_config=vis, tie_word_embeddings=True,
+                                         eos_token_id=text['eos_token_id'], pad_token_id=text['pad_token_id'], **ids)
+
+
+def _save_vision_files(transformers, out: Path, template_text: str) -> None:
+    """Write the image processor (``preprocessor_config.json``) and ``chat_template.jinja`` into ``out``."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+    Qwen2VLImageProcessorPil(**VISION_TEST_PROCESSOR).save_pretrained(str(out))
+    (out / 'chat_template.jinja').write_text(template_text)
+
+
+def _decoder_layers(model):
+    """The decoder layers of a causal LM or of a vision-language model's language model."""
+    inner = model.model
+    return getattr(inner, 'language_model', inner).layers
 
 
 @torch.no_grad()
@@ -273,7 +369,7 @@ def _bias_tokens(model, rates: dict, seed: int, channel_value: float = 0.5) -> d
     emb = model.get_input_embeddings().weight
     V = emb.shape[0]
     emb[:, 0] = channel_value
-    for layer in model.model.layers:
+    for layer in _decoder_layers(model):
         layer.self_attn.o_proj.weight[0] = 0.0
         layer.mlp.down_proj.weight[0] = 0.0
     gen = torch.Generator().manual_seed(seed + 1)

@@ -35,6 +35,7 @@ from ...sampling import PenaltyContext, Scratch, choose
 from ...templates.chat import require_hf
 from ..episode import SampledTurn  # noqa: F401 - its home is engines.episode (torch-free)
 from .models import forward_kwargs
+from .vlm import pixel_inputs, rope_positions
 
 __all__ = ['SampledTurn', 'HFSampler', 'STAT_KEYS']
 
@@ -61,6 +62,8 @@ class HFSampler:
         tokenizer: the Hugging Face tokenizer of the ids; required when ``spec.constraint`` is set (the
             grammar's allowed tokens mask the logits of every step of a turn from the grammar's start: the first
             token, or after the reasoning close mark with ``constraint.start_after``; docs/grammar.md).
+        image_processor: a vision-language model's image processor
+            (:func:`agentrl.engines.hf.vlm.load_image_processor`); required to pass ``images`` to :meth:`sample`.
 
     Attributes:
         model, stop_ids, spec, max_new_tokens, pad_id, cache.
@@ -86,13 +89,14 @@ class HFSampler:
     """
 
     def __init__(self, model, stop_ids=(), spec: SamplingSpec | None = None, *, max_new_tokens: int = 256,
-                 pad_id: int | None = None, cache: bool = True, tokenizer=None):
+                 pad_id: int | None = None, cache: bool = True, tokenizer=None, image_processor=None):
         if max_new_tokens < 1:
             raise ValueError(f'HFSampler: max_new_tokens must be >= 1, got {max_new_tokens}')
         if spec is not None and spec.constraint is not None and tokenizer is None:
             raise ValueError('HFSampler: the spec has a grammar constraint; pass tokenizer= (the tokenizer of the '
                              'ids, which the grammar compiles against)')
         self.tokenizer, self.grammar = tokenizer, None
+        self.image_processor = image_processor
         self.model = model
         self.stop_ids = frozenset(int(i) for i in stop_ids)
         self.spec = spec if spec is not None else SamplingSpec()
@@ -217,7 +221,8 @@ class HFSampler:
         return budgets
 
     @torch.no_grad()
-    def sample(self, prompts, generators=None, *, max_new_tokens=None, teacher=None, on_token=None) -> list:
+    def sample(self, prompts, generators=None, *, max_new_tokens=None, teacher=None, on_token=None,
+               images=None) -> list:
         """Sample one turn for each prompt (a batch of episodes).
 
         Args:
@@ -231,13 +236,18 @@ class HFSampler:
                 end-of-turn id or at the end of its list).
             on_token: optional ``on_token(b, ids)`` called after each sampled token of prompt ``b`` with
                 that turn's ids so far (``[k]`` ints, a copy): the streaming hook.
+            images: optional B lists (or None), the images of each prompt in placeholder order
+                (:attr:`agentrl.templates.ChatRecorder.images`: ``digest``, ``data``, ``length``); a batch with
+                any image is sampled one prompt at a time with the pixels and 3-D positions of its images
+                (:mod:`agentrl.engines.hf.vlm`), the same inputs replay feeds.
 
         Returns:
             B :class:`SampledTurn`, in prompt order.
 
         Raises:
             ValueError: an empty prompt, a budget below 1, or ``generators`` / ``teacher`` /
-                budgets of another length than ``prompts``.
+                budgets / ``images`` of another length than ``prompts``; ``images`` without the sampler's
+                ``image_processor``; an image whose placeholder run is not the processor's count.
 
         Source: book chapter 5.4 (prompt ids in; sampled ids and processed log-probs out).
         """
@@ -251,9 +261,16 @@ class HFSampler:
             raise ValueError(f'sample: {len(generators)} generators for {len(prompts)} prompts; pass one per episode')
         budgets = self._budgets(prompts, max_new_tokens, teacher)
         out = [SampledTurn(prompt_len=len(p)) for p in prompts]
+        if images is not None and len(images) != len(prompts):
+            raise ValueError(f'sample: {len(images)} image lists for {len(prompts)} prompts; pass one per prompt')
+        if images is not None and any(images) and self.image_processor is None:
+            raise ValueError('sample: images given but the sampler has no image_processor; pass '
+                             'HFSampler(..., image_processor=load_image_processor(model_dir))')
         self._on_token = on_token
         try:
-            if self.cache:
+            if images is not None and any(images):
+                self._sample_vision(prompts, budgets, generators, teacher, out, images)
+            elif self.cache:
                 self._sample_cached(prompts, budgets, generators, teacher, out)
             else:
                 self._sample_recompute(prompts, budgets, generators, teacher, out)
@@ -324,6 +341,40 @@ class HFSampler:
             lengths = lengths + 1
             step += 1
 
+    def _sample_vision(self, prompts, budgets, generators, teacher, out, images):
+        """One prompt at a time: prefill with its images' pixels and 3-D positions, then one token per step."""
+        dev = self.device
+        for b, prompt in enumerate(prompts):
+            t0 = time.perf_counter()
+            ids = torch.tensor([prompt], dtype=torch.long, device=dev)
+            inputs = pixel_inputs(self.image_processor, images[b]) if images[b] else None
+            grid = None if inputs is None else inputs['image_grid_thw']
+            pos, delta = rope_positions(self.model, ids, grid)
+            cache = self._new_cache()
+            kwargs = {'input_ids': ids, 'position_ids': pos, 'use_cache': True, self._kw['cache']: cache}
+            if inputs is not None:
+                kwargs.update(pixel_values=inputs['pixel_values'].to(dev), image_grid_thw=grid.to(dev))
+            if self._kw['keep']:
+                kwargs[self._kw['keep']] = 1
+            self.forward_calls += 1
+            logits = self.model(**kwargs).logits[:, -1]
+            t0 = self._tick('prefill', t0, len(prompt))
+            step = 0
+            while True:
+                logits = logits if logits.dtype == torch.float64 else logits.float()
+                nxt, logp = self._choose(logits, [b], step, generators, teacher, prompts, out)
+                t0 = self._tick('sample', t0)
+                if not self._record(out, [b], step, nxt, logp, budgets)[0]:
+                    break
+                t0 = time.perf_counter()
+                at = torch.full((3, 1, 1), len(prompt) + step + delta, dtype=torch.long, device=dev)
+                kwargs = {'input_ids': nxt.view(1, 1).to(dev), 'position_ids': at, 'use_cache': True,
+                          self._kw['cache']: cache}
+                self.forward_calls += 1
+                logits = self.model(**kwargs).logits[:, -1]
+                t0 = self._tick('decode', t0, 1)
+                step += 1
+
     def _sample_recompute(self, prompts, budgets, generators, teacher, out):
         rows = list(range(len(prompts)))
         step = 0
@@ -341,7 +392,8 @@ class HFSampler:
     # ------------------------------------------------------------------ cross-turn cache (one row per episode)
     def supports_row_cache(self) -> bool:
         """Whether the model can run on a :class:`RowCache` (a cache keyword, full attention in every layer)."""
-        return self._kw['cache'] is not None and _layer_types(self.model) == {'full_attention'}
+        return (self._kw['cache'] is not None and _layer_types(self.model) == {'full_attention'}
+                and self.image_processor is None)
 
     def new_row_cache(self, max_rows: int):
         """An empty ``RowCache`` for up to ``max_rows`` episodes at once (see :meth:`prefill_row`)."""
