@@ -193,11 +193,12 @@ def test_streamed_reply_equals_the_non_streamed_one_and_the_events_are_in_order(
         ['event: message_delta', 'event: message_stop']
 
 
-def test_one_conversation_as_chat_and_as_messages_gives_the_same_record(server, upstream, run_dir):
-    """Three turns (tool call, tool call, answer), sent once as chat completions and once as Anthropic Messages:
-    the two records have the same ids, owner and action mask."""
+def test_one_conversation_in_the_three_dialects_gives_the_same_record(server, upstream, run_dir):
+    """Three turns (tool call, tool call, answer), sent as chat completions, as Anthropic Messages and as OpenAI
+    Responses (each reply echoed as its client sends it back): the three records have the same ids, owner, action
+    mask and log-probs (one branch model behind every dialect)."""
     recs = []
-    for dialect in ('chat', 'anthropic'):
+    for dialect in ('chat', 'anthropic', 'responses'):
         sess = new_session(server, group_id='same', rollout_id=dialect)
         results = ['def clamp(x, lo, hi): ...', 'tests: 3 passed']
         if dialect == 'chat':
@@ -210,6 +211,18 @@ def test_one_conversation_as_chat_and_as_messages_gives_the_same_record(server, 
                 if k < 2:
                     msgs += [m.model_dump(exclude_none=True),
                              {'role': 'tool', 'tool_call_id': m.tool_calls[0].id, 'content': results[k]}]
+        elif dialect == 'responses':
+            c = openai.OpenAI(api_key='unused', base_url=sess['base_url'])
+            items = [{'role': 'user', 'content': USER}]
+            tools = [dict(t['function'], type='function') for t in CHAT_TOOLS]
+            for k, forced in enumerate((READ, EDIT, DONE)):
+                upstream.force.append(forced)
+                r = c.responses.create(model='m', instructions=SYSTEM, input=items, tools=tools, max_output_tokens=64,
+                                       store=False, include=['reasoning.encrypted_content'])
+                if k < 2:
+                    out = [o.model_dump(exclude_none=True) for o in r.output]
+                    call = next(o for o in out if o['type'] == 'function_call')
+                    items += out + [{'type': 'function_call_output', 'call_id': call['call_id'], 'output': results[k]}]
         else:
             c = client(sess)
             msgs = [{'role': 'user', 'content': USER}]
@@ -224,11 +237,15 @@ def test_one_conversation_as_chat_and_as_messages_gives_the_same_record(server, 
         assert finish(server, sess)['records'] == 1
         [t] = records_of(run_dir, sess['session'])
         recs.append(t)
-    chat, msg = recs
+    chat, msg, resp = recs
     assert msg.info['gateway']['dialects'] == ['anthropic'] * 3 and 'dialects' not in chat.info['gateway']
-    assert chat.ids.tolist() == msg.ids.tolist()
-    assert chat.owner.tolist() == msg.owner.tolist()
-    assert chat.action_mask.tolist() == msg.action_mask.tolist() and sum(chat.action_mask.tolist()) > 40
+    assert resp.info['gateway']['dialects'] == ['responses'] * 3
+    for other in (msg, resp):
+        assert chat.ids.tolist() == other.ids.tolist()
+        assert chat.owner.tolist() == other.owner.tolist()
+        assert chat.action_mask.tolist() == other.action_mask.tolist() and sum(chat.action_mask.tolist()) > 40
+        assert chat.sample_logp.tolist() == other.sample_logp.tolist()
+        assert other.info['gateway']['variants'] == [] and other.info['gateway']['leaves'] == 1
 
 
 def test_stop_sequences_count_tokens_and_max_tokens_beyond_the_context(server, upstream, run_dir):
