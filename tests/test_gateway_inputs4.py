@@ -182,6 +182,20 @@ def test_a_boolean_field_that_is_not_a_boolean_is_400_naming_it(server, fields, 
     assert ok.status_code == 200 and ok.headers['content-type'] == 'application/json', ok.text
 
 
+@pytest.mark.parametrize('first, then, where, message', [
+    ({}, {'presence_penalty': 0.5}, 'presence_penalty',                 # a field left out of the first spec's dict
+     "presence_penalty=0.5 differs from this session's first call (0.0): one session samples under one sampler; "
+     'open a new session for another'),
+    ({}, {'chat_template_kwargs': {'enable_thinking': None}}, 'chat_template_kwargs.enable_thinking',   # null vs unset
+     "chat_template_kwargs.enable_thinking: enable_thinking=null differs from this session's first call "
+     '(enable_thinking unset): one session renders under one set of template options; open a new session for another'),
+])
+def test_a_second_call_that_changes_a_default_is_400_naming_it(server, first, then, where, message):
+    sess = session(server)
+    assert chat(server, sess, dict({'messages': [USER], 'max_tokens': 1}, **first)).status_code == 200
+    assert refused(chat(server, sess, dict({'messages': [USER, USER], 'max_tokens': 1}, **then)), 400, where) == message
+
+
 # ---------------------------------------------------------------------------- headers
 @pytest.mark.parametrize('count', [b'\xb2', b'9' * 5000])
 def test_a_retry_count_that_is_no_plain_integer_is_no_retry(server, count):
@@ -209,8 +223,8 @@ def test_an_internal_error_answers_without_its_text_or_the_token_and_is_logged(s
     def broken(*a, **k):
         raise RuntimeError('the planner broke: secret detail')
     monkeypatch.setattr(server.gateway, 'prepare', broken)
-    with caplog.at_level(logging.ERROR, logger='agentrl.gateway'):
-        r = chat(server, sess, {'messages': [USER]})
+    with caplog.at_level(logging.ERROR, logger='agentrl.gateway'):      # its own connection: uvicorn closes it after
+        r = httpx.post(f'{server.url}/s/{sess["token"]}/v1/chat/completions', json={'messages': [USER]}, timeout=60)
     assert r.status_code == 500 and r.json() == {'error': {
         'message': 'POST /s/***/v1/chat/completions: internal error; see the server log', 'type': 'server_error',
         'param': None, 'code': None}}

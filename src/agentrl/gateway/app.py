@@ -17,7 +17,9 @@ Routes:
 Every error is OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``). State
 changes are serial: the short ones (planning and completing a call, opening a session) run on the
 event loop itself while the state thread is idle, and behind it otherwise; the long ones (finishing
-a session, reaping idle ones: they store records) run on the state thread. Engine calls run in the
+a session, reaping idle ones: they store records) run on the state thread, and so does planning a call
+whose body is over :data:`INLINE_BYTES` (its render). A request body is parsed and validated in a
+worker thread (it changes no state), so a long one holds no other client. Engine calls run in the
 engine threads. One call of a session is served at a time (a per-session lock); calls of different
 sessions sample concurrently.
 

@@ -205,9 +205,11 @@ class Gateway:
                                    param=field(k))
         if session is not None and session.template_kwargs is not None and session.template_kwargs != opts:
             old = session.template_kwargs
-            k = next(k for k in sorted(set(old) | set(opts)) if old.get(k) != opts.get(k))
-            raise GatewayError(400, f'{field(k)}: {k}={json.dumps(opts.get(k))} differs from this session\'s first '
-                                    f'call ({k}={json.dumps(old.get(k))}): one session renders under one set of '
+            k = next(k for k in sorted(set(old) | set(opts)) if (k in old, old.get(k)) != (k in opts, opts.get(k)))
+            new = f'{k}={json.dumps(opts[k])}' if k in opts else f'{k} unset'
+            was = f'{k}={json.dumps(old[k])}' if k in old else f'{k} unset'
+            raise GatewayError(400, f'{field(k)}: {new} differs from this session\'s first call ({was}): one '
+                                    'session renders under one set of '
                                     'template options; open a new session for another', param=field(k))
         return opts
 
