@@ -69,7 +69,7 @@ def _signed_reasoning(session, signature) -> str | None:
         return None
     rid = signature.rsplit('.', 1)[0]
     index = rid.rsplit('-', 1)[-1]
-    if not index.isdigit() or int(index) >= len(session.calls):
+    if not (index.isascii() and index.isdigit() and len(index) <= 9) or int(index) >= len(session.calls):
         return None
     response = session.calls[int(index)]['response']
     reasoning = response['choices'][0]['message'].get('reasoning_content')

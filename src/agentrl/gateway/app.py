@@ -20,7 +20,9 @@ Routes:
 Every error is OpenAI-style JSON (``{"error": {"message", "type", "param", "code"}}``). State
 changes are serial: the short ones (planning and completing a call, opening a session) run on the
 event loop itself while the state thread is idle, and behind it otherwise; the long ones (finishing
-a session, reaping idle ones: they store records) run on the state thread. Engine calls run in the
+a session, reaping idle ones: they store records) run on the state thread, and so does planning a call
+whose body is over :data:`INLINE_BYTES` (its render). A request body is parsed and validated in a
+worker thread (it changes no state), so a long one holds no other client. Engine calls run in the
 engine threads. One call of a session is served at a time (a per-session lock); calls of different
 sessions sample concurrently.
 
@@ -30,19 +32,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 import time
 
 from .anthropic import ANTHROPIC
 from .parse import message_deltas
-from .protocol import GatewayError, body_digest, error_body, parse_request
+from .protocol import GatewayError, body_digest, error_body, load_body, parse_request
 from .responses import RESPONSES
 from .stream import ReplyStream
 
-__all__ = ['create_app', 'DIALECTS', 'unserved', 'mask_token']
+__all__ = ['create_app', 'DIALECTS', 'unserved', 'mask_token', 'INLINE_BYTES']
 
 #: The dialects served besides chat completions (:class:`~agentrl.gateway.dialects.Dialect` instances).
 DIALECTS: tuple = (ANTHROPIC, RESPONSES)
+
+#: Bodies up to this size are planned on the event loop (no thread hand-off); a larger one's plan (its
+#: render) runs on the state thread, so a long history never holds the loop (docs/design.md#bounds).
+INLINE_BYTES = 1 << 16
+
+_LOG = logging.getLogger('agentrl.gateway')
 
 #: The API dialect of a session route's tail (after ``/s/TOKEN/v1/``), named in the 404 of one not served.
 _API_NAMES = {'chat/completions': 'OpenAI chat completions', 'completions': 'OpenAI completions (legacy)',
@@ -208,18 +217,18 @@ class _Routes:
         finally:
             self.queued -= 1
 
-    async def serve_call(self, s, req, digest: str, retry: int, hook=None) -> tuple:
+    async def serve_call(self, s, req, digest: str, retry: int, hook=None, inline: bool = True) -> tuple:
         """Prepare (state), sample (engine thread), complete (state): ``(response, index, replayed)``.
 
         ``hook(pending) -> on_token``: called once the call is planned to sample; its ``on_token``
-        goes to the engine (streaming).
+        goes to the engine (streaming). ``inline``: the plan may run on the loop (a small body).
         """
         async with self.locks.setdefault(s.sid, asyncio.Lock()):
             await self.wait_running()            # no await between this check and the dispatch count below
             self.dispatched += 1
             self.idle.clear()
             try:
-                p = await self.work(self.gw.prepare, s, req, digest, retry)
+                p = await self.work(self.gw.prepare, s, req, digest, retry, inline=inline)
                 if p.replay is not None:
                     return p.replay
                 try:
@@ -246,7 +255,7 @@ class _Routes:
     @staticmethod
     async def body_of(request, limit: int) -> bytes:
         size = request.headers.get('content-length')
-        if size is not None and size.isdigit() and int(size) > limit:
+        if size is not None and size.isascii() and size.isdigit() and int(size) > limit:
             raise GatewayError(413, f'request body is {size} bytes, over the limit of {limit}; send a shorter '
                                     'history', code='body_too_large')
         raw = b''
@@ -259,10 +268,7 @@ class _Routes:
 
     @staticmethod
     def json_body(raw: bytes, hint: str):
-        try:
-            return json.loads(raw) if raw.strip() else {}
-        except ValueError as e:
-            raise GatewayError(400, f'request body is not valid JSON ({e}); send {hint}') from None
+        return load_body(raw, hint)
 
     async def new_session(self, request):
         try:
@@ -284,8 +290,9 @@ class _Routes:
             s = self.gw.session(request.path_params['token'])
             body = self.json_body(await self.body_of(request, 1 << 20), '{"reward": R, "info": {}}')
             reward, info = (body.get('reward', 0.0), body.get('info', {})) if isinstance(body, dict) else (None, None)
-            if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not math.isfinite(reward):
-                raise GatewayError(400, f'reward must be a finite number, got {reward!r}', param='reward')
+            if not _finite(reward):
+                raise GatewayError(400, f'reward must be a finite number, got {json.dumps(reward)[:60]}',
+                                   param='reward')
             if not isinstance(info, dict):
                 raise GatewayError(400, f'info must be a JSON object, got {type(info).__name__}', param='info')
             return _json(await self.work(self.gw.finish, s, float(reward), info, inline=False))
@@ -323,14 +330,14 @@ class _Routes:
         s.in_flight += 1
         try:
             raw = await self.body_of(request, lim.max_body_bytes)
-            req, body = parse_request(raw, lim.max_body_bytes, s.checked)
+            # parsed and validated in a worker thread: a long body holds no other client (checked is only read)
+            req, body = await asyncio.to_thread(parse_request, raw, lim.max_body_bytes, s.checked)
             if isinstance(body.get('messages'), list):
                 s.checked = (body['messages'], req.messages)      # the next call checks only its new messages
-            retry = request.headers.get('x-stainless-retry-count', '0')
-            args = (s, req, body_digest(raw, body), int(retry) if retry.isdigit() else 0)
+            args = (s, req, body_digest(raw, body), _retry_count(request.headers.get('x-stainless-retry-count')))
             if req.stream:
-                return await self.stream(*args)
-            response, index, replayed = await self.serve_call(*args)
+                return await self.stream(*args, inline=len(raw) <= INLINE_BYTES)
+            response, index, replayed = await self.serve_call(*args, inline=len(raw) <= INLINE_BYTES)
         except GatewayError as e:
             s.in_flight -= 1
             return _error(e, {'Retry-After': '1'} if e.code == 'paused' else None)
@@ -343,7 +350,7 @@ class _Routes:
             await self.delivery(s, index, ok, replayed)
         return _Tracked([json.dumps(response, ensure_ascii=False).encode()], 'application/json', done)
 
-    async def stream(self, s, req, digest: str, retry: int):
+    async def stream(self, s, req, digest: str, retry: int, inline: bool = True):
         """A ``stream: true`` call: SSE deltas as the engine samples (an engine that ``streams``), the finish chunk
         once the call is journalled; a call refused before its first token is an error JSON, a replay the whole
         message at once."""
@@ -362,7 +369,7 @@ class _Routes:
                     loop.call_soon_threadsafe(queue.put_nowait, d)
             return on_token
 
-        task = asyncio.ensure_future(self.serve_call(s, req, digest, retry, hook))
+        task = asyncio.ensure_future(self.serve_call(s, req, digest, retry, hook, inline))
         first = asyncio.ensure_future(queue.get())
         await asyncio.wait({task, first}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():                          # refused, replayed, or sampled before a first delta: whole
@@ -424,15 +431,18 @@ class _Routes:
         s.in_flight += 1
         try:
             raw = await self.body_of(request, lim.max_body_bytes)
-            body = self.json_body(raw, 'a JSON object')
-            if not isinstance(body, dict):
-                raise GatewayError(400, f'request body must be a JSON object, got {type(body).__name__}')
-            chat = dialect.to_chat(body, s)
-            req, _ = parse_request(json.dumps(chat).encode(), 1 << 62)
-            req.dialect = dialect.name
-            retry = request.headers.get(dialect.retry_header, '0')
-            response, index, replayed = await self.serve_call(s, req, body_digest(raw), int(retry)
-                                                              if retry.isascii() and retry.isdigit() else 0)
+
+            def translate():                  # in a worker thread: a long body holds no other client
+                body = self.json_body(raw, 'a JSON object')
+                if not isinstance(body, dict):
+                    raise GatewayError(400, f'request body must be a JSON object, got {type(body).__name__}')
+                req, _ = parse_request(json.dumps(dialect.to_chat(body, s)).encode(), 1 << 62)
+                req.dialect = dialect.name
+                return body, req
+            body, req = await asyncio.to_thread(translate)
+            response, index, replayed = await self.serve_call(s, req, body_digest(raw),
+                                                              _retry_count(request.headers.get(dialect.retry_header)),
+                                                              inline=len(raw) <= INLINE_BYTES)
         except GatewayError as e:
             s.in_flight -= 1
             return _error(e, {'Retry-After': '1'} if e.code == 'paused' else None, dialect)
@@ -470,8 +480,8 @@ class _Routes:
     # ------------------------------------------------------------------ admin
     def _admin(self, request) -> None:
         import hmac
-        got = request.headers.get('authorization', '')
-        if not self.admin_token or not hmac.compare_digest(got, f'Bearer {self.admin_token}'):
+        got = request.headers.get('authorization', '').encode('utf-8', 'surrogateescape')   # bytes: any header
+        if not self.admin_token or not hmac.compare_digest(got, f'Bearer {self.admin_token}'.encode()):
             raise GatewayError(401, 'admin routes need "Authorization: Bearer ADMIN_TOKEN" (from RUN/serve.json)',
                                type='authentication_error', code='admin_token')
 
@@ -524,6 +534,23 @@ class _Routes:
             await self.work(self.gw.reap, inline=False)
 
 
+def _finite(v) -> bool:
+    """A JSON number (not a boolean) that is finite as a float (a 400-digit integer is not)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def _retry_count(header: str | None) -> int:
+    """``x-stainless-retry-count`` as a count: a plain decimal of at most 9 ASCII digits, else 0 (not a retry)."""
+    if header is None or not (header.isascii() and header.isdigit()) or len(header) > 9:
+        return 0
+    return int(header)
+
+
 def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0, admin_token: str | None = None,
                pause_wait: float = 30.0):
     """The Starlette app serving ``gateway`` (:class:`~agentrl.gateway.service.Gateway`).
@@ -560,8 +587,9 @@ def create_app(gateway, *, public_url: str = '', stream_interval: float = 0.0, a
                      getattr(exc, 'status_code', 404))
 
     async def internal(request, exc):
-        return _json(error_body(mask_token(f'internal error: {type(exc).__name__}: {exc}', request.url.path),
-                                'server_error'), 500)
+        where = mask_token(f'{request.method} {request.url.path}', request.url.path)
+        _LOG.error('%s: internal error', where, exc_info=(type(exc), exc, exc.__traceback__))
+        return _json(error_body(f'{where}: internal error; see the server log', 'server_error'), 500)
 
     def served(dialect):
         async def handler(request):

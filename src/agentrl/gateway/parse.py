@@ -114,7 +114,7 @@ def _args(a):
     if isinstance(a, str):
         try:
             return json.loads(a)
-        except ValueError:
+        except (ValueError, RecursionError):        # not JSON, or nested past the parser's stack: compared as text
             return a
     return a
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import sys
 from dataclasses import dataclass, field
 
 from ..record import SamplingSpec
 from ..templates.chat import check_messages, function_tools
+from .inputs import MAX_JSON_DEPTH, flag_problem, tool_calls_problem, tree_problem
 
 __all__ = ['GatewayError', 'ChatRequest', 'parse_request', 'body_digest', 'error_body', 'REASONING_EFFORTS',
-           'template_options']
+           'template_options', 'load_body']
 
 #: Request fields accepted and ignored: they do not change what is sampled or recorded.
 _IGNORED = {'model', 'user', 'metadata', 'store', 'parallel_tool_calls', 'stream_options', 'service_tier',
@@ -307,15 +309,22 @@ def _stop(body: dict) -> list:
 def _checked(messages, known) -> list:
     """``check_messages`` of ``messages``, reusing the checked prefix ``known`` shares with them."""
     if not known or not isinstance(messages, list):
-        return check_messages(messages)
+        return _with_calls(check_messages(messages))
     old, done = known
     k = min(len(old), len(messages))
     while k and old[:k] != messages[:k]:            # one C-level comparison in the common case
         k //= 2
     try:
-        return list(done[:k]) + check_messages(messages[k:])
+        out = list(done[:k]) + check_messages(messages[k:])
     except ValueError:
-        return check_messages(messages)             # the error names the message's index in the request
+        return _with_calls(check_messages(messages))    # the error names the message's index in the request
+    _raise(tool_calls_problem(out[k:], k))
+    return out
+
+
+def _with_calls(messages: list) -> list:
+    _raise(tool_calls_problem(messages))
+    return messages
 
 
 def parse_request(raw: bytes, max_bytes: int, known: tuple | None = None) -> tuple:
@@ -339,10 +348,7 @@ def parse_request(raw: bytes, max_bytes: int, known: tuple | None = None) -> tup
     if len(raw) > max_bytes:
         raise GatewayError(413, f'request body is {len(raw)} bytes, over the limit of {max_bytes}; send a shorter '
                                 'history', code='body_too_large')
-    try:
-        body = json.loads(raw)
-    except ValueError as e:
-        raise bad(f'request body is not valid JSON ({e}); send a JSON object') from None
+    body = load_body(raw, 'a JSON object', empty=False)
     if not isinstance(body, dict):
         raise bad(f'request body must be a JSON object, got {type(body).__name__}')
     unknown = sorted(set(body) - _IGNORED - _SAMPLING - _OWN)
@@ -376,12 +382,68 @@ def parse_request(raw: bytes, max_bytes: int, known: tuple | None = None) -> tup
     seed = body.get('seed')
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise bad(f'seed must be an integer, got {seed!r}', 'seed')
-    opts = body.get('stream_options') or {}
+    opts = _options(body)
     effort, enabled = _reasoning(body)
     return ChatRequest(messages=messages, tools=tools, tool_choice=choice, spec=spec, max_tokens=max_tokens,
-                       stop=_stop(body), stream=bool(body.get('stream')),
-                       include_usage=bool(isinstance(opts, dict) and opts.get('include_usage')),
-                       logprobs=bool(body.get('logprobs')), return_token_ids=bool(body.get('return_token_ids')),
+                       stop=_stop(body), stream=body.get('stream') is True,
+                       include_usage=opts.get('include_usage') is True,
+                       logprobs=body.get('logprobs') is True, return_token_ids=body.get('return_token_ids') is True,
                        seed=None if seed is None else int(seed) & ((1 << 63) - 1),
                        chat_template_kwargs=_template_kwargs(body), reasoning_effort=effort,
                        reasoning_enabled=enabled), body
+
+
+#: The boolean fields of a request (true, false or null; anything else is refused naming the field).
+_FLAGS = ('stream', 'logprobs', 'return_token_ids', 'parallel_tool_calls', 'store')
+
+
+def _raise(problem: tuple | None) -> None:
+    if problem is not None:
+        raise bad(problem[1], problem[0])
+
+
+def _options(body: dict) -> dict:
+    """The booleans checked (:data:`_FLAGS`), then ``stream_options`` (an object with a boolean ``include_usage``)."""
+    for name in _FLAGS:
+        _raise(flag_problem(body, name))
+    opts = body.get('stream_options')
+    if opts is None:
+        return {}
+    if not isinstance(opts, dict):
+        raise bad(f'stream_options must be an object {{"include_usage": true}}, got {type(opts).__name__}',
+                  'stream_options')
+    _raise(flag_problem(opts, 'include_usage', 'stream_options.include_usage'))
+    return opts
+
+
+def load_body(raw: bytes, hint: str, empty: bool = True):
+    """Parse a request body: JSON nested at most ``MAX_JSON_DEPTH`` levels, every string valid Unicode.
+
+    Args:
+        raw: the body's bytes. hint: what to send instead, for the messages (``'a JSON object'``).
+        empty: a blank body is ``{}`` (else it is refused as not JSON).
+
+    Raises:
+        GatewayError: 400 naming the request body (not JSON, nested deeper than the bound or than the
+            parser's stack, an integer of more digits than Python parses) or the field holding a lone
+            surrogate (``messages[0].content``); the message never quotes the parser's exception.
+
+    Source: docs/design.md#bounds (:data:`agentrl.gateway.inputs.MAX_JSON_DEPTH`).
+    """
+    if empty and not raw.strip():
+        return {}
+    try:
+        body = json.loads(raw)
+    except RecursionError:
+        raise bad(f'request body nests lists and objects too deep to parse; send {hint} nested at most '
+                  f'{MAX_JSON_DEPTH} levels (docs/design.md#bounds)') from None
+    except ValueError as e:
+        if 'integer string conversion' in str(e):
+            raise bad(f'request body holds an integer of more than {sys.get_int_max_str_digits()} digits; send '
+                      f'{hint} with numbers of ordinary size') from None
+        if isinstance(e, json.JSONDecodeError):
+            raise bad(f'request body is not valid JSON ({e.msg} at line {e.lineno} column {e.colno}); send '
+                      f'{hint}') from None
+        raise bad(f'request body is not valid JSON (not UTF-8, UTF-16 or UTF-32 text); send {hint}') from None
+    _raise(tree_problem(body))
+    return body

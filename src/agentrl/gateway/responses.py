@@ -305,10 +305,12 @@ class Responses(Dialect):
         sealed = item.get('encrypted_content')
         if sealed is not None:
             parts = sealed.split('.') if isinstance(sealed, str) else []
-            call = int(parts[1]) if len(parts) == 3 and parts[0] == 'agentrl' and parts[1].isdigit() else -1
+            plain = len(parts) == 3 and parts[0] == 'agentrl' and parts[1].isascii() and parts[1].isdigit()
+            call = int(parts[1]) if plain and len(parts[1]) <= 9 else -1
             msg = session.calls[call]['response']['choices'][0]['message'] if 0 <= call < len(session.calls) else {}
             text = msg.get('reasoning_content')
-            if text is None or not hmac.compare_digest(seal(session.sid, call, text), sealed):
+            if text is None or not hmac.compare_digest(seal(session.sid, call, text).encode(),
+                                                       sealed.encode('utf-8', 'surrogatepass')):
                 raise _bad(f'{where}.encrypted_content is not a reasoning item this session returned (from another '
                            'session, another gateway run, or edited); send the item as it was returned, or drop it',
                            f'{where}.encrypted_content', 'invalid_encrypted_content')

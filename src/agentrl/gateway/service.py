@@ -47,6 +47,9 @@ __all__ = ['Gateway', 'Pending', 'session_id']
 
 _IDENTITY = ('group_id', 'rollout_id', 'task')
 _UNSET = object()
+#: Templates (and their conformance reports) kept per tool list and request template options, the most
+#: recently used; the start-up (tool-less) one is always kept (docs/design.md#bounds).
+MAX_TEMPLATES = 64
 
 
 @dataclass
@@ -186,7 +189,8 @@ class Gateway:
         return family
 
     def template(self, tools, options: dict | None = None) -> ChatTemplate:
-        """The chat template with these tools and request template options (cached per both).
+        """The chat template with these tools and request template options (the last :data:`MAX_TEMPLATES` used
+        are kept, each with its ``conformance_report``; the tool-less one always).
 
         Raises:
             GatewayError: 400 when the template cannot take the tools or options, or fails the
@@ -209,8 +213,14 @@ class Gateway:
                     if tools is None and not options:
                         raise
                     raise GatewayError(400, f'{param}: {e}', param=param) from None
-            self._templates[key] = t
-        return self._templates[key]
+        else:
+            t = self._templates.pop(key)                 # put back last: the most recently used
+        self._templates[key] = t
+        while len(self._templates) > MAX_TEMPLATES:
+            old = next(k for k in self._templates if k != 'null')
+            del self._templates[old]
+            self.conformance_report.pop(old, None)
+        return t
 
     def request_options(self, req: ChatRequest, session: Session | None = None) -> dict:
         """The template options ``req`` renders under (:func:`~agentrl.gateway.protocol.template_options`).
@@ -237,9 +247,11 @@ class Gateway:
                                    param=field(k))
         if session is not None and session.template_kwargs is not None and session.template_kwargs != opts:
             old = session.template_kwargs
-            k = next(k for k in sorted(set(old) | set(opts)) if old.get(k) != opts.get(k))
-            raise GatewayError(400, f'{field(k)}: {k}={json.dumps(opts.get(k))} differs from this session\'s first '
-                                    f'call ({k}={json.dumps(old.get(k))}): one session renders under one set of '
+            k = next(k for k in sorted(set(old) | set(opts)) if (k in old, old.get(k)) != (k in opts, opts.get(k)))
+            new = f'{k}={json.dumps(opts[k])}' if k in opts else f'{k} unset'
+            was = f'{k}={json.dumps(old[k])}' if k in old else f'{k} unset'
+            raise GatewayError(400, f'{field(k)}: {new} differs from this session\'s first call ({was}): one '
+                                    'session renders under one set of '
                                     'template options; open a new session for another', param=field(k))
         return opts
 
@@ -336,9 +348,10 @@ class Gateway:
             raise GatewayError(409, f'the session is {session.state}; open a new one', code='session_closed')
         self.limits.check_call(len(session.calls), session.out_tokens, time.time() - session.created)
         if session.spec is not None and session.spec != req.spec:
-            a, b = session.spec.to_dict(), req.spec.to_dict()
-            name = next(k for k in a if a[k] != b[k])
-            raise GatewayError(400, f'{name}={b[name]} differs from this session\'s first call ({a[name]}): one '
+            a, b = session.spec.to_dict(), req.spec.to_dict()     # fields at their defaults are left out of either
+            name = next(k for k in [*a, *b] if a.get(k) != b.get(k))
+            old, new = getattr(session.spec, name), getattr(req.spec, name)
+            raise GatewayError(400, f'{name}={new} differs from this session\'s first call ({old}): one '
                                     'session samples under one sampler; open a new session for another', param=name)
         template = self.template(req.tools, self.request_options(req, session))
         try:

@@ -16,7 +16,11 @@ from ..fingerprint import model_name
 from .models import is_vision_model, load_model
 from .sampler import HFSampler
 
-__all__ = ['HFEngine']
+__all__ = ['HFEngine', 'MAX_SAMPLERS']
+
+#: Samplers kept per (spec, stop ids), the most recently used (a client choosing a new temperature per call
+#: must not grow the engine for ever; docs/design.md#bounds).
+MAX_SAMPLERS = 16
 
 
 class HFEngine:
@@ -62,15 +66,17 @@ class HFEngine:
         return spec
 
     def sampler(self, spec: SamplingSpec, stop_ids) -> HFSampler:
-        """The :class:`HFSampler` of ``(spec, stop_ids)``, made on first use and kept (with the tokenizer, which a
-        ``spec.constraint`` compiles against)."""
+        """The :class:`HFSampler` of ``(spec, stop_ids)``, made on first use (with the tokenizer, which a
+        ``spec.constraint`` compiles against); the last :data:`MAX_SAMPLERS` used are kept."""
         key = (json.dumps(spec.to_dict(), sort_keys=True), tuple(sorted(stop_ids)))
-        sampler = self.samplers.get(key)
+        sampler = self.samplers.pop(key, None)
         if sampler is None:
             pad = getattr(self.tokenizer, 'pad_token_id', None)
-            sampler = self.samplers[key] = HFSampler(self.model, stop_ids, spec, max_new_tokens=self.max_new_tokens,
-                                                     pad_id=pad, tokenizer=self.tokenizer,
-                                                     image_processor=self.image_processor)
+            sampler = HFSampler(self.model, stop_ids, spec, max_new_tokens=self.max_new_tokens, pad_id=pad,
+                                tokenizer=self.tokenizer, image_processor=self.image_processor)
+        self.samplers[key] = sampler                      # last in order: the most recently used
+        while len(self.samplers) > MAX_SAMPLERS:
+            del self.samplers[next(iter(self.samplers))]
         return sampler
 
     def sample(self, request: TurnRequest, teacher=None) -> TurnResult:
