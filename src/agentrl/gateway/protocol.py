@@ -305,17 +305,18 @@ def _stop(body: dict) -> list:
 
 
 def _checked(messages, known) -> list:
-    """``check_messages`` of ``messages``, reusing the checked prefix ``known`` shares with them."""
+    """``check_messages`` of ``messages``, reusing the checked prefix ``known`` shares with them; image parts are
+    kept (the gateway refuses them for a model without an image processor, :meth:`Gateway.take_images`)."""
     if not known or not isinstance(messages, list):
-        return check_messages(messages)
+        return check_messages(messages, images=True)
     old, done = known
     k = min(len(old), len(messages))
     while k and old[:k] != messages[:k]:            # one C-level comparison in the common case
         k //= 2
     try:
-        return list(done[:k]) + check_messages(messages[k:])
+        return list(done[:k]) + check_messages(messages[k:], images=True)
     except ValueError:
-        return check_messages(messages)             # the error names the message's index in the request
+        return check_messages(messages, images=True)   # the error names the message's index in the request
 
 
 def parse_request(raw: bytes, max_bytes: int, known: tuple | None = None) -> tuple:
