@@ -257,7 +257,8 @@ def test_export_and_a_record_one_placeholder_short_is_refused(server, run_dir, v
 
 
 # ---------------------------------------------------------------------------- refusals
-def test_refusals_name_the_part_and_the_limit(upstream, vlm_dir, tmp_path):
+def test_refusals_name_the_part_and_the_limit_and_a_restart_keeps_the_images(upstream, vlm_dir, tmp_path):
+    from agentrl import store
     from agentrl.gateway.protocol import parse_request
     gw = Gateway(upstream, tmp_path / 'run', limits=Limits(max_image_bytes=4000, max_images_per_request=2,
                                                          max_images_per_session=3))
@@ -285,11 +286,15 @@ def test_refusals_name_the_part_and_the_limit(upstream, vlm_dir, tmp_path):
     assert refused(*small[:3])[:2] == (400, 'max_images_per_request')
     p = ask(*small[:2])
     sample = gw.sample(p)
-    gw.complete(p, sample)
+    gw.delivered(s, gw.complete(p, sample)[1])
     assert set(s.images) == {image_digest(png(16 + i, 16, seed=i)) for i in range(2)}
     assert image_path(tmp_path / 'run', image_digest(png(16, 16, seed=0))) is not None     # kept when journalled
     st, code, _, msg = refused(*small[2:4])
     assert (st, code) == (400, 'max_images_per_session') and 'would hold 4 images, over the limit of 3' in msg
+    again = Gateway(upstream, tmp_path / 'run')           # a restart: the journalled call is planned again
+    assert again.finish(again.sessions[s.sid], 1.0, {})['records'] == 1
+    [t] = store.read_trajectories(tmp_path / 'run' / 'trajectories')
+    assert [d['digest'] for d in t.info['images']] == [image_digest(png(16 + i, 16, seed=i)) for i in range(2)]
     assert refused(small[0], role='system')[2:] == ('messages', 'messages[0]["content"][0] is an image in a \'system\' '
                                                     'message; images go in user messages or tool results')
 

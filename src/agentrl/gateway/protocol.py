@@ -66,7 +66,8 @@ class ChatRequest:
     """A validated chat-completions request.
 
     Attributes:
-        messages: checked messages (content parts flattened to text).
+        messages: checked messages (content parts flattened to text, but a user or tool message holding
+            ``image_url`` parts keeps its parts: :func:`agentrl.templates.messages.image_parts`).
         tools: OpenAI function tools (``[{'type': 'function', 'function': {...}}]``) or None.
         tool_choice: ``'auto'``, ``'none'``, ``'required'`` or a named function
             ``{'type': 'function', 'function': {'name': N}}`` (N one of ``tools``): the last two are
