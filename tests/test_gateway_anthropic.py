@@ -342,13 +342,15 @@ REFUSED = [
     ({'stop_sequences': ['a', 'b', 'c', 'd', 'e']}, 'stop_sequences', 'stop_sequences must be a list of at most 4'),
     ({'messages': [{'role': 'user', 'content': [{'type': 'document', 'source': {}}]}]}, 'messages[0].content[0]',
      "messages[0].content[0]: block type 'document' cannot be rendered"),
-    ({'messages': [{'role': 'user', 'content': [{'type': 'image', 'source': {'type': 'url', 'url': 'https://x/a.png'}}]}]},
+    ({'messages': [{'role': 'user', 'content': [
+        {'type': 'image', 'source': {'type': 'url', 'url': 'https://x/a.png'}}]}]},
      'messages[0].content[0].source.type', "messages[0].content[0].source.type is 'url': this gateway does not fetch "
                                            'images'),
     ({'messages': [{'role': 'user', 'content': [{'type': 'tool_result', 'tool_use_id': 't', 'content': [
         {'type': 'image', 'source': {'type': 'base64', 'media_type': 'image/gif', 'data': 'R0lG'}}]}]}]},
      'messages[0].content[0].content[0].source.media_type',
-     "messages[0].content[0].content[0].source.media_type is 'image/gif'; send one of image/jpeg, image/jpg, image/png"),
+     "messages[0].content[0].content[0].source.media_type is 'image/gif'; send one of image/jpeg, image/jpg, "
+     'image/png'),
     ({'messages': [{'role': 'system', 'content': [{'type': 'image', 'source': {}}]}]}, 'messages[0].content[0]',
      "messages[0].content[0]: block type 'image' cannot be rendered"),
     ({'messages': [{'role': 'user', 'content': 'a', 'output_config': {'effort': 'low'}}],

@@ -134,8 +134,9 @@ def test_chat_completions_tool_image_episode_is_one_branch_and_check_passes(serv
     sess = new_session(server, group_id='img', rollout_id='chat', task='look')
     c = openai.OpenAI(api_key='unused', base_url=sess['base_url'], max_retries=0)
     photo, shot = png(90, 50, seed=3), png(200, 120, seed=11)
-    msgs = [{'role': 'user', 'content': [{'type': 'text', 'text': 'What is on my screen? Here is a photo: '},
-                                         {'type': 'image_url', 'image_url': {'url': data_url(photo), 'detail': 'low'}}]}]
+    msgs = [{'role': 'user', 'content': [
+        {'type': 'text', 'text': 'What is on my screen? Here is a photo: '},
+        {'type': 'image_url', 'image_url': {'url': data_url(photo), 'detail': 'low'}}]}]
     upstream.force.append(CALL)
     r = c.chat.completions.create(model='m', messages=msgs, tools=[TOOL], seed=1, max_tokens=32)
     [call] = r.choices[0].message.tool_calls
@@ -282,7 +283,8 @@ def test_refusals_name_the_part_and_the_limit_and_a_restart_keeps_the_images(ups
         '(the record must hold the bytes the model saw); send the image as data:image/png;base64,...')
     st, code, param, msg = refused(big)
     assert (st, code, param) == (413, 'max_image_bytes', 'messages[0].content[0]')
-    assert msg.startswith('messages[0].content[0] is an image of ') and 'over the limit of 4000 (max_image_bytes)' in msg
+    assert msg.startswith('messages[0].content[0] is an image of ')
+    assert msg.endswith('bytes, over the limit of 4000 (max_image_bytes); send a smaller image')
     assert refused(*small[:3])[:2] == (400, 'max_images_per_request')
     p = ask(*small[:2])
     sample = gw.sample(p)

@@ -7,12 +7,12 @@ text blocks) opens the conversation as a system message; a user message's ``tool
 JSON arguments) and its ``thinking`` block its ``reasoning_content``. The gateway signs each thinking
 block it returns (:func:`thinking_signature`: the call's response id and a hash of its reasoning);
 an echoed block whose signature names a call of the session gets that call's exact reasoning back, so
-the branch continues the sampled ids with nothing noted. An ``image`` block (base64 source) in a user message or a ``tool_result``'s content becomes an
-``image_url`` part with its data URL. ``tools`` (``input_schema``) become function
-tools; ``tool_choice`` auto / any / tool / none becomes chat's ``auto`` / ``required`` / the named
-function / ``none``; ``thinking`` enabled / disabled sets the template's ``enable_thinking`` (adaptive
-leaves the served default: the model decides), ``output_config.effort`` its ``reasoning_effort``
-(each passed only to a template that reads it). ``max_tokens`` beyond the context is capped to the
+the branch continues the sampled ids with nothing noted. An ``image`` block (base64 source) in a user
+message or a ``tool_result``'s content becomes an ``image_url`` part with its data URL. ``tools``
+(``input_schema``) become function tools; ``tool_choice`` auto / any / tool / none becomes chat's
+``auto`` / ``required`` / the named function / ``none``; ``thinking`` enabled / disabled sets the
+template's ``enable_thinking`` (adaptive leaves the served default: the model decides),
+``output_config.effort`` its ``reasoning_effort`` (each passed only to a template that reads it). ``max_tokens`` beyond the context is capped to the
 room left, as for every call (:meth:`agentrl.gateway.service.Gateway.prepare`).
 
 The reply is the chat response's message as content blocks (thinking, text, tool_use; a thinking

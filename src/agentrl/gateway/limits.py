@@ -66,7 +66,8 @@ class Limits:
         """Refuse a request's images over the image limits (docs/gateway.md#images).
 
         Args:
-            sizes: ``[(where, bytes)]`` of each image part of the request (where: its field, ``messages[i].content[j]``).
+            sizes: ``[(where, bytes)]`` of each image part of the request (where: its field,
+                ``messages[i].content[j]``).
             new_in_session: distinct images of the request the session does not hold yet. held: those it holds.
 
         Raises:
