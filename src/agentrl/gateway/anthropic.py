@@ -12,8 +12,9 @@ message or a ``tool_result``'s content becomes an ``image_url`` part with its da
 (``input_schema``) become function tools; ``tool_choice`` auto / any / tool / none becomes chat's
 ``auto`` / ``required`` / the named function / ``none``; ``thinking`` enabled / disabled sets the
 template's ``enable_thinking`` (adaptive leaves the served default: the model decides),
-``output_config.effort`` its ``reasoning_effort`` (each passed only to a template that reads it). ``max_tokens`` beyond the context is capped to the
-room left, as for every call (:meth:`agentrl.gateway.service.Gateway.prepare`).
+``output_config.effort`` its ``reasoning_effort`` (each passed only to a template that reads it).
+``max_tokens`` beyond the context is capped to the room left, as for every call
+(:meth:`agentrl.gateway.service.Gateway.prepare`).
 
 The reply is the chat response's message as content blocks (thinking, text, tool_use; a thinking
 block's text left empty under ``thinking.display: "omitted"``, its signature kept), its
