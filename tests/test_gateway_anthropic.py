@@ -21,7 +21,7 @@ except ImportError:
     httpx = pytest.importorskip('httpx')
 H = httpx.Client(timeout=120)
 
-from _gateway import ForcingHF  # noqa: E402
+from _gateway import ForcingHF, policy_turns  # noqa: E402
 from agentrl.gateway import GatewayError, Session, read_journal  # noqa: E402
 from agentrl.gateway.anthropic import ANTHROPIC, thinking_signature  # noqa: E402
 from agentrl.gateway.parse import tool_call_id  # noqa: E402
@@ -86,18 +86,6 @@ def finish(server, sess, reward=1.0):
 def records_of(run_dir, sid):
     from agentrl import store
     return [t for t in store.read_trajectories(run_dir / 'trajectories') if t.info['gateway']['session'] == sid]
-
-
-def policy_turns(t) -> list:
-    """The runs of trained ids of a record (the mask is over ``ids[1:]``)."""
-    ids, mask = t.ids.tolist(), t.action_mask.tolist()
-    turns, cur = [], []
-    for j, m in enumerate(mask):
-        if m:
-            cur.append(ids[j + 1])
-        elif cur:
-            turns, cur = turns + [cur], []
-    return turns + ([cur] if cur else [])
 
 
 def blocks(message) -> list:

@@ -28,7 +28,7 @@ except ImportError:
     httpx = pytest.importorskip('httpx')
 H = httpx.Client(timeout=120)
 
-from _gateway import ForcingHF  # noqa: E402
+from _gateway import ForcingHF, finish, new_session, policy_turns, records_of  # noqa: E402
 from agentrl.gateway import Gateway, GatewayError  # noqa: E402
 from agentrl.gateway.limits import Limits  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
@@ -82,36 +82,8 @@ def server(upstream, run_dir):
     srv.stop()
 
 
-def new_session(server, **ident):
-    r = H.post(server.url + '/sessions', json=ident)
-    assert r.status_code == 201, r.text
-    return r.json()
-
-
-def finish(server, sess):
-    r = H.post(f'{server.url}/sessions/{sess["token"]}/finish', json={'reward': 1.0, 'info': {}})
-    assert r.status_code == 200, r.text
-    return r.json()
-
-
-def records_of(run_dir, sid):
-    from agentrl import store
-    return [t for t in store.read_trajectories(run_dir / 'trajectories') if t.info['gateway']['session'] == sid]
-
-
 def forced_ids(upstream):
     return [upstream.tokenizer(x, add_special_tokens=False)['input_ids'] for x in (CALL, ANSWER)]
-
-
-def policy_turns(t) -> list:
-    ids, mask = t.ids.tolist(), t.action_mask.tolist()
-    turns, cur = [], []
-    for j, m in enumerate(mask):
-        if m:
-            cur.append(ids[j + 1])
-        elif cur:
-            turns, cur = turns + [cur], []
-    return turns + ([cur] if cur else [])
 
 
 def check_images(t, shots: list, owners: list) -> None:
@@ -131,7 +103,7 @@ def check_images(t, shots: list, owners: list) -> None:
 # ---------------------------------------------------------------------------- the SDKs, end to end
 def test_chat_completions_tool_image_episode_is_one_branch_and_check_passes(server, upstream, run_dir, vlm_dir):
     from agentrl.cli.main import main as agentrl
-    sess = new_session(server, group_id='img', rollout_id='chat', task='look')
+    sess = new_session(H, server, group_id='img', rollout_id='chat', task='look')
     c = openai.OpenAI(api_key='unused', base_url=sess['base_url'], max_retries=0)
     photo, shot = png(90, 50, seed=3), png(200, 120, seed=11)
     msgs = [{'role': 'user', 'content': [
@@ -151,7 +123,7 @@ def test_chat_completions_tool_image_episode_is_one_branch_and_check_passes(serv
     assert upstream.force == [] and r2.choices[0].message.content == 'A blue square on red.'
     state = H.get(f'{server.url}/sessions/{sess["token"]}').json()
     assert (state['calls'], state['branches'], state['forks']) == (2, 1, [])    # the echoed images continue it
-    assert finish(server, sess)['records'] == 1
+    assert finish(H, server, sess)['records'] == 1
     [t] = records_of(run_dir, sess['session'])
     check_images(t, [photo, shot], ['prompt', 'tool'])
     assert policy_turns(t) == forced_ids(upstream)
@@ -160,7 +132,7 @@ def test_chat_completions_tool_image_episode_is_one_branch_and_check_passes(serv
 
 
 def test_anthropic_tool_result_image_episode_is_one_branch(server, upstream, run_dir):
-    sess = new_session(server, group_id='img', rollout_id='anthropic', task='look')
+    sess = new_session(H, server, group_id='img', rollout_id='anthropic', task='look')
     c = anthropic.Anthropic(api_key='unused', base_url=sess['base_url'][:-len('/v1')], max_retries=0)
     shot = png(120, 80, seed=5)
     tools = [{'name': 'screenshot', 'description': 'Take a screenshot.',
@@ -182,7 +154,7 @@ def test_anthropic_tool_result_image_episode_is_one_branch(server, upstream, run
     assert r2.usage.input_tokens == counted
     state = H.get(f'{server.url}/sessions/{sess["token"]}').json()
     assert (state['calls'], state['branches'], state['forks']) == (2, 1, [])
-    assert finish(server, sess)['records'] == 1
+    assert finish(H, server, sess)['records'] == 1
     [t] = records_of(run_dir, sess['session'])
     check_images(t, [shot], ['tool'])
     assert t.info['gateway']['dialects'] == ['anthropic'] * 2
@@ -190,7 +162,7 @@ def test_anthropic_tool_result_image_episode_is_one_branch(server, upstream, run
 
 
 def test_responses_function_call_output_image_episode_is_one_branch(server, upstream, run_dir):
-    sess = new_session(server, group_id='img', rollout_id='responses', task='look')
+    sess = new_session(H, server, group_id='img', rollout_id='responses', task='look')
     c = openai.OpenAI(api_key='unused', base_url=sess['base_url'], max_retries=0)
     photo, shot = png(64, 64, seed=2), png(150, 90, seed=8)
     tools = [{'type': 'function', 'name': 'screenshot', 'description': 'Take a screenshot.',
@@ -208,7 +180,7 @@ def test_responses_function_call_output_image_episode_is_one_branch(server, upst
     assert upstream.force == [] and r2.output_text == 'A blue square on red.'
     state = H.get(f'{server.url}/sessions/{sess["token"]}').json()
     assert (state['calls'], state['branches'], state['forks']) == (2, 1, [])
-    assert finish(server, sess)['records'] == 1
+    assert finish(H, server, sess)['records'] == 1
     [t] = records_of(run_dir, sess['session'])
     check_images(t, [photo, shot], ['prompt', 'tool'])
     assert policy_turns(t) == forced_ids(upstream)
