@@ -21,7 +21,7 @@ except ImportError:
     httpx = pytest.importorskip('httpx')
 H = httpx.Client(timeout=120)
 
-from _gateway import ForcingHF  # noqa: E402
+from _gateway import ForcingHF, policy_turns  # noqa: E402
 from agentrl.gateway import GatewayError, Session, read_journal  # noqa: E402
 from agentrl.gateway.anthropic import ANTHROPIC, thinking_signature  # noqa: E402
 from agentrl.gateway.parse import tool_call_id  # noqa: E402
@@ -86,18 +86,6 @@ def finish(server, sess, reward=1.0):
 def records_of(run_dir, sid):
     from agentrl import store
     return [t for t in store.read_trajectories(run_dir / 'trajectories') if t.info['gateway']['session'] == sid]
-
-
-def policy_turns(t) -> list:
-    """The runs of trained ids of a record (the mask is over ``ids[1:]``)."""
-    ids, mask = t.ids.tolist(), t.action_mask.tolist()
-    turns, cur = [], []
-    for j, m in enumerate(mask):
-        if m:
-            cur.append(ids[j + 1])
-        elif cur:
-            turns, cur = turns + [cur], []
-    return turns + ([cur] if cur else [])
 
 
 def blocks(message) -> list:
@@ -357,11 +345,19 @@ REFUSED = [
      'output_config.format cannot be honoured'),
     ({'mcp_servers': [{'name': 'x', 'url': 'http://x'}]}, 'mcp_servers', 'mcp_servers cannot be honoured'),
     ({'stop_sequences': ['a', 'b', 'c', 'd', 'e']}, 'stop_sequences', 'stop_sequences must be a list of at most 4'),
-    ({'messages': [{'role': 'user', 'content': [{'type': 'image', 'source': {}}]}]}, 'messages[0].content[0]',
+    ({'messages': [{'role': 'user', 'content': [{'type': 'document', 'source': {}}]}]}, 'messages[0].content[0]',
+     "messages[0].content[0]: block type 'document' cannot be rendered"),
+    ({'messages': [{'role': 'user', 'content': [
+        {'type': 'image', 'source': {'type': 'url', 'url': 'https://x/a.png'}}]}]},
+     'messages[0].content[0].source.type', "messages[0].content[0].source.type is 'url': this gateway does not fetch "
+                                           'images'),
+    ({'messages': [{'role': 'user', 'content': [{'type': 'tool_result', 'tool_use_id': 't', 'content': [
+        {'type': 'image', 'source': {'type': 'base64', 'media_type': 'image/gif', 'data': 'R0lG'}}]}]}]},
+     'messages[0].content[0].content[0].source.media_type',
+     "messages[0].content[0].content[0].source.media_type is 'image/gif'; send one of image/jpeg, image/jpg, "
+     'image/png'),
+    ({'messages': [{'role': 'system', 'content': [{'type': 'image', 'source': {}}]}]}, 'messages[0].content[0]',
      "messages[0].content[0]: block type 'image' cannot be rendered"),
-    ({'messages': [{'role': 'user', 'content': [{'type': 'tool_result', 'tool_use_id': 't',
-                                                 'content': [{'type': 'image'}]}]}]},
-     'messages[0].content[0].content[0]', "messages[0].content[0].content[0]: block type 'image' cannot be rendered"),
     ({'messages': [{'role': 'user', 'content': 'a', 'output_config': {'effort': 'low'}}],
       'output_config': {'effort': 'high'}}, 'messages[0].output_config.effort',
      "messages[0].output_config.effort='low' differs from the request's ('high')"),

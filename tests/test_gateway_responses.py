@@ -245,8 +245,19 @@ def test_errors_are_openai_shaped_and_name_the_responses_field(server, upstream)
         'type': 'invalid_request_error', 'param': 'frobnicate', 'code': None}})
     status, body = _error(sess, dict(ok, input=[{'role': 'user', 'content': [
         {'type': 'input_text', 'text': 'see'}, {'type': 'input_image', 'image_url': 'data:'}]}]))
-    assert (status, body['error']['param']) == (400, 'input[0].content[1]')
-    assert body['error']['message'].startswith("input[0].content[1] is a 'input_image' part: agentrl records text only")
+    assert (status, body['error']['param']) == (400, 'input')          # a text-only model
+    assert body['error']['message'].startswith('messages[0].content[1] is an image_url part and this model has no '
+                                               'image processor; serve a vision-language model')
+    status, body = _error(sess, dict(ok, input=[{'role': 'user', 'content': [
+        {'type': 'input_image', 'image_url': 'https://x/cat.png'}]}]))
+    assert (status, body['error']['param']) == (400, 'input[0].content[0].image_url')
+    assert body['error']['message'].startswith('input[0].content[0].image_url is not a data URL: this gateway does '
+                                               'not fetch images')
+    status, body = _error(sess, dict(ok, input=[{'role': 'system', 'content': [
+        {'type': 'input_image', 'image_url': 'data:'}]}]))
+    assert (status, body['error']['param']) == (400, 'input[0].content[0]')
+    assert body['error']['message'].startswith("input[0].content[0] is a 'input_image' part: agentrl records text "
+                                               'only here')
     status, body = _error(sess, dict(ok, tools=[{'type': 'custom', 'name': 'apply_patch'}]))
     assert (status, body['error']['param']) == (400, 'tools[0].type')
     status, body = _error(sess, dict(ok, text={'format': {'type': 'json_schema', 'schema': {}}}))

@@ -338,3 +338,30 @@ def test_vision_settings_read_a_qwen2_vl_processor_and_leave_others_text_only(vl
     (tmp_path / 'preprocessor_config.json').write_text('{not json')
     with pytest.raises(ValueError, match=r'preprocessor_config.json is not a JSON file'):
         vision_settings(tmp_path)
+
+
+def test_cli_check_passes_a_sampled_vision_record_and_refuses_a_stray_placeholder(lm, template, vlm_dir, tmp_path,
+                                                                                 capsys):
+    """``agentrl check RUN --model M`` on a record the HF engine sampled with a prompt image and a tool image: the
+    placeholder runs listed in ``info['images']`` are not control ids in content; one outside every run is."""
+    from agentrl import store
+    from agentrl.cli.main import main
+    from agentrl.engines.hf.sampler import HFSampler
+    model, tok, proc = lm
+    sampler = HFSampler(model, template.stop_ids, SamplingSpec(temperature=1.0), max_new_tokens=24,
+                        image_processor=proc)
+    rec, tr, _ = _tool_image_episode(template, sampler, seed=5)
+    store.write_trajectories(tmp_path / 'run' / 'trajectories.parquet', [tr], images=rec.image_data)
+    assert main(['check', str(tmp_path / 'run'), '--model', str(vlm_dir)]) == 0
+    out = capsys.readouterr().out
+    assert 'ControlTokenInContent' not in out
+    tr.ids[16] = 151655                              # a prompt token turned into the placeholder, outside every run
+    assert tr.owner[16].item() == OWNER['prompt']
+    store.write_trajectories(tmp_path / 'bad' / 'trajectories.parquet', [tr], images=rec.image_data)
+    assert main(['check', str(tmp_path / 'bad'), '--model', str(vlm_dir)]) == 1
+    out = capsys.readouterr().out
+    runs = ', '.join(f"[{d['start']}:{d['start'] + d['length']}]" for d in tr.info['images'])
+    assert runs.startswith('[20:26], [') and runs.endswith(':90]')
+    assert f"ImageRunError: ids[16]: is the image placeholder 151655 but lies in no image's run (runs {runs})" in out
+    assert 'ControlTokenInContentError: ids[16]: is the control id 151655, owned by prompt content: message text ' \
+        'became a control token (a forged turn boundary or role header). Fix:' in out     # that one only, no "more"

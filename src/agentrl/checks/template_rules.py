@@ -11,7 +11,11 @@ word-level toy stack, hand-made records) are not checked by these rules.
   the record (a final turn cut off by a length limit); a turn stopped at another stop id is closed
   as docs/design.md#policy-positions says.
 - :func:`control_ids_not_in_content`: no control id is owned by a tool, user or system message
-  (docs/design.md#data-is-text).
+  (docs/design.md#data-is-text). The placeholder runs an image's entry of ``info['images']`` lists
+  (``ids[start:start + length]``, owned by whoever supplied the image) are exempt, and only they:
+  :func:`agentrl.checks.images.image_problems` refuses a placeholder id outside every run
+  (docs/design.md#images); the vision delimiters around a run are template-owned already
+  (:func:`agentrl.templates.vision.own_images`).
   Records imported without a tokenizer (:func:`unchecked_template_owners`) are skipped: their owners
   come from a trainer's mask, which does not keep template tokens apart from content.
 
@@ -24,10 +28,11 @@ from .._lazy import lazy_module
 
 torch = lazy_module('torch')
 
+from ..images import ImageEntryError, parse_images
 from ..record import OWNER, owner_runs
 from .errors import ControlTokenInContentError, RecordError, UnclosedTurnError
 
-__all__ = ['chat_tokens', 'turn_closed', 'control_ids_not_in_content', 'unchecked_template_owners']
+__all__ = ['chat_tokens', 'turn_closed', 'control_ids_not_in_content', 'unchecked_template_owners', 'image_runs']
 
 _POLICY = OWNER['policy']
 
@@ -55,6 +60,19 @@ def unchecked_template_owners(record) -> bool:
     info = getattr(record, 'info', None)
     imp = info.get('import') if isinstance(info, dict) else None
     return isinstance(imp, dict) and imp.get('template_owners') == 'mask'
+
+
+def image_runs(record) -> list:
+    """``[(start, end)]`` of the placeholder runs ``record.info['images']`` lists (``end = start + length``), or
+    ``[]`` without images or with a malformed list (:func:`agentrl.checks.images.image_problems` words that).
+    Raises nothing."""
+    info = getattr(record, 'info', None)
+    if not isinstance(info, dict) or 'images' not in info:
+        return []
+    try:
+        return [(ref.start, ref.start + ref.length) for ref in parse_images(info['images'])]
+    except ImageEntryError:
+        return []
 
 
 def turn_closed(r) -> list[RecordError]:
@@ -86,7 +104,8 @@ def turn_closed(r) -> list[RecordError]:
 
 
 def control_ids_not_in_content(r) -> list[RecordError]:
-    """No control id is owned by a tool or prompt (user/system) message.
+    """No control id is owned by a tool or prompt (user/system) message, outside the image placeholder runs
+    ``info['images']`` lists (:func:`image_runs`).
 
     Returns:
         ``[ControlTokenInContentError]`` at the first such id with the count, or ``[]``.
@@ -99,6 +118,9 @@ def control_ids_not_in_content(r) -> list[RecordError]:
     for lo, hi in ct['control']:
         is_ctl |= (r.ids >= lo) & (r.ids < hi)
     bad = content & is_ctl
+    if bool(bad.any()):
+        for s, e in image_runs(r.record):
+            bad[s:e] = False
     if not bool(bad.any()):
         return []
     where = torch.nonzero(bad).flatten()

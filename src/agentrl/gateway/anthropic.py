@@ -7,12 +7,14 @@ text blocks) opens the conversation as a system message; a user message's ``tool
 JSON arguments) and its ``thinking`` block its ``reasoning_content``. The gateway signs each thinking
 block it returns (:func:`thinking_signature`: the call's response id and a hash of its reasoning);
 an echoed block whose signature names a call of the session gets that call's exact reasoning back, so
-the branch continues the sampled ids with nothing noted. ``tools`` (``input_schema``) become function
-tools; ``tool_choice`` auto / any / tool / none becomes chat's ``auto`` / ``required`` / the named
-function / ``none``; ``thinking`` enabled / disabled sets the template's ``enable_thinking`` (adaptive
-leaves the served default: the model decides), ``output_config.effort`` its ``reasoning_effort``
-(each passed only to a template that reads it). ``max_tokens`` beyond the context is capped to the
-room left, as for every call (:meth:`agentrl.gateway.service.Gateway.prepare`).
+the branch continues the sampled ids with nothing noted. An ``image`` block (base64 source) in a user
+message or a ``tool_result``'s content becomes an ``image_url`` part with its data URL. ``tools``
+(``input_schema``) become function tools; ``tool_choice`` auto / any / tool / none becomes chat's
+``auto`` / ``required`` / the named function / ``none``; ``thinking`` enabled / disabled sets the
+template's ``enable_thinking`` (adaptive leaves the served default: the model decides),
+``output_config.effort`` its ``reasoning_effort`` (each passed only to a template that reads it).
+``max_tokens`` beyond the context is capped to the room left, as for every call
+(:meth:`agentrl.gateway.service.Gateway.prepare`).
 
 The reply is the chat response's message as content blocks (thinking, text, tool_use; a thinking
 block's text left empty under ``thinking.display: "omitted"``, its signature kept), its
@@ -30,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+from ..images import IMAGE_TYPES
 from .dialects import Dialect, sse_event
 from .parse import message_deltas
 from .protocol import GatewayError
@@ -97,16 +100,44 @@ def _text(b: dict, where: str) -> str:
     return b['text']
 
 
-def _text_parts(content, where: str) -> list:
-    """Chat text parts of a string or a list of text blocks."""
+def _image(b: dict, where: str) -> dict:
+    """The chat ``image_url`` part of an ``image`` block whose source is base64 (``data:MEDIA;base64,DATA``).
+
+    Raises:
+        GatewayError: 400 naming ``where.source...``: a ``url`` or ``file`` source (the gateway fetches nothing:
+            the record must hold the bytes the model saw), a media type other than PNG or JPEG, data not a string.
+    """
+    src = b.get('source')
+    kind = src.get('type') if isinstance(src, dict) else None
+    if kind in ('url', 'file'):
+        raise _bad(f'{where}.source.type is {kind!r}: this gateway does not fetch images (the record must hold the '
+                   'bytes the model saw); send {"type": "base64", "media_type": "image/png", "data": ...}',
+                   f'{where}.source.type')
+    if kind != 'base64':
+        raise _bad(f'{where}.source must be {{"type": "base64", "media_type": "image/png", "data": ...}}',
+                   f'{where}.source')
+    media = src.get('media_type')
+    if media not in IMAGE_TYPES:
+        raise _bad(f'{where}.source.media_type is {media!r}; send one of {", ".join(sorted(IMAGE_TYPES))}',
+                   f'{where}.source.media_type')
+    if not isinstance(src.get('data'), str):
+        raise _bad(f'{where}.source.data must be the base64 string of the image', f'{where}.source.data')
+    return {'type': 'image_url', 'image_url': {'url': f'data:{media};base64,{src["data"]}'}}
+
+
+def _text_parts(content, where: str, images: bool = False) -> list:
+    """Chat parts of a string or a list of text blocks (and ``image`` blocks with ``images``: :func:`_image`)."""
     if isinstance(content, str):
         return [{'type': 'text', 'text': content}]
     if not isinstance(content, list):
         raise _bad(f'{where} must be a string or a list of text blocks, got {type(content).__name__}', where)
     out = []
+    allowed = {'text': ('text',), 'image': ('source',)} if images else {'text': ('text',)}
     for j, b in enumerate(content):
-        _check_block(b, f'{where}[{j}]', {'text': ('text',)})
-        out.append({'type': 'text', 'text': _text(b, f'{where}[{j}]')})
+        if _check_block(b, f'{where}[{j}]', allowed) == 'image':
+            out.append(_image(b, f'{where}[{j}]'))
+        else:
+            out.append({'type': 'text', 'text': _text(b, f'{where}[{j}]')})
     return out
 
 
@@ -116,12 +147,13 @@ def _user(role: str, content, where: str) -> list:
     if not isinstance(blocks, list):
         raise _bad(f'{where}.content must be a string or a list of content blocks', f'{where}.content')
     out, text = [], []
-    allowed = {'text': ('text',), 'tool_result': ('tool_use_id', 'content', 'is_error')} if role == 'user' else \
-        {'text': ('text',)}
+    allowed = {'text': ('text',), 'image': ('source',), 'tool_result': ('tool_use_id', 'content', 'is_error')} \
+        if role == 'user' else {'text': ('text',)}
     for j, b in enumerate(blocks):
         at = f'{where}.content[{j}]'
-        if _check_block(b, at, allowed) == 'text':
-            text.append({'type': 'text', 'text': _text(b, at)})
+        kind = _check_block(b, at, allowed)
+        if kind in ('text', 'image'):
+            text.append({'type': 'text', 'text': _text(b, at)} if kind == 'text' else _image(b, at))
             continue
         if text:
             out.append({'role': role, 'content': text})
@@ -129,7 +161,7 @@ def _user(role: str, content, where: str) -> list:
         if not isinstance(b.get('tool_use_id'), str) or not b['tool_use_id']:
             raise _bad(f'{at}.tool_use_id must be the id of the tool_use it answers', f'{at}.tool_use_id')
         out.append({'role': 'tool', 'tool_call_id': b['tool_use_id'],
-                    'content': _text_parts(b.get('content', ''), f'{at}.content')})
+                    'content': _text_parts(b.get('content', ''), f'{at}.content', images=True)})
     if text or not out:
         out.append({'role': role, 'content': text})
     return out
@@ -344,7 +376,8 @@ class AnthropicMessages(Dialect):
 
         Raises:
             GatewayError: 400 naming the field: an unknown top-level field, a block this gateway cannot
-                render (image, document, server tool results), a server tool, ``strict`` tools,
+                render (document, server tool results; an image whose source is a URL or a file, or not PNG/JPEG),
+                a server tool, ``strict`` tools,
                 ``disable_parallel_tool_use``, a thinking type other than enabled/adaptive/disabled,
                 ``output_config.format``, non-empty ``mcp_servers``, an assistant message last (a prefill),
                 more than 4 ``stop_sequences``.

@@ -1,7 +1,7 @@
 """L5: per-session limits of the gateway; each refusal is an OpenAI-style error (429 or 400).
 
 Source: docs/gateway.md#limits (turns, prompt and output tokens, body bytes, concurrent requests,
-wall time).
+wall time, images).
 """
 from __future__ import annotations
 
@@ -23,6 +23,9 @@ class Limits:
         max_body_bytes: size of one request body.
         max_concurrent: requests of one session in flight at once.
         max_wall_s: seconds from the session's creation to its last call.
+        max_image_bytes: bytes of one image (decoded, as received).
+        max_images_per_request: image parts in one request (its whole history counts).
+        max_images_per_session: distinct images (by digest) a session's calls bring, all together.
     """
     max_turns: int = 256
     max_prompt_tokens: int = 0
@@ -30,6 +33,9 @@ class Limits:
     max_body_bytes: int = 8 << 20
     max_concurrent: int = 4
     max_wall_s: float = 0.0
+    max_image_bytes: int = 20 << 20
+    max_images_per_request: int = 16
+    max_images_per_session: int = 256
 
     def to_dict(self) -> dict:
         """Plain-dict form (serve.json)."""
@@ -55,6 +61,31 @@ class Limits:
         if self.max_prompt_tokens and n_prompt > self.max_prompt_tokens:
             raise _limit(f'the prompt is {n_prompt} tokens, over the limit of {self.max_prompt_tokens} '
                          '(--max-prompt-tokens); shorten the history', 'max_prompt_tokens')
+
+    def check_images(self, sizes: list, new_in_session: int, held: int) -> None:
+        """Refuse a request's images over the image limits (docs/gateway.md#images).
+
+        Args:
+            sizes: ``[(where, bytes)]`` of each image part of the request (where: its field,
+                ``messages[i].content[j]``).
+            new_in_session: distinct images of the request the session does not hold yet. held: those it holds.
+
+        Raises:
+            GatewayError: 413 ``max_image_bytes`` naming the part; 400 ``max_images_per_request`` or
+                ``max_images_per_session`` naming the counts.
+        """
+        for where, n in sizes:
+            if self.max_image_bytes and n > self.max_image_bytes:
+                raise GatewayError(413, f'{where} is an image of {n} bytes, over the limit of {self.max_image_bytes} '
+                                        '(max_image_bytes); send a smaller image', param=where, code='max_image_bytes')
+        if self.max_images_per_request and len(sizes) > self.max_images_per_request:
+            raise GatewayError(400, f'the request holds {len(sizes)} images, over the limit of '
+                                    f'{self.max_images_per_request} (max_images_per_request); send fewer images',
+                               param='messages', code='max_images_per_request')
+        if self.max_images_per_session and held + new_in_session > self.max_images_per_session:
+            raise GatewayError(400, f'the session would hold {held + new_in_session} images, over the limit of '
+                                    f'{self.max_images_per_session} (max_images_per_session); finish it and open a '
+                                    'new one', param='messages', code='max_images_per_session')
 
     def output_budget(self, out_tokens: int) -> int | None:
         """Tokens the session may still sample (None: no cap)."""

@@ -68,7 +68,8 @@ class ChatRequest:
     """A validated chat-completions request.
 
     Attributes:
-        messages: checked messages (content parts flattened to text).
+        messages: checked messages (content parts flattened to text, but a user or tool message holding
+            ``image_url`` parts keeps its parts: :func:`agentrl.templates.messages.image_parts`).
         tools: OpenAI function tools (``[{'type': 'function', 'function': {...}}]``) or None.
         tool_choice: ``'auto'``, ``'none'``, ``'required'`` or a named function
             ``{'type': 'function', 'function': {'name': N}}`` (N one of ``tools``): the last two are
@@ -307,17 +308,18 @@ def _stop(body: dict) -> list:
 
 
 def _checked(messages, known) -> list:
-    """``check_messages`` of ``messages``, reusing the checked prefix ``known`` shares with them."""
+    """``check_messages`` of ``messages``, reusing the checked prefix ``known`` shares with them; image parts are
+    kept (the gateway refuses them for a model without an image processor, :meth:`Gateway.take_images`)."""
     if not known or not isinstance(messages, list):
-        return _with_calls(check_messages(messages))
+        return _with_calls(check_messages(messages, images=True))
     old, done = known
     k = min(len(old), len(messages))
     while k and old[:k] != messages[:k]:            # one C-level comparison in the common case
         k //= 2
     try:
-        out = list(done[:k]) + check_messages(messages[k:])
+        out = list(done[:k]) + check_messages(messages[k:], images=True)
     except ValueError:
-        return _with_calls(check_messages(messages))    # the error names the message's index in the request
+        return _with_calls(check_messages(messages, images=True))    # the error names the message's index in the request
     _raise(tool_calls_problem(out[k:], k))
     return out
 

@@ -7,7 +7,9 @@ items) or as the Responses server-sent events, built once the call is journalled
 
 Input items map to chat messages: ``message`` (roles user/system/assistant; ``developer`` as
 system), ``function_call`` (an assistant tool call), ``function_call_output`` (a tool message),
-``reasoning`` (the assistant turn's ``reasoning_content``). Consecutive reasoning, assistant-message
+``reasoning`` (the assistant turn's ``reasoning_content``). An ``input_image`` part (its ``image_url`` a
+data URL) of a user message or of a ``function_call_output``'s ``output`` list becomes an ``image_url``
+part. Consecutive reasoning, assistant-message
 and function-call items form one assistant turn, so an echoed output extends its branch exactly as
 a chat-completions echo does. ``instructions`` is a system message first.
 
@@ -70,20 +72,43 @@ def seal(sid: str, call: int, reasoning: str) -> str:
     return f'agentrl.{call}.{_digest(sid, call, reasoning)[:32]}'
 
 
-def _text_parts(content, where: str, kinds=('input_text', 'output_text', 'text')) -> str:
+def _text_parts(content, where: str, kinds=('input_text', 'output_text', 'text'), images: bool = False):
+    """The text of a string or a list of text parts; with ``images``, a list holding ``input_image`` parts
+    becomes chat parts (text, and ``image_url`` of each image's data URL: :func:`_image`)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise _bad(f'{where} must be a string or a list of content parts, got {type(content).__name__}', where)
-    out = []
+    out, parts = [], []
     for j, part in enumerate(content):
         kind = part.get('type') if isinstance(part, dict) else None
         if kind in kinds and isinstance(part.get('text'), str):
             out.append(part['text'])
+            parts.append({'type': 'text', 'text': part['text']})
+        elif kind == 'input_image' and images:
+            parts.append(_image(part, f'{where}[{j}]'))
         else:
-            raise _bad(f'{where}[{j}] is a {kind!r} part: agentrl records text only; send parts of type '
-                       f'{", ".join(kinds)}', f'{where}[{j}]')
-    return ''.join(out)
+            also = ' and input_image' if images else ''
+            raise _bad(f'{where}[{j}] is a {kind!r} part: agentrl records text{also} only here; send parts of type '
+                       f'{", ".join(kinds)}{also}', f'{where}[{j}]')
+    return parts if len(parts) > len(out) else ''.join(out)
+
+
+def _image(part: dict, where: str) -> dict:
+    """The chat ``image_url`` part of an ``input_image`` part whose ``image_url`` is a data URL.
+
+    Raises:
+        GatewayError: 400 naming ``where``: a ``file_id`` image, or an ``image_url`` that is an http(s) URL
+            (the gateway fetches nothing: the record must hold the bytes the model saw) or not a data URL.
+    """
+    url = part.get('image_url')
+    if part.get('file_id') is not None or not isinstance(url, str):
+        raise _bad(f'{where} is an input_image without an image_url data URL (a file_id is not fetched); send '
+                   'image_url "data:image/png;base64,..."', f'{where}.image_url')
+    if not url.startswith('data:'):
+        raise _bad(f'{where}.image_url is not a data URL: this gateway does not fetch images (the record must hold '
+                   'the bytes the model saw); send "data:image/png;base64,..."', f'{where}.image_url')
+    return {'type': 'image_url', 'image_url': {'url': url}}
 
 
 def _chat_tools(tools) -> tuple:
@@ -260,7 +285,7 @@ class Responses(Dialect):
                 role = it.get('role')
                 if role not in ('user', 'system', 'developer', 'assistant'):
                     raise _bad(f'{where}.role is {role!r}; use user, system, developer or assistant', f'{where}.role')
-                text = _text_parts(it.get('content', ''), f'{where}.content')
+                text = _text_parts(it.get('content', ''), f'{where}.content', images=role == 'user')
                 if role == 'assistant':
                     if turn.content is not None or turn.calls:
                         flush()
@@ -282,7 +307,7 @@ class Responses(Dialect):
                 flush()
                 out.append({'role': 'tool', 'tool_call_id': it['call_id'],
                             'content': _text_parts(it.get('output', ''), f'{where}.output', ('input_text', 'text',
-                                                                                              'output_text'))})
+                                                                                              'output_text'), True)})
             elif kind == 'reasoning':
                 if turn.any:
                     flush()

@@ -57,7 +57,8 @@ class Pending:
     """A call between :meth:`Gateway.prepare` and :meth:`Gateway.complete`: its plan, template, turn
     budget, seed, policy version (taken at dispatch) and dispatch time
     ``t0``; or ``replay`` = ``(response, index, True)`` for a marked retry of an earlier call; ``constraint``: the
-    call grammar of a forced ``tool_choice`` (:meth:`Gateway.call_constraint`) or None."""
+    call grammar of a forced ``tool_choice`` (:meth:`Gateway.call_constraint`) or None; ``images``: the call's
+    images ``digest -> bytes`` (:meth:`Gateway.take_images`), stored once it is journalled."""
     session: Session
     req: ChatRequest
     digest: str
@@ -71,6 +72,7 @@ class Pending:
     replay: tuple | None = None
     think: bool = False
     constraint: object = None
+    images: dict | None = None
 
 
 def session_id(token: str) -> str:
@@ -354,12 +356,14 @@ class Gateway:
             raise GatewayError(400, f'{name}={new} differs from this session\'s first call ({old}): one '
                                     'session samples under one sampler; open a new session for another', param=name)
         template = self.template(req.tools, self.request_options(req, session))
+        images = self.take_images(session, req, template)
         try:
             plan = session.plan(req.messages, json.dumps(req.tools, sort_keys=True), template, self.family)
         except ValueError as e:
             raise GatewayError(400, f'messages: {e}', param='messages') from None
         p = Pending(session, req, digest, retry, plan=plan, template=template, version=self.policy_version,
-                    t0=time.time(), think=self.family.prompt_opens_reasoning(template, plan.prompt_ids))
+                    t0=time.time(), think=self.family.prompt_opens_reasoning(template, plan.prompt_ids),
+                    images=images)
         try:
             p.constraint = self.call_constraint(req, template, plan, session.calls)
             self.limits.check_prompt(len(plan.prompt_ids))
@@ -375,6 +379,52 @@ class Gateway:
         p.seed = req.seed if req.seed is not None else \
             int(hashlib.sha256(f'{session.sid}/{len(session.calls)}'.encode()).hexdigest()[:15], 16)
         return p
+
+    def take_images(self, session: Session, req: ChatRequest, template) -> dict:
+        """The images of a request's ``image_url`` parts, ``digest -> bytes``, each part rewritten in one form.
+
+        Each part's URL becomes ``data:image/png;base64,...`` (or ``image/jpeg``) of its bytes as decoded, so an
+        echo of the same image in another spelling matches its branch (same digest, same expansion).
+        ``req.messages`` is updated in place (what is planned and journalled).
+
+        Raises:
+            GatewayError: 400 naming the part for a template without an image processor (a text-only model), an
+                ``http(s)`` or malformed URL (:func:`agentrl.images.decode_image_url`); 413 / 400 over the image
+                limits (:meth:`~agentrl.gateway.limits.Limits.check_images`).
+
+        Source: docs/gateway.md#images; docs/design.md#images.
+        """
+        import base64
+
+        from ..images import IMAGE_TYPES, decode_image_url, image_digest, image_format
+        found, sizes = {}, []
+        for i, m in enumerate(req.messages):
+            c = m.get('content')
+            if not isinstance(c, list) or not any(p.get('type') == 'image_url' for p in c):
+                continue
+            parts = list(c)
+            for j, part in enumerate(parts):
+                if part.get('type') != 'image_url':
+                    continue
+                where = f'messages[{i}].content[{j}]'
+                if not getattr(template, 'vision', None):
+                    raise GatewayError(400, f'{where} is an image_url part and this model has no image processor; '
+                                            'serve a vision-language model (its folder holds '
+                                            'preprocessor_config.json), or send text', param=where)
+                try:
+                    data, ext = decode_image_url(part['image_url']['url'], where)
+                    ext = image_format(data)
+                except ValueError as e:
+                    raise GatewayError(400, str(e), param=where) from None
+                sizes.append((where, len(data)))
+                found[image_digest(data)] = data
+                mime = next(k for k, v in IMAGE_TYPES.items() if v == ext)
+                parts[j] = {'type': 'image_url', 'image_url': {
+                    'url': f'data:{mime};base64,' + base64.b64encode(data).decode('ascii')}}
+            req.messages[i] = dict(m, content=parts)
+        if sizes:
+            self.limits.check_images(sizes, len(set(found) - set(session.images)), len(session.images))
+        return found
 
     def call_constraint(self, req: ChatRequest, template, plan, calls=()):
         """The grammar a forced ``tool_choice`` samples under, or None (``auto`` / ``none``).
@@ -436,6 +486,7 @@ class Gateway:
             GatewayError: 400 as :meth:`prepare` for options or messages the template cannot take.
         """
         template = self.template(req.tools, self.request_options(req, session))
+        self.take_images(session, req, template)
         try:
             plan = session.plan(req.messages, json.dumps(req.tools, sort_keys=True), template, self.family)
         except ValueError as e:
@@ -455,7 +506,8 @@ class Gateway:
         streams = on_token is not None and getattr(self.upstream, 'streams', False)
         spec = p.req.spec if p.constraint is None else dataclasses.replace(p.req.spec, constraint=p.constraint)
         request = TurnRequest(p.plan.prompt_ids, spec, p.budget, p.seed, self.family.stop_ids(p.template),
-                              on_token=on_token if streams else None, key=p.session.sid)
+                              on_token=on_token if streams else None, key=p.session.sid,
+                              images=p.plan.branch.recorder.images or None)
         try:
             return self.upstream.sample(request)
         except EngineDied as e:
@@ -516,6 +568,8 @@ class Gateway:
             self.drop(p)                  # no line, no branch change, no plan: a resend continues as if never sent
             raise
         self._apply(session, p.plan, sample, message, truncated, p.digest, response, req, p.version, constraint)
+        if p.images:
+            self.keep_images(session, p.images)     # RUN/images now: a restart's commit finds them
         session.mark_undelivered(index)   # trained once :meth:`delivered` (or a later call echoing it)
         return response, index, False
 

@@ -126,6 +126,12 @@ def _content(m: dict) -> str:
     return m.get('content') or ''
 
 
+def _text_key(m: dict) -> str:
+    """A message's content as a hashable key (content parts with images as their JSON)."""
+    c = _content(m)
+    return c if isinstance(c, str) else json.dumps(c, sort_keys=True)
+
+
 def _same(ours: dict, theirs: dict) -> bool:
     """Two non-sampled messages agree in substance (role, content, name, tool calls; tool_call_id ignored)."""
     if ours.get('role') != theirs.get('role') or _content(ours) != _content(theirs):
@@ -164,9 +170,9 @@ def _edit_category(view: list, n: int, messages: list) -> str:
     """``'compaction'``: a shorter history that brings a user or system message the branch never had (a
     summary); else ``'history_edited'`` (edited or reordered tool results, a removed turn, a changed message)."""
     if len(messages) < len(view):
-        seen = {(v.get('role'), _content(v)) for v, _ in view}
-        if any((m['role'], _content(m)) not in seen for m in messages[n:] if m['role'] in ('user', 'system',
-                                                                                           'developer')):
+        seen = {(v.get('role'), _text_key(v)) for v, _ in view}
+        if any((m['role'], _text_key(m)) not in seen for m in messages[n:] if m['role'] in ('user', 'system',
+                                                                                             'developer')):
             return 'compaction'
     return 'history_edited'
 

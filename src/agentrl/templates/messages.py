@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-__all__ = ['PROMPT_ROLES', 'TOOL_ROLES', 'flatten_content', 'function_tools', 'check_messages', 'owner_of_role',
-           'common_prefix', 'common_suffix', 'diff_span']
+__all__ = ['PROMPT_ROLES', 'TOOL_ROLES', 'flatten_content', 'function_tools', 'check_messages', 'image_parts',
+           'owner_of_role', 'common_prefix', 'common_suffix', 'diff_span']
 
 #: Roles whose content the task supplies (owner ``prompt``).
 PROMPT_ROLES = ('system', 'user', 'developer')
@@ -84,15 +84,19 @@ def function_tools(schemas: Iterable[dict] | None) -> list[dict] | None:
     return out
 
 
-def check_messages(messages: Any, field: str = 'messages') -> list[dict]:
+def check_messages(messages: Any, field: str = 'messages', images: bool = False) -> list[dict]:
     """Validate a conversation and return a shallow copy of its messages.
 
     List-of-parts content is flattened to its text (:func:`flatten_content`), so every template
-    sees the text (a template that only reads strings would otherwise render it empty).
+    sees the text (a template that only reads strings would otherwise render it empty). With
+    ``images`` the content of a user or tool message that holds ``image_url`` parts stays a list of
+    parts (:func:`image_parts`: text parts and ``{"type": "image_url", "image_url": {"url": URL}}``),
+    for a vision template to expand (:func:`agentrl.templates.vision.expand_images`).
 
     Raises:
         ValueError: not a list of dicts, a message without a known ``role``, content that is not a
-            string or a list of text parts (an image part names its index); the error names the
+            string or a list of text parts (an image part names its index; with ``images``, one in a
+            message other than a user or tool message, or without a string URL); the error names the
             index, the field and the accepted values.
 
     Source: the OpenAI/Hugging Face chat message format (``role``, ``content``, ``tool_calls``).
@@ -112,8 +116,45 @@ def check_messages(messages: Any, field: str = 'messages') -> list[dict]:
                              f'got {type(c).__name__}')
         m = dict(m)
         if isinstance(c, list):
-            m['content'] = flatten_content(c, f'{field}[{i}]["content"]')
+            kept = image_parts(c, role, f'{field}[{i}]["content"]') if images else None
+            m['content'] = kept if kept is not None else flatten_content(c, f'{field}[{i}]["content"]')
         out.append(m)
+    return out
+
+
+def image_parts(content: list, role: str, where: str = 'content') -> list | None:
+    """The parts of list content that holds ``image_url`` parts, each in one form; None when it holds none.
+
+    Text parts become ``{"type": "text", "text": T}``, image parts ``{"type": "image_url", "image_url":
+    {"url": URL}}`` (``detail`` and other keys dropped: the processor sizes every image alike), so an echoed
+    message compares equal to the one first sent. The URL is not decoded here.
+
+    Raises:
+        ValueError: an image part in a message other than a user or tool message, an image part without a
+            string ``url``, or another non-text part (names ``where[j]``).
+
+    Source: the OpenAI chat format's content parts; docs/design.md#images.
+    """
+    if not any(isinstance(p, dict) and p.get('type') == 'image_url' for p in content):
+        return None
+    out = []
+    for j, p in enumerate(content):
+        kind = p.get('type') if isinstance(p, dict) else None
+        if isinstance(p, str) or (kind == 'text' and isinstance(p.get('text'), str)):
+            out.append({'type': 'text', 'text': p if isinstance(p, str) else p['text']})
+            continue
+        if kind != 'image_url':
+            raise ValueError(f'{where}[{j}] is a {kind!r} part: agentrl records text and image_url parts here; send '
+                             'text or data-URL images')
+        if role != 'user' and role not in TOOL_ROLES:
+            raise ValueError(f'{where}[{j}] is an image in a {role!r} message; images go in user messages or tool '
+                             'results')
+        spec = p.get('image_url')
+        url = spec.get('url') if isinstance(spec, dict) else spec
+        if not isinstance(url, str):
+            raise ValueError(f'{where}[{j}]["image_url"]["url"] must be a string data URL '
+                             '(data:image/png;base64,...), got ' + type(url).__name__)
+        out.append({'type': 'image_url', 'image_url': {'url': url}})
     return out
 
 
