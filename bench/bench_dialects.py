@@ -20,13 +20,23 @@ a tool result (a ``tool`` message / ``tool_result`` block / ``function_call_outp
     anthropic   the gateway's ``/s/T/v1/messages``
     responses   the gateway's ``/s/T/v1/responses`` (``store: false``, the full input each turn)
 
-Every scenario (1 and 8 sessions at once, 10 turns; and the long one: 30 turns over a history that
-grows from about 4k to 8k tokens) runs all four targets back to back, the order rotated per repeat,
-so a drift of the machine's load hits every target alike. Per cell: calls/s (calls / wall time from
-the first call's send to the last call's answer; sessions are opened before and finished after),
-the median first-call latency and the median second-call latency of the sessions. The table holds
-medians over repeats and each dialect's calls/s ratio to ``vllm`` (the ratio of each repeat, then the
-median), and ``first - second`` (ms): what a session's first call costs over a later one.
+Scenarios: ``first`` (8 sessions of 2 turns, one after another: a session's first call vs its second
+with nothing else running), ``s1`` / ``s8`` (1 and 8 sessions at once, ``--turns`` turns), ``long8``
+(8 sessions at once, ``--long-turns`` turns over a history that grows from about 4k to 8k tokens: a
+3,300-word first message, 100-word tool results). Every scenario runs all five targets back to back,
+the order rotated per repeat, so a drift of the machine's load hits every target alike. Per cell:
+calls/s (calls / wall time from the first call's send to the last call's answer; sessions are
+opened before and finished after), the median first- and second-call latency of the sessions and
+the median over sessions of (first - second). The table holds medians over repeats and each
+target's calls/s ratio to ``vllm`` (the ratio within each repeat, then their median). Inside the
+gateway, ``Gateway.prepare`` + ``Gateway.complete`` (``state``) and ``Gateway.sample`` (``engine``: the
+vLLM request) are timed per call, first call vs later ones.
+
+CPUs (2-core machine shared with other jobs: compare ratios within a run, not absolute numbers across
+runs): the vLLM engine's compute threads on ``--omp-cpus`` (default core 1); its API server, the gateway
+and the client wherever the OS puts them (``--server-cpus`` / ``--gateway-cpus`` pin them).
+``--quick``: 1 repeat of ``first`` (4 sessions), ``s1`` and ``s8`` at 6 turns, no ``long8`` (< 3 min with
+the server's start).
 """
 from __future__ import annotations
 
@@ -117,16 +127,17 @@ def client_main(spec_path: str) -> None:
     import aiohttp
     spec = json.loads(Path(spec_path).read_text())
     path = {'vllm': '/v1/chat/completions', 'vllm+logprobs': '/v1/chat/completions', 'chat': '/chat/completions',
-            'anthropic': '/messages', 'responses': '/responses'}
+            'chat-nofsync': '/chat/completions', 'anthropic': '/messages', 'responses': '/responses'}
 
     async def cell_run(http, cell: dict) -> dict:
         target, n = cell['target'], cell['sessions']
+        gateway = spec['gateway_urls'].get(target, spec['gateway_urls']['*'])
         sess = []
         for k in range(n):                                          # opened before the clock starts
             if target.startswith('vllm'):
                 sess.append({'base_url': spec['vllm_url']})
             else:
-                async with http.post(spec['gateway_url'] + '/sessions', json={'rollout_id': f'{cell["tag"]}-{k}'}) as r:
+                async with http.post(gateway + '/sessions', json={'rollout_id': f'{cell["tag"]}-{k}'}) as r:
                     sess.append(await r.json())
         lat = [[None] * cell['turns'] for _ in range(n)]
         toks = []
@@ -152,7 +163,7 @@ def client_main(spec_path: str) -> None:
         wall = time.perf_counter() - w0
         if not target.startswith('vllm'):
             for s in sess:
-                async with http.post(f'{spec["gateway_url"]}/sessions/{s["token"]}/finish', json={'reward': 1.0}) as r:
+                async with http.post(f'{gateway}/sessions/{s["token"]}/finish', json={'reward': 1.0}) as r:
                     await r.read()
         return {'target': target, 'scenario': cell['scenario'], 'repeat': cell['repeat'], 'sessions': n,
                 'turns': cell['turns'], 'calls': n * cell['turns'], 'wall_s': wall,
@@ -187,10 +198,10 @@ def scenarios(quick: bool, turns: int, long_turns: int) -> list[dict]:
     return out
 
 
-def schedule(scen: list, repeats: int, tools: list) -> list:
+def schedule(scen: list, repeats: int, tools: list, targets=TARGETS) -> list:
     cells = []
     for r in range(repeats):
-        order = TARGETS[r % len(TARGETS):] + TARGETS[:r % len(TARGETS)]     # rotated per repeat
+        order = targets[r % len(targets):] + targets[:r % len(targets)]     # rotated per repeat
         for sc in scen:
             for tg in order:
                 cells.append(dict(sc, target=tg, repeat=r, tools=tools, tag=f'{sc["scenario"]}-{tg}-{r}'))
@@ -202,7 +213,7 @@ def summarize(rows: list) -> dict:
     out = {}
     for sc in dict.fromkeys(r['scenario'] for r in rows):
         base = {r['repeat']: r['calls_per_s'] for r in rows if r['scenario'] == sc and r['target'] == 'vllm'}
-        for tg in TARGETS:
+        for tg in dict.fromkeys(r['target'] for r in rows):
             mine = [r for r in rows if r['scenario'] == sc and r['target'] == tg]
             if not mine:
                 continue
@@ -217,39 +228,48 @@ def summarize(rows: list) -> dict:
     return out
 
 
-def _time_state_changes(gw) -> list:
-    """Wrap ``gw.prepare`` / ``gw.complete`` to note ``(rollout_id, call index, seconds)`` of each."""
-    out, prepare, complete = [], gw.prepare, gw.complete
+def _time_state_changes(gw, out: list) -> list:
+    """Wrap ``gw.prepare`` / ``gw.complete`` / ``gw.sample`` to note ``(rollout_id, call index, seconds, what)``."""
+    prepare, complete, sample = gw.prepare, gw.complete, gw.sample
 
     def timed_prepare(session, req, *a):
         t0, n = time.perf_counter(), len(session.calls)
         p = prepare(session, req, *a)
-        out.append((session.identity['rollout_id'], n, time.perf_counter() - t0))
+        out.append((session.identity['rollout_id'], n, time.perf_counter() - t0, 'state'))
         return p
+
+    def timed_sample(p, *a):
+        t0, n = time.perf_counter(), len(p.session.calls)
+        r = sample(p, *a)
+        out.append((p.session.identity['rollout_id'], n, time.perf_counter() - t0, 'engine'))
+        return r
 
     def timed_complete(p, sample):
         t0, n = time.perf_counter(), len(p.session.calls)
         r = complete(p, sample)
-        out.append((p.session.identity['rollout_id'], n, time.perf_counter() - t0))
+        out.append((p.session.identity['rollout_id'], n, time.perf_counter() - t0, 'state'))
         return r
-    gw.prepare, gw.complete = timed_prepare, timed_complete
+    gw.prepare, gw.complete, gw.sample = timed_prepare, timed_complete, timed_sample
     return out
 
 
 def state_summary(stages: list) -> dict:
-    """Per scenario/dialect: the median over sessions of prepare + complete of the first call and of the later ones."""
+    """Per scenario/dialect: the median over sessions of prepare + complete (``state``) and of the engine call
+    (``engine``: ``Gateway.sample``, the vLLM request) of the first call and of the later ones, ms."""
     per = {}
-    for rid, n, dt in stages:
-        sc, tg, rep, _ = rid.rsplit('-', 3)
+    for rid, n, dt, what in stages:
+        parts = rid.split('-')                  # SCENARIO-TARGET-REPEAT-K (targets may hold '-')
+        sc, tg = parts[0], '-'.join(parts[1:-2])
         if sc != 'warm':
-            per.setdefault((sc, tg), {}).setdefault(rid, {}).setdefault(n, 0.0)
-            per[(sc, tg)][rid][n] += dt
+            calls = per.setdefault((sc, tg, what), {}).setdefault(rid, {})
+            calls[n] = calls.get(n, 0.0) + dt
     out = {}
-    for (sc, tg), sess in per.items():
+    for (sc, tg, what), sess in per.items():
         first = [c[0] for c in sess.values() if 0 in c]
         later = [v for c in sess.values() for n, v in c.items() if n > 0]
         if first and later:
-            out[f'{sc}/{tg}'] = {'first': 1e3 * statistics.median(first), 'later': 1e3 * statistics.median(later)}
+            out.setdefault(f'{sc}/{tg}', {}).update({f'{what}_first': 1e3 * statistics.median(first),
+                                                     f'{what}_later': 1e3 * statistics.median(later)})
     return out
 
 
@@ -266,7 +286,7 @@ def table(summary: dict) -> str:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('--quick', action='store_true', help='1 repeat, 6 turns, no long scenario (< 3 min)')
+    ap.add_argument('--quick', action='store_true', help='1 repeat, 6 turns, no long8 (< 3 min)')
     ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--turns', type=int, default=10)
     ap.add_argument('--long-turns', type=int, default=30, help='turns of the long scenario (0: skip it)')
@@ -274,7 +294,10 @@ def main(argv=None) -> int:
     ap.add_argument('--server-cpus', default='none', help='taskset of the whole vLLM server (its API server too)')
     ap.add_argument('--gateway-cpus', default='none', help='affinity of this process (the gateway)')
     ap.add_argument('--python', default=None, help='vLLM venv python (default .venv-vllm/bin/python)')
+    ap.add_argument('--scenarios', default='first,s1,s8,long8', help='which scenarios to run (comma-separated)')
     ap.add_argument('--no-conformance', action='store_true')
+    ap.add_argument('--nofsync-variant', action='store_true',
+                    help='a diagnostic 6th target: chat on a second gateway whose journal lines are not fsynced')
     ap.add_argument('--json', default=None)
     a = ap.parse_args(argv)
     if a.quick:
@@ -307,32 +330,46 @@ def main(argv=None) -> int:
                 os.sched_setaffinity(0, {int(c) for c in a.gateway_cpus.split(',')})
             up = VLLMEngine([srv.url], model, max_new_tokens=16, concurrency=64)
             gw = Gateway(up, tmp / 'run', conformance=not a.no_conformance)
-            stages = _time_state_changes(gw)
+            stages = _time_state_changes(gw, [])
             gsrv = Server(gw).start()
             try:
                 tools = function_tools(TOOL_SCHEMAS)
-                warm = [dict(sc, turns=2, scenario='warm') for sc in scenarios(True, 2, 0)[:1]]
-                cells = schedule(warm, 1, tools) + schedule(scenarios(a.quick, a.turns, a.long_turns), a.repeats, tools)
-                for c in cells[:len(TARGETS)]:
+                warm = [dict(sc, turns=2, sessions=2, scenario='warm') for sc in scenarios(True, 2, 0)[:1]]
+                chosen = [sc for sc in scenarios(a.quick, a.turns, a.long_turns)
+                          if sc['scenario'] in a.scenarios.split(',')]
+                targets = TARGETS + (('chat-nofsync',) if a.nofsync_variant else ())
+                cells = schedule(warm, 1, tools, targets) + schedule(chosen, a.repeats, tools, targets)
+                for c in cells[:len(targets)]:
                     c['repeat'] = -1                                   # warm-up: not summarized
                 spec = tmp / 'spec.json'
-                spec.write_text(json.dumps({'vllm_url': srv.url, 'gateway_url': gsrv.url, 'cells': cells}))
+                urls = {'*': gsrv.url}
+                if a.nofsync_variant:
+                    gw2 = Gateway(up, tmp / 'run-nofsync', conformance=not a.no_conformance)
+                    _time_state_changes(gw2, stages)
+                    append = gw2.journal.append
+                    gw2.journal.append = lambda event, sync=True: append(event, False)
+                    gsrv2 = Server(gw2).start()
+                    urls['chat-nofsync'] = gsrv2.url
+                spec.write_text(json.dumps({'vllm_url': srv.url, 'gateway_urls': urls, 'cells': cells}))
                 env = dict(os.environ, PYTHONPATH=str(ROOT / 'src'))
                 out = subprocess.run([sys.executable, __file__, '--client', str(spec)], stdout=subprocess.PIPE,
                                      text=True, env=env, check=True)
             finally:
                 gsrv.stop()
+                if a.nofsync_variant:
+                    gsrv2.stop()
     rows = [r for r in json.loads(out.stdout.strip().splitlines()[-1]) if r['repeat'] >= 0]
     res.update(rows=rows, summary=summarize(rows), load_after=os.getloadavg(), state_ms=state_summary(stages))
     print(f'\nload average before / after: {res["load_before"][0]:.1f} / {res["load_after"][0]:.1f}; '
           f'vLLM server start {res["server_start_s"]} s')
     print(table(res['summary']))
-    print('\nThe gateway\'s own planning + completion (Gateway.prepare + Gateway.complete, ms, median over sessions '
-          'and repeats): a session\'s first call vs its later calls')
-    print('| scenario | dialect | first call | later calls | first - later |\n|---|---|---|---|---|')
+    print('\nInside the gateway (ms, median over sessions and repeats), a session\'s first call vs its later calls: '
+          'planning + completion (Gateway.prepare + Gateway.complete) and the engine call (Gateway.sample)')
+    print('| scenario | dialect | state first | state later | state first - later | engine first | engine later |\n'
+          '|---|---|---|---|---|---|---|')
     for key, m in res['state_ms'].items():
-        print(f'| {key.split("/")[0]} | {key.split("/")[1]} | {m["first"]:.2f} | {m["later"]:.2f} | '
-              f'{m["first"] - m["later"]:+.2f} |')
+        print(f'| {key.split("/")[0]} | {key.split("/")[1]} | {m["state_first"]:.2f} | {m["state_later"]:.2f} | '
+              f'{m["state_first"] - m["state_later"]:+.2f} | {m["engine_first"]:.1f} | {m["engine_later"]:.1f} |')
     if a.json:
         Path(a.json).write_text(json.dumps(res, indent=2) + '\n')
     return 0
