@@ -118,6 +118,7 @@ class Gateway:
         self.identities = Identities()
         started_with = dict(self.template_options)
         self._templates: dict = {}
+        self._reads: dict = {}                 # template option name -> whether the template's source reads it
         self._writer = None
         self._family_name = family
         self.family = self._family_stops(family)
@@ -232,10 +233,8 @@ class Gateway:
                 would change an option the gateway serves with (``template_options``) or one the
                 session's first call rendered under.
         """
-        source = self.template(None).source or ''
-        names = set(req.chat_template_kwargs) | {'enable_thinking', 'reasoning_effort'}
-        reads = {k for k in names if re.search(rf'(?<![\w.]){re.escape(k)}\b', source)}
-        opts = template_options(req, reads)
+        opts = template_options(req, self._template_reads(set(req.chat_template_kwargs) |
+                                                          {'enable_thinking', 'reasoning_effort'}))
 
         def field(k):
             if k in req.chat_template_kwargs:
@@ -256,6 +255,20 @@ class Gateway:
                                     'session renders under one set of '
                                     'template options; open a new session for another', param=field(k))
         return opts
+
+    def _template_reads(self, names: set) -> set:
+        """The ``names`` the served template's source reads (a word search of it), cached per name: every call
+        asks about the same few names (at most 256 kept)."""
+        out = set()
+        for k in names:
+            hit = self._reads.get(k)
+            if hit is None:
+                hit = re.search(rf'(?<![\w.]){re.escape(k)}\b', self.template(None).source or '') is not None
+                if len(self._reads) < 256:
+                    self._reads[k] = hit
+            if hit:
+                out.add(k)
+        return out
 
     def session(self, token: str) -> Session:
         """The session of a capability token.
