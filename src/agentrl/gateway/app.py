@@ -358,7 +358,7 @@ class _Routes:
 
         def hook(p):
             family = self.gw.family.for_tools(req.tools)      # values typed by the request's tool schemas
-            hold['stream'] = st = ReplyStream(p.template, family, p.think, req.parses_calls,
+            hold['stream'] = st = ReplyStream(p.template, family, p.think, self.gw.parses_calls(req),
                                               f'{s.sid}/{len(s.calls)}', req.stop)
             hold['base'] = {'id': f'chatcmpl-{s.sid[:12]}-{len(s.calls)}', 'object': 'chat.completion.chunk',
                             'created': int(time.time()), 'model': self.gw.upstream.model_name}

@@ -122,7 +122,13 @@ class Gateway:
         self._writer = None
         self._family_name = family
         self.family = self._family_stops(family)
-        self.template(None)                                          # the start-up conformance gate
+        probe = [{'role': 'user', 'content': 'Probe question.'}]
+        tool = [{'type': 'function', 'function': {'name': 'probe_tool', 'description': 'A probe.',
+                                                  'parameters': {'type': 'object', 'properties': {}}}}]
+        base = self.template(None)                                   # the start-up conformance gate
+        #: whether the template renders tool schemas; one that ignores them takes none (the tools are described
+        #: in a system message), so its calls are parsed without ``tools`` in the request
+        self.renders_tools = base.render(probe, True, tools=tool) != base.render(probe, True, tools=None)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix='agentrl-gateway')
         self.engine_pool = ThreadPoolExecutor(max_workers=max(1, int(getattr(upstream, 'concurrency', 1))),
                                               thread_name_prefix='agentrl-engine')
@@ -530,6 +536,12 @@ class Gateway:
             raise GatewayError(502, f'the engine refused the call: {e}', type='server_error',
                                code='upstream_error') from None
 
+    def parses_calls(self, req: ChatRequest) -> bool:
+        """Whether a reply's call blocks become ``tool_calls``: the request offers ``tools`` (and ``tool_choice``
+        is not none), or it offers none to a template that ignores tool schemas (the calls are the protocol
+        then; docs/gateway.md#request-fields)."""
+        return req.parses_calls or (req.tools is None and req.tool_choice != 'none' and not self.renders_tools)
+
     def drop(self, p: 'Pending') -> None:
         """Undo a prepared call whose sampling failed (a change of state)."""
         if p.plan is not None:
@@ -558,7 +570,7 @@ class Gateway:
         elif ids and ids[-1] in self.family.stop_ids(template):     # the family's stops (Llama's <|eom_id|>)
             text = template.decode(ids[:-1])
         message = parse_reply(text, self.family.for_tools(req.tools), id_seed=f'{session.sid}/{index}',
-                              tools=req.parses_calls, think_open=p.think)
+                              tools=self.parses_calls(req), think_open=p.think)
         sample.ids, sample.logp = ids, logp
         truncated = sample.truncated and stopped is None
         response = self._response(session, index, req, p.plan.prompt_ids, sample, message,
