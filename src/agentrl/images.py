@@ -79,13 +79,14 @@ def _hex(digest: str) -> str:
 def run_folder(path: str | os.PathLike) -> Path:
     """The run folder a trajectory path belongs to: the folder whose ``images/`` holds its images.
 
-    ``RUN`` (a folder with ``run.json``, ``trajectories/`` or ``images/``) is itself; a shard folder ``RUN/trajectories``
-    or any folder of shards gives its parent; a shard file ``D/part-NNNNNN.parquet`` gives ``D``'s parent;
+    ``RUN`` (a folder with ``run.json``, ``trajectories/`` or ``images/``) is itself; a shard folder
+    ``RUN/trajectories`` or any folder of shards gives its parent; a shard file ``D/part-NNNNNN.parquet`` gives ``D``'s parent;
     any other file (``RUN/trajectories.parquet``) gives its folder. Raises nothing (the path need not exist).
     """
     p = Path(path)
     if p.is_dir():
-        return p if (p / 'run.json').is_file() or (p / 'trajectories').is_dir() or (p / IMAGES_DIR).is_dir() else p.parent
+        own = (p / 'run.json').is_file() or (p / 'trajectories').is_dir() or (p / IMAGES_DIR).is_dir()
+        return p if own else p.parent
     if _SHARD_RE.match(p.name):
         return p.parent.parent
     return p.parent
@@ -110,7 +111,8 @@ def image_path(run: str | os.PathLike, digest: str) -> Path | None:
     return None
 
 
-def store_image(run: str | os.PathLike, data: bytes, *, digest: str | None = None, fsync: bool = True) -> tuple[str, bool]:
+def store_image(run: str | os.PathLike, data: bytes, *, digest: str | None = None,
+                fsync: bool = True) -> tuple[str, bool]:
     """Store an image's bytes in the run folder ``run`` once: ``RUN/images/<hex>.<ext>``, written atomically.
 
     Args:

@@ -319,7 +319,7 @@ def _checked(messages, known) -> list:
     try:
         out = list(done[:k]) + check_messages(messages[k:], images=True)
     except ValueError:
-        return _with_calls(check_messages(messages, images=True))    # the error names the message's index in the request
+        return _with_calls(check_messages(messages, images=True))    # the error names the message's index
     _raise(tool_calls_problem(out[k:], k))
     return out
 
