@@ -89,6 +89,12 @@ KITS = {
                    ('<|im_system|>', '<|im_user|>', '<|im_assistant|>', '<|im_middle|>', '<|tool_calls_section_begin|>',
                     '<|tool_calls_section_end|>', '<|tool_call_begin|>', '<|tool_call_argument_begin|>',
                     '<|tool_call_end|>'), '<|im_end|>', ('<|im_end|>',)),
+    # LFM2.5: TRL's lfm2_2_5 template (no LFM2 tokenizer in ../shared/tokenizers: Qwen3's, which has <|im_start|>,
+    # <|im_end|>, <think> and </think>, with LFM2's bos and tool marks added); eos and generation eos <|im_end|>
+    'lfm2.5': Kit('qwen3', ('trl', 'lfm2_2_5'),
+                  ('<|startoftext|>', '<|tool_list_start|>', '<|tool_list_end|>', '<|tool_call_start|>',
+                   '<|tool_call_end|>', '<|tool_response_start|>', '<|tool_response_end|>'), '<|im_end|>',
+                  ('<|im_end|>',)),
 }
 
 _BUILT: dict = {}

@@ -108,6 +108,13 @@ def _kimi(k, name, args):
             f'<|tool_call_argument_begin|>{json.dumps(args)}<|tool_call_end|><|tool_calls_section_end|><|im_end|>')
 
 
+def _lfm2(name, args, reasoning):
+    """An LFM2.5 call turn as the model samples it after ``<|im_start|>assistant\n``: its own ``<think>`` block, then
+    the calls as a Python list (strings single-quoted, as ``lfm2_2_5.jinja`` writes them), stopped at ``<|im_end|>``."""
+    kw = ', '.join(f'{k}={v!r}' for k, v in args.items())
+    return f'<think>{reasoning}</think><|tool_call_start|>[{name}({kw})]<|tool_call_end|><|im_end|>'
+
+
 #: One entry per family; a family's helper adds its case here.
 CASES = {
     'qwen3': Case('qwen3', 'qwen3', (_hermes(*CALLS[0]), _hermes(*CALLS[1]), 'Fixed: use min(hi, ...).<|im_end|>'),
@@ -141,6 +148,9 @@ CASES = {
     'kimi-k2': Case('kimi-k2', 'kimi-k2', (_kimi(0, *CALLS[0]), _kimi(1, *CALLS[1]),
                                            '<think>Done.</think>Fixed: use min(hi, ...).<|im_end|>'),
                     'Fixed: use min(hi, ...).', call_ids=('functions.read:0', 'functions.edit:1')),
+    'lfm2.5': Case('lfm2.5', 'lfm2', (_lfm2(*CALLS[0], 'Read it first.'), _lfm2(*CALLS[1], 'Swap them.'),
+                                      '<think>Tests pass.</think>Fixed: use min(hi, ...).<|im_end|>'),
+                   'Fixed: use min(hi, ...).'),
 }
 
 

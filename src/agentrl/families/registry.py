@@ -14,6 +14,7 @@ from .gpt_oss import GPT_OSS
 from .glm import GLM
 from .llama3 import LLAMA3
 from .kimi import KIMI_K2
+from .lfm2 import LFM2
 from .qwen3 import QWEN3
 from .qwen3_coder import QWEN3_CODER
 
@@ -95,3 +96,4 @@ register(LLAMA3)
 register(DEEPSEEK_V3)
 register(DEEPSEEK_V31)
 register(KIMI_K2)
+register(LFM2)
