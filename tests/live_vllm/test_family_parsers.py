@@ -69,6 +69,11 @@ def _kimi(calls, start=0):
     return f'<|tool_calls_section_begin|>{body}<|tool_calls_section_end|>'
 
 
+def _lfm2(calls):
+    """An LFM2 call block: ``calls`` are ``NAME(k=v, ...)`` texts, written as the model writes them."""
+    return f'<|tool_call_start|>[{", ".join(calls)}]<|tool_call_end|>'
+
+
 CASES = {
     'qwen3': ('qwen3', 'hermes', 'qwen3', [
         '<think>\nread first\n</think>\n\n' + _hermes('read', {'path': 'clamp.py'}),
@@ -115,6 +120,19 @@ CASES = {
         '<think>read first</think>' + _kimi([('read', {'path': 'clamp.py'})]),
         '<think>two</think>Running.' + _kimi([('test', {}), ('read', {'path': 'a b.py'})], start=3),
         '<think>done</think>Fixed: use min(hi, ...).',
+    ]),
+    # LFM2.5 writes its own <think> block (vLLM serves it with the qwen3 reasoning parser); strings single-quoted
+    # and unescaped (lfm2_2_5.jinja), raw newlines, zero-padded ints and keyword-named parameters as models write
+    'lfm2': ('lfm2.5', 'lfm2', 'qwen3', [
+        "<think>read first</think>" + _lfm2(["read(path='clamp.py')"]),
+        "<think>two</think>I will run them." + _lfm2(['test()', "read(path='a b.py')"]),
+        '<think>done</think>Fixed: use min(hi, ...).',
+        "<think>x</think>" + _lfm2(["edit(op='it's, (x)', n=3)"]),
+        "<think>x</think>" + _lfm2(["edit(op=\"sed -n '1,9p' f.py\", opts={\"k\": [1, \"y\"]}, flag=true, "
+                                    "none=null, neg=-2, t=(1, 2))"]),
+        "<think>x</think>" + _lfm2(["edit(op='a\nb', n=07, from=1)", 'submit(),']),
+        "<think>x</think>" + _lfm2(["edit(op='sed -n '1,9p' f.py')"]),
+        "<think>x</think>Trying." + _lfm2(['edit(op=)']),
     ]),
 }
 
