@@ -14,14 +14,14 @@ and a string holding unescaped quotes of its own kind (``cmd='sed -n '1,9p' f.py
 ``lfm2_2_5.jinja`` writes for a value with a quote) closed at the one quote that makes the call parse.
 
 Spans tile the block as in :mod:`~agentrl.families.sections`: the first call's span starts at
-``<|tool_call_start|>``, each call's span ends after the comma that follows it (so a token ``'),`` stays in
-one span) and the last one after ``<|tool_call_end|>``; a block of ``ok`` calls leaves the content whole. Statuses: ``unclosed_block`` (the block opens and
-the reply ends); ``missing_name`` (an empty list, or an element that parses but is not a call of a
-name); ``invalid_json`` (the block is not one bracketed list, or an element is not valid call syntax,
-or has an argument that is not a literal or not a keyword); ``unknown_tool``. Where vLLM differs: it
-takes all calls of the first block or none (here each call has its own status, and every block is
-read), drops positional arguments (here such a call is ``invalid_json``: its arguments would be lost)
-and joins the content before and after the block with a newline (here the block is cut out).
+``<|tool_call_start|>``, each call's span ends after the comma that follows it (so a token ``'),`` stays in one
+span) and the last one after ``<|tool_call_end|>``; a block of ``ok`` calls leaves the content whole. Statuses:
+``unclosed_block`` (the block opens and the reply ends); ``missing_name`` (an empty list, or an element that
+parses but is not a call of a name); ``invalid_json`` (the block is not one bracketed list, or an element is not
+valid call syntax, or has an argument that is not a literal or not a keyword); ``unknown_tool``. Where vLLM
+differs: it takes all calls of the first block or none (here each call has its own status, and every block is
+read), drops positional arguments (here such a call is ``invalid_json``: its arguments would be lost) and joins
+the content before and after the block with a newline (here the block is cut out).
 
 Every turn kind ends at ``<|im_end|>``, which the template writes and tells (the shared
 :meth:`Family.turn_end`). Reasoning is a leading ``<think>...</think>`` the model writes itself (the
