@@ -10,11 +10,13 @@ tests the format, stops and spans, not LFM2's vocabulary.
   same arguments; every literal kind; each malformed call's status and span; the rewrites vLLM's parser
   also makes (raw newline, ``07``, ``from=``, nested quotes) and an ambiguous nesting refused.
 * A call block inside the reasoning is ``in_reasoning``; ``strict_calls``; the streaming parser equals the
-  one-shot parse at every split.
+  one-shot parse at every split of a reply, and on any text of the format's pieces (hypothesis).
 * Stops: ``<|im_end|>`` ends both turn kinds; the registry picks ``lfm2`` from the template's marks, or from
   the tokenizer's added tokens alone (``lfm2.jinja`` never writes a call); the conformance gate passes.
 """
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip('transformers')
 
@@ -172,6 +174,27 @@ def test_the_streaming_parser_equals_the_whole_parse_at_every_split():
         assert (''.join(p[0] for p in parts), ''.join(p[1] for p in parts), [c for p in parts for c in p[2]]) == \
             (whole.reasoning, whole.content, list(whole.ok_calls)) == \
             ('look', f'Reading.\n\nThen {S}[test(]{E} and ', list(reply.ok_calls)), k
+
+
+PIECES = ['<think>', '</think>', S, E, '[', ']', '(', ')', "'", '"', ',', ' ', '\n', 'read', 'path=', '07', 'from=1',
+          '\\', '{', '}', 'x=[1]', "read(path='a, b)')", 'é']
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=14), st.booleans(), st.booleans(), st.data())
+def test_the_streaming_parser_equals_the_whole_parse_on_any_text_and_split(pieces, think, tools, data):
+    text = ''.join(pieces)
+    cuts = sorted(data.draw(st.lists(st.integers(0, len(text)), max_size=6)))
+    parser, out = LFM2.stream(think, tools), []
+    for a, b in zip([0] + cuts, cuts + [len(text)]):
+        out.append(parser.feed(text[a:b]))
+    last, reply = parser.finish()
+    out.append(last)
+    assert reply == LFM2.parse_text(text, think_open=think, tools=tools)
+    assert all(text[slice(*c.chars)] == c.text for c in reply.calls)
+    assert ''.join(r for r, _, _ in out) == (reply.reasoning or '')
+    assert ''.join(c for _, c, _ in out) == reply.content
+    assert [c for _, _, calls in out for c in calls] == list(reply.ok_calls)
 
 
 # ---------------------------------------------------------------------------- stops and the registry
