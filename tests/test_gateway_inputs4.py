@@ -271,6 +271,16 @@ def test_health_is_answered_while_a_request_is_parsed(server, monkeypatch):
     assert r.status_code == 200, r.text
 
 
+def test_health_is_answered_while_a_7_mb_request_is_parsed(server, monkeypatch):
+    """A 7 MB body (under the 8 MiB limit; its bulk in ``metadata``, which is parsed and checked but not rendered):
+    /health is answered while it is parsed, then it is served."""
+    big = {'messages': [USER], 'max_tokens': 1, 'metadata': {'notes': ['word ' * 1000] * ((7 << 20) // 5000)}}
+    assert 7 << 20 < len(json.dumps(big)) < Limits().max_body_bytes
+    health, r = _health_while_held(server, monkeypatch, gateway_app, 'parse_request', lambda: big)
+    assert health.status_code == 200 and health.json()['ok'] is True
+    assert r.status_code == 200 and r.json()['object'] == 'chat.completion', r.text[:400]
+
+
 def test_health_is_answered_while_a_long_request_is_planned(server, monkeypatch):
     long = {'messages': [dict(USER, content='word ' * (INLINE_BYTES // 5 + 10))], 'max_tokens': 1}
     assert len(json.dumps(long)) > INLINE_BYTES

@@ -299,6 +299,22 @@ def test_a_restart_with_another_template_option_template_or_model_is_refused_nam
                             f'model={json.dumps(upstream.model_name)}; {fix}')
 
 
+def test_a_restart_with_another_tokenizer_is_refused_naming_it(upstream, tmp_path, monkeypatch):
+    from _tokenizers import load
+    from agentrl.templates import tokenizer_fingerprint
+    out = tmp_path / 'run'
+    _close(Gateway(upstream, out, conformance=False))
+    started = tokenizer_fingerprint(upstream.tokenizer)
+    tiny = load('tiny')                                        # the same model served with another tokenizer
+    monkeypatch.setattr(upstream, 'tokenizer', tiny)
+    with pytest.raises(ValueError) as e:
+        Gateway(upstream, out, conformance=False)
+    assert str(e.value) == (f'--out {str(out)!r} was started with tokenizer="{started}" and this start has '
+                            f'tokenizer="{tokenizer_fingerprint(tiny)}"; restart with what it was started with, or '
+                            'serve into a new --out')
+    assert started != tokenizer_fingerprint(tiny)
+
+
 def test_cli_serve_refuses_another_option_and_a_damaged_journal_in_one_line(model_dir, tmp_path, capsys):
     from agentrl.cli.main import main
     out = tmp_path / 'run'

