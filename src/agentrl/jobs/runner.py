@@ -335,7 +335,8 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
     bar = _progress(progress, state.total, state.done, f'ray x{workers}' if workers else 'in-process')
 
     def sink(chunk, recs, images=None):
-        path = writer.write(recs, images=images or None)      # RUN/images before the shard naming them
+        # --screenshots: RUN/images before the shard naming them (ShardWriter.write stores them first)
+        path = writer.write(recs, images=images) if images else writer.write(recs)
         if on_records is not None:
             on_records(chunk, recs)
         if bar is not None:
