@@ -201,3 +201,18 @@ def test_a_batch_that_does_not_feed_images_refuses_them_in_one_line(template):
     assert str(e.value) == ('run_vllm_episodes: the request brings 1 images and this engine does not feed images to '
                             'its model; sample vision episodes with the in-process HF engine on a vision-language '
                             'model folder (docs/design.md#images)')
+
+
+def test_screenshots_without_an_image_processor_or_vision_settings_are_refused(template):
+    from agentrl.jobs.bugfix import BugFixAdapter, BugFixOptions, bugfix_rollouts
+    from agentrl.templates import ChatTemplate
+    tasks = gym.make_tasks('heldout')[:1]
+    with pytest.raises(ValueError) as e:
+        bugfix_rollouts(None, None, tasks, BugFixOptions(screenshots=True), template=template)
+    assert str(e.value) == ('bugfix_rollouts: options.screenshots sends images, which the sampler feeds only with the '
+                            "model's image processor; pass image_processor=load_image_processor(model_dir)")
+    text_only = ChatTemplate(template.tokenizer, tools=gym.TOOL_SCHEMAS, vision=False)
+    with pytest.raises(ValueError) as e:
+        BugFixAdapter(tasks, template=text_only, screenshots=True)
+    assert str(e.value) == ('screenshots: the chat template has no image processor settings (no '
+                            'preprocessor_config.json beside the tokenizer); pass a vision-language model folder')

@@ -295,7 +295,9 @@ def bugfix_rollouts(model, tokenizer, tasks, options: BugFixOptions = BugFixOpti
 
     Raises:
         ImportError: without the ``hf`` extra.
-        ValueError: ``seeds`` of another length than ``tasks``; as ``run_chat_episodes``.
+        ValueError: ``seeds`` of another length than ``tasks``; ``options.screenshots`` without ``sampler`` or
+            ``image_processor``; a template without image processor settings (:func:`screenshot_settings`); as
+            ``run_chat_episodes``.
 
     Source: docs/design.md#hf-engine; book chapter 5.2 (``TOOL_SCHEMAS`` as function-calling tools).
     """
@@ -305,6 +307,9 @@ def bugfix_rollouts(model, tokenizer, tasks, options: BugFixOptions = BugFixOpti
     if template is None:
         extra = {} if o.enable_thinking is None else {'enable_thinking': bool(o.enable_thinking)}
         template = ChatTemplate(tokenizer, tools=TOOL_SCHEMAS, **extra)
+    if o.screenshots and sampler is None and image_processor is None:
+        raise ValueError('bugfix_rollouts: options.screenshots sends images, which the sampler feeds only with the '
+                         "model's image processor; pass image_processor=load_image_processor(model_dir)")
     adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests, template=template,
                             screenshots=o.screenshots)
     if images is not None:
