@@ -128,7 +128,7 @@ def test_the_run_replays_with_its_pixels_and_exports_to_verl_and_trl(run_dir, vl
 
 
 def test_resume_keeps_screenshots_and_gives_the_same_records(run_dir, vlm_dir, template, tmp_path):
-    """The second chunk and the summary removed: ``--resume`` (without ``--screenshots``) runs it again from the plan."""
+    """Second chunk and summary removed: ``--resume`` (no ``--screenshots`` flag) runs it again from the plan."""
     again = tmp_path / 'again'
     shutil.copytree(run_dir, again)
     (again / 'summary.json').unlink()
