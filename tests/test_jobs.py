@@ -67,8 +67,9 @@ def test_options_are_declared_once_and_range_checked():
     p = argparse.ArgumentParser()
     add_fields(p, RolloutOptions)
     flags = {a.option_strings[0] for a in p._actions if a.option_strings and a.dest != 'help'}
-    assert len(flags) == len(jp.fields(RolloutOptions)) == 26 and '--no-batch' in flags
+    assert len(flags) == len(jp.fields(RolloutOptions)) == 27 and '--no-batch' in flags
     assert {'--tool-choice', '--response-format'} <= flags           # the grammar constraint (docs/grammar.md)
+    assert '--screenshots' in flags                                  # read results as images (docs/design.md#images)
     for f in jp.fields(RolloutOptions):
         assert f.metadata['help'], f.name
     with pytest.raises(ValueError, match=r'^--max-new-tokens applies to --engine hf, not --engine tinyagent'):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Protocol
 
-from .contract import EngineDied, TurnRequest
+from .contract import EngineDied, TurnRequest, check_request
 from ..record import StopReason
 from .episode import EpisodeState
 
@@ -30,7 +30,14 @@ class TurnBatch(Protocol):
 
     ``request.seed`` of :meth:`submit` is the episode's seed: the batch derives each turn's draw from
     it (HF: one generator per episode across its turns; vLLM: :func:`~agentrl.engines.vllm.turn_seed`).
+
+    A batch that sets ``handles_images = True`` takes ``request.images`` itself (feeds them to its model with
+    their prompt, or refuses them by name); to any other batch the driver refuses a request with images
+    (:func:`~agentrl.engines.contract.check_request`), so placeholder ids never reach a model without their
+    pixels (docs/design.md#images).
     """
+
+    handles_images: bool
 
     def submit(self, episode: int, turn: int, request: TurnRequest) -> None:
         """Queue turn ``turn`` of ``episode`` (its previous turn was collected)."""
@@ -79,6 +86,7 @@ def drive_episodes(batch: TurnBatch, recorders: list, respond: Callable, *, seed
 
     Raises:
         ValueError: a reply without messages for an episode that goes on; as ``ChatRecorder``.
+        RequestRefused: a turn with images for a batch without ``handles_images`` (:class:`TurnBatch`).
         EngineDied: episodes were lost (the first such error, by episode); ``err.lost`` lists every
             such error and ``err.finished`` maps episode index -> record of every episode that had ended.
         Any other error of a turn (the first, by episode) after the other episodes ended.
@@ -109,8 +117,11 @@ def drive_episodes(batch: TurnBatch, recorders: list, respond: Callable, *, seed
             finish(i)
             return
         images = getattr(recorders[i], 'images', None) or None          # a vision episode's images so far
-        batch.submit(i, k, TurnRequest(prompt, spec, min(max_new_tokens, room), seeds[i],
-                                       recorders[i].template.stop_ids, images=images))
+        request = TurnRequest(prompt, spec, min(max_new_tokens, room), seeds[i], recorders[i].template.stop_ids,
+                              images=images)
+        if images and not getattr(batch, 'handles_images', False):
+            check_request(request, caller, images=False)                 # refused in one line: no pixels there
+        batch.submit(i, k, request)
 
     for i in range(n):
         submit(i, 0)

@@ -25,7 +25,7 @@ from ..record import Provenance, SamplingSpec, StopReason
 from ..sampling import episode_seed
 
 __all__ = ['BugFixAdapter', 'parse_tool_calls', 'gym_call', 'bugfix_opening', 'MALFORMED', 'BugFixOptions',
-           'bugfix_rollouts', 'bugfix_job', 'bugfix_server_rollouts', 'bugfix_template']
+           'bugfix_rollouts', 'bugfix_job', 'bugfix_server_rollouts', 'bugfix_template', 'screenshot_settings']
 
 #: Given to the gym for a turn without a valid call: it answers ``MESSAGES['malformed']``.
 MALFORMED = ''
@@ -106,6 +106,11 @@ class BugFixAdapter:
         template: the chat template the episodes are recorded with; given, :meth:`finish` stores each
             turn's call statuses and token spans as ``info['turn_calls']``
             (:func:`agentrl.families.record_calls.record_calls`, family :attr:`family`).
+        screenshots: answer each ``read`` with a picture of the source instead of its text
+            (:meth:`read_reply`); needs a vision-language ``template`` (its image processor settings size
+            the picture). Why ``read`` and no new ``screenshot`` tool: the policy's tools, its prompt and
+            the template fingerprint stay those of a text run, so the two modes differ only in the
+            observation's modality and their records compare turn for turn.
 
     Attributes:
         tools: ``TOOL_SCHEMAS``, for the chat template's ``tools=``. family: the model family the
@@ -113,6 +118,8 @@ class BugFixAdapter:
         tasks, envs: the tasks and their environments (episode ``i`` steps ``envs[i]``).
         tool_calls: per episode, the parsed calls of each turn (``[{'name', 'arguments'}]``, None
             when the turn's text did not parse or the turn was cut at its budget).
+        images: ``digest -> PNG bytes`` of every screenshot sent so far (each picture once): what the
+            writer stores in ``RUN/images/`` with the records (``ShardWriter.write(records, images=...)``).
 
     Example:
         >>> adapter = BugFixAdapter(tasks, max_turns=6)
@@ -125,12 +132,15 @@ class BugFixAdapter:
     tools = TOOL_SCHEMAS
     family = QWEN3
 
-    def __init__(self, tasks, max_turns: int = 6, reward_tests: str = 'hidden', template=None):
+    def __init__(self, tasks, max_turns: int = 6, reward_tests: str = 'hidden', template=None,
+                 screenshots: bool = False):
         self.template = template
         self.tasks = list(tasks)
         self.max_turns = int(max_turns)
         self.envs = [BugFixEnv(max_turns=max_turns, reward_tests=reward_tests) for _ in self.tasks]
         self.tool_calls: list = [[] for _ in self.tasks]
+        self.images: dict = {}
+        self.screen = screenshot_settings(template) if screenshots else None
 
     def openings(self) -> list:
         """Reset every env; one opening message list per task (:func:`bugfix_opening` of its issue)."""
@@ -153,8 +163,26 @@ class BugFixAdapter:
         call = gym_call(calls) if calls is not None else None
         self.tool_calls[i].append([{'name': n, 'arguments': a} for n, a in calls] if calls is not None else None)
         obs, reward, done, info = self.envs[i].step(call if call is not None else MALFORMED)
-        return Reply(messages=[{'role': 'tool', 'content': obs}], done=done, reward=reward, info=info,
+        shot = self.screen is not None and call is not None and call.split()[1:2] == ['read']
+        content = self.read_reply(obs) if shot else obs
+        return Reply(messages=[{'role': 'tool', 'content': content}], done=done, reward=reward, info=info,
                      action=call or '')
+
+    def read_reply(self, text: str) -> list:
+        """The ``tool`` message content of a ``read`` in screenshot mode: one ``image_url`` part, a
+        ``data:image/png;base64,...`` URL of ``text`` drawn by :func:`~agentrl.gym.screenshot.render_screenshot`
+        (the OpenAI chat format the gateway's tool results carry images in); the PNG is kept in :attr:`images`.
+
+        The picture is sized by the template's processor settings (:func:`screenshot_settings`), so its
+        placeholder count is ``(width / 28) * (height / 28)`` and fits the processor's ``max_pixels``.
+        """
+        import base64
+
+        from ..gym.screenshot import render_screenshot
+        from ..images import image_digest
+        data = render_screenshot(text, **self.screen)
+        self.images.setdefault(image_digest(data), data)
+        return [{'type': 'image_url', 'image_url': {'url': 'data:image/png;base64,' + base64.b64encode(data).decode()}}]
 
     def finish(self, trajs: list) -> list:
         """Add ``info['tool_calls']`` to each record (in episode order), and the gym's final info
@@ -201,6 +229,9 @@ class BugFixOptions:
         enable_thinking: HF without a ``template``: passed to the template when not None.
         concurrency: servers: requests in flight at once.
         logp_mode: servers: skip the probe and declare this mode (one already checked on these servers).
+        screenshots: every ``read`` is answered with a PNG of the source (:class:`BugFixAdapter`); a
+            vision-language model only (HF: give ``image_processor``; the episodes sample through the
+            per-turn batch, each prompt with its pixels).
     """
     spec: SamplingSpec = field(default_factory=SamplingSpec)
     max_new_tokens: int = 256
@@ -216,6 +247,7 @@ class BugFixOptions:
     enable_thinking: bool | None = None
     concurrency: int = 64
     logp_mode: str | None = None
+    screenshots: bool = False
 
 
 def _seeds(tasks, options: BugFixOptions, seeds, caller: str) -> list:
@@ -230,7 +262,7 @@ def _seeds(tasks, options: BugFixOptions, seeds, caller: str) -> list:
 
 def bugfix_rollouts(model, tokenizer, tasks, options: BugFixOptions = BugFixOptions(), *,
                     template: ChatTemplate | None = None, seeds=None, sampler=None, on_done: Callable | None = None,
-                    profile: dict | None = None) -> list:
+                    profile: dict | None = None, image_processor=None, images: dict | None = None) -> list:
     """Roll out BugFix episodes with a Hugging Face model through real function calling.
 
     :func:`~agentrl.engines.hf.run_chat_episodes` with a :class:`BugFixAdapter`: the gym's
@@ -249,6 +281,10 @@ def bugfix_rollouts(model, tokenizer, tasks, options: BugFixOptions = BugFixOpti
         sampler: a ready :class:`~agentrl.engines.hf.HFSampler` (or subclass) instead of one built from
             ``model`` and the options; its spec is the one recorded.
         on_done: progress callback ``on_done(i)``. profile: filled with the per-turn time split.
+        image_processor: the model's image processor (:func:`~agentrl.engines.hf.vlm.load_image_processor`),
+            given to the sampler this function builds; needed with ``options.screenshots``.
+        images: optional dict, filled with ``digest -> PNG bytes`` of the screenshots the records name
+            (what ``ShardWriter.write(records, images=...)`` stores).
 
     Returns:
         One :class:`~agentrl.record.Trajectory` per task, in order, with provenance (policy ``'hf'``,
@@ -259,7 +295,9 @@ def bugfix_rollouts(model, tokenizer, tasks, options: BugFixOptions = BugFixOpti
 
     Raises:
         ImportError: without the ``hf`` extra.
-        ValueError: ``seeds`` of another length than ``tasks``; as ``run_chat_episodes``.
+        ValueError: ``seeds`` of another length than ``tasks``; ``options.screenshots`` without ``sampler`` or
+            ``image_processor``; a template without image processor settings (:func:`screenshot_settings`); as
+            ``run_chat_episodes``.
 
     Source: docs/design.md#hf-engine; book chapter 5.2 (``TOOL_SCHEMAS`` as function-calling tools).
     """
@@ -269,10 +307,17 @@ def bugfix_rollouts(model, tokenizer, tasks, options: BugFixOptions = BugFixOpti
     if template is None:
         extra = {} if o.enable_thinking is None else {'enable_thinking': bool(o.enable_thinking)}
         template = ChatTemplate(tokenizer, tools=TOOL_SCHEMAS, **extra)
-    adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests, template=template)
+    if o.screenshots and sampler is None and image_processor is None:
+        raise ValueError('bugfix_rollouts: options.screenshots sends images, which the sampler feeds only with the '
+                         "model's image processor; pass image_processor=load_image_processor(model_dir)")
+    adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests, template=template,
+                            screenshots=o.screenshots)
+    if images is not None:
+        adapter.images = images            # filled in place as the episodes go
     if sampler is None:
         sampler = HFSampler(model, template.stop_ids, o.spec, max_new_tokens=o.max_new_tokens, cache=o.cache,
-                            pad_id=pad_token_id(template.tokenizer, model), tokenizer=template.tokenizer)
+                            pad_id=pad_token_id(template.tokenizer, model), tokenizer=template.tokenizer,
+                            image_processor=image_processor)
     spec = sampler.spec
     recorders = [ChatRecorder(template, messages) for messages in adapter.openings()]
     seeds = _seeds(tasks, o, seeds, 'bugfix_rollouts')
@@ -296,7 +341,8 @@ def bugfix_job(model_dir, tasks, options: BugFixOptions = BugFixOptions(), *, de
 
     Raises:
         ImportError: without the ``hf`` extra. FileNotFoundError / ValueError: as
-            :func:`~agentrl.engines.hf.load_model`.
+            :func:`~agentrl.engines.hf.load_model`; with ``options.screenshots``, a folder without
+            ``preprocessor_config.json``.
     """
     import torch
 
@@ -304,12 +350,16 @@ def bugfix_job(model_dir, tasks, options: BugFixOptions = BugFixOptions(), *, de
     if device is None:
         device = 'cuda' if torch.cuda.is_available() else 'cpu'
     model, tok = load_model(model_dir, device=device)
-    return bugfix_rollouts(model, tok, tasks, options, on_done=on_done, profile=profile)
+    proc = None
+    if options.screenshots:
+        from ..engines.hf.vlm import load_image_processor
+        proc = load_image_processor(model_dir)
+    return bugfix_rollouts(model, tok, tasks, options, on_done=on_done, profile=profile, image_processor=proc)
 
 
 def bugfix_server_rollouts(engine: str, endpoints, template: ChatTemplate, tasks,
                            options: BugFixOptions = BugFixOptions(), *, seeds, on_done: Callable | None = None,
-                           responses: list | None = None) -> list:
+                           responses: list | None = None, images: dict | None = None) -> list:
     """BugFix episodes on the servers of backend ``engine``: its rollout kit's ``episodes`` with a :class:`BugFixAdapter`.
 
     The backend is asked through the registry (:func:`~agentrl.engines.factory.rollout_kit`,
@@ -323,6 +373,10 @@ def bugfix_server_rollouts(engine: str, endpoints, template: ChatTemplate, tasks
             ``max_turns``, ``reward_tests``, ``model_name``, ``concurrency``, ``logp_mode``).
         seeds: one episode seed per task. on_done: ``on_done(i, record)`` as each episode ends (its
             ``info['tool_calls']`` already added). responses: optional list of the servers' answers (tests, audits).
+        images: optional dict, filled as the episodes go with ``digest -> PNG bytes`` of the screenshots of
+            ``options.screenshots`` (the pictures of the episodes an ``EngineDied`` keeps included). The turn
+            requests carry them (``TurnRequest.images``); a backend whose batch does not feed images refuses
+            them in one line (:func:`~agentrl.engines.contract.check_request`, docs/design.md#images).
 
     Returns:
         The records, with ``info['tool_calls']`` and ``info['turn_calls']`` as :func:`bugfix_rollouts`'s.
@@ -336,7 +390,10 @@ def bugfix_server_rollouts(engine: str, endpoints, template: ChatTemplate, tasks
     kit = rollout_kit(engine)
     o = options
     seeds = _seeds(tasks, o, seeds, 'bugfix_server_rollouts')
-    adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests, template=template)
+    adapter = BugFixAdapter(tasks, max_turns=o.max_turns, reward_tests=o.reward_tests, template=template,
+                            screenshots=o.screenshots)
+    if images is not None:
+        adapter.images = images            # filled in place: kept when the servers die mid-run
     recorders = [ChatRecorder(template, messages) for messages in adapter.openings()]
 
     def done(i, rec):                      # finished as the others before it is streamed (or kept by EngineDied)
@@ -347,6 +404,22 @@ def bugfix_server_rollouts(engine: str, endpoints, template: ChatTemplate, tasks
     return kit.episodes(endpoints, recorders, adapter.respond, seeds=seeds, spec=o.spec,
                         max_new_tokens=o.max_new_tokens, max_turns=o.max_turns, model_name=o.model_name or '',
                         concurrency=o.concurrency, on_done=done, responses=responses, logp_mode=o.logp_mode)
+
+
+def screenshot_settings(template) -> dict:
+    """The :func:`~agentrl.gym.screenshot.render_screenshot` sizes of a vision-language ``template``:
+    ``max_pixels``, ``min_pixels`` and ``factor`` (``patch_size * merge_size``) of its image processor.
+
+    Raises:
+        ValueError: a template without image processor settings (a text-only model folder): screenshots need
+            a vision-language model (``agentrl make-test-model --vision OUT`` builds one).
+    """
+    v = getattr(template, 'vision', None)
+    if not v:
+        raise ValueError('screenshots: the chat template has no image processor settings (no '
+                         'preprocessor_config.json beside the tokenizer); pass a vision-language model folder')
+    return {'max_pixels': int(v['max_pixels']), 'min_pixels': int(v['min_pixels']),
+            'factor': int(v['patch_size']) * int(v['merge_size'])}
 
 
 def bugfix_template(tokenizer, **options) -> ChatTemplate:

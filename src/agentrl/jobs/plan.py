@@ -87,6 +87,10 @@ class RolloutOptions:
         top_k, top_p, min_p: truncation of the model policy's sampler, either engine (0, 1.0, 0.0 = off).
         max_new_tokens: token budget of one ``hf`` turn.
         profile: time the ``hf`` engine per turn (summary ``hf.profile``; in process only).
+        screenshots: answer each ``read`` with a PNG of the source (an image part of the tool message) for a
+            vision-language ``model`` (its folder has ``preprocessor_config.json``); the records list the
+            images in ``info['images']`` and the run stores them once in ``OUT/images/`` (docs/design.md#images).
+            In this process only (Ray actors do not send images back).
     """
     policy: list | None = option(None, 'comma-separated policies from oracle,blind,random,hacker,model '
                                      '(default: all; with --engine hf or vllm: model)', parse='list', metavar='P[,P...]')
@@ -148,6 +152,13 @@ class RolloutOptions:
                                          engines=GRAMMAR)
     profile: bool = option(False, "print the hf engine's per-turn time split (prefill, decode, sampling, template, "
                                 'gym) and store it in summary.json (in this process: --workers 0)', engines=IN_PROCESS)
+    screenshots: bool = option(False, 'answer every read call with a PNG of the source (an image in the tool '
+                                      'message) instead of its text: for a vision-language --model (a folder with '
+                                      'preprocessor_config.json); images are stored once in OUT/images/',
+                               engines=MODEL_DIR,
+                               wrong_engine='--screenshots shows read results as images to a vision-language model '
+                                            'of --engine hf or vllm; add --engine hf --model DIR (a folder with '
+                                            'preprocessor_config.json) or drop --screenshots')
 
     def __post_init__(self):
         if self.policy is None:
@@ -205,6 +216,18 @@ class RolloutOptions:
         self.constraint(())                   # --tool-choice / --response-format: the file, the names, the backend
         if self.profile and self.workers:
             raise ValueError('--profile times the hf engine in this process; drop --workers')
+        if self.screenshots:
+            self._check_screenshots(b)
+
+    def _check_screenshots(self, b) -> None:
+        """Refuse ``--screenshots`` without a vision-language model or with Ray workers (before anything runs)."""
+        if self.workers:
+            raise ValueError('--screenshots stores the images from this process (Ray actors do not send them back); '
+                             'drop --workers')
+        if b.model_dir and self.model and not os.path.isfile(os.path.join(self.model, 'preprocessor_config.json')):
+            raise ValueError(f'--screenshots needs a vision-language --model (got {self.model!r}, which has no '
+                             'preprocessor_config.json); pass a folder with its image processor (`agentrl '
+                             'make-test-model --vision OUT` builds one) or drop --screenshots')
 
     def sampling_spec(self):
         """The :class:`~agentrl.record.SamplingSpec` of the model policy (either engine).

@@ -57,7 +57,8 @@ def resume_command(out: str, checkpoint: str | None = None, model: str | None = 
 
 #: RolloutOptions fields that define the plan and its records; a resumed run keeps them.
 PLAN_FIELDS = ('policy', 'split', 'repeats', 'seed', 'checkpoint', 'temperature', 'max_turns', 'reward_tests',
-               'batch', 'engine', 'model', 'top_k', 'top_p', 'min_p', 'max_new_tokens', 'tool_choice')
+               'batch', 'engine', 'model', 'top_k', 'top_p', 'min_p', 'max_new_tokens', 'tool_choice',
+               'screenshots')
 
 
 #: PLAN_FIELDS that name a model by a local path on the command line; the manifest stores the model's

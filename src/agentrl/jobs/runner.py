@@ -89,6 +89,7 @@ class EpisodeRunner:
         self._hf = None
         self._servers = None
         self.profiles: list = []            # the hf engine's time split per chunk (options.profile)
+        self.images: dict = {}              # digest -> PNG bytes of the screenshots since the last take_images
         if weights is not None:
             from ..model import TinyAgent
             self.model = TinyAgent(**weights['config'])
@@ -107,7 +108,8 @@ class EpisodeRunner:
                              'agentrl.gym.make_tasks') from None
 
     def _hf_model(self):
-        """The ``hf`` engine's (model, template), loaded once per runner."""
+        """The ``hf`` engine's (model, template, image processor), loaded once per runner; the image processor
+        only with ``--screenshots`` (else None)."""
         if self._hf is None:
             import torch
 
@@ -116,8 +118,18 @@ class EpisodeRunner:
             from ..templates import ChatTemplate
             device = 'cuda' if torch.cuda.is_available() else 'cpu'
             model, tok = load_model(self.spec.options.model, device=device)
-            self._hf = (model, ChatTemplate(tok, tools=TOOL_SCHEMAS))
+            proc = None
+            if self.spec.options.screenshots:
+                from ..engines.hf.vlm import load_image_processor
+                proc = load_image_processor(self.spec.options.model)
+            self._hf = (model, ChatTemplate(tok, tools=TOOL_SCHEMAS), proc)
         return self._hf
+
+    def take_images(self) -> dict:
+        """``digest -> PNG bytes`` of the screenshots the records run since the last call named (``--screenshots``;
+        empty otherwise), handed over once: the writer stores them with those records."""
+        out, self.images = self.images, {}
+        return out
 
     def _server_endpoints(self):
         """A server backend's (endpoints, template): ``options.server`` connected by its rollout kit,
@@ -197,13 +209,16 @@ class EpisodeRunner:
                 endpoints, template = self._server_endpoints()
                 o = BugFixOptions(spec=self._sampling(template), max_new_tokens=opts.max_new_tokens,
                                   reward_tests=opts.reward_tests, model_name=self.spec.model_id,
-                                  logp_mode=self.spec.logp_mode or None, **kw)
-                return bugfix_server_rollouts(opts.engine, endpoints, template, tasks, o, seeds=seeds)
-            model, template = self._hf_model()
+                                  logp_mode=self.spec.logp_mode or None, screenshots=opts.screenshots, **kw)
+                return bugfix_server_rollouts(opts.engine, endpoints, template, tasks, o, seeds=seeds,
+                                              images=self.images)
+            model, template, proc = self._hf_model()
             prof = {} if opts.profile else None
             o = BugFixOptions(spec=self._sampling(template), max_new_tokens=opts.max_new_tokens,
-                              reward_tests=opts.reward_tests, batch_size=len(jobs), model_name=self.spec.model_id, **kw)
-            recs = bugfix_rollouts(model, template.tokenizer, tasks, o, seeds=seeds, template=template, profile=prof)
+                              reward_tests=opts.reward_tests, batch_size=len(jobs), model_name=self.spec.model_id,
+                              screenshots=opts.screenshots, **kw)
+            recs = bugfix_rollouts(model, template.tokenizer, tasks, o, seeds=seeds, template=template, profile=prof,
+                                   image_processor=proc, images=self.images)
             if prof:
                 self.profiles.append(prof)
             return recs
@@ -293,7 +308,8 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
         :class:`RunReport`.
 
     Raises:
-        ValueError: ``workers < 0``; without ``resume`` a folder that already holds planned
+        ValueError: ``workers < 0``; ``workers > 0`` with ``--screenshots``; without ``resume`` a folder that
+            already holds planned
             episodes (fix: ``--resume DIR``, or a new ``--out``).
         ImportError, ConnectionError, TimeoutError, RuntimeError: from the Ray pool.
         EngineDied: a server stopped answering (in process): the chunk's finished episodes
@@ -302,6 +318,9 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
     from .. import store
     if workers < 0:
         raise ValueError(f'run_chunks: workers must be >= 0, got {workers}')
+    if workers and spec.options.screenshots:
+        raise ValueError('--screenshots stores the images from this process (Ray actors do not send them back); '
+                         'drop --workers')
     t_start = time.perf_counter()
     directory = Path(directory)
     stored = store.stored_identities(directory)
@@ -315,8 +334,9 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
     writer = store.ShardWriter(directory)
     bar = _progress(progress, state.total, state.done, f'ray x{workers}' if workers else 'in-process')
 
-    def sink(chunk, recs):
-        path = writer.write(recs)
+    def sink(chunk, recs, images=None):
+        # --screenshots: RUN/images before the shard naming them (ShardWriter.write stores them first)
+        path = writer.write(recs, images=images) if images else writer.write(recs)
         if on_records is not None:
             on_records(chunk, recs)
         if bar is not None:
@@ -335,10 +355,10 @@ def run_chunks(jobs: Sequence[EpisodeJob], directory: str | os.PathLike, spec: R
                     finished = getattr(err, 'finished', {})
                     kept = [finished[i] for i in sorted(finished)]
                     if kept:
-                        sink(chunk, kept)
+                        sink(chunk, kept, runner.take_images())
                     err.stored = state.done + len(kept)
                     raise
-                path = sink(chunk, recs)
+                path = sink(chunk, recs, runner.take_images())
                 if path is not None:
                     state.shards.append(str(path))
                 state.done += len(chunk)

@@ -42,6 +42,8 @@ class RowBatch:
             (``add(turn, key, value)``, ``decode_steps``).
     """
     ROW_FIELDS = ('episode', 'held', 'feed', 'turn_of', 'current', 'budget', 'prompt_of')
+    #: :meth:`submit` refuses ``request.images`` by name (a cache row holds no pixels).
+    handles_images = True
 
     def __init__(self, sampler, max_rows: int, profile=None):
         self.sampler, self.max_rows, self.prof = sampler, int(max_rows), profile
@@ -172,6 +174,8 @@ class RoundBatch:
         batch_size: prompts per sampler call. profile: as :class:`RowBatch`.
     A request's ``images`` (a vision-language episode's) go to :meth:`HFSampler.sample` with its prompt.
     """
+    #: a request's ``images`` go to the sampler with its prompt (which refuses them without an image processor).
+    handles_images = True
 
     def __init__(self, sampler, batch_size: int, profile=None):
         self.sampler, self.batch_size, self.prof = sampler, int(batch_size), profile
