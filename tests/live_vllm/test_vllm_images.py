@@ -258,3 +258,18 @@ def test_images_that_do_not_match_the_placeholder_runs_are_refused_by_name(upstr
         upstream.sample(TurnRequest(rec.prompt_ids, SamplingSpec(), 4, 1, stop, on_token=lambda ids: None,
                                     images=[SimpleNamespace(digest=image_digest(big), data=big, length=6)]))
     assert 'expands it to 16' in str(e.value)
+
+
+def test_a_text_prompt_gets_the_same_turn_from_both_endpoints(upstream, vserver):
+    """The generate body carries the completions body's sampling fields as they are: same ids, same log-probs."""
+    from agentrl.engines.vllm.client import parse_completion
+    from agentrl.engines.vllm.engine import complete_ids
+    rec = opening(upstream)
+    body = upstream.body(rec.prompt_ids, SamplingSpec(temperature=0.9, top_p=0.95), 8, 3, rec.template.stop_ids,
+                         vserver.url)
+    sent = generate_body(body, [], PAD)
+    assert turn_path(sent) == '/inference/v1/generate' and sent['token_ids'] == body['prompt']
+    assert {k: v for k, v in body.items() if k in sent['sampling_params']} == sent['sampling_params']
+    direct = complete_ids(vserver.url, body)
+    got = parse_completion(vserver.url, post(vserver.url, turn_path(sent), sent, timeout=600), body['prompt'])
+    assert (got.ids, got.logp, got.finish_reason) == (direct['ids'], direct['logp'], direct['finish_reason'])

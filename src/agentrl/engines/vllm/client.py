@@ -179,7 +179,7 @@ def parse_completion(url: str, raw: bytes | str, prompt: list, vision: tuple | N
     Raises:
         VLLMError: an answer without ``token_ids`` / log-probs, of other lengths, or whose
             ``prompt_token_ids`` differ from ``prompt`` (the server re-tokenized it; with images, names the
-            image whose placeholder count vLLM's processor computes otherwise: :func:`_check_prompt`).
+            image whose placeholder count vLLM's processor computes otherwise, with both counts).
     """
     try:
         top = json.loads(raw)
@@ -221,7 +221,7 @@ def _check_prompt(url: str, got, prompt: list, vision: tuple | None) -> None:
     images, pid = vision
     ours, theirs = _runs(prompt, pid), _runs(got, pid)
     for q, img in enumerate(images):
-        a = ours[q][1]
+        a = ours[q][1] if q < len(ours) else 0
         b = theirs[q][1] if q < len(theirs) else 0
         if a != b:
             raise VLLMError(f'vllm server {url}: image {q} ({img.digest}) has {a} placeholder ids {pid} in the prompt '
