@@ -109,7 +109,7 @@ def vision_python(vllm_py):
 
 
 @pytest.fixture(scope='module')
-def vserver(vlm_dir, vision_python, tmp_path_factory):
+def vserver(vision_python, vlm_dir, tmp_path_factory):
     from agentrl.engines.vllm import VLLMServer, VLLMServerOptions
     log = tmp_path_factory.mktemp('vllm-vlm-log') / 'server.log'
     options = VLLMServerOptions(name='tinyvl', cpus=os.environ.get('AGENTRL_VLLM_CPUS', '1'), max_model_len=2048,
