@@ -4,13 +4,12 @@ One vLLM server over a tiny Qwen2.5-VL (``make_test_model(vision=True)`` at a he
 TRL's Qwen3-VL chat template: it renders tools and images in tool results), started with ``--enable-scale-out``
 (VLLMServer adds it for a folder with ``preprocessor_config.json``). Image sides are multiples of 28 px (patch 14
 times merge 2), so the processor keeps their size: vLLM's processor resizes with torchvision and the HF replay's
-with PIL, and those resamplings differ in the pixels they give (docs/design.md#images).
+with PIL, and those resamplings differ in the pixels they give (docs/design.md#images). The images are
+tests/_images.py's gradients.
 
 Skips when the vLLM python cannot import torchvision (vLLM's Qwen2-VL processor needs it): build the vLLM venv with
 the Makefile, whose ``vllm-torchvision`` step installs and patches it.
 """
-import base64
-import io
 import json
 import os
 import subprocess
@@ -24,42 +23,27 @@ from _tokenizers import tokenizer_path
 pytest.importorskip('transformers')
 pytest.importorskip('starlette')
 pytest.importorskip('uvicorn')
-pytest.importorskip('PIL')
 openai = pytest.importorskip('openai')
 try:
     import httpx2 as httpx
 except ImportError:
     httpx = pytest.importorskip('httpx')
-
+pytest.importorskip('PIL')                          # the HF replay of `agentrl check` decodes the images
 
 from _gateway import finish, new_session, policy_turns, records_of  # noqa: E402
+from _images import PAD, check_images, png  # noqa: E402
 from agentrl.engines.contract import RequestRefused, TurnRequest, TurnResult  # noqa: E402
 from agentrl.engines.vllm.client import generate_body, request_body, turn_path  # noqa: E402
 from agentrl.engines.vllm.engine import VLLMEngine  # noqa: E402
 from agentrl.engines.vllm.errors import VLLMError  # noqa: E402
 from agentrl.engines.vllm.http import post  # noqa: E402
-from agentrl.images import image_digest, image_path, load_image  # noqa: E402
-from agentrl.record import OWNER, SamplingSpec  # noqa: E402
+from agentrl.images import encode_image_url, image_digest, image_path, load_image  # noqa: E402
+from agentrl.record import SamplingSpec  # noqa: E402
 
 H = httpx.Client(timeout=600)
 CALL = '<tool_call>\n{"name": "screenshot", "arguments": {}}\n</tool_call><|im_end|>'
 TOOL = {'type': 'function', 'function': {'name': 'screenshot', 'description': 'Take a screenshot.',
                                          'parameters': {'type': 'object', 'properties': {}}}}
-PAD, VS, VE = 151655, 151652, 151653
-
-
-def png(w: int, h: int, seed: int = 0) -> bytes:
-    """A PNG drawn with Pillow (sides multiples of 28: no resize): a red field with a blue square placed by seed."""
-    from PIL import Image, ImageDraw
-    im = Image.new('RGB', (w, h), (200, 30, 30))
-    ImageDraw.Draw(im).rectangle([seed % (w // 2), 4, seed % (w // 2) + w // 3, 4 + h // 3], fill=(20, 40, 220))
-    buf = io.BytesIO()
-    im.save(buf, format='PNG')
-    return buf.getvalue()
-
-
-def data_url(data: bytes) -> str:
-    return 'data:image/png;base64,' + base64.b64encode(data).decode()
 
 
 class ForcingVLLM(VLLMEngine):
@@ -129,21 +113,8 @@ def opening(engine, *images):
     """A recorder whose user message holds ``images`` (PNG bytes)."""
     from agentrl.templates import ChatRecorder, ChatTemplate
     parts = [{'type': 'text', 'text': 'What is on my screen?'}]
-    parts += [{'type': 'image_url', 'image_url': {'url': data_url(x)}} for x in images]
+    parts += [{'type': 'image_url', 'image_url': {'url': encode_image_url(x)}} for x in images]
     return ChatRecorder(ChatTemplate(engine.tokenizer), [{'role': 'user', 'content': parts}], history='sampled')
-
-
-def check_images(t, shots: list, owners: list) -> None:
-    """The record's images are the given PNGs, each run of placeholders owned by its supplier, delimiters around."""
-    imgs = t.info['images']
-    assert [d['digest'] for d in imgs] == [image_digest(s) for s in shots]
-    assert [d['owner'] for d in imgs] == owners
-    ids, owner = t.ids.tolist(), t.owner.tolist()
-    for d in imgs:
-        s, n = d['start'], d['length']
-        assert n == d['grid'][0] * d['grid'][1] * d['grid'][2] // 4
-        assert ids[s - 1:s + n + 1] == [VS] + [PAD] * n + [VE]
-        assert owner[s:s + n] == [OWNER[d['owner']]] * n
 
 
 # ---------------------------------------------------------------------------- the gateway, end to end
@@ -161,14 +132,14 @@ def test_screenshot_tool_episode_through_the_gateway_replays_and_exports(upstrea
         c = openai.OpenAI(api_key='unused', base_url=sess['base_url'], max_retries=0)
         photo, shot = png(56, 84, seed=3), png(112, 84, seed=11)           # 6 and 12 placeholder ids
         msgs = [{'role': 'user', 'content': [{'type': 'text', 'text': 'What is on my screen? A photo: '},
-                                             {'type': 'image_url', 'image_url': {'url': data_url(photo)}}]}]
+                                             {'type': 'image_url', 'image_url': {'url': encode_image_url(photo)}}]}]
         upstream.force.append(CALL)
         r = c.chat.completions.create(model='m', messages=msgs, tools=[TOOL], seed=1, max_tokens=32)
         [call] = r.choices[0].message.tool_calls
         assert (call.function.name, r.choices[0].finish_reason) == ('screenshot', 'tool_calls')
         msgs += [r.choices[0].message.model_dump(exclude_none=True),
                  {'role': 'tool', 'tool_call_id': call.id,
-                  'content': [{'type': 'image_url', 'image_url': {'url': data_url(shot)}},
+                  'content': [{'type': 'image_url', 'image_url': {'url': encode_image_url(shot)}},
                               {'type': 'text', 'text': 'the screen'}]}]
         chunks = list(c.chat.completions.create(model='m', messages=msgs, tools=[TOOL], seed=2, max_tokens=12,
                                                 stream=True))
