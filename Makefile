@@ -72,8 +72,8 @@ $(VSTAMP):
 # registers nothing when the compiled ops are absent. find_spec locates the package without importing it.
 vllm-torchvision:
 	$(VPY) -m pip install -q --no-deps torchvision==0.28.0
-	sed -i -E 's/^@torch\.library\.register_fake\("torchvision::(q?nms)"\)/@register_meta("\1")/' \
-	  "$$($(VPY) -c 'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"
+	sed -i -E 's/^@torch\.library\.register_fake\("torchvision::(q?nms)"\)/@register_meta("\1")/' "$$($(VPY) -c \
+	  'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"
 	$(VPY) -c 'import torchvision.transforms, vllm'
 
 test-vllm: $(STAMP) $(VSTAMP)
