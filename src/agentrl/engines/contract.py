@@ -148,8 +148,8 @@ def check_request(request: TurnRequest, engine: str, images: bool = False) -> No
     """
     if request.images and not images:
         raise RequestRefused(f'{engine}: the request brings {len(request.images)} images and this engine does not '
-                             'feed images to its model; sample vision episodes with the in-process HF engine on a '
-                             'vision-language model folder (docs/design.md#images)')
+                             'feed images to its model; sample vision episodes with the in-process HF engine or the '
+                             'vllm engine on a vision-language model folder (docs/design.md#images)')
     if not len(request.prompt_ids):
         raise RequestRefused(f'{engine}: prompt_ids is empty; pass the ids the template renders')
     if int(request.max_new_tokens) < 1:

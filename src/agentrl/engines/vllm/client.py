@@ -5,6 +5,10 @@ A turn is one request whose ``prompt`` is the episode's token ids; the answer's 
 sampling field is sent, so the server's defaults never decide what ran; the server runs with
 ``--generation-config vllm``. Each turn's ``seed`` is :func:`turn_seed` of the episode seed.
 
+A turn whose prompt carries images goes to ``/inference/v1/generate`` instead (:func:`generate_body`: the same
+sampling fields, each image's run of placeholder ids sent as one placeholder plus the image's bytes), and its
+answer is read by the same parsers (docs/vllm.md#images).
+
 Requests go through :mod:`.http` (the package's one HTTP client); only the standard library at import time.
 """
 from __future__ import annotations
@@ -18,7 +22,14 @@ from .errors import ServerDied, VLLMError
 from .http import apost, async_client
 
 __all__ = ['turn_seed', 'request_body', 'structured_outputs', 'Completion', 'complete', 'session', 'probe_logp_mode',
-           'ServerDied', 'probe_body', 'stream_body', 'parse_stream', 'checked_spec']
+           'ServerDied', 'probe_body', 'stream_body', 'parse_stream', 'checked_spec', 'GENERATE_PATH', 'generate_body',
+           'image_runs', 'turn_path']
+
+#: vLLM's token-in/token-out endpoint that takes images with the token ids (``vllm serve --enable-scale-out``).
+GENERATE_PATH = '/inference/v1/generate'
+#: keys of a :func:`request_body` that are no vLLM ``SamplingParams`` field (the generate body puts the stream
+#: keys at its top level and always asks for the prompt ids).
+_NOT_SAMPLING = ('model', 'prompt', 'use_beam_search', 'return_token_ids', 'echo', 'stream', 'stream_options')
 
 
 def checked_spec(spec, logp_mode: str):
@@ -129,47 +140,176 @@ def session(limit: int = 256):
     return async_client(limit)
 
 
-async def complete(http, url: str, body: dict) -> Completion:
+async def complete(http, url: str, body: dict, vision: tuple | None = None) -> Completion:
     """Send one turn and check the answer.
+
+    Args:
+        http: the session (:func:`session`). url: the server. body: the turn's :func:`request_body`.
+        vision: ``(images, placeholder_id)`` of a prompt with images: sent as :func:`generate_body` to
+            :data:`GENERATE_PATH`; None: ``body`` to ``/v1/completions``.
 
     Returns:
         :class:`Completion`.
 
     Raises:
         ServerDied: connection lost or HTTP >= 500 (an engine that died answers 500).
-        VLLMError: HTTP 4xx (e.g. a prompt over ``--max-model-len``); an answer without
-            ``token_ids`` / log-probs, of other lengths, or whose ``prompt_token_ids`` differ from
-            the prompt sent (the server re-tokenized it).
+        VLLMError: HTTP 4xx (e.g. a prompt over ``--max-model-len``; a server started without
+            ``--enable-scale-out`` answers 403 to images); an answer without ``token_ids`` / log-probs, of
+            other lengths, or whose ``prompt_token_ids`` differ from the prompt sent (the server re-tokenized
+            it, or expanded an image to another count).
+        ValueError: images that do not match the prompt's placeholder runs (:func:`image_runs`).
     """
-    return parse_completion(url, await apost(http, url, '/v1/completions', body), body['prompt'])
+    sent = body if vision is None else generate_body(body, *vision)
+    return parse_completion(url, await apost(http, url, turn_path(sent), sent), body['prompt'], vision)
 
 
-def parse_completion(url: str, raw: bytes | str, prompt: list) -> Completion:
-    """Check and read one ``/v1/completions`` answer (the one parser for the engine and the gateway).
+def parse_completion(url: str, raw: bytes | str, prompt: list, vision: tuple | None = None) -> Completion:
+    """Check and read one ``/v1/completions`` or ``/inference/v1/generate`` answer (the one parser for the engine
+    and the gateway).
 
     Args:
-        url: the server (named in errors). raw: the response body. prompt: the token ids sent.
+        url: the server (named in errors). raw: the response body. prompt: the token ids sent (with images: the
+            expanded prompt, :func:`generate_body`'s ``body['prompt']``).
+        vision: ``(images, placeholder_id)`` of a generate request with images: the answer must then carry the
+            ``prompt_token_ids`` vLLM ran, equal to ``prompt``; None for a text turn.
 
     Returns:
         :class:`Completion` with the sampled ``ids`` and their ``logp`` (nats, one per id).
 
     Raises:
         VLLMError: an answer without ``token_ids`` / log-probs, of other lengths, or whose
-            ``prompt_token_ids`` differ from ``prompt`` (the server re-tokenized it).
+            ``prompt_token_ids`` differ from ``prompt`` (the server re-tokenized it; with images, names the
+            image whose placeholder count vLLM's processor computes otherwise, with both counts).
     """
     try:
-        ch = json.loads(raw)['choices'][0]
-        ids, logp = ch['token_ids'], ch['logprobs']['token_logprobs']
+        top = json.loads(raw)
+        ch = top['choices'][0]
+        ids, logp = ch['token_ids'], _sampled_logp(ch['logprobs'])
     except (ValueError, KeyError, IndexError, TypeError):
         raise VLLMError(f'vllm server {url}: answer without choices[0].token_ids / logprobs.token_logprobs '
                         f'({raw[:200]!r}); fix: use vLLM >= 0.10 (return_token_ids)') from None
     if ids is None or logp is None or len(ids) != len(logp) or any(x is None for x in logp):
         raise VLLMError(f'vllm server {url}: {len(ids or [])} token_ids but log-probs {str(logp)[:80]}; '
                         'fix: a server that returns one log-prob per token')
-    if ch.get('prompt_token_ids') is not None and ch['prompt_token_ids'] != prompt:
-        raise VLLMError(f'vllm server {url}: prompt_token_ids differ from the prompt sent; fix: send token ids')
+    got = ch.get('prompt_token_ids', top.get('prompt_token_ids'))
+    _check_prompt(url, got, prompt, vision)
     return Completion([int(i) for i in ids], [float(x) for x in logp], ch.get('finish_reason'), ch.get('stop_reason'),
                       url, raw)
+
+
+def _sampled_logp(lp):
+    """The sampled tokens' log-probs of a choice's ``logprobs``: ``/v1/completions``' ``token_logprobs``, or one
+    ``content[k].logprob`` per token from ``/inference/v1/generate``. Raises KeyError / TypeError on other shapes."""
+    if isinstance(lp, dict) and 'content' in lp:
+        return [c['logprob'] for c in lp['content']]
+    return lp['token_logprobs']
+
+
+def _check_prompt(url: str, got, prompt: list, vision: tuple | None) -> None:
+    """Refuse an answer whose ``prompt_token_ids`` (``got``; None: not returned) differ from ``prompt``.
+
+    With ``vision`` the ids must be there, and a difference names the first image whose run vLLM's processor
+    expanded to another count than the prompt's, with both counts (docs/vllm.md#images).
+    """
+    if vision is not None and got is None:
+        raise VLLMError(f'vllm server {url}: {GENERATE_PATH} answered without prompt_token_ids; fix: a vLLM that '
+                        'honours return_token_ids (>= 0.32)')
+    if got is None or got == prompt:
+        return
+    if vision is None:
+        raise VLLMError(f'vllm server {url}: prompt_token_ids differ from the prompt sent; fix: send token ids')
+    images, pid = vision
+    ours, theirs = _runs(prompt, pid), _runs(got, pid)
+    for q, img in enumerate(images):
+        a = ours[q][1] if q < len(ours) else 0
+        b = theirs[q][1] if q < len(theirs) else 0
+        if a != b:
+            raise VLLMError(f'vllm server {url}: image {q} ({img.digest}) has {a} placeholder ids {pid} in the prompt '
+                            f'but vLLM\'s processor expands it to {b}; fix: serve the model folder whose '
+                            'preprocessor_config.json the template read (same min/max_pixels, patch and merge sizes)')
+    raise VLLMError(f'vllm server {url}: the prompt vLLM ran ({len(got)} ids) differs from the {len(prompt)} ids sent '
+                    'with its images; fix: send the ids the template renders')
+
+
+def image_runs(prompt_ids, images, placeholder_id: int) -> list:
+    """The run of placeholder ids of each image in ``prompt_ids``, checked against the images.
+
+    Args:
+        prompt_ids: ``[L]`` int ids, each image expanded by the template layer (docs/design.md#images).
+        images: the prompt's images in placeholder order (``digest``, ``data``, ``length``:
+            :attr:`agentrl.templates.ChatRecorder.images`). placeholder_id: the image placeholder id.
+
+    Returns:
+        ``[(start, length)]``, one per image, in order.
+
+    Raises:
+        ValueError: another number of runs than images, or a run of another length than its image's
+            ``length`` (names the image, its digest and both counts).
+    """
+    runs = _runs(prompt_ids, placeholder_id)
+    if len(runs) != len(images):
+        raise ValueError(f'the prompt holds {len(runs)} runs of placeholder ids {placeholder_id} for '
+                         f'{len(images)} images; send each image with the prompt its template expanded')
+    for q, (img, (_, n)) in enumerate(zip(images, runs)):
+        if n != img.length:
+            raise ValueError(f'image {q} ({img.digest}): the prompt holds {n} placeholder ids {placeholder_id} for '
+                             f'it, the image needs {img.length}; send the ids its template expanded')
+    return runs
+
+
+def _runs(ids, pid: int) -> list:
+    """``[(start, length)]`` of the maximal runs of ``pid`` in ``ids``."""
+    out = []
+    for k, i in enumerate(ids):
+        if i != pid:
+            continue
+        if out and out[-1][0] + out[-1][1] == k:
+            out[-1] = (out[-1][0], out[-1][1] + 1)
+        else:
+            out.append((k, 1))
+    return out
+
+
+def generate_body(body: dict, images, placeholder_id: int) -> dict:
+    """The ``/inference/v1/generate`` body of a turn whose prompt carries images.
+
+    vLLM's Qwen2-VL processor replaces each single placeholder id of a token prompt by the image's run; it does
+    not recognise a run already expanded (it would expand the run's first id again), so each image's run
+    (:func:`image_runs`) is sent as one placeholder id and the image's bytes as a ``data:`` URL content part, in
+    order. ``return_token_ids`` asks for the prompt vLLM ran, which the parsers check equals ``body['prompt']``.
+
+    Args:
+        body: the turn's :func:`request_body` (or :func:`stream_body`): its sampling fields become
+            ``sampling_params`` as they are, ``stream`` / ``stream_options`` stay at the top level.
+        images, placeholder_id: as :func:`image_runs`.
+
+    Returns:
+        dict: ``token_ids``, ``content_parts``, ``sampling_params``, ``model``, ``return_token_ids`` (true),
+        ``stream`` (and ``stream_options`` when streamed).
+
+    Raises:
+        ValueError: as :func:`image_runs`; image bytes that are neither PNG nor JPEG.
+    """
+    from ...images import encode_image_url
+    prompt = body['prompt']
+    runs = image_runs(prompt, images, placeholder_id)
+    ids, prev = [], 0
+    for start, n in runs:
+        ids += prompt[prev:start + 1]
+        prev = start + n
+    ids += prompt[prev:]
+    out = {'model': body['model'], 'token_ids': ids,
+           'content_parts': [{'type': 'image_url', 'url': encode_image_url(img.data)} for img in images],
+           'sampling_params': {k: v for k, v in body.items() if k not in _NOT_SAMPLING},
+           'return_token_ids': True, 'stream': bool(body.get('stream'))}
+    if 'stream_options' in body:
+        out['stream_options'] = body['stream_options']
+    return out
+
+
+def turn_path(body: dict) -> str:
+    """The endpoint of a turn's body: :data:`GENERATE_PATH` for a :func:`generate_body`, else ``/v1/completions``."""
+    return GENERATE_PATH if 'token_ids' in body else '/v1/completions'
 
 
 def stream_body(body: dict) -> dict:
@@ -191,15 +331,16 @@ def _stream_error(url: str, err) -> VLLMError:
     return VLLMError(f'vllm server {url}: /v1/completions stream error {code}: {msg}; fix: see the message')
 
 
-def parse_stream(url: str, lines, prompt: list, on_chunk=None) -> Completion:
-    """Read a streamed ``/v1/completions`` answer (:func:`stream_body`) chunk by chunk: the same
-    :class:`Completion` as :func:`parse_completion` gives for the same request unstreamed.
+def parse_stream(url: str, lines, prompt: list, on_chunk=None, vision: tuple | None = None) -> Completion:
+    """Read a streamed ``/v1/completions`` or ``/inference/v1/generate`` answer (:func:`stream_body`) chunk by
+    chunk: the same :class:`Completion` as :func:`parse_completion` gives for the same request unstreamed.
 
     Args:
         url: the server (named in errors). lines: the response body as an iterable of ``bytes``
             lines (:func:`.http.stream_lines` as the server sends them, or captured bytes'
             ``splitlines(keepends=True)``). prompt: the token ids sent.
         on_chunk: called with the turn's ids so far (``[k]`` ints) after each chunk that added tokens.
+        vision: as :func:`parse_completion` (the first chunk must then carry the ``prompt_token_ids``).
 
     Returns:
         :class:`Completion`; ``raw`` is the stream's bytes as read.
@@ -213,6 +354,7 @@ def parse_stream(url: str, lines, prompt: list, on_chunk=None) -> Completion:
             ``finish_reason``.
     """
     ids, logp, raw, finish, stop_reason, done = [], [], [], None, None, False
+    seen = vision is None                             # with images: the prompt vLLM ran was checked
     for line in lines:
         raw.append(line)
         if not line.startswith(b'data:'):
@@ -234,6 +376,9 @@ def parse_stream(url: str, lines, prompt: list, on_chunk=None) -> Completion:
                 raise VLLMError(f'vllm server {url}: the stream usage has {done_tokens} completion tokens but its '
                                 f'chunks {len(ids)} token_ids; fix: a server that returns every token id')
             continue
+        if not seen:
+            _check_prompt(url, ev.get('prompt_token_ids'), prompt, vision)
+            seen = True
         new = _chunk(url, ev['choices'][0], prompt, data)
         ids += new[0]
         logp += new[1]
@@ -253,15 +398,15 @@ def _chunk(url: str, ch: dict, prompt: list, data: bytes) -> tuple:
     """``(ids, logp, finish_reason, stop_reason)`` of one streamed choice, checked as :func:`parse_completion`."""
     try:
         ids = ch['token_ids']
-        logp = (ch['logprobs'] or {}).get('token_logprobs') if ids else []
+        lp = ch['logprobs'] or {}
+        logp = (_sampled_logp(lp) if 'content' in lp else lp.get('token_logprobs')) if ids else []
     except (KeyError, TypeError, AttributeError):
         raise VLLMError(f'vllm server {url}: a stream chunk without choices[0].token_ids / logprobs.token_logprobs '
                         f'({data[:200]!r}); fix: use vLLM >= 0.10 (return_token_ids)') from None
     if ids is None or logp is None or len(ids) != len(logp) or any(x is None for x in logp):
         raise VLLMError(f'vllm server {url}: a stream chunk of {len(ids or [])} token_ids but log-probs '
                         f'{str(logp)[:80]}; fix: a server that returns one log-prob per token')
-    if ch.get('prompt_token_ids') is not None and ch['prompt_token_ids'] != prompt:
-        raise VLLMError(f'vllm server {url}: prompt_token_ids differ from the prompt sent; fix: send token ids')
+    _check_prompt(url, ch.get('prompt_token_ids'), prompt, None)
     return [int(i) for i in ids], [float(x) for x in logp], ch.get('finish_reason'), ch.get('stop_reason')
 
 

@@ -10,6 +10,8 @@ A session is sticky: all calls with one ``TurnRequest.key`` go to one server (:m
 
 A ``stream: true`` call is the same body streamed (:func:`stream_ids`): ``on_token`` gets the ids
 so far after each SSE chunk, and the turn is the unstreamed one bit for bit (docs/gateway.md#streaming).
+A call whose ``TurnRequest.images`` is set goes to ``/inference/v1/generate`` with the images' bytes, streamed or
+not (:func:`~agentrl.engines.vllm.client.generate_body`; docs/vllm.md#images).
 
 Requests are blocking (:mod:`agentrl.engines.vllm.http`, the package's one HTTP client) so that a caller
 runs many of them at once from its own threads (:attr:`VLLMEngine.concurrency`); the log-prob mode is
@@ -22,9 +24,10 @@ from __future__ import annotations
 import hashlib
 
 from ...record import SamplingSpec
-from ..contract import TurnRequest, TurnResult, check_request
+from ..contract import RequestRefused, TurnRequest, TurnResult, check_request
 from ..fingerprint import model_name
-from .client import checked_spec, parse_completion, parse_stream, request_body, stream_body
+from .client import (checked_spec, generate_body, parse_completion, parse_stream, request_body, stream_body,
+                     turn_path)
 from .errors import ServerDied, VLLMError
 from .http import post, stream_lines
 
@@ -35,12 +38,24 @@ def _answer(c) -> dict:
     return {'ids': c.ids, 'logp': c.logp, 'finish_reason': c.finish_reason, 'stop_reason': c.stop_reason}
 
 
-def complete_ids(url: str, body: dict, timeout: float = 600.0) -> dict:
+def _sent(body: dict, vision: tuple | None) -> dict:
+    """``body``, or its ``/inference/v1/generate`` form for a prompt with images (a mismatch is RequestRefused)."""
+    if vision is None:
+        return body
+    try:
+        return generate_body(body, *vision)
+    except ValueError as e:
+        raise RequestRefused(f'VLLMEngine.sample: {e}') from None
+
+
+def complete_ids(url: str, body: dict, timeout: float = 600.0, vision: tuple | None = None) -> dict:
     """POST one ``/v1/completions`` body (blocking) and check its answer.
 
     Args:
         url: the server's base URL (``http://host:port``). body: from
             :func:`~agentrl.engines.vllm.request_body` (``prompt`` a list of ids).
+        vision: ``(images, placeholder_id)`` of a prompt with images: the body goes to
+            ``/inference/v1/generate`` instead (:func:`~agentrl.engines.vllm.client.generate_body`).
 
     Returns:
         ``{'ids': [n] int, 'logp': [n] float nats, 'finish_reason', 'stop_reason'}``.
@@ -49,12 +64,16 @@ def complete_ids(url: str, body: dict, timeout: float = 600.0) -> dict:
         ServerDied: connection refused/reset or HTTP >= 500 (an engine that died answers 500).
         VLLMError: HTTP 4xx (e.g. a prompt over ``--max-model-len``; the server's message is kept),
             or an answer without ``token_ids`` / one log-prob per token, or whose
-            ``prompt_token_ids`` differ from the prompt sent.
+            ``prompt_token_ids`` differ from the prompt sent (with images: names the image vLLM expands
+            to another count, and both counts).
+        RequestRefused: images that do not match the prompt's placeholder runs.
     """
-    return _answer(parse_completion(url, post(url, '/v1/completions', body, timeout=timeout), body['prompt']))
+    sent = _sent(body, vision)
+    raw = post(url, turn_path(sent), sent, timeout=timeout)
+    return _answer(parse_completion(url, raw, body['prompt'], vision))
 
 
-def stream_ids(url: str, body: dict, on_token, timeout: float = 600.0) -> dict:
+def stream_ids(url: str, body: dict, on_token, timeout: float = 600.0, vision: tuple | None = None) -> dict:
     """POST ``body`` streamed (:func:`~agentrl.engines.vllm.client.stream_body`), calling ``on_token`` as chunks arrive.
 
     Blocking: the SSE lines are read from the socket as the server sends them (one chunk per engine
@@ -69,9 +88,11 @@ def stream_ids(url: str, body: dict, on_token, timeout: float = 600.0) -> dict:
             >= 500, a body that ends without ``[DONE]`` or a ``finish_reason``.
         VLLMError: HTTP 4xx (the server's message kept); as
             :func:`~agentrl.engines.vllm.client.parse_stream` (a bad chunk, ``[DONE]`` before a finish_reason).
+        RequestRefused: as :func:`complete_ids`.
     """
-    with stream_lines(url, '/v1/completions', stream_body(body), timeout=timeout) as lines:
-        c = parse_stream(url, lines, body['prompt'], on_token)
+    sent = _sent(stream_body(body), vision)
+    with stream_lines(url, turn_path(sent), sent, timeout=timeout) as lines:
+        c = parse_stream(url, lines, body['prompt'], on_token, vision)
     return _answer(c)
 
 
@@ -106,6 +127,7 @@ class VLLMEngine:
         lens = [ep.max_model_len for ep in self.endpoints if ep.max_model_len]
         self.max_context = int(min(lens)) if lens else 1 << 30
         self.max_new_tokens, self.concurrency, self.timeout = int(max_new_tokens), int(concurrency), float(timeout)
+        self._placeholder = None
         self.logp_mode = self._probe()
 
     def _probe(self) -> str:
@@ -124,6 +146,22 @@ class VLLMEngine:
             raise VLLMError(f'vllm servers return different log-prob modes {modes}; fix: start every server with the '
                             'same --logprobs-mode')
         return next(iter(modes.values()))
+
+    def placeholder_id(self) -> int:
+        """The served model's image placeholder id (its template's, :func:`~agentrl.templates.vision.vision_facts`).
+
+        Raises:
+            RequestRefused: a model folder without an image processor (``preprocessor_config.json``).
+        """
+        if self._placeholder is None:
+            from ...templates import ChatTemplate
+            from ...templates.vision import vision_facts
+            facts = vision_facts(ChatTemplate(self.tokenizer))
+            if facts is None:
+                raise RequestRefused('VLLMEngine.sample: the request brings images and the model folder has no '
+                                     'image processor (preprocessor_config.json); serve a vision-language model')
+            self._placeholder = facts.placeholder_id
+        return self._placeholder
 
     def route(self, session: str) -> str:
         """The server of a session (sticky): ``urls[sha256(session) % len(urls)]``, the same after a restart."""
@@ -144,18 +182,22 @@ class VLLMEngine:
         """One turn from the server of ``request.key`` (:meth:`route`; the first without a key); thread-safe.
 
         With ``request.on_token`` the request is streamed (:func:`stream_ids`) and it is called with
-        the turn's ids so far (``[k]`` ints) as each chunk arrives; the result is the same.
+        the turn's ids so far (``[k]`` ints) as each chunk arrives; the result is the same. With
+        ``request.images`` it goes to ``/inference/v1/generate`` with the images (:meth:`placeholder_id`).
 
         Raises:
             ServerDied (an EngineDied), VLLMError: as :func:`complete_ids` / :func:`stream_ids`; VLLMError
                 also for an empty turn or ``finish_reason`` ``stop`` without a stop id last.
-            RequestRefused / BudgetExceeded: an empty prompt, a budget below 1.
+            RequestRefused / BudgetExceeded: an empty prompt, a budget below 1; images that do not match the
+                prompt's placeholder runs, or images to a text-only model.
         """
-        check_request(request, 'VLLMEngine.sample')
+        check_request(request, 'VLLMEngine.sample', images=True)
         url = self.urls[0] if request.key is None else self.route(request.key)
         stop_ids, seed, on_token = request.stop_ids, request.seed, request.on_token
         body = self.body(request.prompt_ids, request.spec, request.max_new_tokens, seed, stop_ids, url)
-        c = complete_ids(url, body, self.timeout) if on_token is None else stream_ids(url, body, on_token, self.timeout)
+        vision = (list(request.images), self.placeholder_id()) if request.images else None
+        c = complete_ids(url, body, self.timeout, vision) if on_token is None else \
+            stream_ids(url, body, on_token, self.timeout, vision)
         ids = c['ids']
         if not ids:
             raise VLLMError(f'vllm server {url}: a turn of no tokens (finish_reason {c["finish_reason"]!r})')

