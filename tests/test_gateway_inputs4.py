@@ -182,6 +182,19 @@ def test_a_boolean_field_that_is_not_a_boolean_is_400_naming_it(server, fields, 
     assert ok.status_code == 200 and ok.headers['content-type'] == 'application/json', ok.text
 
 
+@pytest.mark.parametrize('route, body', [
+    ('/v1/messages', {'model': 'm', 'max_tokens': 1, 'messages': [{'role': 'user', 'content': 'hi'}]}),
+    ('/v1/responses', {'model': 'm', 'max_output_tokens': 16, 'input': 'hi'}),
+])
+@pytest.mark.parametrize('value', ['false', 'true', 1])
+def test_a_dialects_stream_that_is_not_a_boolean_is_400_naming_it(server, route, body, value):
+    r = H.post(f'{server.url}/s/{session(server)["token"]}{route}', json=dict(body, stream=value))
+    assert r.status_code == 400, r.text
+    err = r.json()['error']                                   # each dialect's own error shape
+    assert err['message'] == f'stream must be true or false, got {json.dumps(value)}', err
+    assert 'text/event-stream' not in r.headers['content-type'], r.headers
+
+
 @pytest.mark.parametrize('first, then, where, message', [
     ({}, {'presence_penalty': 0.5}, 'presence_penalty',                 # a field left out of the first spec's dict
      "presence_penalty=0.5 differs from this session's first call (0.0): one session samples under one sampler; "

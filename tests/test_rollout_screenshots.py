@@ -183,24 +183,22 @@ def test_screenshots_refused_before_anything_is_written(argv, message, vlm_dir, 
 
 
 def test_a_batch_that_does_not_feed_images_refuses_them_in_one_line(template):
-    """``--engine vllm --screenshots`` today: the vLLM batch takes no images, so the driver refuses the first turn
-    that brings one (here an opening image: no request is sent) with :func:`check_request`'s line."""
+    """The vLLM batch feeds images (``handles_images``: ``--engine vllm --screenshots`` runs, tests/live_vllm); a
+    batch that does not is refused at the first turn that brings one with :func:`check_request`'s line."""
     import base64
 
-    from agentrl.engines.contract import RequestRefused
-    from agentrl.engines.episode import Reply
-    from agentrl.engines.vllm import Endpoint
-    from agentrl.engines.vllm.episodes import run_vllm_episodes
+    from agentrl.engines.contract import RequestRefused, TurnRequest, check_request
+    from agentrl.engines.vllm.episodes import VLLMBatch
     from agentrl.record import SamplingSpec
     from agentrl.templates import ChatRecorder
+    assert VLLMBatch.handles_images is True
     url = 'data:image/png;base64,' + base64.b64encode(_expected_png(template, 'clamp')).decode()
     rec = ChatRecorder(template, [{'role': 'user', 'content': [{'type': 'image_url', 'image_url': {'url': url}}]}])
+    req = TurnRequest(rec.prompt_ids, SamplingSpec(), 8, 1, template.stop_ids, images=rec.images)
     with pytest.raises(RequestRefused) as e:
-        run_vllm_episodes([Endpoint('http://127.0.0.1:9', 'm', 4096)], [rec], lambda i, t, x: Reply(done=True),
-                          seeds=[1], spec=SamplingSpec(), logp_mode='processed')
-    assert str(e.value) == ('run_vllm_episodes: the request brings 1 images and this engine does not feed images to '
-                            'its model; sample vision episodes with the in-process HF engine on a vision-language '
-                            'model folder (docs/design.md#images)')
+        check_request(req, 'run_vllm_episodes', images=False)
+    assert str(e.value).startswith('run_vllm_episodes: the request brings 1 images and this engine does not feed '
+                                   'images to its model; ')
 
 
 def test_screenshots_without_an_image_processor_or_vision_settings_are_refused(template):

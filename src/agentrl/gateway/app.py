@@ -37,6 +37,7 @@ import math
 import time
 
 from .anthropic import ANTHROPIC
+from .inputs import flag_problem
 from .parse import message_deltas
 from .protocol import GatewayError, body_digest, error_body, load_body, parse_request
 from .responses import RESPONSES
@@ -436,6 +437,9 @@ class _Routes:
                 body = self.json_body(raw, 'a JSON object')
                 if not isinstance(body, dict):
                     raise GatewayError(400, f'request body must be a JSON object, got {type(body).__name__}')
+                bad_flag = flag_problem(body, 'stream')      # "stream": "false" would be served unstreamed
+                if bad_flag:
+                    raise GatewayError(400, bad_flag[1], param=bad_flag[0])
                 req, _ = parse_request(json.dumps(dialect.to_chat(body, s)).encode(), 1 << 62)
                 req.dialect = dialect.name
                 return body, req

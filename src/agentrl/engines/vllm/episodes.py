@@ -76,6 +76,7 @@ class VLLMBatch:
             (:func:`~agentrl.templates.vision.vision_facts`); None: a request with images loses its episode
             (RequestRefused naming the fix).
     """
+    handles_images = True          # a turn's images go to /inference/v1/generate with its ids (docs/vllm.md#images)
 
     def __init__(self, endpoints, concurrency: int = 64, responses: list | None = None,
                  placeholder_id: int | None = None):
