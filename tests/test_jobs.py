@@ -657,7 +657,8 @@ def test_hf_records_are_the_same_on_0_1_and_2_ray_workers(hf_model, hf_ref, tmp_
     its auth state and break the cluster tests of test_ray.py).
     """
     import uuid
-    env = dict(os.environ, RAY_USAGE_STATS_ENABLED='0', RAY_AUTH_MODE='token', RAY_AUTH_TOKEN=uuid.uuid4().hex)
+    env = dict(os.environ, RAY_USAGE_STATS_ENABLED='0', RAY_AUTH_MODE='token', RAY_AUTH_TOKEN=uuid.uuid4().hex,
+               RAY_memory_monitor_refresh_ms='0')   # other jobs' memory must not kill the test's actors
     p = subprocess.run([sys.executable, '-c', _HF_ON_RAY, json.dumps(dict(HF_PLAN, model=str(hf_model))),
                         str(tmp_path)], capture_output=True, text=True, timeout=1800, env=env)   # a hang guard only
     assert p.returncode == 0, p.stderr[-2000:]

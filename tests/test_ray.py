@@ -284,10 +284,11 @@ def ray_env():
     keeps head, worker node and drivers agreeing without touching ``~/.ray/auth_token``. Ray runs
     its workers at nice 15 unless ``RAY_worker_niceness`` says otherwise: on a loaded machine the
     test's own processes (nice 0) would starve the actors, which then take minutes to start or die
-    while starting; the cluster runs them at nice 0, like the local instance agentrl starts.
+    while starting; the cluster runs them at nice 0, like the local instance agentrl starts. Ray's memory
+    monitor is off: other jobs' memory on a shared machine must not kill the test's actors.
     """
     return dict(os.environ, RAY_USAGE_STATS_ENABLED='0', RAY_AUTH_MODE='token', RAY_AUTH_TOKEN=uuid.uuid4().hex,
-                RAY_worker_niceness='0')
+                RAY_worker_niceness='0', RAY_memory_monitor_refresh_ms='0')
 
 
 @pytest.fixture(scope='module')

@@ -86,7 +86,7 @@ def find_tokenizer_dir(family: str, *, hub: bool = True) -> Path:
     if repo_id:
         import importlib.util
         need = '' if importlib.util.find_spec('huggingface_hub') else 'pip install huggingface_hub; '
-        how = f'or let agentrl fetch the ungated hub repo {repo_id!r} ({need}online: huggingface.co reachable)'
+        how = f'or let agentrl fetch the ungated hub repo {repo_id!r} ({need}needs huggingface.co reachable)'
     else:
         how = 'the upstream repo is gated: download its tokenizer files yourself'
     raise FileNotFoundError(f'no {fam} tokenizer found (tried {", ".join(map(str, dict.fromkeys(tried)))}); set '
