@@ -316,6 +316,20 @@ class Family:
             return None
         return calls
 
+    def ok_calls_and_rest(self, text: str) -> tuple | None:
+        """``(calls, rest)`` of a reply's text after its last reasoning close mark: the calls, every one ``ok``,
+        and that text with each call's span cut out (where a family looks for stray marks); None when a call is
+        not ``ok``. For families whose block holds several calls (:meth:`strict_calls` of sections, LFM2)."""
+        body = text.rsplit(self.think_close, 1)[-1] if self.think_close else text
+        at = len(text) - len(body)
+        calls = self.find_calls(body, at)
+        if any(c.status != OK for c in calls):
+            return None
+        rest = body
+        for c in reversed(calls):
+            rest = rest[:c.chars[0] - at] + rest[c.chars[1] - at:]
+        return calls, rest
+
     # ------------------------------------------------------------------ streaming (shared)
     def stable_parts(self, text: str, think_open: bool, tools: bool) -> tuple:
         """``(reasoning, content, ok calls)`` of a reply so far that no continuation changes.

@@ -281,14 +281,10 @@ class Lfm2Family(Family):
     def strict_calls(self, text: str) -> list | None:
         """As :meth:`Family.strict_calls`: the ``ok`` calls after the reasoning, None when a call is not ``ok``
         or a mark stands outside a block (a block holds several calls, so marks are not counted per call)."""
-        body = text.rsplit(self.think_close, 1)[-1]
-        at = len(text) - len(body)
-        calls = self.find_calls(body, at)
-        if any(c.status != OK for c in calls):
+        got = self.ok_calls_and_rest(text)
+        if got is None:
             return None
-        rest = body
-        for c in reversed(calls):
-            rest = rest[:c.chars[0] - at] + rest[c.chars[1] - at:]
+        calls, rest = got
         return None if OPEN in rest or CLOSE in rest else calls
 
 

@@ -86,14 +86,10 @@ class SectionFamily(Family):
 
     def strict_calls(self, text: str) -> list | None:
         """As :meth:`Family.strict_calls`: ``ok`` calls after the reasoning, None when any mark is left over."""
-        body = text.rsplit(self.think_close, 1)[-1] if self.think_close else text
-        at = len(text) - len(body)
-        calls = self.find_calls(body, at)
-        if any(c.status != OK for c in calls):
+        got = self.ok_calls_and_rest(text)
+        if got is None:
             return None
-        rest = body
-        for c in reversed(calls):
-            rest = rest[:c.chars[0] - at] + rest[c.chars[1] - at:]
+        calls, rest = got
         if any(m in rest for m in (self.call_open, self.call_close, self.item_open, self.item_close)):
             return None
         return calls
