@@ -24,6 +24,7 @@ from .generic import GENERIC, GenericFamily
 from .gpt_oss import GPT_OSS, GptOssFamily
 from .glm import GLM, GlmFamily
 from .llama3 import LLAMA3, Llama3Family
+from .lfm2 import LFM2, Lfm2Family
 from .kimi import KIMI_K2, KimiK2Family
 from .qwen3 import QWEN3, Qwen3Family
 from .qwen3_coder import QWEN3_CODER, Qwen3CoderFamily
@@ -34,4 +35,4 @@ __all__ = ['Family', 'Reply', 'ToolCall', 'TurnEnd', 'StreamParser', 'CALL_STATU
            'INVALID_JSON', 'UNCLOSED_BLOCK', 'MISSING_NAME', 'UNKNOWN_TOOL', 'GenericFamily', 'GENERIC',
            'GptOssFamily', 'GPT_OSS', 'Qwen3Family', 'QWEN3', 'GlmFamily', 'GLM', 'Qwen3CoderFamily', 'QWEN3_CODER',
            'Llama3Family', 'LLAMA3', 'DeepSeekV3Family', 'DEEPSEEK_V3', 'DeepSeekV31Family', 'DEEPSEEK_V31',
-           'KimiK2Family', 'KIMI_K2', 'FAMILIES', 'family_for', 'family_names', 'register']
+           'KimiK2Family', 'KIMI_K2', 'Lfm2Family', 'LFM2', 'FAMILIES', 'family_for', 'family_names', 'register']
