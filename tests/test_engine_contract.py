@@ -127,7 +127,7 @@ def test_hf_child_process_samples_what_the_in_process_engine_samples(engine, mod
         with pytest.raises(BudgetExceeded):
             child.sample(dataclasses.replace(req, max_new_tokens=0))
         child._proc.kill()
-        child._proc.join(timeout=10)
+        child._proc.join(timeout=120)
         with pytest.raises(EngineDied, match=rf'^the HF engine process \(pid {child.pid}\) stopped \('):
             child.sample(req)
     finally:

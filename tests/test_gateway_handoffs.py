@@ -62,14 +62,14 @@ def test_a_json_reply_is_one_sized_body_and_a_stream_stays_chunked(tmp_path):
     srv = Server(Gateway(HFEngine(model, device='cpu', max_new_tokens=4), tmp_path / 'run', conformance=False))
     srv.start()
     try:
-        base = httpx.post(srv.url + '/sessions', json={}).json()['base_url']
+        base = httpx.post(srv.url + '/sessions', json={}, timeout=120).json()['base_url']
         body = {'messages': [{'role': 'user', 'content': 'hi'}], 'seed': 1, 'max_tokens': 4}
-        r = httpx.post(base + '/chat/completions', json=body)
+        r = httpx.post(base + '/chat/completions', json=body, timeout=120)
         assert r.status_code == 200 and r.headers['content-type'] == 'application/json'
         assert r.headers['content-length'] == str(len(r.content)) and 'transfer-encoding' not in r.headers
         assert r.json()['choices'][0]['message']['role'] == 'assistant'
         body['messages'] += [r.json()['choices'][0]['message'], {'role': 'user', 'content': 'again'}]
-        s = httpx.post(base + '/chat/completions', json=dict(body, stream=True))
+        s = httpx.post(base + '/chat/completions', json=dict(body, stream=True), timeout=120)
         assert s.status_code == 200 and s.headers['content-type'].startswith('text/event-stream')
         assert s.headers['transfer-encoding'] == 'chunked' and 'content-length' not in s.headers
         assert s.text.endswith('data: [DONE]\n\n')

@@ -261,7 +261,7 @@ def _health_while_held(server, monkeypatch, target, name, body_of):
 
     def held(*a, **k):
         entered.set()
-        release.wait(60)
+        release.wait(600)
         return real(*a, **k)
     monkeypatch.setattr(target, name, held)
     sess = session(server)
@@ -269,11 +269,11 @@ def _health_while_held(server, monkeypatch, target, name, body_of):
     t = threading.Thread(target=lambda: out.setdefault('chat', chat(server, sess, body_of())))
     t.start()
     try:
-        assert entered.wait(60), 'the call never reached the held function'
-        health = httpx.get(server.url + '/health', timeout=20)          # a held loop answers nothing: a timeout
+        assert entered.wait(300), 'the call never reached the held function'
+        health = httpx.get(server.url + '/health', timeout=300)          # a held loop answers nothing: a timeout
     finally:
         release.set()
-        t.join(60)
+        t.join(600)
     return health, out['chat']
 
 

@@ -185,7 +185,7 @@ def test_the_app_journals_delivered_once_every_byte_was_handed_over(upstream, tm
         sess = httpx.post(srv.url + '/sessions', json={}, timeout=60).json()
         r = httpx.post(sess['base_url'] + '/chat/completions', json={'messages': USER, 'max_tokens': 3}, timeout=60)
         assert r.status_code == 200
-        for _ in range(500):                                   # the mark follows the last byte
+        for _ in range(15000):                                   # the mark follows the last byte
             evs = [e['ev'] for e in read_journal(out / 'journal.jsonl')]
             if 'delivered' in evs:
                 break

@@ -202,7 +202,7 @@ def test_an_adapters_reasoning_object_maps_like_reasoning_effort(gw, upstream):
 def test_without_tools_a_sampled_call_block_stays_content_streamed_or_not(upstream, tmp_path):
     srv = Server(Gateway(upstream, tmp_path / 'run')).start()
     try:
-        sess = httpx.post(srv.url + '/sessions', json={'rollout_id': 'plain'}).json()
+        sess = httpx.post(srv.url + '/sessions', json={'rollout_id': 'plain'}, timeout=120).json()
         url = f'{sess["base_url"]}/chat/completions'
         body = {'messages': USER, 'max_tokens': 40, 'seed': 3}
         upstream.force.append(READ)
@@ -221,7 +221,7 @@ def test_without_tools_a_sampled_call_block_stays_content_streamed_or_not(upstre
                     calls += ch['delta'].get('tool_calls') or []
                     reasons.append(ch['finish_reason'])
         assert (text, reasoning, calls, [x for x in reasons if x]) == (want['content'], 'hm', [], ['stop'])
-        assert httpx.post(f'{srv.url}/sessions/{sess["token"]}/finish', json={'reward': 0.0}).json()['records'] == 2
+        assert httpx.post(f'{srv.url}/sessions/{sess["token"]}/finish', json={'reward': 0.0}, timeout=120).json()['records'] == 2
     finally:
         srv.stop()
     recs = records(tmp_path / 'run')
@@ -271,7 +271,7 @@ def test_a_change_of_tools_or_of_the_system_prompt_alone_still_forks(gw):
 def test_a_route_of_another_dialect_is_a_404_naming_it_and_never_the_token(upstream, tmp_path):
     srv = Server(Gateway(upstream, tmp_path / 'run')).start()
     try:
-        token = httpx.post(srv.url + '/sessions', json={}).json()['token']
+        token = httpx.post(srv.url + '/sessions', json={}, timeout=120).json()['token']
         served = ('it serves POST /s/TOKEN/v1/messages, POST /s/TOKEN/v1/responses, POST /s/TOKEN/v1/messages/count_tokens, '
                   'POST /s/TOKEN/v1/chat/completions, GET /s/TOKEN/v1/models (see docs/gateway.md)')
         for method, tail, status, what in [
@@ -284,7 +284,7 @@ def test_a_route_of_another_dialect_is_a_404_naming_it_and_never_the_token(upstr
             assert (r.status_code, r.json()['error']['message']) == (
                 status, f'{method} /s/TOKEN/v1/{tail}: {what}; {served}')
             assert token not in r.text and r.json()['error']['type'] == 'not_found_error'
-        r = httpx.get(f'{srv.url}/sessions/{token}/nothing')
+        r = httpx.get(f'{srv.url}/sessions/{token}/nothing', timeout=120)
         assert (r.status_code, r.json()['error']['message']) == (404, 'GET /sessions/TOKEN/nothing: no such route '
                                                                       '(see docs/gateway.md)')
     finally:

@@ -116,7 +116,7 @@ class SlowForcing(ForcingHF):
     def sample(self, request, teacher=None):
         s = super().sample(request, teacher)
         if self.hold is not None:
-            self.held.append(self.hold.wait(60))
+            self.held.append(self.hold.wait(600))
         return s
 
 
@@ -200,11 +200,11 @@ def test_process_engine_samples_what_the_in_process_engine_samples(model_dir, up
         assert proc.model_name == upstream.model_name
         srv = Server(Gateway(proc, tmp_path / 'run')).start()
         try:
-            sess = httpx.post(srv.url + '/sessions', json={}).json()
+            sess = httpx.post(srv.url + '/sessions', json={}, timeout=120).json()
             c = openai.OpenAI(api_key='unused', base_url=sess['base_url'])
             parts = list(c.chat.completions.create(model='m', messages=USER, seed=3, max_tokens=8, stream=True))
             assert parts[-1].choices[0].finish_reason in ('stop', 'length')
-            assert httpx.post(f'{srv.url}/sessions/{sess["token"]}/finish', json={'reward': 1.0}).json()['records'] == 1
+            assert httpx.post(f'{srv.url}/sessions/{sess["token"]}/finish', json={'reward': 1.0}, timeout=120).json()['records'] == 1
         finally:
             srv.stop()
     finally:

@@ -319,7 +319,7 @@ def test_sigkill_mid_shard_leaves_earlier_shards(tmp_path):
     tmp = line.split()[1]
     assert os.path.exists(tmp)                      # the partial shard exists, hidden
     proc.send_signal(signal.SIGKILL)
-    proc.wait(10)
+    proc.wait(120)
     d = tmp_path / 'ds'
     assert [os.path.basename(f) for f in store.data_files(d)] == [f'part-{i:06d}.parquet' for i in range(3)]
     back = store.read_trajectories(d)
@@ -336,7 +336,7 @@ def test_sigkill_at_random_moment(tmp_path):
     for _ in range(2):
         assert proc.stdout.readline().startswith('shard')
     proc.send_signal(signal.SIGKILL)              # lands somewhere inside a later write
-    proc.wait(10)
+    proc.wait(120)
     files = store.data_files(tmp_path / 'ds')
     assert len(files) >= 2
     for f in files:                                 # every visible shard is complete

@@ -442,7 +442,7 @@ def find_chromium():
 class Browser:
     """Headless Chromium over the DevTools protocol on a pipe (fds 3 and 4): stdlib only."""
 
-    def __init__(self, binary, width=1280, height=900, timeout=30.0):
+    def __init__(self, binary, width=1280, height=900, timeout=180.0):
         self.timeout = timeout
         self.profile = tempfile.mkdtemp(prefix='agentrl-chromium-')
         cmd_r, self._cmd_w = os.pipe()
